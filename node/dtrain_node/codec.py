@@ -1,0 +1,175 @@
+"""Compact binary packet for one DeMo sync, and a decoder that validates everything.
+
+Layout (version 1), all sizes fixed by the model spec, so a packet has exactly one valid length:
+
+    magic   4 bytes  b"DMoP"
+    version 1 byte   1
+    sig     32 bytes Spec.signature: sha256 of (codec version, compression config, names, shapes)
+    then for every tensor, in spec order:
+      exp   1 byte   int8 scale exponent, in [EXP_MIN, EXP_MAX]
+      idx   ceil(nchunks*k*ib/8) bytes   indices, ib bits each (12 for 64x64, 6 for 64)
+      val   ceil(nchunks*k*bits/8) bytes level codes, 1 or 2 bits each
+
+Bit fields are little-endian bit order, chunk-major; pad bits at the end of a field are zero.
+Within a chunk indices are strictly increasing, so each packet has exactly one encoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from dtrain_node import dct
+from dtrain_node.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse
+
+MAGIC = b"DMoP"
+VERSION = 1
+HEADER = len(MAGIC) + 1 + 32
+MAX_BYTES = 1 << 20  # default size cap: what one gossip message can carry
+
+
+class PacketError(ValueError):
+    """A packet was rejected; `reason` is a short machine-readable tag."""
+
+    def __init__(self, reason: str, msg: str) -> None:
+        super().__init__(f"{reason}: {msg}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a packet is about: tensor names and shapes in order, plus the compression config."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    cfg: CompressConfig
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.shapes):
+            raise ValueError(f"{len(self.names)} names but {len(self.shapes)} shapes")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("duplicate tensor names")
+
+    @classmethod
+    def of(cls, named: Iterable[tuple[str, torch.Tensor]], cfg: CompressConfig) -> Spec:
+        items = list(named)
+        return cls(tuple(n for n, _ in items), tuple(tuple(t.shape) for _, t in items), cfg)
+
+    @cached_property
+    def signature(self) -> bytes:
+        c = self.cfg
+        h = hashlib.sha256(b"dtrain-demo-spec")
+        h.update(struct.pack("<6I", VERSION, c.chunk, c.k2d, c.k1d, c.bits, len(self.names)))
+        for name, shape in zip(self.names, self.shapes, strict=True):
+            nb = name.encode()
+            h.update(struct.pack("<I", len(nb)) + nb + struct.pack("<I", len(shape)))
+            h.update(struct.pack(f"<{len(shape)}Q", *shape))
+        return h.digest()
+
+    @cached_property
+    def layout(self) -> tuple[tuple[int, int, int, int, int], ...]:
+        """Per tensor: (nchunks, chunk_elems, k, index bits, byte length of its section)."""
+        out = []
+        for shape in self.shapes:
+            n, ce = dct.nchunks(shape, self.cfg.chunk), dct.chunk_elems(shape, self.cfg.chunk)
+            k, ib = self.cfg.k(shape), self.cfg.index_bits(shape)
+            size = 1 + _nbytes(n * k * ib) + _nbytes(n * k * self.cfg.bits)
+            out.append((n, ce, k, ib, size))
+        return tuple(out)
+
+    @cached_property
+    def packet_bytes(self) -> int:
+        """The one valid packet length for this spec."""
+        return HEADER + sum(t[4] for t in self.layout)
+
+    @property
+    def numel(self) -> int:
+        return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+
+
+def _nbytes(bits: int) -> int:
+    return (bits + 7) // 8
+
+
+def _pack(v: np.ndarray, w: int) -> bytes:
+    bits = ((v.reshape(-1, 1).astype(np.int64) >> np.arange(w)) & 1).astype(np.uint8)
+    return np.packbits(bits.reshape(-1), bitorder="little").tobytes()
+
+
+def _unpack(buf: bytes, w: int, count: int) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")
+    if bits[count * w :].any():
+        raise PacketError("padding", "nonzero pad bits")
+    return (bits[: count * w].reshape(count, w).astype(np.int64) << np.arange(w)).sum(1)
+
+
+def encode(spec: Spec, tensors: Sequence[Sparse]) -> bytes:
+    """Serialize one sender's compressed tensors (in spec order)."""
+    if len(tensors) != len(spec.names):
+        raise ValueError(f"spec has {len(spec.names)} tensors, got {len(tensors)}")
+    parts = [MAGIC, bytes([VERSION]), spec.signature]
+    codes = {lv: c for c, lv in enumerate(LEVELS[spec.cfg.bits])}
+    for (n, ce, k, ib, _), s, name in zip(spec.layout, tensors, spec.names, strict=True):
+        if tuple(s.idx.shape) != (n, k) or tuple(s.lvl.shape) != (n, k):
+            raise ValueError(f"{name}: expected ({n}, {k}) indices and levels")
+        if not EXP_MIN <= s.exp <= EXP_MAX:
+            raise ValueError(f"{name}: exponent {s.exp} outside [{EXP_MIN}, {EXP_MAX}]")
+        idx = s.idx.numpy()
+        if k > 1 and not (np.diff(idx, axis=1) > 0).all():
+            raise ValueError(f"{name}: indices must be strictly increasing per chunk")
+        if idx.size and (idx.min() < 0 or idx.max() >= ce):
+            raise ValueError(f"{name}: index outside [0, {ce})")
+        lut = np.full(8, -1, np.int64)
+        for lv, c in codes.items():
+            lut[lv + 3] = c
+        lv = s.lvl.numpy().astype(np.int64).reshape(-1)
+        cv = lut[np.clip(lv + 3, 0, 7)]
+        if (cv < 0).any() or (np.abs(lv) > 3).any():
+            raise ValueError(f"{name}: levels must be in {LEVELS[spec.cfg.bits]}")
+        parts += [struct.pack("<b", s.exp), _pack(idx, ib), _pack(cv, spec.cfg.bits)]
+    return b"".join(parts)
+
+
+def decode(spec: Spec, data: bytes, max_bytes: int = MAX_BYTES) -> list[Sparse]:
+    """Parse and validate a packet; raise PacketError (never anything else) if it is not valid."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise PacketError("type", f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise PacketError("oversized", f"{len(data)} bytes > limit {max_bytes}")
+    if len(data) < HEADER:
+        raise PacketError("truncated", f"{len(data)} bytes < header {HEADER}")
+    if data[:4] != MAGIC:
+        raise PacketError("magic", f"bad magic {data[:4]!r}")
+    if data[4] != VERSION:
+        raise PacketError("version", f"version {data[4]}, this node speaks {VERSION}")
+    if data[5:HEADER] != spec.signature:
+        raise PacketError("signature", "packet is for a different model or compression config")
+    if len(data) < spec.packet_bytes:
+        raise PacketError("truncated", f"{len(data)} bytes < expected {spec.packet_bytes}")
+    if len(data) > spec.packet_bytes:
+        raise PacketError("trailing", f"{len(data)} bytes > expected {spec.packet_bytes}")
+    levels = np.array(LEVELS[spec.cfg.bits], dtype=np.int8)
+    out, off = [], HEADER
+    for (n, ce, k, ib, _), name in zip(spec.layout, spec.names, strict=True):
+        exp = struct.unpack_from("<b", data, off)[0]
+        off += 1
+        if not EXP_MIN <= exp <= EXP_MAX:
+            raise PacketError("exponent", f"{name}: scale 2^{exp} outside [{EXP_MIN}, {EXP_MAX}]")
+        m = n * k
+        ni, nv = _nbytes(m * ib), _nbytes(m * spec.cfg.bits)
+        idx = _unpack(data[off : off + ni], ib, m).reshape(n, k)
+        codes = _unpack(data[off + ni : off + ni + nv], spec.cfg.bits, m).reshape(n, k)
+        off += ni + nv
+        if m and idx.max() >= ce:
+            raise PacketError("index_range", f"{name}: index {int(idx.max())} >= {ce}")
+        if k > 1 and not (np.diff(idx, axis=1) > 0).all():
+            raise PacketError("index_order", f"{name}: indices not strictly increasing")
+        out.append(Sparse(torch.from_numpy(idx), torch.from_numpy(levels[codes]), exp))
+    return out

@@ -1,0 +1,137 @@
+"""Top-k per DCT chunk, power-of-two quantization and error feedback (the local, float path).
+
+A tensor's transmitted part is a `Sparse`: per chunk the k coefficient indices (sorted
+ascending, unique) and their integer levels, plus one scale exponent for the whole tensor, so
+the value of entry j is lvl[j] * 2^exp. Levels are +-1 (1 bit, sign) or +-1, +-3 (2 bits).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from dtrain_node import dct
+
+EXP_MIN, EXP_MAX = -100, 20  # allowed scale exponents; a tensor needing more is broken
+LEVELS = {1: (-1, 1), 2: (-3, -1, 1, 3)}  # code c (an unsigned int) -> level LEVELS[bits][c]
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """Compression parameters; every node of a job must use the same ones (bound in the packet).
+
+    chunk: side of a DCT block (64 -> 64x64 = 4096 coefficients per matrix chunk, 64 per vector
+    chunk). k2d / k1d: coefficients kept per matrix / vector chunk. bits: 1 (sign) or 2 (levels).
+    """
+
+    chunk: int = dct.N
+    k2d: int = 4
+    k1d: int = 1
+    bits: int = 1
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.chunk <= 64:
+            raise ValueError(f"chunk must be in [2, 64], got {self.chunk}")
+        if not 1 <= self.k2d <= self.chunk**2:
+            raise ValueError(f"k2d must be in [1, {self.chunk**2}], got {self.k2d}")
+        if not 1 <= self.k1d <= self.chunk:
+            raise ValueError(f"k1d must be in [1, {self.chunk}], got {self.k1d}")
+        if self.bits not in LEVELS:
+            raise ValueError(f"bits must be 1 or 2, got {self.bits}")
+
+    def k(self, shape: torch.Size | tuple[int, ...]) -> int:
+        return self.k1d if len(dct.view2(shape)) == 1 else self.k2d
+
+    def index_bits(self, shape: torch.Size | tuple[int, ...]) -> int:
+        """Width of one packed index: 12 for a 4096-chunk, 6 for a 64-chunk."""
+        return max(1, math.ceil(math.log2(dct.chunk_elems(shape, self.chunk))))
+
+    @property
+    def max_level(self) -> int:
+        return max(LEVELS[self.bits])
+
+
+@dataclass
+class Sparse:
+    """Transmitted part of one tensor: idx (nchunks, k) int64, lvl (nchunks, k) int8, exp int."""
+
+    idx: torch.Tensor
+    lvl: torch.Tensor
+    exp: int
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sparse):
+            return NotImplemented
+        return (
+            self.exp == other.exp
+            and torch.equal(self.idx, other.idx)
+            and torch.equal(self.lvl, other.lvl)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def topk(coef: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest |coef| per chunk (row), sorted ascending within each row."""
+    return torch.topk(coef.abs(), k, dim=1, sorted=False).indices.sort(dim=1).values
+
+
+def quantize(v: torch.Tensor, bits: int) -> tuple[torch.Tensor, int]:
+    """Quantize values to integer levels and one power-of-two scale exponent.
+
+    The scale is 2^round(log2(mean|v|)) for signs (mean|v| is the L2-optimal sign scale) and half
+    that for 2-bit levels, so that +-1, +-3 straddle the mean. Raises on non-finite input.
+    """
+    if v.numel() == 0:
+        return torch.zeros(v.shape, dtype=torch.int8), EXP_MIN
+    if not bool(torch.isfinite(v).all()):
+        raise ValueError("cannot quantize non-finite values")
+    m = float(v.abs().double().mean())
+    if m == 0.0:
+        exp = EXP_MIN
+    else:
+        exp = round(math.log2(m)) - (bits - 1)
+        if exp > EXP_MAX:
+            raise ValueError(f"scale 2^{exp} above 2^{EXP_MAX}: values too large (mean {m:.3g})")
+        exp = max(exp, EXP_MIN)
+    if bits == 1:
+        lvl = torch.where(v >= 0, 1, -1)
+    else:
+        u = v.double() * 2.0**-exp
+        lvl = (2 * torch.floor(u / 2) + 1).clamp(-3, 3)
+    return lvl.to(torch.int8), exp
+
+
+def dequantize(lvl: torch.Tensor, exp: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return lvl.to(dtype) * 2.0**exp
+
+
+def compress(x: torch.Tensor, cfg: CompressConfig) -> Sparse:
+    """DCT x chunk-wise, keep the top-k coefficients per chunk and quantize them."""
+    coef = dct.dct(x.detach(), cfg.chunk)
+    idx = topk(coef, cfg.k(x.shape))
+    lvl, exp = quantize(coef.gather(1, idx), cfg.bits)
+    return Sparse(idx, lvl, exp)
+
+
+def decompress(
+    s: Sparse, shape: torch.Size | tuple[int, ...], cfg: CompressConfig, dtype=torch.float32
+) -> torch.Tensor:
+    """Float reconstruction of one sender's transmitted tensor (local path, not bit-exact)."""
+    n = dct.nchunks(shape, cfg.chunk)
+    coef = torch.zeros(n, dct.chunk_elems(shape, cfg.chunk), dtype=dtype)
+    coef.scatter_(1, s.idx, dequantize(s.lvl, s.exp, dtype))
+    return dct.idct(coef, shape, cfg.chunk)
+
+
+def compress_ef(e: torch.Tensor, cfg: CompressConfig) -> Sparse:
+    """Compress the error-feedback buffer e and subtract what is transmitted from it, in place.
+
+    Afterwards (transmitted + e_new) == e_old up to float rounding: nothing is lost, what was
+    not sent stays in e for later rounds.
+    """
+    s = compress(e, cfg)
+    e.sub_(decompress(s, e.shape, cfg, e.dtype))
+    return s

@@ -1,0 +1,118 @@
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dtrain_node import dct
+from dtrain_node.aggregate import LIMIT, aggregate, bound_shift
+from dtrain_node.codec import Spec, decode, encode
+from dtrain_node.compress import CompressConfig, compress, decompress
+
+HERE = Path(__file__).parent
+SHAPES = [("w", (256, 192)), ("v", (100, 70)), ("b", (130,)), ("s", ())]
+
+
+def packets(n=5, cfg=None, scale=2.0, shapes=SHAPES):
+    cfg = cfg or CompressConfig(k2d=8, k1d=2, bits=2)
+    spec = Spec(tuple(a for a, _ in shapes), tuple(s for _, s in shapes), cfg)
+    out = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(i)
+        ts = [compress(torch.randn(s, generator=g) * scale**i, cfg) for _, s in shapes]
+        out.append((i, decode(spec, encode(spec, ts))))
+    return spec, out
+
+
+def test_order_invariant():
+    spec, pk = packets()
+    ref = aggregate(spec, pk)
+    for seed in range(5):
+        p = list(pk)
+        random.Random(seed).shuffle(p)
+        agg = aggregate(spec, p)
+        assert agg.digest() == ref.digest()
+        assert agg.senders == (0, 1, 2, 3, 4)
+        for i in range(len(SHAPES)):
+            assert torch.equal(agg.update(i, 0.01, False), ref.update(i, 0.01, False))
+
+
+def test_matches_integer_reference():
+    # the float64 matmuls equal the same computation done in pure int64 arithmetic
+    spec, pk = packets()
+    agg = aggregate(spec, pk)
+    Bq = dct.basis_q()
+    for i, (_, shape) in enumerate(SHAPES):
+        ex = [p[1][i].exp for p in pk]
+        e0 = agg.exps[i] + (15 if len(dct.view2(shape)) == 1 else 30)
+        assert min(ex) <= e0 <= max(ex)
+        A = torch.zeros(dct.nchunks(shape), dct.chunk_elems(shape), dtype=torch.int64)
+        for _, ts in pk:
+            t = ts[i]
+            assert t.exp >= e0  # spread is small here: no rounding shifts
+            A.scatter_add_(1, t.idx, t.lvl.to(torch.int64) << (t.exp - e0))
+        if len(dct.view2(shape)) == 1:
+            X = A @ Bq
+        else:
+            A = A.reshape(-1, 64, 64)
+            X = Bq.T @ A @ Bq
+        want = dct.from_chunks(X, shape).to(torch.float64)
+        assert torch.equal(agg.sums[i], want)
+        assert agg.sums[i].abs().max() < LIMIT
+
+
+def test_close_to_float_reference():
+    spec, pk = packets()
+    agg = aggregate(spec, pk)
+    for i, (_, shape) in enumerate(SHAPES):
+        ref = sum(decompress(ts[i], shape, spec.cfg, torch.float64) for _, ts in pk) / len(pk)
+        got = agg.update(i, 1.0, False, torch.float64)
+        # Bq approximates B to 2^-16: relative error ~1e-4 of the update's scale
+        assert torch.allclose(got, ref, atol=2e-4 * ref.abs().max().item(), rtol=0)
+        s = agg.update(i, 0.5, True, torch.float64)
+        assert set(s.unique().tolist()) <= {-0.5, 0.0, 0.5}
+
+
+def test_thread_count_and_order_subprocesses():
+    outs = set()
+    for threads, order in ((1, 0), (2, 1), (4, 2)):
+        r = subprocess.run(
+            [sys.executable, str(HERE / "_exact_worker.py"), str(threads), str(order)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        nt, digest, upd = r.stdout.split()
+        assert int(nt) == threads
+        outs.add((digest, upd))
+    assert len(outs) == 1
+
+
+def test_wide_exponent_spread_is_rounded_not_overflowed():
+    # senders 2^40 apart: the small ones are shifted down (rounded), sums stay exact integers
+    spec, pk = packets(n=3, scale=2.0**-20)
+    agg = aggregate(spec, pk)
+    for x in agg.sums:
+        assert x.abs().max() < LIMIT
+        assert torch.equal(x, x.round())
+    big = decompress(pk[0][1][0], SHAPES[0][1], spec.cfg, torch.float64) / 3
+    got = agg.update(0, 1.0, False, torch.float64)
+    assert torch.allclose(got, big, atol=2e-4 * big.abs().max().item(), rtol=0)
+
+
+def test_bound_shift():
+    b = int(dct.basis_q().abs().max())
+    s = bound_shift(4, 4, 3, b, 2)
+    assert 4 * 4 * 3 * b**2 << s < LIMIT
+    with pytest.raises(ValueError, match="2\\^53"):
+        bound_shift(10**6, 4096, 3, b, 2)
+
+
+def test_rejects_duplicates_and_empty():
+    spec, pk = packets(n=2)
+    with pytest.raises(ValueError):
+        aggregate(spec, [pk[0], (pk[0][0], pk[1][1])])
+    with pytest.raises(ValueError):
+        aggregate(spec, [])
