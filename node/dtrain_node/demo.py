@@ -1,0 +1,238 @@
+"""DeMo: decoupled momentum with compressed, exactly aggregated syncs.
+
+One optimizer, two modes (see docs/demo.md):
+
+- paper (the DeMo paper): every step is a sync. e = beta * e + grad; send the top-k DCT part of
+  e (removed from e); theta -= lr * sign(mean of what everybody sent).
+- local (DiLoCo/SparseLoCo family): K inner AdamW steps on theta_local, then
+  delta = theta_sync - theta_local; e = beta * e + delta; send; theta_sync -= lr * U (or
+  lr * sign(U)); theta_local = theta_sync.
+
+The shared state theta_sync depends only on the packets (aggregate.py makes it bitwise exact);
+local training (inner AdamW, forward/backward) need not be deterministic.
+
+Transport is injected: `sync(gather)` calls gather(packet) -> [(sender, packet bytes), ...] with
+every member's packet for this round, own included. For asynchronous transports use the two
+halves directly: `packet = opt.prepare()`, publish/collect, then `opt.apply(packets)`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from dtrain_node import codec
+from dtrain_node.aggregate import Aggregate, aggregate
+from dtrain_node.codec import PacketError, Spec
+from dtrain_node.compress import CompressConfig, compress_ef
+
+Gather = Callable[[bytes], Sequence[tuple[Hashable, bytes]]]
+
+
+@dataclass(frozen=True)
+class DeMoConfig:
+    """DeMo hyper-parameters. lr / weight_decay act on theta_sync (outer step, all nodes);
+    inner_* configure the local AdamW of local mode (ignored in paper mode)."""
+
+    mode: Literal["paper", "local"] = "local"
+    sync_interval: int = 1  # K: inner steps per sync; paper mode requires 1
+    lr: float = 1.0
+    beta: float = 0.9  # decay of the error-feedback momentum e
+    sign: bool = False  # outer step lr * sign(U) instead of lr * U
+    weight_decay: float = 0.0  # decoupled, on theta_sync at each sync
+    inner_lr: float = 1e-3
+    inner_betas: tuple[float, float] = (0.9, 0.95)
+    inner_weight_decay: float = 0.0
+    compress: CompressConfig = field(default_factory=CompressConfig)
+    max_packet_bytes: int = codec.MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("paper", "local"):
+            raise ValueError(f"mode must be 'paper' or 'local', got {self.mode!r}")
+        if self.sync_interval < 1:
+            raise ValueError(f"sync_interval must be >= 1, got {self.sync_interval}")
+        if self.mode == "paper" and self.sync_interval != 1:
+            raise ValueError(
+                f"paper mode syncs every step: sync_interval 1, not {self.sync_interval}"
+            )
+        if not (self.lr > 0 and self.inner_lr > 0):
+            raise ValueError(f"learning rates must be > 0, got lr={self.lr}, inner={self.inner_lr}")
+        if not 0.0 <= self.beta <= 1.0:
+            raise ValueError(f"beta must be in [0, 1], got {self.beta}")
+        if self.weight_decay < 0 or self.weight_decay * self.lr >= 1:
+            raise ValueError(f"need 0 <= weight_decay * lr < 1, got {self.weight_decay * self.lr}")
+
+
+@dataclass
+class SyncStats:
+    """What one sync did. `applied` are the senders whose packets made up the update (canonical
+    order); `rejected` maps a sender to the reason its packet was dropped."""
+
+    bytes_sent: int = 0
+    applied: tuple[Hashable, ...] = ()
+    rejected: dict[Hashable, str] = field(default_factory=dict)
+    compress_s: float = 0.0
+    aggregate_s: float = 0.0
+    aggregate: Aggregate | None = None
+
+
+class DeMo:
+    """DeMo optimizer over a fixed, ordered set of named parameters.
+
+    Construct it from `model.named_parameters()` (order and names define the packet layout);
+    `sender` is this node's id (ids of one job must be distinct and mutually sortable, e.g.
+    lowercase hex addresses). Call `loss.backward()` then `step(gather)` every training step;
+    it returns SyncStats on sync steps and None otherwise.
+    """
+
+    def __init__(
+        self,
+        named_params: Iterable[tuple[str, torch.nn.Parameter]],
+        cfg: DeMoConfig,
+        sender: Hashable = 0,
+    ) -> None:
+        items = [(n, p) for n, p in named_params if p.requires_grad]
+        if not items:
+            raise ValueError("no trainable parameters")
+        self.cfg, self.sender = cfg, sender
+        self.names = tuple(n for n, _ in items)
+        self.params = [p for _, p in items]
+        self.spec = Spec.of(items, cfg.compress)
+        if self.spec.packet_bytes > cfg.max_packet_bytes:
+            raise ValueError(
+                f"packet of {self.spec.packet_bytes} bytes exceeds limit {cfg.max_packet_bytes}"
+            )
+        self.e = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        self.steps = 0
+        self.inner: torch.optim.Optimizer | None = None
+        self.theta_sync: list[torch.Tensor] = []
+        if cfg.mode == "local":
+            self.theta_sync = [p.detach().clone() for p in self.params]
+            self.inner = torch.optim.AdamW(
+                self.params,
+                lr=cfg.inner_lr,
+                betas=cfg.inner_betas,
+                weight_decay=cfg.inner_weight_decay,
+            )
+
+    @property
+    def due(self) -> bool:
+        """Whether the next prepare() is due (K inner steps since the last sync)."""
+        return self.cfg.mode == "paper" or (
+            self.steps > 0 and self.steps % self.cfg.sync_interval == 0
+        )
+
+    def inner_step(self) -> None:
+        """One local AdamW step on the current gradients (local mode only)."""
+        if self.inner is None:
+            raise RuntimeError("paper mode has no inner optimizer; call sync() every step")
+        self.inner.step()
+        self.inner.zero_grad(set_to_none=True)
+        self.steps += 1
+
+    @torch.no_grad()
+    def prepare(self) -> bytes:
+        """Fold this round's pseudo-gradient into e, compress it (error feedback) and encode."""
+        t0 = time.perf_counter()
+        out = []
+        for i, p in enumerate(self.params):
+            if self.cfg.mode == "paper":
+                if p.grad is None:
+                    raise RuntimeError(f"{self.names[i]} has no gradient")
+                delta = p.grad.float()
+            else:
+                delta = (self.theta_sync[i] - p).float()
+            self.e[i].mul_(self.cfg.beta).add_(delta)
+            out.append(compress_ef(self.e[i], self.cfg.compress))
+        data = codec.encode(self.spec, out)
+        self._compress_s = time.perf_counter() - t0
+        return data
+
+    def decode_all(
+        self, packets: Iterable[tuple[Hashable, bytes]]
+    ) -> tuple[list[tuple[Hashable, list]], dict[Hashable, str]]:
+        """Validate packets; drop malformed ones and senders with conflicting packets.
+
+        The result depends only on the multiset of (sender, bytes), never on arrival order.
+        """
+        seen: dict[Hashable, bytes] = {}
+        rejected: dict[Hashable, str] = {}
+        for s, data in packets:
+            if s in rejected:
+                continue
+            if s in seen and seen[s] != data:
+                rejected[s] = "conflicting packets"
+                del seen[s]
+                continue
+            seen[s] = bytes(data)
+        good = []
+        for s, data in seen.items():
+            try:
+                good.append((s, codec.decode(self.spec, data, self.cfg.max_packet_bytes)))
+            except PacketError as e:
+                rejected[s] = e.reason
+        return good, rejected
+
+    @torch.no_grad()
+    def apply(self, packets: Iterable[tuple[Hashable, bytes]]) -> SyncStats:
+        """Aggregate this round's packets exactly and take the outer step on theta_sync."""
+        t0 = time.perf_counter()
+        good, rejected = self.decode_all(packets)
+        agg = aggregate(self.spec, good) if good else None
+        dt = time.perf_counter() - t0
+        st = SyncStats(
+            rejected=rejected, aggregate_s=dt, compress_s=getattr(self, "_compress_s", 0)
+        )
+        st.bytes_sent = self.spec.packet_bytes
+        if agg is not None:
+            self.apply_aggregate(agg)
+            st.applied, st.aggregate = agg.senders, agg
+        elif self.cfg.mode == "local":
+            self._reset_local()
+        return st
+
+    @torch.no_grad()
+    def apply_aggregate(self, agg: Aggregate) -> None:
+        """Outer step from an already computed aggregate (bitwise the same on every node)."""
+        c = self.cfg
+        shared = self.theta_sync if c.mode == "local" else [p.data for p in self.params]
+        for i, th in enumerate(shared):
+            u = agg.update(i, c.lr, c.sign, th.dtype)
+            if c.weight_decay:
+                th.mul_(1.0 - c.lr * c.weight_decay)
+            th.sub_(u)
+        if c.mode == "local":
+            self._reset_local()
+
+    def _reset_local(self) -> None:
+        for p, th in zip(self.params, self.theta_sync, strict=True):
+            p.data.copy_(th)
+
+    def sync(self, gather: Gather) -> SyncStats:
+        """prepare(), exchange through `gather`, apply(): one full round."""
+        return self.apply(gather(self.prepare()))
+
+    def step(self, gather: Gather) -> SyncStats | None:
+        """Training step after loss.backward(): inner step, then a sync when one is due."""
+        if self.cfg.mode == "paper":
+            self.steps += 1
+            st = self.sync(gather)
+            for p in self.params:
+                p.grad = None
+            return st
+        self.inner_step()
+        return self.sync(gather) if self.due else None
+
+    def shared_state(self) -> list[torch.Tensor]:
+        """theta_sync: the tensors every honest node holds bitwise identically after a sync."""
+        return self.theta_sync if self.cfg.mode == "local" else [p.data for p in self.params]
+
+
+def lockstep(opts: Sequence[DeMo]) -> list[SyncStats]:
+    """Run one sync round for in-process workers: everyone prepares, everyone applies all."""
+    packets = [(o.sender, o.prepare()) for o in opts]
+    return [o.apply(packets) for o in opts]
