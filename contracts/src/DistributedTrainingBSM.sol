@@ -1,0 +1,1047 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
+import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
+
+import {IDistributedTrainingBSM} from "./interfaces/IDistributedTrainingBSM.sol";
+import {IBlueprintServiceManager} from "./interfaces/IBlueprintServiceManager.sol";
+
+/// @title DistributedTrainingBSM
+/// @notice Source of truth for who trains, on what, for how much, and who gets slashed.
+/// @dev Stake pools are share based: slashing scales a pool's assets, never iterates stakers.
+/// Staker rewards use a reward-per-share accumulator settled on every share change.
+/// Every loop runs over one job's members or pending joins, bounded by `MAX_OPERATORS_CAP`.
+contract DistributedTrainingBSM is
+    IDistributedTrainingBSM,
+    IBlueprintServiceManager,
+    ReentrancyGuard
+{
+    using SafeCast for uint256;
+
+    uint256 public constant MAX_OPERATORS_CAP = 32;
+    uint256 public constant MAX_SLASH_BPS = 5_000;
+    uint256 public constant MAX_EPOCH_DURATION = 30 days;
+    uint256 private constant _BPS = 10_000;
+    uint256 private constant _ACC = 1e18;
+
+    uint8 public constant SUBMIT_JOB = 0;
+    uint8 public constant JOIN = 1;
+    uint8 public constant LEAVE = 2;
+    uint8 public constant SUBMIT_CHECKPOINT = 3;
+    uint8 public constant FINALIZE = 4;
+
+    enum Membership {
+        None,
+        Pending,
+        Active,
+        Leaving
+    }
+
+    struct Operator {
+        bool registered;
+        uint32 activeJobs;
+        uint8 teeType;
+        uint96 minPricePerEpoch;
+        bytes32 attestationReport;
+        address attestationVerifier;
+        bytes peerId;
+        string[] multiaddrs;
+        string hardware;
+    }
+
+    struct Pool {
+        uint128 totalShares;
+        uint128 totalAssets;
+        uint128 unbondingShares;
+        uint128 unbondingAssets;
+        uint256 rewardPerShare;
+        uint256 rewardReserve;
+    }
+
+    struct Position {
+        uint128 shares;
+        uint128 unbondingShares;
+        uint256 rewardPerSharePaid;
+        uint64 unlockAt;
+    }
+
+    struct Tally {
+        uint8 submitted;
+        uint8 leaderVotes;
+        bytes32 leaderKey;
+    }
+
+    /// A distinct (checkpoint, participation) vote; `syncFailures` has bit i set when the
+    /// participation shows member i below the sync threshold.
+    struct Vote {
+        bytes32 checkpoint;
+        uint256 syncFailures;
+    }
+
+    Params private _params;
+    uint256 private _nextJobId = 1;
+    uint64 private _nextAttempt = 1;
+
+    mapping(address operator => Operator) private _operators;
+    mapping(address operator => Pool) private _pools;
+    mapping(address operator => mapping(address account => Position)) private _positions;
+    mapping(address account => uint256) private _credits;
+
+    uint256 private _totalStaked;
+    uint256 private _totalUnbonding;
+    uint256 private _totalEscrow;
+    uint256 private _totalCredits;
+    uint256 private _totalRewardReserve;
+
+    mapping(uint256 jobId => JobSpec) private _specs;
+    mapping(uint256 jobId => JobState) private _jobs;
+    mapping(uint256 jobId => address[]) private _members;
+    mapping(uint256 jobId => address[]) private _pending;
+    mapping(uint256 jobId => mapping(address operator => Membership)) private _membership;
+    mapping(uint256 jobId => mapping(uint256 epoch => bytes32)) private _epochCheckpoints;
+
+    mapping(uint64 attempt => Tally) private _tallies;
+    mapping(uint64 attempt => mapping(address operator => bytes32 voteKey)) private _votesOf;
+    mapping(uint64 attempt => mapping(bytes32 voteKey => uint8)) private _voteCounts;
+    mapping(bytes32 voteKey => Vote) private _voteData;
+
+    modifier onlyCore() {
+        address core = _params.core;
+        require(core != address(0) && msg.sender == core, NotCore(msg.sender, core));
+        _;
+    }
+
+    constructor(Params memory p) {
+        uint256 sum =
+            uint256(p.operatorBps) + p.stakerBps + p.protocolBps + p.developerBps;
+        require(sum == _BPS, BpsSumNot10000(sum));
+        require(p.fabricationSlashBps <= MAX_SLASH_BPS, SlashBpsTooHigh(p.fabricationSlashBps, MAX_SLASH_BPS));
+        require(p.dropoutSlashBps <= MAX_SLASH_BPS, SlashBpsTooHigh(p.dropoutSlashBps, MAX_SLASH_BPS));
+        require(p.syncFailSlashBps <= MAX_SLASH_BPS, SlashBpsTooHigh(p.syncFailSlashBps, MAX_SLASH_BPS));
+        require(p.reporterBountyBps <= _BPS, BpsTooHigh(p.reporterBountyBps));
+        require(p.syncThresholdBps <= _BPS, BpsTooHigh(p.syncThresholdBps));
+        require(
+            p.maxOperators > 0 && p.maxOperators <= MAX_OPERATORS_CAP,
+            InvalidMaxOperators(p.maxOperators, MAX_OPERATORS_CAP)
+        );
+        require(p.maxFailedEpochs > 0, ZeroValue());
+        require(p.minStake > 0, ZeroValue());
+        require(p.treasury != address(0) && p.developer != address(0), ZeroAddress());
+        _params = p;
+    }
+
+    // ================================================================ operators and stake
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function registerOperator(
+        bytes calldata peerId,
+        string[] calldata multiaddrs,
+        string calldata hardware,
+        uint256 minPricePerEpoch
+    ) external payable {
+        _register(msg.sender, peerId, multiaddrs, hardware, minPricePerEpoch, msg.value);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function updateOperator(
+        bytes calldata peerId,
+        string[] calldata multiaddrs,
+        string calldata hardware,
+        uint256 minPricePerEpoch
+    ) external {
+        Operator storage o = _operators[msg.sender];
+        require(o.registered, NotRegistered(msg.sender));
+        _setNetwork(o, peerId, multiaddrs, hardware, minPricePerEpoch);
+        emit OperatorUpdated(msg.sender, peerId, minPricePerEpoch);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function setAttestation(bytes32 report, uint8 teeType, address verifier) external {
+        Operator storage o = _operators[msg.sender];
+        require(o.registered, NotRegistered(msg.sender));
+        o.attestationReport = report;
+        o.teeType = teeType;
+        o.attestationVerifier = verifier;
+        emit AttestationSet(msg.sender, report, teeType, verifier);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function stake() external payable {
+        require(_operators[msg.sender].registered, NotRegistered(msg.sender));
+        require(msg.value > 0, ZeroValue());
+        _mint(msg.sender, msg.sender, msg.value);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function unstake(uint256 amount) external {
+        _unstakeSelf(msg.sender, amount);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function deregisterOperator() external {
+        _deregister(msg.sender);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function delegate(address operator) external payable {
+        require(_operators[operator].registered, NotRegistered(operator));
+        require(msg.value > 0, ZeroValue());
+        _mint(operator, msg.sender, msg.value);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function undelegate(address operator, uint256 amount) external {
+        if (msg.sender == operator && _operators[operator].registered) {
+            _unstakeSelf(operator, amount);
+        } else {
+            _unbondAmount(operator, msg.sender, amount);
+        }
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function withdrawUnbonded(address operator) external {
+        Position storage pos = _positions[operator][msg.sender];
+        uint256 shares = pos.unbondingShares;
+        require(shares > 0, NothingUnbonding(operator, msg.sender));
+        require(block.timestamp >= pos.unlockAt, StillUnbonding(pos.unlockAt, block.timestamp));
+        Pool storage p = _pools[operator];
+        uint256 amount = shares * p.unbondingAssets / p.unbondingShares;
+        pos.unbondingShares = 0;
+        pos.unlockAt = 0;
+        p.unbondingShares -= shares.toUint128();
+        p.unbondingAssets -= amount.toUint128();
+        _totalUnbonding -= amount;
+        if (p.unbondingShares == 0 && p.unbondingAssets > 0) {
+            // Rounding dust nobody owns any more.
+            uint256 dust = p.unbondingAssets;
+            p.unbondingAssets = 0;
+            _totalUnbonding -= dust;
+            _credit(_params.treasury, dust);
+        }
+        _credit(msg.sender, amount);
+        emit Unbonded(operator, msg.sender, amount);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function claimRewards(address operator) external {
+        _settle(operator, msg.sender);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function withdraw() external nonReentrant {
+        uint256 amount = _credits[msg.sender];
+        require(amount > 0, NothingToWithdraw(msg.sender));
+        _credits[msg.sender] = 0;
+        _totalCredits -= amount;
+        emit Withdrawn(msg.sender, amount);
+        (bool ok,) = msg.sender.call{value: amount}("");
+        require(ok, TransferFailed(msg.sender, amount));
+    }
+
+    // ================================================================ jobs
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function createJob(JobSpec calldata spec) external payable returns (uint256 jobId) {
+        return _createJob(msg.sender, spec, msg.value);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function cancelJob(uint256 jobId) external {
+        JobState storage j = _job(jobId);
+        require(msg.sender == j.caller, NotJobCaller(msg.sender, j.caller));
+        require(j.status == JobStatus.Open, JobNotOpen(jobId, j.status));
+        uint256 refund = _close(jobId, JobStatus.Cancelled);
+        emit JobCancelled(jobId, refund);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function joinJob(uint256 jobId) external {
+        _join(jobId, msg.sender);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function leaveJob(uint256 jobId) external {
+        _leave(jobId, msg.sender);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function submitCheckpoint(
+        uint256 jobId,
+        uint256 epoch,
+        bytes32 checkpoint,
+        uint32[] calldata participation
+    ) external {
+        _submit(jobId, msg.sender, epoch, checkpoint, participation);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSM
+    function finalizeEpoch(uint256 jobId, uint256 epoch) external {
+        _finalize(jobId, epoch, msg.sender);
+    }
+
+    // ================================================================ Tangle hooks
+
+    /// @inheritdoc IBlueprintServiceManager
+    function onRegister(address operator, bytes calldata registrationInputs)
+        external
+        payable
+        onlyCore
+    {
+        (bytes memory peerId, string[] memory multiaddrs, string memory hardware, uint256 price) =
+            abi.decode(registrationInputs, (bytes, string[], string, uint256));
+        _register(operator, peerId, multiaddrs, hardware, price, msg.value);
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function onUnregister(address operator) external onlyCore {
+        _deregister(operator);
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function onRequest(
+        uint64,
+        address requester,
+        address[] calldata operators,
+        bytes calldata requestInputs,
+        uint64,
+        address paymentAsset,
+        uint256 paymentAmount
+    ) external payable onlyCore {
+        require(paymentAsset == address(0), UnsupportedPaymentAsset(paymentAsset));
+        require(msg.value == paymentAmount, PaymentMismatch(paymentAmount, msg.value));
+        JobSpec memory spec = abi.decode(requestInputs, (JobSpec));
+        uint256 jobId = _createJob(requester, spec, msg.value);
+        for (uint256 i; i < operators.length; ++i) {
+            _join(jobId, operators[i]);
+        }
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs)
+        external
+        payable
+        onlyCore
+    {
+        (address actor, bytes memory args) = abi.decode(inputs, (address, bytes));
+        if (job == SUBMIT_JOB) {
+            _createJob(actor, abi.decode(args, (JobSpec)), msg.value);
+            return;
+        }
+        require(msg.value == 0, PaymentMismatch(0, msg.value));
+        if (job == FINALIZE) {
+            (uint256 jobId, uint256 epoch) = abi.decode(args, (uint256, uint256));
+            _finalize(jobId, epoch, actor);
+        } else {
+            _operatorCall(job, actor, args);
+        }
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function onJobResult(uint64, uint8 job, uint64, address operator, bytes32, bytes calldata outputs)
+        external
+        onlyCore
+    {
+        _operatorCall(job, operator, outputs);
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function onSlash(uint64, bytes calldata offender, uint8 slashPercent) external onlyCore {
+        require(slashPercent > 0 && slashPercent <= MAX_SLASH_BPS / 100, InvalidSlashPercent(slashPercent));
+        address operator = abi.decode(offender, (address));
+        uint256 amount = _slash(operator, uint256(slashPercent) * 100, 0, 0, SlashReason.External, msg.sender);
+        if (amount > 0) _credit(_params.treasury, amount);
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function querySlashingOrigin(uint64) external view returns (address) {
+        return address(this);
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function queryDeveloperPaymentAddress(uint64) external view returns (address payable) {
+        return payable(_params.developer);
+    }
+
+    /// @inheritdoc IBlueprintServiceManager
+    function queryIsPaymentAssetAllowed(uint64, address asset) external pure returns (bool) {
+        return asset == address(0);
+    }
+
+    // ================================================================ views
+
+    function params() external view returns (Params memory) {
+        return _params;
+    }
+
+    function nextJobId() external view returns (uint256) {
+        return _nextJobId;
+    }
+
+    function getOperator(address operator) external view returns (OperatorInfo memory info) {
+        Operator storage o = _operators[operator];
+        info = OperatorInfo({
+            registered: o.registered,
+            activeJobs: o.activeJobs,
+            minPricePerEpoch: o.minPricePerEpoch,
+            peerId: o.peerId,
+            multiaddrs: o.multiaddrs,
+            hardware: o.hardware,
+            attestationReport: o.attestationReport,
+            teeType: o.teeType,
+            attestationVerifier: o.attestationVerifier
+        });
+    }
+
+    function getPool(address operator) external view returns (PoolInfo memory) {
+        Pool storage p = _pools[operator];
+        return PoolInfo(
+            p.totalShares,
+            p.totalAssets,
+            p.unbondingShares,
+            p.unbondingAssets,
+            p.rewardPerShare,
+            p.rewardReserve
+        );
+    }
+
+    function stakeOf(address operator, address account) external view returns (uint256) {
+        return _assetsOf(operator, account);
+    }
+
+    function sharesOf(address operator, address account) external view returns (uint256) {
+        return _positions[operator][account].shares;
+    }
+
+    function unbondingOf(address operator, address account)
+        external
+        view
+        returns (uint256 amount, uint64 unlockAt)
+    {
+        Position storage pos = _positions[operator][account];
+        Pool storage p = _pools[operator];
+        if (pos.unbondingShares > 0) {
+            amount = uint256(pos.unbondingShares) * p.unbondingAssets / p.unbondingShares;
+        }
+        unlockAt = pos.unlockAt;
+    }
+
+    function pendingRewards(address operator, address account) external view returns (uint256) {
+        Position storage pos = _positions[operator][account];
+        return uint256(pos.shares) * (_pools[operator].rewardPerShare - pos.rewardPerSharePaid) / _ACC;
+    }
+
+    function creditOf(address account) external view returns (uint256) {
+        return _credits[account];
+    }
+
+    function getJob(uint256 jobId)
+        external
+        view
+        returns (JobSpec memory spec, JobState memory state)
+    {
+        return (_specs[jobId], _jobs[jobId]);
+    }
+
+    function getMembers(uint256 jobId) external view returns (address[] memory) {
+        return _members[jobId];
+    }
+
+    function getPendingJoins(uint256 jobId) external view returns (address[] memory) {
+        return _pending[jobId];
+    }
+
+    function isLeaving(uint256 jobId, address operator) external view returns (bool) {
+        return _membership[jobId][operator] == Membership.Leaving;
+    }
+
+    function epochCheckpoint(uint256 jobId, uint256 epoch) external view returns (bytes32) {
+        return _epochCheckpoints[jobId][epoch];
+    }
+
+    function submissionOf(uint256 jobId, address operator)
+        external
+        view
+        returns (bytes32 checkpoint, bytes32 voteKey)
+    {
+        JobState storage j = _jobs[jobId];
+        if (j.status != JobStatus.Running) return (bytes32(0), bytes32(0));
+        voteKey = _votesOf[j.attempt][operator];
+        checkpoint = _voteData[voteKey].checkpoint;
+        if (voteKey == bytes32(0)) checkpoint = bytes32(0);
+    }
+
+    function submittedCount(uint256 jobId) external view returns (uint256) {
+        JobState storage j = _jobs[jobId];
+        if (j.status != JobStatus.Running) return 0;
+        return _tallies[j.attempt].submitted;
+    }
+
+    function epochDeadline(uint256 jobId) external view returns (uint64) {
+        JobState storage j = _jobs[jobId];
+        if (j.status != JobStatus.Running) return 0;
+        return j.epochStart + _specs[jobId].epochDuration;
+    }
+
+    function accounting()
+        external
+        view
+        returns (uint256, uint256, uint256, uint256, uint256)
+    {
+        return (_totalStaked, _totalUnbonding, _totalEscrow, _totalCredits, _totalRewardReserve);
+    }
+
+    // ================================================================ internal: operators
+
+    function _register(
+        address operator,
+        bytes memory peerId,
+        string[] memory multiaddrs,
+        string memory hardware,
+        uint256 minPricePerEpoch,
+        uint256 amount
+    ) internal {
+        Operator storage o = _operators[operator];
+        require(!o.registered, AlreadyRegistered(operator));
+        require(amount >= _params.minStake, StakeBelowMinimum(amount, _params.minStake));
+        o.registered = true;
+        _setNetwork(o, peerId, multiaddrs, hardware, minPricePerEpoch);
+        _mint(operator, operator, amount);
+        emit OperatorRegistered(operator, peerId, amount);
+    }
+
+    function _setNetwork(
+        Operator storage o,
+        bytes memory peerId,
+        string[] memory multiaddrs,
+        string memory hardware,
+        uint256 minPricePerEpoch
+    ) internal {
+        o.peerId = peerId;
+        o.multiaddrs = multiaddrs;
+        o.hardware = hardware;
+        o.minPricePerEpoch = minPricePerEpoch.toUint96();
+    }
+
+    function _deregister(address operator) internal {
+        Operator storage o = _operators[operator];
+        require(o.registered, NotRegistered(operator));
+        require(o.activeJobs == 0, OperatorHasActiveJobs(operator, o.activeJobs));
+        o.registered = false;
+        uint256 shares = _positions[operator][operator].shares;
+        if (shares > 0) _unbondShares(operator, operator, shares);
+        emit OperatorDeregistered(operator);
+    }
+
+    function _unstakeSelf(address operator, uint256 amount) internal {
+        require(_operators[operator].registered, NotRegistered(operator));
+        uint256 available = _assetsOf(operator, operator);
+        require(amount > 0, ZeroValue());
+        require(amount <= available, InsufficientStake(amount, available));
+        uint256 remaining = available - amount;
+        require(remaining >= _params.minStake, StakeBelowMinimum(remaining, _params.minStake));
+        _unbondAmount(operator, operator, amount);
+    }
+
+    // ================================================================ internal: pools
+
+    function _assetsOf(address operator, address account) internal view returns (uint256) {
+        Pool storage p = _pools[operator];
+        if (p.totalShares == 0) return 0;
+        return uint256(_positions[operator][account].shares) * p.totalAssets / p.totalShares;
+    }
+
+    /// Share price never exceeds 1 (slashing lowers it, rounding favours the pool), so every
+    /// positive deposit mints at least one share.
+    function _mint(address operator, address account, uint256 amount) internal {
+        _settle(operator, account);
+        Pool storage p = _pools[operator];
+        uint256 shares =
+            p.totalShares == 0 ? amount : amount * p.totalShares / p.totalAssets;
+        p.totalShares += shares.toUint128();
+        p.totalAssets += amount.toUint128();
+        _positions[operator][account].shares += shares.toUint128();
+        _totalStaked += amount;
+        emit Staked(operator, account, amount, shares);
+    }
+
+    function _unbondAmount(address operator, address account, uint256 amount) internal {
+        require(amount > 0, ZeroValue());
+        uint256 available = _assetsOf(operator, account);
+        require(amount <= available, InsufficientStake(amount, available));
+        Pool storage p = _pools[operator];
+        uint256 shares = Math.mulDiv(amount, p.totalShares, p.totalAssets, Math.Rounding.Ceil);
+        _moveToUnbonding(operator, account, shares, amount);
+    }
+
+    function _unbondShares(address operator, address account, uint256 shares) internal {
+        Pool storage p = _pools[operator];
+        uint256 amount = shares * p.totalAssets / p.totalShares;
+        _moveToUnbonding(operator, account, shares, amount);
+    }
+
+    function _moveToUnbonding(address operator, address account, uint256 shares, uint256 amount)
+        internal
+    {
+        _settle(operator, account);
+        Pool storage p = _pools[operator];
+        Position storage pos = _positions[operator][account];
+        pos.shares -= shares.toUint128();
+        p.totalShares -= shares.toUint128();
+        p.totalAssets -= amount.toUint128();
+        _totalStaked -= amount;
+        if (p.totalShares == 0 && p.totalAssets > 0) {
+            uint256 dust = p.totalAssets;
+            p.totalAssets = 0;
+            _totalStaked -= dust;
+            _credit(_params.treasury, dust);
+        }
+        if (amount == 0) return;
+        uint256 ubShares = p.unbondingShares == 0
+            ? amount
+            : amount * p.unbondingShares / p.unbondingAssets;
+        p.unbondingShares += ubShares.toUint128();
+        p.unbondingAssets += amount.toUint128();
+        pos.unbondingShares += ubShares.toUint128();
+        uint64 unlockAt = uint64(block.timestamp) + _params.unbondingPeriod;
+        pos.unlockAt = unlockAt;
+        _totalUnbonding += amount;
+        emit UnbondingQueued(operator, account, amount, unlockAt);
+    }
+
+    function _settle(address operator, address account) internal {
+        Pool storage p = _pools[operator];
+        Position storage pos = _positions[operator][account];
+        uint256 rps = p.rewardPerShare;
+        uint256 earned = uint256(pos.shares) * (rps - pos.rewardPerSharePaid) / _ACC;
+        if (pos.rewardPerSharePaid != rps) pos.rewardPerSharePaid = rps;
+        if (earned == 0) return;
+        p.rewardReserve -= earned;
+        _totalRewardReserve -= earned;
+        _credit(account, earned);
+        emit RewardsClaimed(operator, account, earned);
+    }
+
+    /// Takes `bps` of the pool's active and unbonding assets; returns the amount, which the
+    /// caller must credit somewhere.
+    function _slash(
+        address operator,
+        uint256 bps,
+        uint256 jobId,
+        uint256 epoch,
+        SlashReason reason,
+        address reporter
+    ) internal returns (uint256 amount) {
+        Pool storage p = _pools[operator];
+        uint256 active = uint256(p.totalAssets) * bps / _BPS;
+        uint256 unbonding = uint256(p.unbondingAssets) * bps / _BPS;
+        p.totalAssets -= active.toUint128();
+        p.unbondingAssets -= unbonding.toUint128();
+        _totalStaked -= active;
+        _totalUnbonding -= unbonding;
+        amount = active + unbonding;
+        emit Slashed(operator, jobId, epoch, reason, amount, reporter);
+    }
+
+    function _credit(address account, uint256 amount) internal {
+        _credits[account] += amount;
+        _totalCredits += amount;
+        emit Credited(account, amount);
+    }
+
+    // ================================================================ internal: jobs
+
+    function _job(uint256 jobId) internal view returns (JobState storage j) {
+        j = _jobs[jobId];
+        require(j.status != JobStatus.None, UnknownJob(jobId));
+    }
+
+    function _createJob(address caller, JobSpec memory spec, uint256 value)
+        internal
+        returns (uint256 jobId)
+    {
+        require(
+            spec.minOperators > 0 && spec.minOperators <= spec.maxOperators
+                && spec.maxOperators <= _params.maxOperators,
+            InvalidOperatorRange(spec.minOperators, spec.maxOperators, _params.maxOperators)
+        );
+        require(
+            spec.totalEpochs > 0 && spec.syncInterval > 0 && spec.syncInterval <= spec.stepsPerEpoch,
+            InvalidSchedule(spec.totalEpochs, spec.stepsPerEpoch, spec.syncInterval)
+        );
+        require(
+            spec.topkPerChunk > 0 && (spec.quantBits == 1 || spec.quantBits == 2),
+            InvalidCompression(spec.topkPerChunk, spec.quantBits)
+        );
+        require(
+            spec.epochDuration > 0 && spec.epochDuration <= MAX_EPOCH_DURATION,
+            InvalidEpochDuration(spec.epochDuration)
+        );
+        require(spec.pricePerOperatorEpoch > 0, ZeroValue());
+        uint256 escrow =
+            spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
+        require(value == escrow, WrongEscrow(escrow, value));
+
+        jobId = _nextJobId++;
+        _specs[jobId] = spec;
+        JobState storage j = _jobs[jobId];
+        j.caller = caller;
+        j.status = JobStatus.Open;
+        j.escrow = escrow;
+        j.checkpoint = spec.modelHash;
+        _totalEscrow += escrow;
+        emit JobCreated(jobId, caller, spec.method, escrow);
+    }
+
+    function _operatorCall(uint8 job, address operator, bytes memory args) internal {
+        if (job == JOIN) {
+            _join(abi.decode(args, (uint256)), operator);
+        } else if (job == LEAVE) {
+            _leave(abi.decode(args, (uint256)), operator);
+        } else if (job == SUBMIT_CHECKPOINT) {
+            (uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] memory participation) =
+                abi.decode(args, (uint256, uint256, bytes32, uint32[]));
+            _submit(jobId, operator, epoch, checkpoint, participation);
+        } else {
+            revert UnknownJobKind(job);
+        }
+    }
+
+    function _join(uint256 jobId, address operator) internal {
+        JobState storage j = _job(jobId);
+        require(
+            j.status == JobStatus.Open || j.status == JobStatus.Running, JobNotOpen(jobId, j.status)
+        );
+        Operator storage o = _operators[operator];
+        require(o.registered, NotRegistered(operator));
+        require(_membership[jobId][operator] == Membership.None, AlreadyMember(jobId, operator));
+        uint256 selfStake = _assetsOf(operator, operator);
+        require(selfStake >= _params.minStake, StakeBelowMinimum(selfStake, _params.minStake));
+        JobSpec storage spec = _specs[jobId];
+        require(
+            spec.pricePerOperatorEpoch >= o.minPricePerEpoch,
+            PriceBelowAsk(spec.pricePerOperatorEpoch, o.minPricePerEpoch)
+        );
+        require(
+            !spec.teeRequired || o.attestationReport != bytes32(0),
+            AttestationRequired(jobId, operator)
+        );
+        uint256 count = _members[jobId].length + _pending[jobId].length;
+        require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
+
+        _membership[jobId][operator] = Membership.Pending;
+        _pending[jobId].push(operator);
+        o.activeJobs += 1;
+        bool running = j.status == JobStatus.Running;
+        emit JoinRequested(jobId, operator, running ? j.epoch + 1 : j.epoch);
+        if (!running && count + 1 >= spec.minOperators) _startEpoch(jobId);
+    }
+
+    function _leave(uint256 jobId, address operator) internal {
+        JobState storage j = _job(jobId);
+        Membership m = _membership[jobId][operator];
+        require(m != Membership.None, NotMember(jobId, operator));
+        require(m != Membership.Leaving, AlreadyLeaving(jobId, operator));
+        if (m == Membership.Pending) {
+            _removeFrom(_pending[jobId], operator);
+            _release(jobId, operator);
+            emit LeaveRequested(jobId, operator, j.epoch);
+        } else if (j.status == JobStatus.Running) {
+            _membership[jobId][operator] = Membership.Leaving;
+            emit LeaveRequested(jobId, operator, j.epoch + 1);
+        } else {
+            _removeFrom(_members[jobId], operator);
+            _release(jobId, operator);
+            emit LeaveRequested(jobId, operator, j.epoch);
+        }
+    }
+
+    function _submit(
+        uint256 jobId,
+        address operator,
+        uint256 epoch,
+        bytes32 checkpoint,
+        uint32[] memory participation
+    ) internal {
+        JobState storage j = _job(jobId);
+        require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
+        require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
+        Membership m = _membership[jobId][operator];
+        require(m == Membership.Active || m == Membership.Leaving, NotMember(jobId, operator));
+        uint256 deadline = j.epochStart + _specs[jobId].epochDuration;
+        require(block.timestamp <= deadline, DeadlinePassed(deadline, block.timestamp));
+        uint64 attempt = j.attempt;
+        require(_votesOf[attempt][operator] == bytes32(0), AlreadySubmitted(jobId, epoch, operator));
+        require(checkpoint != bytes32(0), ZeroCheckpoint());
+
+        bytes32 key = _storeVote(jobId, checkpoint, participation);
+        _votesOf[attempt][operator] = key;
+        uint8 votes = ++_voteCounts[attempt][key];
+        Tally storage t = _tallies[attempt];
+        t.submitted += 1;
+        if (votes > t.leaderVotes) {
+            t.leaderVotes = votes;
+            if (t.leaderKey != key) t.leaderKey = key;
+        }
+        emit CheckpointSubmitted(jobId, epoch, operator, checkpoint, key);
+    }
+
+    /// Validates `participation` against the member list and stores the vote on first sight.
+    function _storeVote(uint256 jobId, bytes32 checkpoint, uint32[] memory participation)
+        internal
+        returns (bytes32 key)
+    {
+        uint256 n = _members[jobId].length;
+        require(participation.length == n, ParticipationLength(participation.length, n));
+        JobSpec storage spec = _specs[jobId];
+        uint256 rounds = spec.stepsPerEpoch / spec.syncInterval;
+        uint256 threshold = Math.mulDiv(rounds, _params.syncThresholdBps, _BPS, Math.Rounding.Ceil);
+        uint256 syncFailures;
+        for (uint256 i; i < n; ++i) {
+            uint256 r = participation[i];
+            require(r <= rounds, ParticipationTooHigh(i, r, rounds));
+            if (r < threshold) syncFailures |= 1 << i;
+        }
+        key = keccak256(abi.encode(checkpoint, participation));
+        if (_voteData[key].checkpoint == bytes32(0)) _voteData[key] = Vote(checkpoint, syncFailures);
+    }
+
+    /// Per-epoch settlement context; a struct keeps the settle loop within the stack limit.
+    struct Settlement {
+        uint256 jobId;
+        uint256 epoch;
+        address reporter;
+        uint64 attempt;
+        bool quorum;
+        bytes32 leaderKey;
+        uint256 syncFailures;
+        uint256 price;
+        uint256 paid;
+        uint256 slashed;
+    }
+
+    function _finalize(uint256 jobId, uint256 epoch, address reporter) internal {
+        JobState storage j = _job(jobId);
+        require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
+        require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
+        JobSpec storage spec = _specs[jobId];
+        address[] memory members = _members[jobId];
+        Tally memory t = _tallies[j.attempt];
+        uint256 deadline = j.epochStart + spec.epochDuration;
+        require(
+            t.submitted == members.length || block.timestamp > deadline,
+            EpochNotFinalizable(jobId, t.submitted, members.length, deadline)
+        );
+        Settlement memory c;
+        c.jobId = jobId;
+        c.epoch = epoch;
+        c.reporter = reporter;
+        c.attempt = j.attempt;
+        c.quorum = t.leaderVotes > 0 && uint256(t.leaderVotes) * 3 >= members.length * 2;
+        c.leaderKey = t.leaderKey;
+        c.price = spec.pricePerOperatorEpoch;
+        Vote memory v = c.quorum ? _voteData[t.leaderKey] : Vote(bytes32(0), 0);
+        c.syncFailures = v.syncFailures;
+        for (uint256 i; i < members.length; ++i) {
+            _settleMember(c, members[i], i);
+        }
+        if (c.paid > 0) _payShared(c.paid, c.price, j);
+        if (c.slashed > 0) {
+            uint256 bounty = c.slashed * _params.reporterBountyBps / _BPS;
+            if (bounty > 0) _credit(reporter, bounty);
+            _credit(j.caller, c.slashed - bounty);
+        }
+
+        if (c.quorum) {
+            _epochCheckpoints[jobId][epoch] = v.checkpoint;
+            j.checkpoint = v.checkpoint;
+            j.epoch += 1;
+            j.failedEpochs = 0;
+            emit EpochFinalized(jobId, epoch, v.checkpoint, c.paid);
+            if (j.epoch == spec.totalEpochs) {
+                uint256 refund = _close(jobId, JobStatus.Completed);
+                emit JobCompleted(jobId, v.checkpoint, refund);
+                return;
+            }
+        } else {
+            j.failedEpochs += 1;
+            emit EpochFailed(jobId, epoch, j.failedEpochs);
+            if (j.failedEpochs >= _params.maxFailedEpochs) {
+                uint256 refund = _close(jobId, JobStatus.Failed);
+                emit JobFailed(jobId, refund);
+                return;
+            }
+        }
+        _startEpoch(jobId);
+    }
+
+    /// Pays, slashes or skips member `i`. A silent member is slashed even without quorum (it
+    /// is provably offline); mismatch and sync failure need a quorum to be judged against.
+    function _settleMember(Settlement memory c, address op, uint256 i) internal {
+        bytes32 key = _votesOf[c.attempt][op];
+        if (key == bytes32(0)) {
+            c.slashed += _slashMember(c, op, _params.dropoutSlashBps, SlashReason.Dropout);
+        } else if (!c.quorum) {
+            return;
+        } else if (key != c.leaderKey) {
+            c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.Fabrication);
+        } else if (c.syncFailures & (1 << i) != 0) {
+            c.slashed += _slashMember(c, op, _params.syncFailSlashBps, SlashReason.SyncFailure);
+        } else {
+            _pay(c.jobId, c.epoch, op, c.price);
+            c.paid += 1;
+        }
+    }
+
+    function _slashMember(Settlement memory c, address op, uint256 bps, SlashReason reason)
+        internal
+        returns (uint256)
+    {
+        // A slashed member leaves the job at this boundary.
+        _membership[c.jobId][op] = Membership.Leaving;
+        return _slash(op, bps, c.jobId, c.epoch, reason, c.reporter);
+    }
+
+    /// Operator share and stake-pool share of one paid operator-epoch.
+    function _pay(uint256 jobId, uint256 epoch, address op, uint256 price) internal {
+        _credit(op, price * _params.operatorBps / _BPS);
+        uint256 stakerCut = price * _params.stakerBps / _BPS;
+        Pool storage p = _pools[op];
+        if (p.totalShares == 0) {
+            _credit(_params.treasury, stakerCut);
+        } else {
+            p.rewardPerShare += stakerCut * _ACC / p.totalShares;
+            p.rewardReserve += stakerCut;
+            _totalRewardReserve += stakerCut;
+        }
+        emit OperatorPaid(jobId, epoch, op, price);
+    }
+
+    /// Developer and protocol shares of `paid` operator-epochs; rounding dust to the treasury.
+    function _payShared(uint256 paid, uint256 price, JobState storage j) internal {
+        uint256 developerCut = price * _params.developerBps / _BPS;
+        uint256 memberCut = price * _params.operatorBps / _BPS + price * _params.stakerBps / _BPS;
+        uint256 protocolCut = price - memberCut - developerCut;
+        _credit(_params.developer, developerCut * paid);
+        _credit(_params.treasury, protocolCut * paid);
+        j.escrow -= price * paid;
+        _totalEscrow -= price * paid;
+    }
+
+    /// Applies leaves and joins at an epoch boundary and starts the next epoch, or leaves the
+    /// job `Open` until enough operators join.
+    function _startEpoch(uint256 jobId) internal {
+        JobState storage j = _jobs[jobId];
+        address[] storage current = _members[jobId];
+        address[] storage pending = _pending[jobId];
+        address[] memory next = new address[](current.length + pending.length);
+        uint256 n;
+        uint256 minStake = _params.minStake;
+        for (uint256 i; i < current.length; ++i) {
+            address op = current[i];
+            if (
+                _membership[jobId][op] == Membership.Active && _operators[op].registered
+                    && _assetsOf(op, op) >= minStake
+            ) {
+                next[n++] = op;
+            } else {
+                _release(jobId, op);
+            }
+        }
+        for (uint256 i; i < pending.length; ++i) {
+            address op = pending[i];
+            _membership[jobId][op] = Membership.Active;
+            next[n++] = op;
+        }
+        delete _pending[jobId];
+        _sort(next, n);
+        _writeMembers(current, next, n);
+        if (n >= _specs[jobId].minOperators) {
+            _openAttempt(jobId, j);
+        } else {
+            j.status = JobStatus.Open;
+        }
+    }
+
+    function _openAttempt(uint256 jobId, JobState storage j) internal {
+        uint64 attempt = _nextAttempt++;
+        uint64 start = uint64(block.timestamp);
+        j.status = JobStatus.Running;
+        j.attempt = attempt;
+        j.epochStart = start;
+        emit EpochStarted(
+            jobId,
+            j.epoch,
+            attempt,
+            _members[jobId],
+            j.checkpoint,
+            start + _specs[jobId].epochDuration
+        );
+    }
+
+    /// Ends a job: releases every member and pending joiner and refunds unearned escrow.
+    function _close(uint256 jobId, JobStatus status) internal returns (uint256 refund) {
+        JobState storage j = _jobs[jobId];
+        j.status = status;
+        address[] storage current = _members[jobId];
+        for (uint256 i; i < current.length; ++i) {
+            _release(jobId, current[i]);
+        }
+        address[] storage pending = _pending[jobId];
+        for (uint256 i; i < pending.length; ++i) {
+            _release(jobId, pending[i]);
+        }
+        delete _members[jobId];
+        delete _pending[jobId];
+        refund = j.escrow;
+        if (refund > 0) {
+            j.escrow = 0;
+            _totalEscrow -= refund;
+            _credit(j.caller, refund);
+        }
+    }
+
+    function _release(uint256 jobId, address op) internal {
+        _membership[jobId][op] = Membership.None;
+        _operators[op].activeJobs -= 1;
+    }
+
+    function _removeFrom(address[] storage list, address op) internal {
+        uint256 last = list.length - 1;
+        for (uint256 i; i <= last; ++i) {
+            if (list[i] == op) {
+                if (i != last) list[i] = list[last];
+                list.pop();
+                return;
+            }
+        }
+    }
+
+    function _writeMembers(address[] storage list, address[] memory next, uint256 n) internal {
+        uint256 old = list.length;
+        for (uint256 i; i < n; ++i) {
+            if (i < old) {
+                if (list[i] != next[i]) list[i] = next[i];
+            } else {
+                list.push(next[i]);
+            }
+        }
+        for (uint256 i = old; i > n; --i) {
+            list.pop();
+        }
+    }
+
+    /// Insertion sort; n <= MAX_OPERATORS_CAP.
+    function _sort(address[] memory a, uint256 n) internal pure {
+        for (uint256 i = 1; i < n; ++i) {
+            address x = a[i];
+            uint256 k = i;
+            while (k > 0 && a[k - 1] > x) {
+                a[k] = a[k - 1];
+                --k;
+            }
+            a[k] = x;
+        }
+    }
+}

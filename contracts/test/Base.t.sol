@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {Test} from "./utils/Test.sol";
+import {DistributedTrainingBSM} from "../src/DistributedTrainingBSM.sol";
+import {IDistributedTrainingBSM as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
+
+/// Shared fixture: a BSM with the 40/20/20/20 split, funded actors and job helpers.
+abstract contract BaseTest is Test {
+    DistributedTrainingBSM internal bsm;
+
+    address internal treasury = makeAddr("treasury");
+    address internal developer = makeAddr("developer");
+    address internal core = makeAddr("core");
+    address internal caller = makeAddr("caller");
+    address internal staker = makeAddr("staker");
+    address internal reporter = makeAddr("reporter");
+
+    uint256 internal constant MIN_STAKE = 1 ether;
+    uint256 internal constant PRICE = 0.1 ether;
+    uint64 internal constant UNBONDING = 7 days;
+    uint64 internal constant EPOCH = 1 hours;
+
+    function defaultParams() internal view returns (I.Params memory) {
+        return I.Params({
+            operatorBps: 4000,
+            stakerBps: 2000,
+            protocolBps: 2000,
+            developerBps: 2000,
+            fabricationSlashBps: 1000,
+            dropoutSlashBps: 500,
+            syncFailSlashBps: 200,
+            reporterBountyBps: 1000,
+            syncThresholdBps: 5000,
+            maxOperators: 32,
+            maxFailedEpochs: 3,
+            unbondingPeriod: UNBONDING,
+            minStake: MIN_STAKE,
+            treasury: treasury,
+            developer: developer,
+            core: core
+        });
+    }
+
+    function setUp() public virtual {
+        bsm = new DistributedTrainingBSM(defaultParams());
+        vm.deal(caller, 1_000_000 ether);
+        vm.deal(staker, 1_000_000 ether);
+    }
+
+    function op(uint256 i) internal returns (address a) {
+        a = makeAddr(string.concat("operator", vm_toString(i)));
+    }
+
+    function vm_toString(uint256 v) internal pure returns (string memory) {
+        if (v == 0) return "0";
+        bytes memory b;
+        while (v > 0) {
+            b = abi.encodePacked(bytes1(uint8(48 + v % 10)), b);
+            v /= 10;
+        }
+        return string(b);
+    }
+
+    function peerIdOf(address a) internal pure returns (bytes memory) {
+        // ed25519 identity peer id layout: 6-byte prefix + 32-byte key.
+        return abi.encodePacked(hex"002408011220", keccak256(abi.encode(a)));
+    }
+
+    function addrsOf(uint256 i) internal pure returns (string[] memory m) {
+        m = new string[](1);
+        m[0] = string.concat("/ip4/127.0.0.1/tcp/", vm_toString(40000 + i));
+    }
+
+    function register(address a, uint256 amount) internal {
+        vm.deal(a, a.balance + amount);
+        vm.prank(a);
+        bsm.registerOperator{value: amount}(peerIdOf(a), addrsOf(uint160(a) % 1000), "cpu:2", 0);
+    }
+
+    function registerN(uint256 n) internal returns (address[] memory ops) {
+        ops = new address[](n);
+        for (uint256 i; i < n; ++i) {
+            ops[i] = op(i + 1);
+            register(ops[i], MIN_STAKE);
+        }
+    }
+
+    function spec(uint8 minOps, uint8 maxOps, uint32 epochs) internal pure returns (I.JobSpec memory s) {
+        s = I.JobSpec({
+            modelHash: keccak256("model"),
+            modelUri: "builtin:llama-tiny",
+            datasetHash: keccak256("dataset"),
+            datasetUri: "file://corpus.jsonl",
+            method: I.Method.CPT,
+            totalEpochs: epochs,
+            stepsPerEpoch: 40,
+            syncInterval: 4,
+            topkPerChunk: 4,
+            quantBits: 2,
+            minOperators: minOps,
+            maxOperators: maxOps,
+            epochDuration: EPOCH,
+            teeRequired: false,
+            pricePerOperatorEpoch: PRICE
+        });
+    }
+
+    function escrowOf(I.JobSpec memory s) internal pure returns (uint256) {
+        return s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
+    }
+
+    function createJob(I.JobSpec memory s) internal returns (uint256 jobId) {
+        vm.prank(caller);
+        jobId = bsm.createJob{value: escrowOf(s)}(s);
+    }
+
+    function joinAll(uint256 jobId, address[] memory ops) internal {
+        for (uint256 i; i < ops.length; ++i) {
+            vm.prank(ops[i]);
+            bsm.joinJob(jobId);
+        }
+    }
+
+    /// A running job with `n` members (min = n) of `epochs` epochs.
+    function runningJob(uint256 n, uint32 epochs) internal returns (uint256 jobId, address[] memory ops) {
+        ops = registerN(n);
+        jobId = createJob(spec(uint8(n), uint8(n), epochs));
+        joinAll(jobId, ops);
+    }
+
+    function fullParticipation(uint256 jobId) internal view returns (uint32[] memory p) {
+        p = new uint32[](bsm.getMembers(jobId).length);
+        for (uint256 i; i < p.length; ++i) {
+            p[i] = 10;
+        }
+    }
+
+    function submit(uint256 jobId, address a, bytes32 h, uint32[] memory p) internal {
+        (, I.JobState memory st) = bsm.getJob(jobId);
+        vm.prank(a);
+        bsm.submitCheckpoint(jobId, st.epoch, h, p);
+    }
+
+    function submitAll(uint256 jobId, bytes32 h) internal {
+        address[] memory m = bsm.getMembers(jobId);
+        uint32[] memory p = fullParticipation(jobId);
+        for (uint256 i; i < m.length; ++i) {
+            submit(jobId, m[i], h, p);
+        }
+    }
+
+    function finalize(uint256 jobId) internal {
+        (, I.JobState memory st) = bsm.getJob(jobId);
+        vm.prank(reporter);
+        bsm.finalizeEpoch(jobId, st.epoch);
+    }
+
+    function status(uint256 jobId) internal view returns (I.JobStatus) {
+        (, I.JobState memory st) = bsm.getJob(jobId);
+        return st.status;
+    }
+
+    function state(uint256 jobId) internal view returns (I.JobState memory st) {
+        (, st) = bsm.getJob(jobId);
+    }
+
+    function assertConserved() internal view {
+        (uint256 s, uint256 u, uint256 e, uint256 c, uint256 r) = bsm.accounting();
+        vm.assertEq(address(bsm).balance, s + u + e + c + r, "balance != accounted");
+    }
+}

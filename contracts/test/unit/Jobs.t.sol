@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {BaseTest} from "../Base.t.sol";
+import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+
+contract CreateJobTest is BaseTest {
+    function test_escrowsAndStoresSpec() public {
+        I.JobSpec memory s = spec(2, 4, 3);
+        uint256 escrow = escrowOf(s);
+        vm.expectEmit();
+        emit I.JobCreated(1, caller, I.Method.CPT, escrow);
+        uint256 jobId = createJob(s);
+        (I.JobSpec memory got, I.JobState memory st) = bsm.getJob(jobId);
+        vm.assertEq(got.datasetUri, s.datasetUri);
+        vm.assertEq(got.stepsPerEpoch, 40);
+        vm.assertEq(st.caller, caller);
+        vm.assertEq(uint8(st.status), uint8(I.JobStatus.Open));
+        vm.assertEq(st.escrow, escrow);
+        vm.assertEq(st.checkpoint, s.modelHash);
+        vm.assertEq(address(bsm).balance, escrow);
+        assertConserved();
+    }
+
+    function test_revert_WrongEscrow() public {
+        I.JobSpec memory s = spec(2, 4, 3);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.WrongEscrow.selector, escrowOf(s), 1));
+        bsm.createJob{value: 1}(s);
+    }
+
+    function test_revert_ZeroValue_price() public {
+        I.JobSpec memory s = spec(2, 4, 3);
+        s.pricePerOperatorEpoch = 0;
+        vm.prank(caller);
+        vm.expectRevert(I.ZeroValue.selector);
+        bsm.createJob(s);
+    }
+
+    function test_revert_InvalidOperatorRange() public {
+        I.JobSpec memory s = spec(3, 2, 1);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorRange.selector, 3, 2, 32));
+        bsm.createJob(s);
+        s = spec(1, 33, 1);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorRange.selector, 1, 33, 32));
+        bsm.createJob(s);
+    }
+
+    function test_revert_InvalidSchedule() public {
+        I.JobSpec memory s = spec(1, 2, 1);
+        s.syncInterval = 41;
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidSchedule.selector, 1, 40, 41));
+        bsm.createJob(s);
+    }
+
+    function test_revert_InvalidCompression() public {
+        I.JobSpec memory s = spec(1, 2, 1);
+        s.quantBits = 3;
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidCompression.selector, 4, 3));
+        bsm.createJob(s);
+    }
+
+    function test_revert_InvalidEpochDuration() public {
+        I.JobSpec memory s = spec(1, 2, 1);
+        s.epochDuration = 0;
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidEpochDuration.selector, 0));
+        bsm.createJob(s);
+    }
+
+    function testFuzz_escrow(uint256 price, uint8 maxOps, uint32 epochs) public {
+        price = bound(price, 1, 1e24);
+        maxOps = uint8(bound(maxOps, 1, 32));
+        epochs = uint32(bound(epochs, 1, 1000));
+        I.JobSpec memory s = spec(1, maxOps, epochs);
+        s.pricePerOperatorEpoch = price;
+        uint256 escrow = price * maxOps * epochs;
+        vm.deal(caller, escrow);
+        vm.prank(caller);
+        uint256 jobId = bsm.createJob{value: escrow}(s);
+        vm.assertEq(state(jobId).escrow, escrow);
+        assertConserved();
+    }
+}
+
+contract CancelJobTest is BaseTest {
+    function test_refundsInFull() public {
+        I.JobSpec memory s = spec(3, 4, 2);
+        uint256 jobId = createJob(s);
+        address[] memory ops = registerN(1);
+        joinAll(jobId, ops);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        vm.assertEq(bsm.creditOf(caller), escrowOf(s));
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        vm.assertEq(bsm.getOperator(ops[0]).activeJobs, 0);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 0);
+        assertConserved();
+    }
+
+    function test_revert_NotJobCaller() public {
+        uint256 jobId = createJob(spec(3, 4, 2));
+        vm.prank(staker);
+        vm.expectRevert(abi.encodeWithSelector(I.NotJobCaller.selector, staker, caller));
+        bsm.cancelJob(jobId);
+    }
+
+    function test_revert_JobNotOpen() public {
+        (uint256 jobId,) = runningJob(1, 2);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.JobNotOpen.selector, jobId, I.JobStatus.Running));
+        bsm.cancelJob(jobId);
+    }
+
+    function test_revert_UnknownJob() public {
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.UnknownJob.selector, 99));
+        bsm.cancelJob(99);
+    }
+}
+
+contract JoinJobTest is BaseTest {
+    function test_startsEpochZeroAtMinOperators() public {
+        address[] memory ops = registerN(3);
+        uint256 jobId = createJob(spec(2, 4, 2));
+        vm.prank(ops[0]);
+        bsm.joinJob(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        vm.prank(ops[1]);
+        bsm.joinJob(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
+        address[] memory m = bsm.getMembers(jobId);
+        vm.assertEq(m.length, 2);
+        vm.assertTrue(m[0] < m[1]);
+        vm.assertEq(bsm.epochDeadline(jobId), block.timestamp + EPOCH);
+        // A third operator waits for the boundary.
+        vm.prank(ops[2]);
+        bsm.joinJob(jobId);
+        vm.assertEq(bsm.getMembers(jobId).length, 2);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 1);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.assertEq(bsm.getMembers(jobId).length, 3);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 0);
+    }
+
+    function test_revert_NotRegistered() public {
+        uint256 jobId = createJob(spec(2, 4, 2));
+        vm.prank(staker);
+        vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, staker));
+        bsm.joinJob(jobId);
+    }
+
+    function test_revert_AlreadyMember() public {
+        address[] memory ops = registerN(1);
+        uint256 jobId = createJob(spec(2, 4, 2));
+        joinAll(jobId, ops);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.AlreadyMember.selector, jobId, ops[0]));
+        bsm.joinJob(jobId);
+    }
+
+    function test_revert_JobFull() public {
+        address[] memory ops = registerN(3);
+        uint256 jobId = createJob(spec(1, 2, 2));
+        vm.prank(ops[0]);
+        bsm.joinJob(jobId);
+        vm.prank(ops[1]);
+        bsm.joinJob(jobId);
+        vm.prank(ops[2]);
+        vm.expectRevert(abi.encodeWithSelector(I.JobFull.selector, jobId, 2, 2));
+        bsm.joinJob(jobId);
+    }
+
+    function test_revert_PriceBelowAsk() public {
+        address a = op(1);
+        vm.deal(a, MIN_STAKE);
+        vm.prank(a);
+        bsm.registerOperator{value: MIN_STAKE}(peerIdOf(a), addrsOf(1), "", 1 ether);
+        uint256 jobId = createJob(spec(1, 2, 2));
+        vm.prank(a);
+        vm.expectRevert(abi.encodeWithSelector(I.PriceBelowAsk.selector, PRICE, 1 ether));
+        bsm.joinJob(jobId);
+    }
+
+    function test_revert_AttestationRequired() public {
+        address[] memory ops = registerN(1);
+        I.JobSpec memory s = spec(1, 2, 2);
+        s.teeRequired = true;
+        uint256 jobId = createJob(s);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.AttestationRequired.selector, jobId, ops[0]));
+        bsm.joinJob(jobId);
+        vm.prank(ops[0]);
+        bsm.setAttestation(keccak256("quote"), 1, address(0));
+        vm.prank(ops[0]);
+        bsm.joinJob(jobId);
+        vm.assertEq(bsm.getMembers(jobId).length, 1);
+    }
+
+    function test_revert_StakeBelowMinimum() public {
+        address[] memory ops = registerN(1);
+        vm.prank(core);
+        bsm.onSlash(0, abi.encode(ops[0]), 10);
+        uint256 jobId = createJob(spec(1, 2, 2));
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.StakeBelowMinimum.selector, 0.9 ether, MIN_STAKE));
+        bsm.joinJob(jobId);
+    }
+
+    function test_revert_JobNotOpen() public {
+        address[] memory ops = registerN(2);
+        uint256 jobId = createJob(spec(1, 2, 1));
+        vm.prank(ops[0]);
+        bsm.joinJob(jobId);
+        submitAll(jobId, keccak256("c"));
+        finalize(jobId);
+        vm.prank(ops[1]);
+        vm.expectRevert(abi.encodeWithSelector(I.JobNotOpen.selector, jobId, I.JobStatus.Completed));
+        bsm.joinJob(jobId);
+    }
+
+    function test_revert_UnknownJob() public {
+        address[] memory ops = registerN(1);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.UnknownJob.selector, 5));
+        bsm.joinJob(5);
+    }
+}
+
+contract LeaveJobTest is BaseTest {
+    function test_leavesAtBoundary() public {
+        (uint256 jobId, address[] memory ops) = runningJob(3, 3);
+        // min is 3, so add a fourth that keeps the job running after one leaves.
+        address d = op(4);
+        register(d, MIN_STAKE);
+        vm.prank(d);
+        vm.expectRevert(abi.encodeWithSelector(I.JobFull.selector, jobId, 3, 3));
+        bsm.joinJob(jobId);
+
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+        vm.assertTrue(bsm.isLeaving(jobId, ops[0]));
+        vm.assertEq(bsm.getMembers(jobId).length, 3);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        // Two remain, below min 3: the job waits Open for a joiner.
+        vm.assertEq(bsm.getMembers(jobId).length, 2);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        vm.assertEq(bsm.getOperator(ops[0]).activeJobs, 0);
+        vm.prank(d);
+        bsm.joinJob(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
+        vm.assertEq(state(jobId).epoch, 1);
+    }
+
+    function test_pendingLeavesImmediately() public {
+        address[] memory ops = registerN(2);
+        uint256 jobId = createJob(spec(2, 4, 2));
+        vm.prank(ops[0]);
+        bsm.joinJob(jobId);
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 0);
+        vm.assertEq(bsm.getOperator(ops[0]).activeJobs, 0);
+    }
+
+    function test_revert_NotMember() public {
+        uint256 jobId = createJob(spec(2, 4, 2));
+        vm.prank(staker);
+        vm.expectRevert(abi.encodeWithSelector(I.NotMember.selector, jobId, staker));
+        bsm.leaveJob(jobId);
+    }
+
+    function test_revert_AlreadyLeaving() public {
+        (uint256 jobId, address[] memory ops) = runningJob(1, 2);
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.AlreadyLeaving.selector, jobId, ops[0]));
+        bsm.leaveJob(jobId);
+    }
+}

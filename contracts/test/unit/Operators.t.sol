@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {BaseTest} from "../Base.t.sol";
+import {DistributedTrainingBSM} from "../../src/DistributedTrainingBSM.sol";
+import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+
+contract ConstructorTest is BaseTest {
+    function test_setsParams() public view {
+        I.Params memory p = bsm.params();
+        vm.assertEq(p.operatorBps, 4000);
+        vm.assertEq(p.treasury, treasury);
+        vm.assertEq(bsm.nextJobId(), 1);
+    }
+
+    function test_revert_BpsSumNot10000() public {
+        I.Params memory p = defaultParams();
+        p.developerBps = 1999;
+        vm.expectRevert(abi.encodeWithSelector(I.BpsSumNot10000.selector, 9999));
+        new DistributedTrainingBSM(p);
+    }
+
+    function test_revert_SlashBpsTooHigh() public {
+        I.Params memory p = defaultParams();
+        p.dropoutSlashBps = 5001;
+        vm.expectRevert(abi.encodeWithSelector(I.SlashBpsTooHigh.selector, 5001, 5000));
+        new DistributedTrainingBSM(p);
+    }
+
+    function test_revert_BpsTooHigh() public {
+        I.Params memory p = defaultParams();
+        p.syncThresholdBps = 10001;
+        vm.expectRevert(abi.encodeWithSelector(I.BpsTooHigh.selector, 10001));
+        new DistributedTrainingBSM(p);
+    }
+
+    function test_revert_InvalidMaxOperators() public {
+        I.Params memory p = defaultParams();
+        p.maxOperators = 33;
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidMaxOperators.selector, 33, 32));
+        new DistributedTrainingBSM(p);
+    }
+
+    function test_revert_ZeroAddress() public {
+        I.Params memory p = defaultParams();
+        p.treasury = address(0);
+        vm.expectRevert(I.ZeroAddress.selector);
+        new DistributedTrainingBSM(p);
+    }
+
+    function test_revert_ZeroValue_minStake() public {
+        I.Params memory p = defaultParams();
+        p.minStake = 0;
+        vm.expectRevert(I.ZeroValue.selector);
+        new DistributedTrainingBSM(p);
+    }
+
+    function testFuzz_feeBps(uint16 a, uint16 b, uint16 c) public {
+        a = uint16(bound(a, 0, 10000));
+        b = uint16(bound(b, 0, 10000 - a));
+        c = uint16(bound(c, 0, 10000 - a - b));
+        I.Params memory p = defaultParams();
+        (p.operatorBps, p.stakerBps, p.protocolBps, p.developerBps) = (a, b, c, 10000 - a - b - c);
+        DistributedTrainingBSM d = new DistributedTrainingBSM(p);
+        vm.assertEq(d.params().developerBps, 10000 - a - b - c);
+    }
+}
+
+contract RegisterOperatorTest is BaseTest {
+    function test_registersWithStake() public {
+        address a = op(1);
+        vm.deal(a, 2 ether);
+        vm.expectEmit();
+        emit I.OperatorRegistered(a, peerIdOf(a), 2 ether);
+        vm.prank(a);
+        bsm.registerOperator{value: 2 ether}(peerIdOf(a), addrsOf(1), "gpu:a100", 0.05 ether);
+        I.OperatorInfo memory o = bsm.getOperator(a);
+        vm.assertTrue(o.registered);
+        vm.assertEq(o.peerId, peerIdOf(a));
+        vm.assertEq(o.multiaddrs[0], "/ip4/127.0.0.1/tcp/40001");
+        vm.assertEq(o.hardware, "gpu:a100");
+        vm.assertEq(o.minPricePerEpoch, 0.05 ether);
+        vm.assertEq(bsm.stakeOf(a, a), 2 ether);
+        vm.assertEq(bsm.sharesOf(a, a), 2 ether);
+        assertConserved();
+    }
+
+    function test_revert_StakeBelowMinimum() public {
+        address a = op(1);
+        vm.deal(a, 1 ether);
+        vm.prank(a);
+        vm.expectRevert(abi.encodeWithSelector(I.StakeBelowMinimum.selector, 0.5 ether, MIN_STAKE));
+        bsm.registerOperator{value: 0.5 ether}(peerIdOf(a), addrsOf(1), "", 0);
+    }
+
+    function test_revert_AlreadyRegistered() public {
+        address a = op(1);
+        register(a, MIN_STAKE);
+        vm.deal(a, 1 ether);
+        vm.prank(a);
+        vm.expectRevert(abi.encodeWithSelector(I.AlreadyRegistered.selector, a));
+        bsm.registerOperator{value: 1 ether}(peerIdOf(a), addrsOf(1), "", 0);
+    }
+
+    function testFuzz_register(uint256 amount) public {
+        amount = bound(amount, MIN_STAKE, 1e30);
+        address a = op(7);
+        register(a, amount);
+        vm.assertEq(bsm.stakeOf(a, a), amount);
+        assertConserved();
+    }
+}
+
+contract UpdateOperatorTest is BaseTest {
+    function test_updates() public {
+        address a = op(1);
+        register(a, MIN_STAKE);
+        string[] memory m = new string[](2);
+        m[0] = "/ip4/10.0.0.1/tcp/1";
+        m[1] = "/ip6/::1/tcp/2";
+        vm.prank(a);
+        bsm.updateOperator(hex"01", m, "cpu:64", 7);
+        I.OperatorInfo memory o = bsm.getOperator(a);
+        vm.assertEq(o.peerId, hex"01");
+        vm.assertEq(o.multiaddrs.length, 2);
+        vm.assertEq(o.multiaddrs[1], "/ip6/::1/tcp/2");
+        vm.assertEq(o.minPricePerEpoch, 7);
+    }
+
+    function test_revert_NotRegistered() public {
+        vm.prank(staker);
+        vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, staker));
+        bsm.updateOperator(hex"01", new string[](0), "", 0);
+    }
+}
+
+contract SetAttestationTest is BaseTest {
+    function test_records() public {
+        address a = op(1);
+        register(a, MIN_STAKE);
+        vm.prank(a);
+        bsm.setAttestation(keccak256("report"), 2, address(0xBEEF));
+        I.OperatorInfo memory o = bsm.getOperator(a);
+        vm.assertEq(o.attestationReport, keccak256("report"));
+        vm.assertEq(o.teeType, 2);
+        vm.assertEq(o.attestationVerifier, address(0xBEEF));
+    }
+
+    function test_revert_NotRegistered() public {
+        vm.prank(staker);
+        vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, staker));
+        bsm.setAttestation(bytes32(uint256(1)), 1, address(0));
+    }
+}
+
+contract DeregisterOperatorTest is BaseTest {
+    function test_queuesAllStake() public {
+        address a = op(1);
+        register(a, 3 ether);
+        vm.prank(a);
+        bsm.deregisterOperator();
+        vm.assertFalse(bsm.getOperator(a).registered);
+        vm.assertEq(bsm.stakeOf(a, a), 0);
+        (uint256 amount, uint64 unlockAt) = bsm.unbondingOf(a, a);
+        vm.assertEq(amount, 3 ether);
+        vm.assertEq(unlockAt, block.timestamp + UNBONDING);
+        assertConserved();
+    }
+
+    function test_revert_OperatorHasActiveJobs() public {
+        (, address[] memory ops) = runningJob(1, 1);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.OperatorHasActiveJobs.selector, ops[0], 1));
+        bsm.deregisterOperator();
+    }
+
+    function test_revert_NotRegistered() public {
+        vm.prank(staker);
+        vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, staker));
+        bsm.deregisterOperator();
+    }
+}

@@ -1,0 +1,1 @@
+"""Reference operator node: DeMo optimizer, compression, gossip sync and training."""

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh machine that reaches only the package
+# registries: pinned npm tools (forge, anvil, cast, solcjs, OpenZeppelin) and a .venv with the
+# project installed editable. Idempotent: each step is skipped while its inputs are unchanged.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+fail() { echo "setup: $*" >&2; exit 1; }
+
+command -v python3 >/dev/null || fail "python3 not found; install Python 3.11 or newer"
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || fail "Python 3.11+ required, found $(python3 --version 2>&1)"
+command -v node >/dev/null || fail "node not found; install Node.js 20 or newer"
+[[ "$(node -p 'process.versions.node.split(".")[0]')" -ge 20 ]] \
+  || fail "Node.js 20+ required, found $(node --version)"
+command -v npm >/dev/null || fail "npm not found; install npm (comes with Node.js)"
+python3 -c 'import venv' 2>/dev/null || fail "python3 venv module missing (apt-get install python3-venv)"
+
+stamp_ok() { [[ -f "$1" && "$(cat "$1")" == "$2" ]]; }
+
+# npm toolchain
+npm_key="$(cat scripts/toolchain/package.json scripts/toolchain/package-lock.json | sha256sum | cut -c1-16)"
+forge_bin="scripts/toolchain/node_modules/@foundry-rs/forge-linux-amd64/bin/forge"
+if ! stamp_ok .setup-stamp-npm "$npm_key" || [[ ! -x "$forge_bin" ]]; then
+  echo "setup: installing npm toolchain (forge, anvil, cast, solcjs, OpenZeppelin)"
+  (cd scripts/toolchain && npm ci --no-audit --no-fund --loglevel=error)
+  [[ -x "$forge_bin" ]] || fail "forge binary missing after npm ci ($forge_bin); only linux-x64 is supported"
+  echo "$npm_key" > .setup-stamp-npm
+fi
+
+# python venv
+py_key="$(cat pyproject.toml | sha256sum | cut -c1-16)"
+if ! stamp_ok .setup-stamp-py "$py_key" || [[ ! -x .venv/bin/python ]]; then
+  echo "setup: creating .venv and installing the project (torch CPU pinned first)"
+  [[ -x .venv/bin/python ]] || python3 -m venv .venv
+  .venv/bin/pip install --quiet --upgrade pip
+  # Pinned before the project: an open range would make pip pick a multi-GB CUDA build.
+  .venv/bin/pip install --quiet "torch==2.13.0"
+  .venv/bin/pip install --quiet -e ".[dev]"
+  echo "$py_key" > .setup-stamp-py
+fi
+echo "setup: ok"
