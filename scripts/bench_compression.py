@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import statistics
@@ -27,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-
 from dtrain_node import data as corpus
 from dtrain_node.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes
 from dtrain_node.compress import CompressConfig

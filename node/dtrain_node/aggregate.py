@@ -74,6 +74,15 @@ def _shift(lvl: torch.Tensor, m: int) -> torch.Tensor:
     return torch.where(v < 0, -a, a)
 
 
+def _dense(idx, val, nc, ce, n, dims, Bq) -> torch.Tensor:
+    """Inverse via the dense coefficient array A: Bq^T @ A @ Bq per chunk."""
+    A = torch.zeros(nc, ce, dtype=torch.float64, device=val.device).scatter_add_(1, idx, val)
+    if dims == 1:
+        return A @ Bq
+    A = A.reshape(nc, n, n)
+    return Bq.T @ A @ Bq
+
+
 def bound_shift(nsend: int, k: int, max_level: int, bmax: int, dims: int) -> int:
     """Largest scale spread s <= SHIFT_MAX such that the integer inverse stays below 2^53.
 
@@ -93,9 +102,16 @@ def bound_shift(nsend: int, k: int, max_level: int, bmax: int, dims: int) -> int
 
 
 def aggregate(
-    spec: Spec, packets: Sequence[tuple[Hashable, Sequence[Sparse]]], device=None
+    spec: Spec,
+    packets: Sequence[tuple[Hashable, Sequence[Sparse]]],
+    device: torch.device | str | None = None,
+    dense: bool | None = None,
 ) -> Aggregate:
-    """Sum decoded packets exactly. Senders must be distinct and mutually sortable (ids)."""
+    """Sum decoded packets exactly. Senders must be distinct and mutually sortable (ids).
+
+    `dense` picks the inverse-transform algorithm (default: by sparsity); both give the same
+    bits because both compute exact integers.
+    """
     if not packets:
         raise ValueError("no packets to aggregate")
     order = sorted(packets, key=lambda p: p[0])  # canonical: by sender id
@@ -111,19 +127,17 @@ def aggregate(
         s_max = bound_shift(len(order), k, spec.cfg.max_level, bmax, dims)
         ex = [p[1][i].exp for p in order]
         e0 = max(min(ex), max(ex) - s_max)
-        A = torch.zeros(nc, ce, dtype=torch.int64)
-        for (_, tens), e in zip(order, ex, strict=True):
-            t = tens[i]
-            A.scatter_add_(1, t.idx.to(torch.int64), _shift(t.lvl, e - e0))
-        l1 = int(A.abs().sum(1).max()) if nc else 0
+        # all senders' entries side by side; repeated indices add up inside the matmul
+        idx = torch.cat([p[1][i].idx.to(torch.int64) for p in order], dim=1)
+        val = torch.cat([_shift(p[1][i].lvl, e - e0) for p, e in zip(order, ex, strict=True)], 1)
+        l1 = int(val.abs().sum(1).max()) if nc else 0
         if l1 * bmax**dims >= LIMIT:  # guaranteed by bound_shift; checked because it MUST hold
             raise ValueError(f"{spec.names[i]}: sum|A|={l1} breaks the 2^53 exactness bound")
-        Af = A.to(device=device, dtype=torch.float64)
-        if dims == 1:
-            X = Af @ Bq
-        else:
-            Af = Af.reshape(nc, n, n)
-            X = Bq.T @ Af @ Bq
+        idx, val = idx.to(device), val.to(device=device, dtype=torch.float64)
+        if dense if dense is not None else val.shape[1] >= n:
+            X = _dense(idx, val, nc, ce, n, dims, Bq)
+        else:  # fewer products, the very same exact integers
+            X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
         sums.append(dct.from_chunks(X, shape, n))
         exps.append(e0 - dims * dct.QBITS)
     return Aggregate(sums, exps, senders)

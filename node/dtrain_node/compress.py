@@ -120,10 +120,7 @@ def decompress(
     s: Sparse, shape: torch.Size | tuple[int, ...], cfg: CompressConfig, dtype=torch.float32
 ) -> torch.Tensor:
     """Float reconstruction of one sender's transmitted tensor (local path, not bit-exact)."""
-    n = dct.nchunks(shape, cfg.chunk)
-    coef = torch.zeros(n, dct.chunk_elems(shape, cfg.chunk), dtype=dtype)
-    coef.scatter_(1, s.idx, dequantize(s.lvl, s.exp, dtype))
-    return dct.idct(coef, shape, cfg.chunk)
+    return dct.idct_sparse(s.idx, dequantize(s.lvl, s.exp, dtype), shape, cfg.chunk)
 
 
 def compress_ef(e: torch.Tensor, cfg: CompressConfig) -> Sparse:

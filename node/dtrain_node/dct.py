@@ -115,3 +115,29 @@ def idct(coef: torch.Tensor, shape: torch.Size | tuple[int, ...], n: int = N) ->
         return from_chunks(coef @ B, shape, n)
     c = coef.reshape(-1, n, n)
     return from_chunks(B.T @ c @ B, shape, n)
+
+
+def ichunks_sparse(
+    idx: torch.Tensor, val: torch.Tensor, n: int, vector: bool, B: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Inverse transform of sparse coefficients, chunk-wise: idx, val (nchunks, m) -> chunks
+    (nchunks, n) if `vector` else (nchunks, n, n).
+
+    Same as inverting scatter_add(idx, val) (repeated indices sum) at O(m n^2) per chunk
+    instead of O(n^3): X = sum_e val_e * outer(B[r_e], B[c_e]) with idx_e = r_e * n + c_e.
+    B defaults to the float basis; aggregation passes the integer basis as float64.
+    """
+    if B is None:
+        B = _basis64(n).to(device=val.device, dtype=val.dtype)
+    if vector:
+        return (val.unsqueeze(1) @ B[idx]).squeeze(1)  # (nc, 1, m) @ (nc, m, n)
+    r, c = idx.div(n, rounding_mode="floor"), idx.remainder(n)
+    return (B[r] * val.unsqueeze(2)).transpose(1, 2) @ B[c]  # (nc, n, m) @ (nc, m, n)
+
+
+def idct_sparse(
+    idx: torch.Tensor, val: torch.Tensor, shape: torch.Size | tuple[int, ...], n: int = N
+) -> torch.Tensor:
+    """idct of sparse coefficients (nchunks, m) straight to a tensor of `shape`."""
+    vector = len(view2(shape)) == 1
+    return from_chunks(ichunks_sparse(idx, val, n, vector), shape, n)

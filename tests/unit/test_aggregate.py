@@ -38,6 +38,14 @@ def test_order_invariant():
             assert torch.equal(agg.update(i, 0.01, False), ref.update(i, 0.01, False))
 
 
+@pytest.mark.parametrize("k", [2, 40])
+def test_sparse_and_dense_inverse_identical(k):
+    spec, pk = packets(cfg=CompressConfig(k2d=k, k1d=2, bits=2))
+    a, b = aggregate(spec, pk, dense=True), aggregate(spec, pk, dense=False)
+    assert a.digest() == b.digest()
+    assert aggregate(spec, pk).digest() == a.digest()
+
+
 def test_matches_integer_reference():
     # the float64 matmuls equal the same computation done in pure int64 arithmetic
     spec, pk = packets()
