@@ -46,7 +46,7 @@ contract DistributedTrainingBSM is
         uint96 minPricePerEpoch;
         bytes32 attestationReport;
         address attestationVerifier;
-        bytes peerId;
+        bytes32 peerKey;
         string[] multiaddrs;
         string hardware;
     }
@@ -136,25 +136,25 @@ contract DistributedTrainingBSM is
 
     /// @inheritdoc IDistributedTrainingBSM
     function registerOperator(
-        bytes calldata peerId,
+        bytes32 peerKey,
         string[] calldata multiaddrs,
         string calldata hardware,
         uint256 minPricePerEpoch
     ) external payable {
-        _register(msg.sender, peerId, multiaddrs, hardware, minPricePerEpoch, msg.value);
+        _register(msg.sender, peerKey, multiaddrs, hardware, minPricePerEpoch, msg.value);
     }
 
     /// @inheritdoc IDistributedTrainingBSM
     function updateOperator(
-        bytes calldata peerId,
+        bytes32 peerKey,
         string[] calldata multiaddrs,
         string calldata hardware,
         uint256 minPricePerEpoch
     ) external {
         Operator storage o = _operators[msg.sender];
         require(o.registered, NotRegistered(msg.sender));
-        _setNetwork(o, peerId, multiaddrs, hardware, minPricePerEpoch);
-        emit OperatorUpdated(msg.sender, peerId, minPricePerEpoch);
+        _setNetwork(o, peerKey, multiaddrs, hardware, minPricePerEpoch);
+        emit OperatorUpdated(msg.sender, peerKey, minPricePerEpoch);
     }
 
     /// @inheritdoc IDistributedTrainingBSM
@@ -289,9 +289,9 @@ contract DistributedTrainingBSM is
         payable
         onlyCore
     {
-        (bytes memory peerId, string[] memory multiaddrs, string memory hardware, uint256 price) =
-            abi.decode(registrationInputs, (bytes, string[], string, uint256));
-        _register(operator, peerId, multiaddrs, hardware, price, msg.value);
+        (bytes32 peerKey, string[] memory multiaddrs, string memory hardware, uint256 price) =
+            abi.decode(registrationInputs, (bytes32, string[], string, uint256));
+        _register(operator, peerKey, multiaddrs, hardware, price, msg.value);
     }
 
     /// @inheritdoc IBlueprintServiceManager
@@ -385,7 +385,7 @@ contract DistributedTrainingBSM is
             registered: o.registered,
             activeJobs: o.activeJobs,
             minPricePerEpoch: o.minPricePerEpoch,
-            peerId: o.peerId,
+            peerKey: o.peerKey,
             multiaddrs: o.multiaddrs,
             hardware: o.hardware,
             attestationReport: o.attestationReport,
@@ -496,7 +496,7 @@ contract DistributedTrainingBSM is
 
     function _register(
         address operator,
-        bytes memory peerId,
+        bytes32 peerKey,
         string[] memory multiaddrs,
         string memory hardware,
         uint256 minPricePerEpoch,
@@ -506,19 +506,19 @@ contract DistributedTrainingBSM is
         require(!o.registered, AlreadyRegistered(operator));
         require(amount >= _params.minStake, StakeBelowMinimum(amount, _params.minStake));
         o.registered = true;
-        _setNetwork(o, peerId, multiaddrs, hardware, minPricePerEpoch);
+        _setNetwork(o, peerKey, multiaddrs, hardware, minPricePerEpoch);
         _mint(operator, operator, amount);
-        emit OperatorRegistered(operator, peerId, amount);
+        emit OperatorRegistered(operator, peerKey, amount);
     }
 
     function _setNetwork(
         Operator storage o,
-        bytes memory peerId,
+        bytes32 peerKey,
         string[] memory multiaddrs,
         string memory hardware,
         uint256 minPricePerEpoch
     ) internal {
-        o.peerId = peerId;
+        o.peerKey = peerKey;
         o.multiaddrs = multiaddrs;
         o.hardware = hardware;
         o.minPricePerEpoch = minPricePerEpoch.toUint96();
@@ -730,12 +730,18 @@ contract DistributedTrainingBSM is
         uint256 count = _members[jobId].length + _pending[jobId].length;
         require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
 
-        _membership[jobId][operator] = Membership.Pending;
-        _pending[jobId].push(operator);
         o.activeJobs += 1;
-        bool running = j.status == JobStatus.Running;
-        emit JoinRequested(jobId, operator, running ? j.epoch + 1 : j.epoch);
-        if (!running && count + 1 >= spec.minOperators) _startEpoch(jobId);
+        if (j.status == JobStatus.Running) {
+            _membership[jobId][operator] = Membership.Pending;
+            _pending[jobId].push(operator);
+            emit JoinRequested(jobId, operator, j.epoch + 1);
+        } else {
+            // Nothing is in progress: the operator is a member of the epoch about to start.
+            _membership[jobId][operator] = Membership.Active;
+            _members[jobId].push(operator);
+            emit JoinRequested(jobId, operator, j.epoch);
+            if (count + 1 >= spec.minOperators) _openAttempt(jobId, j);
+        }
     }
 
     function _leave(uint256 jobId, address operator) internal {
@@ -955,7 +961,6 @@ contract DistributedTrainingBSM is
             next[n++] = op;
         }
         delete _pending[jobId];
-        _sort(next, n);
         _writeMembers(current, next, n);
         if (n >= _specs[jobId].minOperators) {
             _openAttempt(jobId, j);
@@ -1029,19 +1034,6 @@ contract DistributedTrainingBSM is
         }
         for (uint256 i = old; i > n; --i) {
             list.pop();
-        }
-    }
-
-    /// Insertion sort; n <= MAX_OPERATORS_CAP.
-    function _sort(address[] memory a, uint256 n) internal pure {
-        for (uint256 i = 1; i < n; ++i) {
-            address x = a[i];
-            uint256 k = i;
-            while (k > 0 && a[k - 1] > x) {
-                a[k] = a[k - 1];
-                --k;
-            }
-            a[k] = x;
         }
     }
 }

@@ -62,9 +62,8 @@ abstract contract BaseTest is Test {
         return string(b);
     }
 
-    function peerIdOf(address a) internal pure returns (bytes memory) {
-        // ed25519 identity peer id layout: 6-byte prefix + 32-byte key.
-        return abi.encodePacked(hex"002408011220", keccak256(abi.encode(a)));
+    function peerKeyOf(address a) internal pure returns (bytes32) {
+        return keccak256(abi.encode("ed25519", a));
     }
 
     function addrsOf(uint256 i) internal pure returns (string[] memory m) {
@@ -75,7 +74,7 @@ abstract contract BaseTest is Test {
     function register(address a, uint256 amount) internal {
         vm.deal(a, a.balance + amount);
         vm.prank(a);
-        bsm.registerOperator{value: amount}(peerIdOf(a), addrsOf(uint160(a) % 1000), "cpu:2", 0);
+        bsm.registerOperator{value: amount}(peerKeyOf(a), addrsOf(uint160(a) % 1000), "cpu:2", 0);
     }
 
     function registerN(uint256 n) internal returns (address[] memory ops) {

@@ -10,7 +10,7 @@ pragma solidity ^0.8.28;
 /// `onJobResult` accepts JOIN, LEAVE and SUBMIT_CHECKPOINT from `operator` with `outputs` = args.
 interface IBlueprintServiceManager {
     /// @notice An operator registers. `registrationInputs` is
-    /// `abi.encode(bytes peerId, string[] multiaddrs, string hardware, uint256 minPricePerEpoch)`;
+    /// `abi.encode(bytes32 peerKey, string[] multiaddrs, string hardware, uint256 minPricePerEpoch)`;
     /// `msg.value` is the self-stake.
     function onRegister(address operator, bytes calldata registrationInputs) external payable;
 

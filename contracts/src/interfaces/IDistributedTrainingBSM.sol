@@ -102,7 +102,7 @@ interface IDistributedTrainingBSM {
         bool registered;
         uint32 activeJobs;
         uint256 minPricePerEpoch;
-        bytes peerId;
+        bytes32 peerKey;
         string[] multiaddrs;
         string hardware;
         bytes32 attestationReport;
@@ -166,8 +166,8 @@ interface IDistributedTrainingBSM {
 
     // ---------------------------------------------------------------- events
 
-    event OperatorRegistered(address indexed operator, bytes peerId, uint256 stake);
-    event OperatorUpdated(address indexed operator, bytes peerId, uint256 minPricePerEpoch);
+    event OperatorRegistered(address indexed operator, bytes32 peerKey, uint256 stake);
+    event OperatorUpdated(address indexed operator, bytes32 peerKey, uint256 minPricePerEpoch);
     event OperatorDeregistered(address indexed operator);
     event AttestationSet(address indexed operator, bytes32 report, uint8 teeType, address verifier);
     event Staked(address indexed operator, address indexed account, uint256 amount, uint256 shares);
@@ -220,20 +220,22 @@ interface IDistributedTrainingBSM {
     // ---------------------------------------------------------------- operators and stake
 
     /// @notice Registers the sender as an operator with `msg.value` as self-stake.
-    /// @param peerId libp2p peer id (binary form) other nodes dial.
+    /// @param peerKey Ed25519 public key of the node's libp2p identity; its peer id is the
+    /// identity multihash `0x002408011220 || peerKey`. 32 bytes instead of the 38-byte id keep
+    /// registration under 200k gas.
     /// @param multiaddrs libp2p addresses of the operator's node.
     /// @param hardware free-form description (e.g. "cpu:2", "gpu:a100x8").
     /// @param minPricePerEpoch lowest `pricePerOperatorEpoch` the operator accepts.
     function registerOperator(
-        bytes calldata peerId,
+        bytes32 peerKey,
         string[] calldata multiaddrs,
         string calldata hardware,
         uint256 minPricePerEpoch
     ) external payable;
 
-    /// @notice Replaces the sender's peer id, addresses, hardware and price ask.
+    /// @notice Replaces the sender's peer key, addresses, hardware and price ask.
     function updateOperator(
-        bytes calldata peerId,
+        bytes32 peerKey,
         string[] calldata multiaddrs,
         string calldata hardware,
         uint256 minPricePerEpoch
@@ -314,7 +316,8 @@ interface IDistributedTrainingBSM {
         external
         view
         returns (JobSpec memory spec, JobState memory state);
-    /// @notice Members of the epoch in progress, sorted ascending.
+    /// @notice Members of the epoch in progress, in participation order (join order, with
+    /// leavers compacted out at each boundary). Nodes sort a copy for shard assignment.
     function getMembers(uint256 jobId) external view returns (address[] memory);
     /// @notice Operators whose join takes effect at the next boundary.
     function getPendingJoins(uint256 jobId) external view returns (address[] memory);

@@ -135,7 +135,8 @@ contract JoinJobTest is BaseTest {
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
         address[] memory m = bsm.getMembers(jobId);
         vm.assertEq(m.length, 2);
-        vm.assertTrue(m[0] < m[1]);
+        vm.assertEq(m[0], ops[0]);
+        vm.assertEq(m[1], ops[1]);
         vm.assertEq(bsm.epochDeadline(jobId), block.timestamp + EPOCH);
         // A third operator waits for the boundary.
         vm.prank(ops[2]);
@@ -180,7 +181,7 @@ contract JoinJobTest is BaseTest {
         address a = op(1);
         vm.deal(a, MIN_STAKE);
         vm.prank(a);
-        bsm.registerOperator{value: MIN_STAKE}(peerIdOf(a), addrsOf(1), "", 1 ether);
+        bsm.registerOperator{value: MIN_STAKE}(peerKeyOf(a), addrsOf(1), "", 1 ether);
         uint256 jobId = createJob(spec(1, 2, 2));
         vm.prank(a);
         vm.expectRevert(abi.encodeWithSelector(I.PriceBelowAsk.selector, PRICE, 1 ether));

@@ -71,12 +71,12 @@ contract RegisterOperatorTest is BaseTest {
         address a = op(1);
         vm.deal(a, 2 ether);
         vm.expectEmit();
-        emit I.OperatorRegistered(a, peerIdOf(a), 2 ether);
+        emit I.OperatorRegistered(a, peerKeyOf(a), 2 ether);
         vm.prank(a);
-        bsm.registerOperator{value: 2 ether}(peerIdOf(a), addrsOf(1), "gpu:a100", 0.05 ether);
+        bsm.registerOperator{value: 2 ether}(peerKeyOf(a), addrsOf(1), "gpu:a100", 0.05 ether);
         I.OperatorInfo memory o = bsm.getOperator(a);
         vm.assertTrue(o.registered);
-        vm.assertEq(o.peerId, peerIdOf(a));
+        vm.assertEq(o.peerKey, peerKeyOf(a));
         vm.assertEq(o.multiaddrs[0], "/ip4/127.0.0.1/tcp/40001");
         vm.assertEq(o.hardware, "gpu:a100");
         vm.assertEq(o.minPricePerEpoch, 0.05 ether);
@@ -90,7 +90,7 @@ contract RegisterOperatorTest is BaseTest {
         vm.deal(a, 1 ether);
         vm.prank(a);
         vm.expectRevert(abi.encodeWithSelector(I.StakeBelowMinimum.selector, 0.5 ether, MIN_STAKE));
-        bsm.registerOperator{value: 0.5 ether}(peerIdOf(a), addrsOf(1), "", 0);
+        bsm.registerOperator{value: 0.5 ether}(peerKeyOf(a), addrsOf(1), "", 0);
     }
 
     function test_revert_AlreadyRegistered() public {
@@ -99,7 +99,7 @@ contract RegisterOperatorTest is BaseTest {
         vm.deal(a, 1 ether);
         vm.prank(a);
         vm.expectRevert(abi.encodeWithSelector(I.AlreadyRegistered.selector, a));
-        bsm.registerOperator{value: 1 ether}(peerIdOf(a), addrsOf(1), "", 0);
+        bsm.registerOperator{value: 1 ether}(peerKeyOf(a), addrsOf(1), "", 0);
     }
 
     function testFuzz_register(uint256 amount) public {
@@ -119,9 +119,9 @@ contract UpdateOperatorTest is BaseTest {
         m[0] = "/ip4/10.0.0.1/tcp/1";
         m[1] = "/ip6/::1/tcp/2";
         vm.prank(a);
-        bsm.updateOperator(hex"01", m, "cpu:64", 7);
+        bsm.updateOperator(bytes32(uint256(1)), m, "cpu:64", 7);
         I.OperatorInfo memory o = bsm.getOperator(a);
-        vm.assertEq(o.peerId, hex"01");
+        vm.assertEq(o.peerKey, bytes32(uint256(1)));
         vm.assertEq(o.multiaddrs.length, 2);
         vm.assertEq(o.multiaddrs[1], "/ip6/::1/tcp/2");
         vm.assertEq(o.minPricePerEpoch, 7);
@@ -130,7 +130,7 @@ contract UpdateOperatorTest is BaseTest {
     function test_revert_NotRegistered() public {
         vm.prank(staker);
         vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, staker));
-        bsm.updateOperator(hex"01", new string[](0), "", 0);
+        bsm.updateOperator(bytes32(uint256(1)), new string[](0), "", 0);
     }
 }
 

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {BaseTest} from "./Base.t.sol";
+import {IDistributedTrainingBSM as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
+
+/// Gas of every external function with a job at the hard cap of 32 members. Gas is
+/// deterministic, so the bounds are asserted; `make gas` writes the table to docs/gas.md.
+contract GasAtCapTest is BaseTest {
+    uint256 internal constant CAP = 32;
+    uint256 internal constant PER_OPERATOR_LIMIT = 200_000;
+    uint256 internal constant FINALIZE_LIMIT = 5_000_000;
+
+    uint256 internal jobId;
+    address[] internal ops;
+
+    function setUp() public override {
+        super.setUp();
+        ops = registerN(CAP);
+        for (uint256 i; i < CAP; ++i) {
+            vm.prank(staker);
+            bsm.delegate{value: 1 ether}(ops[i]);
+        }
+        jobId = createJob(spec(uint8(CAP), uint8(CAP), 3));
+        joinAll(jobId, ops);
+    }
+
+    function _gas() internal view returns (uint256) {
+        return vm.lastCallGas().gasTotalUsed;
+    }
+
+    function test_gas_registerOperator() public {
+        address a = op(100);
+        vm.deal(a, MIN_STAKE);
+        vm.prank(a);
+        bsm.registerOperator{value: MIN_STAKE}(peerKeyOf(a), addrsOf(100), "cpu:2", 0);
+        vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "registerOperator");
+    }
+
+    function test_gas_joinJob_startsEpochAtCap() public {
+        uint256 job2 = createJob(spec(uint8(CAP), uint8(CAP), 1));
+        for (uint256 i; i < CAP; ++i) {
+            vm.prank(ops[i]);
+            bsm.joinJob(job2);
+            vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "joinJob");
+        }
+        vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Running));
+    }
+
+    function test_gas_submitCheckpoint() public {
+        uint32[] memory p = fullParticipation(jobId);
+        for (uint256 i; i < CAP; ++i) {
+            submit(jobId, ops[i], keccak256("c"), p);
+            vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "submitCheckpoint");
+        }
+    }
+
+    function test_gas_finalizeEpoch_allPaid() public {
+        submitAll(jobId, keccak256("c"));
+        finalize(jobId);
+        vm.assertLe(_gas(), FINALIZE_LIMIT, "finalizeEpoch all paid");
+        vm.assertEq(state(jobId).epoch, 1);
+    }
+
+    function test_gas_finalizeEpoch_allSlashed() public {
+        vm.warp(block.timestamp + EPOCH + 1);
+        finalize(jobId);
+        vm.assertLe(_gas(), FINALIZE_LIMIT, "finalizeEpoch all dropped out");
+    }
+
+    function test_gas_finalizeEpoch_lastEpochCloses() public {
+        for (uint256 e; e < 3; ++e) {
+            submitAll(jobId, keccak256(abi.encode(e)));
+            finalize(jobId);
+            vm.assertLe(_gas(), FINALIZE_LIMIT, "finalizeEpoch");
+        }
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
+    }
+
+    function test_gas_withdraw() public {
+        submitAll(jobId, keccak256("c"));
+        finalize(jobId);
+        vm.prank(ops[0]);
+        bsm.withdraw();
+        vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "withdraw");
+        vm.prank(ops[0]);
+        bsm.claimRewards(ops[0]);
+        vm.prank(staker);
+        bsm.claimRewards(ops[0]);
+    }
+
+    function test_gas_stakingCalls() public {
+        address a = ops[0];
+        vm.deal(a, 1 ether);
+        vm.prank(a);
+        bsm.stake{value: 1 ether}();
+        vm.prank(a);
+        bsm.unstake(0.5 ether);
+        vm.prank(staker);
+        bsm.undelegate(a, 0.5 ether);
+        vm.warp(block.timestamp + UNBONDING);
+        vm.prank(staker);
+        bsm.withdrawUnbonded(a);
+        vm.prank(a);
+        bsm.setAttestation(keccak256("r"), 1, address(1));
+        vm.prank(a);
+        bsm.updateOperator(peerKeyOf(a), addrsOf(5), "gpu", 1);
+    }
+
+    function test_gas_jobLifecycleCalls() public {
+        uint256 job2 = createJob(spec(uint8(CAP), uint8(CAP), 1));
+        vm.prank(ops[0]);
+        bsm.joinJob(job2);
+        vm.prank(ops[0]);
+        bsm.leaveJob(job2);
+        vm.prank(caller);
+        bsm.cancelJob(job2);
+        vm.prank(ops[1]);
+        bsm.leaveJob(jobId);
+        address fresh = op(200);
+        register(fresh, MIN_STAKE);
+        vm.prank(fresh);
+        bsm.deregisterOperator();
+    }
+}

@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {BaseTest} from "../Base.t.sol";
+import {Handler} from "./Handler.sol";
+
+contract InvariantsTest is BaseTest {
+    Handler internal handler;
+
+    function setUp() public override {
+        super.setUp();
+        handler = new Handler(bsm, core, treasury, developer);
+        targetContract(address(handler));
+    }
+
+    /// contract balance == stakes + unbonding + escrow + unclaimed credits (+ pool rewards)
+    function invariant_balanceEqualsAccounting() public view {
+        assertConserved();
+    }
+
+    /// Every wei that came in is either still held or was withdrawn.
+    function invariant_etherInMinusOut() public view {
+        vm.assertEq(address(bsm).balance, handler.ghostIn() - handler.ghostOut(), "in - out");
+    }
+
+    /// The credits ledger is the sum of every actor's credit.
+    function invariant_creditsLedgerComplete() public view {
+        (,,, uint256 credits,) = bsm.accounting();
+        uint256 sum;
+        for (uint256 i; i < handler.actorCount(); ++i) {
+            sum += bsm.creditOf(handler.actors(i));
+        }
+        vm.assertEq(sum, credits, "credits ledger");
+    }
+
+    /// Each paid operator-epoch splits exactly its price; no slashed wei is lost.
+    function invariant_settlementExact() public view {
+        vm.assertEq(handler.ghostSplitViolations(), 0, "fee split");
+        vm.assertEq(handler.ghostSettlementViolations(), 0, "settlement");
+    }
+
+    /// Pending staker rewards never exceed what the pool holds for them.
+    function invariant_rewardsCovered() public view {
+        for (uint256 o; o < 4; ++o) {
+            address op_ = handler.operators(o);
+            uint256 owed;
+            for (uint256 i; i < handler.actorCount(); ++i) {
+                owed += bsm.pendingRewards(op_, handler.actors(i));
+            }
+            vm.assertLe(owed, bsm.getPool(op_).rewardReserve, "rewards exceed reserve");
+        }
+    }
+}
