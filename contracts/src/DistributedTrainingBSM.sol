@@ -976,12 +976,7 @@ contract DistributedTrainingBSM is
         j.attempt = attempt;
         j.epochStart = start;
         emit EpochStarted(
-            jobId,
-            j.epoch,
-            attempt,
-            _members[jobId],
-            j.checkpoint,
-            start + _specs[jobId].epochDuration
+            jobId, j.epoch, attempt, _members[jobId].length, j.checkpoint, start + _specs[jobId].epochDuration
         );
     }
 

@@ -182,11 +182,13 @@ interface IDistributedTrainingBSM {
     event JobCancelled(uint256 indexed jobId, uint256 refund);
     event JoinRequested(uint256 indexed jobId, address indexed operator, uint256 effectiveEpoch);
     event LeaveRequested(uint256 indexed jobId, address indexed operator, uint256 effectiveEpoch);
+    /// @dev The member list is read with `getMembers` (emitting it would cost the join that
+    /// starts an epoch ~70k gas at the cap).
     event EpochStarted(
         uint256 indexed jobId,
         uint256 indexed epoch,
         uint64 attempt,
-        address[] members,
+        uint256 memberCount,
         bytes32 startCheckpoint,
         uint64 deadline
     );

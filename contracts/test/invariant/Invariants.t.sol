@@ -51,3 +51,28 @@ contract InvariantsTest is BaseTest {
         }
     }
 }
+
+/// The handler's settlement path really settles: a fixed sequence pays and slashes.
+contract HandlerSmokeTest is BaseTest {
+    function test_handlerSettles() public {
+        Handler h = new Handler(bsm, core, treasury, developer);
+        for (uint256 i; i < 3; ++i) {
+            h.register(i, 2 ether);
+        }
+        h.createJob(3, 3, 2, 0.01 ether); // min 3, max 3, 3 epochs
+        for (uint256 i; i < 3; ++i) {
+            h.join(i, 0);
+        }
+        h.submit(0, 0); // everyone agrees, full participation
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostPaidEpochs(), 3);
+        // Member 2 forges its checkpoint: 2 of 3 agree, member 2 is slashed.
+        h.submit(0, uint256(1) << 18);
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostPaidEpochs(), 5);
+        vm.assertTrue(h.ghostSlashed() > 0);
+        vm.assertEq(h.ghostSplitViolations(), 0);
+        vm.assertEq(h.ghostSettlementViolations(), 0);
+        assertConserved();
+    }
+}

