@@ -21,7 +21,7 @@ test-python: setup
 lint: setup
 	$(VENV)/bin/ruff check sdk node tests scripts
 	$(VENV)/bin/ruff format --check sdk node tests scripts
-	$(FORGE) fmt --check contracts
+	$(FORGE) fmt --check contracts/src contracts/test
 
 gas: setup
 	$(PY) scripts/gas_report.py

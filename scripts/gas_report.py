@@ -34,9 +34,7 @@ def measure() -> dict[str, dict[str, int]]:
     report = json.loads(out[start:])
     for contract in report:
         if contract["contract"].endswith(":DistributedTrainingBSM"):
-            return {
-                name.split("(")[0]: stats for name, stats in contract["functions"].items()
-            }
+            return {name.split("(")[0]: stats for name, stats in contract["functions"].items()}
     raise SystemExit("gas report: DistributedTrainingBSM not found in forge output")
 
 

@@ -13,11 +13,7 @@ import {IBlueprintServiceManager} from "./interfaces/IBlueprintServiceManager.so
 /// @dev Stake pools are share based: slashing scales a pool's assets, never iterates stakers.
 /// Staker rewards use a reward-per-share accumulator settled on every share change.
 /// Every loop runs over one job's members or pending joins, bounded by `MAX_OPERATORS_CAP`.
-contract DistributedTrainingBSM is
-    IDistributedTrainingBSM,
-    IBlueprintServiceManager,
-    ReentrancyGuard
-{
+contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceManager, ReentrancyGuard {
     using SafeCast for uint256;
 
     uint256 public constant MAX_OPERATORS_CAP = 32;
@@ -114,8 +110,7 @@ contract DistributedTrainingBSM is
     }
 
     constructor(Params memory p) {
-        uint256 sum =
-            uint256(p.operatorBps) + p.stakerBps + p.protocolBps + p.developerBps;
+        uint256 sum = uint256(p.operatorBps) + p.stakerBps + p.protocolBps + p.developerBps;
         require(sum == _BPS, BpsSumNot10000(sum));
         require(p.fabricationSlashBps <= MAX_SLASH_BPS, SlashBpsTooHigh(p.fabricationSlashBps, MAX_SLASH_BPS));
         require(p.dropoutSlashBps <= MAX_SLASH_BPS, SlashBpsTooHigh(p.dropoutSlashBps, MAX_SLASH_BPS));
@@ -267,12 +262,9 @@ contract DistributedTrainingBSM is
     }
 
     /// @inheritdoc IDistributedTrainingBSM
-    function submitCheckpoint(
-        uint256 jobId,
-        uint256 epoch,
-        bytes32 checkpoint,
-        uint32[] calldata participation
-    ) external {
+    function submitCheckpoint(uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] calldata participation)
+        external
+    {
         _submit(jobId, msg.sender, epoch, checkpoint, participation);
     }
 
@@ -284,11 +276,7 @@ contract DistributedTrainingBSM is
     // ================================================================ Tangle hooks
 
     /// @inheritdoc IBlueprintServiceManager
-    function onRegister(address operator, bytes calldata registrationInputs)
-        external
-        payable
-        onlyCore
-    {
+    function onRegister(address operator, bytes calldata registrationInputs) external payable onlyCore {
         (bytes32 peerKey, string[] memory multiaddrs, string memory hardware, uint256 price) =
             abi.decode(registrationInputs, (bytes32, string[], string, uint256));
         _register(operator, peerKey, multiaddrs, hardware, price, msg.value);
@@ -319,11 +307,7 @@ contract DistributedTrainingBSM is
     }
 
     /// @inheritdoc IBlueprintServiceManager
-    function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs)
-        external
-        payable
-        onlyCore
-    {
+    function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs) external payable onlyCore {
         (address actor, bytes memory args) = abi.decode(inputs, (address, bytes));
         if (job == SUBMIT_JOB) {
             _createJob(actor, abi.decode(args, (JobSpec)), msg.value);
@@ -396,14 +380,10 @@ contract DistributedTrainingBSM is
 
     function getPool(address operator) external view returns (PoolInfo memory) {
         Pool storage p = _pools[operator];
-        return PoolInfo(
-            p.totalShares,
-            p.totalAssets,
-            p.unbondingShares,
-            p.unbondingAssets,
-            p.rewardPerShare,
-            p.rewardReserve
-        );
+        return
+            PoolInfo(
+                p.totalShares, p.totalAssets, p.unbondingShares, p.unbondingAssets, p.rewardPerShare, p.rewardReserve
+            );
     }
 
     function stakeOf(address operator, address account) external view returns (uint256) {
@@ -414,11 +394,7 @@ contract DistributedTrainingBSM is
         return _positions[operator][account].shares;
     }
 
-    function unbondingOf(address operator, address account)
-        external
-        view
-        returns (uint256 amount, uint64 unlockAt)
-    {
+    function unbondingOf(address operator, address account) external view returns (uint256 amount, uint64 unlockAt) {
         Position storage pos = _positions[operator][account];
         Pool storage p = _pools[operator];
         if (pos.unbondingShares > 0) {
@@ -436,11 +412,7 @@ contract DistributedTrainingBSM is
         return _credits[account];
     }
 
-    function getJob(uint256 jobId)
-        external
-        view
-        returns (JobSpec memory spec, JobState memory state)
-    {
+    function getJob(uint256 jobId) external view returns (JobSpec memory spec, JobState memory state) {
         return (_specs[jobId], _jobs[jobId]);
     }
 
@@ -460,11 +432,7 @@ contract DistributedTrainingBSM is
         return _epochCheckpoints[jobId][epoch];
     }
 
-    function submissionOf(uint256 jobId, address operator)
-        external
-        view
-        returns (bytes32 checkpoint, bytes32 voteKey)
-    {
+    function submissionOf(uint256 jobId, address operator) external view returns (bytes32 checkpoint, bytes32 voteKey) {
         JobState storage j = _jobs[jobId];
         if (j.status != JobStatus.Running) return (bytes32(0), bytes32(0));
         voteKey = _votesOf[j.attempt][operator];
@@ -484,11 +452,7 @@ contract DistributedTrainingBSM is
         return j.epochStart + _specs[jobId].epochDuration;
     }
 
-    function accounting()
-        external
-        view
-        returns (uint256, uint256, uint256, uint256, uint256)
-    {
+    function accounting() external view returns (uint256, uint256, uint256, uint256, uint256) {
         return (_totalStaked, _totalUnbonding, _totalEscrow, _totalCredits, _totalRewardReserve);
     }
 
@@ -557,8 +521,7 @@ contract DistributedTrainingBSM is
     function _mint(address operator, address account, uint256 amount) internal {
         _settle(operator, account);
         Pool storage p = _pools[operator];
-        uint256 shares =
-            p.totalShares == 0 ? amount : amount * p.totalShares / p.totalAssets;
+        uint256 shares = p.totalShares == 0 ? amount : amount * p.totalShares / p.totalAssets;
         p.totalShares += shares.toUint128();
         p.totalAssets += amount.toUint128();
         _positions[operator][account].shares += shares.toUint128();
@@ -581,9 +544,7 @@ contract DistributedTrainingBSM is
         _moveToUnbonding(operator, account, shares, amount);
     }
 
-    function _moveToUnbonding(address operator, address account, uint256 shares, uint256 amount)
-        internal
-    {
+    function _moveToUnbonding(address operator, address account, uint256 shares, uint256 amount) internal {
         _settle(operator, account);
         Pool storage p = _pools[operator];
         Position storage pos = _positions[operator][account];
@@ -598,9 +559,7 @@ contract DistributedTrainingBSM is
             _credit(_params.treasury, dust);
         }
         if (amount == 0) return;
-        uint256 ubShares = p.unbondingShares == 0
-            ? amount
-            : amount * p.unbondingShares / p.unbondingAssets;
+        uint256 ubShares = p.unbondingShares == 0 ? amount : amount * p.unbondingShares / p.unbondingAssets;
         p.unbondingShares += ubShares.toUint128();
         p.unbondingAssets += amount.toUint128();
         pos.unbondingShares += ubShares.toUint128();
@@ -625,14 +584,10 @@ contract DistributedTrainingBSM is
 
     /// Takes `bps` of the pool's active and unbonding assets; returns the amount, which the
     /// caller must credit somewhere.
-    function _slash(
-        address operator,
-        uint256 bps,
-        uint256 jobId,
-        uint256 epoch,
-        SlashReason reason,
-        address reporter
-    ) internal returns (uint256 amount) {
+    function _slash(address operator, uint256 bps, uint256 jobId, uint256 epoch, SlashReason reason, address reporter)
+        internal
+        returns (uint256 amount)
+    {
         Pool storage p = _pools[operator];
         uint256 active = uint256(p.totalAssets) * bps / _BPS;
         uint256 unbonding = uint256(p.unbondingAssets) * bps / _BPS;
@@ -657,10 +612,7 @@ contract DistributedTrainingBSM is
         require(j.status != JobStatus.None, UnknownJob(jobId));
     }
 
-    function _createJob(address caller, JobSpec memory spec, uint256 value)
-        internal
-        returns (uint256 jobId)
-    {
+    function _createJob(address caller, JobSpec memory spec, uint256 value) internal returns (uint256 jobId) {
         require(
             spec.minOperators > 0 && spec.minOperators <= spec.maxOperators
                 && spec.maxOperators <= _params.maxOperators,
@@ -675,12 +627,10 @@ contract DistributedTrainingBSM is
             InvalidCompression(spec.topkPerChunk, spec.quantBits)
         );
         require(
-            spec.epochDuration > 0 && spec.epochDuration <= MAX_EPOCH_DURATION,
-            InvalidEpochDuration(spec.epochDuration)
+            spec.epochDuration > 0 && spec.epochDuration <= MAX_EPOCH_DURATION, InvalidEpochDuration(spec.epochDuration)
         );
         require(spec.pricePerOperatorEpoch > 0, ZeroValue());
-        uint256 escrow =
-            spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
+        uint256 escrow = spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
         require(value == escrow, WrongEscrow(escrow, value));
 
         jobId = _nextJobId++;
@@ -710,9 +660,7 @@ contract DistributedTrainingBSM is
 
     function _join(uint256 jobId, address operator) internal {
         JobState storage j = _job(jobId);
-        require(
-            j.status == JobStatus.Open || j.status == JobStatus.Running, JobNotOpen(jobId, j.status)
-        );
+        require(j.status == JobStatus.Open || j.status == JobStatus.Running, JobNotOpen(jobId, j.status));
         Operator storage o = _operators[operator];
         require(o.registered, NotRegistered(operator));
         require(_membership[jobId][operator] == Membership.None, AlreadyMember(jobId, operator));
@@ -723,10 +671,7 @@ contract DistributedTrainingBSM is
             spec.pricePerOperatorEpoch >= o.minPricePerEpoch,
             PriceBelowAsk(spec.pricePerOperatorEpoch, o.minPricePerEpoch)
         );
-        require(
-            !spec.teeRequired || o.attestationReport != bytes32(0),
-            AttestationRequired(jobId, operator)
-        );
+        require(!spec.teeRequired || o.attestationReport != bytes32(0), AttestationRequired(jobId, operator));
         uint256 count = _members[jobId].length + _pending[jobId].length;
         require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
 
@@ -763,13 +708,9 @@ contract DistributedTrainingBSM is
         }
     }
 
-    function _submit(
-        uint256 jobId,
-        address operator,
-        uint256 epoch,
-        bytes32 checkpoint,
-        uint32[] memory participation
-    ) internal {
+    function _submit(uint256 jobId, address operator, uint256 epoch, bytes32 checkpoint, uint32[] memory participation)
+        internal
+    {
         JobState storage j = _job(jobId);
         require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
         require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
@@ -900,10 +841,7 @@ contract DistributedTrainingBSM is
         }
     }
 
-    function _slashMember(Settlement memory c, address op, uint256 bps, SlashReason reason)
-        internal
-        returns (uint256)
-    {
+    function _slashMember(Settlement memory c, address op, uint256 bps, SlashReason reason) internal returns (uint256) {
         // A slashed member leaves the job at this boundary.
         _membership[c.jobId][op] = Membership.Leaving;
         return _slash(op, bps, c.jobId, c.epoch, reason, c.reporter);

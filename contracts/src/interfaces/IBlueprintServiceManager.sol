@@ -31,9 +31,7 @@ interface IBlueprintServiceManager {
     ) external payable;
 
     /// @notice A job call; see the contract-level dev note for the job ids and encoding.
-    function onJobCall(uint64 serviceId, uint8 job, uint64 jobCallId, bytes calldata inputs)
-        external
-        payable;
+    function onJobCall(uint64 serviceId, uint8 job, uint64 jobCallId, bytes calldata inputs) external payable;
 
     /// @notice An operator's job result; see the contract-level dev note.
     function onJobResult(
@@ -53,14 +51,8 @@ interface IBlueprintServiceManager {
     function querySlashingOrigin(uint64 serviceId) external view returns (address);
 
     /// @notice Where the developer share of `serviceId`'s fees is credited.
-    function queryDeveloperPaymentAddress(uint64 serviceId)
-        external
-        view
-        returns (address payable);
+    function queryDeveloperPaymentAddress(uint64 serviceId) external view returns (address payable);
 
     /// @notice Only the native asset pays for jobs.
-    function queryIsPaymentAssetAllowed(uint64 serviceId, address asset)
-        external
-        view
-        returns (bool);
+    function queryIsPaymentAssetAllowed(uint64 serviceId, address asset) external view returns (bool);
 }

@@ -171,14 +171,10 @@ interface IDistributedTrainingBSM {
     event OperatorDeregistered(address indexed operator);
     event AttestationSet(address indexed operator, bytes32 report, uint8 teeType, address verifier);
     event Staked(address indexed operator, address indexed account, uint256 amount, uint256 shares);
-    event UnbondingQueued(
-        address indexed operator, address indexed account, uint256 amount, uint64 unlockAt
-    );
+    event UnbondingQueued(address indexed operator, address indexed account, uint256 amount, uint64 unlockAt);
     event Unbonded(address indexed operator, address indexed account, uint256 amount);
     event RewardsClaimed(address indexed operator, address indexed account, uint256 amount);
-    event JobCreated(
-        uint256 indexed jobId, address indexed caller, Method method, uint256 escrow
-    );
+    event JobCreated(uint256 indexed jobId, address indexed caller, Method method, uint256 escrow);
     event JobCancelled(uint256 indexed jobId, uint256 refund);
     event JoinRequested(uint256 indexed jobId, address indexed operator, uint256 effectiveEpoch);
     event LeaveRequested(uint256 indexed jobId, address indexed operator, uint256 effectiveEpoch);
@@ -193,19 +189,11 @@ interface IDistributedTrainingBSM {
         uint64 deadline
     );
     event CheckpointSubmitted(
-        uint256 indexed jobId,
-        uint256 indexed epoch,
-        address indexed operator,
-        bytes32 checkpoint,
-        bytes32 voteKey
+        uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 checkpoint, bytes32 voteKey
     );
-    event EpochFinalized(
-        uint256 indexed jobId, uint256 indexed epoch, bytes32 checkpoint, uint256 paidMembers
-    );
+    event EpochFinalized(uint256 indexed jobId, uint256 indexed epoch, bytes32 checkpoint, uint256 paidMembers);
     event EpochFailed(uint256 indexed jobId, uint256 indexed epoch, uint256 failedEpochs);
-    event OperatorPaid(
-        uint256 indexed jobId, uint256 indexed epoch, address indexed operator, uint256 price
-    );
+    event OperatorPaid(uint256 indexed jobId, uint256 indexed epoch, address indexed operator, uint256 price);
     event Slashed(
         address indexed operator,
         uint256 indexed jobId,
@@ -287,12 +275,8 @@ interface IDistributedTrainingBSM {
 
     /// @notice Commits the sender's checkpoint hash for the epoch in progress.
     /// @param participation sync rounds applied from each member, in `getMembers` order.
-    function submitCheckpoint(
-        uint256 jobId,
-        uint256 epoch,
-        bytes32 checkpoint,
-        uint32[] calldata participation
-    ) external;
+    function submitCheckpoint(uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] calldata participation)
+        external;
 
     /// @notice Settles the epoch in progress (anyone; after all members submitted or the
     /// deadline). The sender earns `reporterBountyBps` of everything slashed.
@@ -308,16 +292,10 @@ interface IDistributedTrainingBSM {
     function stakeOf(address operator, address account) external view returns (uint256);
     function sharesOf(address operator, address account) external view returns (uint256);
     /// @notice Unbonding stake (wei, after slashing so far) and its unlock time.
-    function unbondingOf(address operator, address account)
-        external
-        view
-        returns (uint256 amount, uint64 unlockAt);
+    function unbondingOf(address operator, address account) external view returns (uint256 amount, uint64 unlockAt);
     function pendingRewards(address operator, address account) external view returns (uint256);
     function creditOf(address account) external view returns (uint256);
-    function getJob(uint256 jobId)
-        external
-        view
-        returns (JobSpec memory spec, JobState memory state);
+    function getJob(uint256 jobId) external view returns (JobSpec memory spec, JobState memory state);
     /// @notice Members of the epoch in progress, in participation order (join order, with
     /// leavers compacted out at each boundary). Nodes sort a copy for shard assignment.
     function getMembers(uint256 jobId) external view returns (address[] memory);
@@ -327,21 +305,12 @@ interface IDistributedTrainingBSM {
     /// @notice Finalized checkpoint of `epoch` (the start state of `epoch + 1`).
     function epochCheckpoint(uint256 jobId, uint256 epoch) external view returns (bytes32);
     /// @notice The sender's vote in the epoch in progress (zero when none).
-    function submissionOf(uint256 jobId, address operator)
-        external
-        view
-        returns (bytes32 checkpoint, bytes32 voteKey);
+    function submissionOf(uint256 jobId, address operator) external view returns (bytes32 checkpoint, bytes32 voteKey);
     function submittedCount(uint256 jobId) external view returns (uint256);
     function epochDeadline(uint256 jobId) external view returns (uint64);
     /// @notice Running totals whose sum equals the contract balance.
     function accounting()
         external
         view
-        returns (
-            uint256 staked,
-            uint256 unbonding,
-            uint256 escrow,
-            uint256 credits,
-            uint256 rewardReserve
-        );
+        returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve);
 }

@@ -27,8 +27,7 @@ contract Handler is Test {
     mapping(bytes4 => uint256) public calls;
 
     bytes32 private constant _PAID = keccak256("OperatorPaid(uint256,uint256,address,uint256)");
-    bytes32 private constant _SLASHED =
-        keccak256("Slashed(address,uint256,uint256,uint8,uint256,address)");
+    bytes32 private constant _SLASHED = keccak256("Slashed(address,uint256,uint256,uint8,uint256,address)");
 
     constructor(DistributedTrainingBSM bsm_, address core_, address treasury_, address developer_) {
         bsm = bsm_;
@@ -227,7 +226,8 @@ contract Handler is Test {
             if ((mode >> i) & 3 == 3) continue; // silent
             (bytes32 h,) = bsm.submissionOf(id, m[i]);
             if (h != bytes32(0)) continue;
-            bytes32 ckpt = (mode >> (16 + i)) & 1 == 1 ? keccak256(abi.encode("forged", i)) : keccak256(abi.encode(id, st.epoch));
+            bytes32 ckpt =
+                (mode >> (16 + i)) & 1 == 1 ? keccak256(abi.encode("forged", i)) : keccak256(abi.encode(id, st.epoch));
             vm.prank(m[i]);
             bsm.submitCheckpoint(id, st.epoch, ckpt, p);
         }

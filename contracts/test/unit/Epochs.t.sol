@@ -241,8 +241,7 @@ contract FinalizeEpochTest is BaseTest {
         bsm.joinJob(id);
         submitAll(id, keccak256("x"));
         finalize(id);
-        uint256 got = bsm.creditOf(o) + bsm.creditOf(treasury) + bsm.creditOf(developer)
-            + bsm.getPool(o).rewardReserve;
+        uint256 got = bsm.creditOf(o) + bsm.creditOf(treasury) + bsm.creditOf(developer) + bsm.getPool(o).rewardReserve;
         vm.assertEq(got, price, "split != price");
         assertConserved();
     }

@@ -45,9 +45,7 @@ contract HooksTest is BaseTest {
         address[] memory m = bsm.getMembers(jobId);
         for (uint256 i; i < 3; ++i) {
             vm.prank(core);
-            bsm.onJobResult(
-                0, SUBMIT_CHECKPOINT, 2, m[i], bytes32(0), abi.encode(jobId, uint256(0), keccak256("w"), p)
-            );
+            bsm.onJobResult(0, SUBMIT_CHECKPOINT, 2, m[i], bytes32(0), abi.encode(jobId, uint256(0), keccak256("w"), p));
         }
         vm.prank(core);
         bsm.onJobCall(0, FINALIZE, 3, abi.encode(reporter, abi.encode(jobId, uint256(0))));

@@ -30,9 +30,7 @@ interface Vm {
     function assertFalse(bool condition) external pure;
     function assertLe(uint256 left, uint256 right, string calldata err) external pure;
     function assertGe(uint256 left, uint256 right, string calldata err) external pure;
-    function assertApproxEqAbs(uint256 left, uint256 right, uint256 maxDelta, string calldata err)
-        external
-        pure;
+    function assertApproxEqAbs(uint256 left, uint256 right, uint256 maxDelta, string calldata err) external pure;
     function recordLogs() external;
     function getRecordedLogs() external returns (Log[] memory);
 
