@@ -2,12 +2,12 @@
 pragma solidity ^0.8.28;
 
 import {Test} from "./utils/Test.sol";
-import {DistributedTrainingBSM} from "../src/DistributedTrainingBSM.sol";
+import {IBSM} from "./utils/IBSM.sol";
 import {IDistributedTrainingBSM as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
 
 /// Shared fixture: a BSM with the 40/20/20/20 split, funded actors and job helpers.
 abstract contract BaseTest is Test {
-    DistributedTrainingBSM internal bsm;
+    IBSM internal bsm;
 
     address internal treasury = makeAddr("treasury");
     address internal developer = makeAddr("developer");
@@ -42,8 +42,25 @@ abstract contract BaseTest is Test {
         });
     }
 
+    /// Deploys from the artifact (compiled through the IR pipeline) and bubbles up a
+    /// constructor revert so that `vm.expectRevert` sees it.
+    function deployBSM(I.Params memory p) internal returns (IBSM deployed) {
+        bytes memory code =
+            abi.encodePacked(vm.getCode("DistributedTrainingBSM.sol:DistributedTrainingBSM"), abi.encode(p));
+        address a;
+        assembly ("memory-safe") {
+            a := create(0, add(code, 32), mload(code))
+            if iszero(a) {
+                let m := mload(0x40)
+                returndatacopy(m, 0, returndatasize())
+                revert(m, returndatasize())
+            }
+        }
+        deployed = IBSM(a);
+    }
+
     function setUp() public virtual {
-        bsm = new DistributedTrainingBSM(defaultParams());
+        bsm = deployBSM(defaultParams());
         vm.deal(caller, 1_000_000 ether);
         vm.deal(staker, 1_000_000 ether);
     }

@@ -2,13 +2,13 @@
 pragma solidity ^0.8.28;
 
 import {Test, Vm} from "../utils/Test.sol";
-import {DistributedTrainingBSM} from "../../src/DistributedTrainingBSM.sol";
+import {IBSM} from "../utils/IBSM.sol";
 import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
 /// Drives random sequences of every state-changing call across several actors and keeps
 /// running totals of the ether that entered and left, plus per-epoch settlement checks.
 contract Handler is Test {
-    DistributedTrainingBSM public bsm;
+    IBSM public bsm;
     address public core;
     address public treasury;
     address public developer;
@@ -29,7 +29,7 @@ contract Handler is Test {
     bytes32 private constant _PAID = keccak256("OperatorPaid(uint256,uint256,address,uint256)");
     bytes32 private constant _SLASHED = keccak256("Slashed(address,uint256,uint256,uint8,uint256,address)");
 
-    constructor(DistributedTrainingBSM bsm_, address core_, address treasury_, address developer_) {
+    constructor(IBSM bsm_, address core_, address treasury_, address developer_) {
         bsm = bsm_;
         core = core_;
         treasury = treasury_;

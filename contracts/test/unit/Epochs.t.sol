@@ -229,7 +229,7 @@ contract FinalizeEpochTest is BaseTest {
         c = uint16(bound(c, 0, 10000 - a - b));
         I.Params memory prm = defaultParams();
         (prm.operatorBps, prm.stakerBps, prm.protocolBps, prm.developerBps) = (a, b, c, 10000 - a - b - c);
-        bsm = new DistributedTrainingBSMFuzz(prm);
+        bsm = deployBSM(prm);
         address o = op(50);
         register(o, MIN_STAKE);
         I.JobSpec memory s = spec(1, 1, 1);
@@ -254,4 +254,3 @@ contract FinalizeEpochTest is BaseTest {
     }
 }
 
-import {DistributedTrainingBSM as DistributedTrainingBSMFuzz} from "../../src/DistributedTrainingBSM.sol";

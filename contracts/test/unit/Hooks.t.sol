@@ -4,7 +4,7 @@ pragma solidity ^0.8.28;
 import {BaseTest} from "../Base.t.sol";
 import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {IBlueprintServiceManager} from "../../src/interfaces/IBlueprintServiceManager.sol";
-import {DistributedTrainingBSM} from "../../src/DistributedTrainingBSM.sol";
+import {IBSM} from "../utils/IBSM.sol";
 
 /// Plays the Tangle core and drives a whole job through the hooks.
 contract HooksTest is BaseTest {
@@ -111,7 +111,7 @@ contract HooksTest is BaseTest {
     function test_revert_NotCore_whenNoCoreSet() public {
         I.Params memory p = defaultParams();
         p.core = address(0);
-        bsm = new DistributedTrainingBSM(p);
+        bsm = deployBSM(p);
         vm.prank(address(0));
         vm.expectRevert(abi.encodeWithSelector(I.NotCore.selector, address(0), address(0)));
         bsm.onUnregister(staker);

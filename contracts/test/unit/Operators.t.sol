@@ -2,7 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
-import {DistributedTrainingBSM} from "../../src/DistributedTrainingBSM.sol";
+import {IBSM} from "../utils/IBSM.sol";
 import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
 contract ConstructorTest is BaseTest {
@@ -13,46 +13,51 @@ contract ConstructorTest is BaseTest {
         vm.assertEq(bsm.nextJobId(), 1);
     }
 
+    /// EIP-170: a real chain (and anvil) refuses runtime code above 24,576 bytes.
+    function test_runtimeFitsCodeSizeLimit() public view {
+        vm.assertLe(address(bsm).code.length, 24_576, "runtime code size");
+    }
+
     function test_revert_BpsSumNot10000() public {
         I.Params memory p = defaultParams();
         p.developerBps = 1999;
         vm.expectRevert(abi.encodeWithSelector(I.BpsSumNot10000.selector, 9999));
-        new DistributedTrainingBSM(p);
+        deployBSM(p);
     }
 
     function test_revert_SlashBpsTooHigh() public {
         I.Params memory p = defaultParams();
         p.dropoutSlashBps = 5001;
         vm.expectRevert(abi.encodeWithSelector(I.SlashBpsTooHigh.selector, 5001, 5000));
-        new DistributedTrainingBSM(p);
+        deployBSM(p);
     }
 
     function test_revert_BpsTooHigh() public {
         I.Params memory p = defaultParams();
         p.syncThresholdBps = 10001;
         vm.expectRevert(abi.encodeWithSelector(I.BpsTooHigh.selector, 10001));
-        new DistributedTrainingBSM(p);
+        deployBSM(p);
     }
 
     function test_revert_InvalidMaxOperators() public {
         I.Params memory p = defaultParams();
         p.maxOperators = 33;
         vm.expectRevert(abi.encodeWithSelector(I.InvalidMaxOperators.selector, 33, 32));
-        new DistributedTrainingBSM(p);
+        deployBSM(p);
     }
 
     function test_revert_ZeroAddress() public {
         I.Params memory p = defaultParams();
         p.treasury = address(0);
         vm.expectRevert(I.ZeroAddress.selector);
-        new DistributedTrainingBSM(p);
+        deployBSM(p);
     }
 
     function test_revert_ZeroValue_minStake() public {
         I.Params memory p = defaultParams();
         p.minStake = 0;
         vm.expectRevert(I.ZeroValue.selector);
-        new DistributedTrainingBSM(p);
+        deployBSM(p);
     }
 
     function testFuzz_feeBps(uint16 a, uint16 b, uint16 c) public {
@@ -61,7 +66,7 @@ contract ConstructorTest is BaseTest {
         c = uint16(bound(c, 0, 10000 - a - b));
         I.Params memory p = defaultParams();
         (p.operatorBps, p.stakerBps, p.protocolBps, p.developerBps) = (a, b, c, 10000 - a - b - c);
-        DistributedTrainingBSM d = new DistributedTrainingBSM(p);
+        IBSM d = deployBSM(p);
         vm.assertEq(d.params().developerBps, 10000 - a - b - c);
     }
 }

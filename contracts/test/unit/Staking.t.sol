@@ -2,6 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
+import {IBSM} from "../utils/IBSM.sol";
 import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
 contract StakeTest is BaseTest {
@@ -276,7 +277,7 @@ contract WithdrawTest is BaseTest {
         // The rejector is the treasury, so a core slash credits it.
         I.Params memory p = defaultParams();
         p.treasury = address(r);
-        bsm = new DistributedTrainingBSM_(p);
+        bsm = deployBSM(p);
         address a = op(1);
         register(a, MIN_STAKE);
         vm.prank(core);
@@ -290,7 +291,7 @@ contract WithdrawTest is BaseTest {
         Reenterer r = new Reenterer(bsm);
         I.Params memory p = defaultParams();
         p.treasury = address(r);
-        bsm = new DistributedTrainingBSM_(p);
+        bsm = deployBSM(p);
         r.setTarget(bsm);
         address a = op(1);
         register(a, MIN_STAKE);
@@ -304,8 +305,6 @@ contract WithdrawTest is BaseTest {
     }
 }
 
-import {DistributedTrainingBSM as DistributedTrainingBSM_} from "../../src/DistributedTrainingBSM.sol";
-
 contract Rejector {
     receive() external payable {
         revert("no");
@@ -313,13 +312,13 @@ contract Rejector {
 }
 
 contract Reenterer {
-    DistributedTrainingBSM_ internal target;
+    IBSM internal target;
 
-    constructor(DistributedTrainingBSM_ t) {
+    constructor(IBSM t) {
         target = t;
     }
 
-    function setTarget(DistributedTrainingBSM_ t) external {
+    function setTarget(IBSM t) external {
         target = t;
     }
 

@@ -14,6 +14,7 @@ interface Vm {
     function expectEmit(bool topic1, bool topic2, bool topic3, bool data) external;
     function expectEmit() external;
     function addr(uint256 privateKey) external pure returns (address);
+    function getCode(string calldata artifactPath) external view returns (bytes memory);
     function label(address account, string calldata newLabel) external;
     function assume(bool condition) external pure;
     function snapshotGasLastCall(string calldata name) external returns (uint256 gasUsed);

@@ -1,0 +1,97 @@
+"""Compiles contracts/src with py-solc-x through the solc wrapper and writes the ABI and
+bytecode the SDK ships (sdk/dtrain/artifacts/DistributedTrainingBSM.json).
+
+The SDK then needs neither Node.js nor a compiler. `sourceHash` records which sources the
+artifact was built from; a test fails when it no longer matches contracts/src.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "sdk"))
+
+from dtrain.artifacts import ARTIFACT_PATH, CONTRACT, source_hash  # noqa: E402
+
+SOLC = ROOT / "scripts" / "solc"
+OZ = ROOT / "scripts" / "toolchain" / "node_modules" / "@openzeppelin"
+
+
+IMPORT = re.compile(r'^\s*import\s+(?:[^"\']*\s+from\s+)?["\']([^"\']+)["\']', re.M)
+
+
+def _resolve(name: str, importer: str) -> tuple[str, Path]:
+    key = (
+        name
+        if name.startswith("@")
+        else posixpath.normpath(posixpath.join(posixpath.dirname(importer), name))
+    )
+    if key.startswith("@openzeppelin/"):
+        return key, OZ / key.removeprefix("@openzeppelin/")
+    return key, ROOT / key
+
+
+def standard_input() -> dict:
+    """Sources of contracts/src plus, transitively, exactly the files they import."""
+    todo = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "contracts/src").rglob("*.sol"))]
+    paths = {key: ROOT / key for key in todo}
+    sources: dict[str, dict[str, str]] = {}
+    while todo:
+        key = todo.pop()
+        if key in sources:
+            continue
+        text = paths[key].read_text()
+        sources[key] = {"content": text}
+        for name in IMPORT.findall(text):
+            dep, path = _resolve(name, key)
+            if dep not in sources:
+                paths[dep] = path
+                todo.append(dep)
+    return {
+        "language": "Solidity",
+        "sources": dict(sorted(sources.items())),
+        "settings": {
+            "optimizer": {"enabled": True, "runs": 200},
+            "evmVersion": "cancun",
+            # Same settings as foundry.toml: only the IR pipeline fits the 24 KiB limit.
+            "viaIR": True,
+            "outputSelection": {
+                f"contracts/src/{CONTRACT}.sol": {
+                    CONTRACT: ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]
+                }
+            },
+        },
+    }
+
+
+def main() -> int:
+    import solcx
+
+    out = solcx.compile_standard(standard_input(), solc_binary=str(SOLC))
+    errors = [e for e in out.get("errors", []) if e.get("severity") == "error"]
+    if errors:
+        for e in errors:
+            print(e.get("formattedMessage", e), file=sys.stderr)
+        return 1
+    c = out["contracts"][f"contracts/src/{CONTRACT}.sol"][CONTRACT]
+    artifact = {
+        "contractName": CONTRACT,
+        "sourceHash": source_hash(),
+        "compiler": "solc 0.8.28 (solcjs), via-ir, optimizer 200 runs, evm cancun",
+        "abi": c["abi"],
+        "bytecode": "0x" + c["evm"]["bytecode"]["object"],
+        "deployedBytecode": "0x" + c["evm"]["deployedBytecode"]["object"],
+    }
+    ARTIFACT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    ARTIFACT_PATH.write_text(json.dumps(artifact, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {ARTIFACT_PATH.relative_to(ROOT)} ({len(artifact['bytecode']) // 2 - 1} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
