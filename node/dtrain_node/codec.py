@@ -120,7 +120,7 @@ def encode(spec: Spec, tensors: Sequence[Sparse]) -> bytes:
             raise ValueError(f"{name}: expected ({n}, {k}) indices and levels")
         if not EXP_MIN <= s.exp <= EXP_MAX:
             raise ValueError(f"{name}: exponent {s.exp} outside [{EXP_MIN}, {EXP_MAX}]")
-        idx = s.idx.numpy()
+        idx = s.idx.cpu().numpy()
         if k > 1 and not (np.diff(idx, axis=1) > 0).all():
             raise ValueError(f"{name}: indices must be strictly increasing per chunk")
         if idx.size and (idx.min() < 0 or idx.max() >= ce):
@@ -128,7 +128,7 @@ def encode(spec: Spec, tensors: Sequence[Sparse]) -> bytes:
         lut = np.full(8, -1, np.int64)
         for lv, c in codes.items():
             lut[lv + 3] = c
-        lv = s.lvl.numpy().astype(np.int64).reshape(-1)
+        lv = s.lvl.cpu().numpy().astype(np.int64).reshape(-1)
         cv = lut[np.clip(lv + 3, 0, 7)]
         if (cv < 0).any() or (np.abs(lv) > 3).any():
             raise ValueError(f"{name}: levels must be in {LEVELS[spec.cfg.bits]}")

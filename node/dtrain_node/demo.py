@@ -108,6 +108,7 @@ class DeMo:
             )
         self.e = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
         self.steps = 0
+        self._compress_s = 0.0
         self.inner: torch.optim.Optimizer | None = None
         self.theta_sync: list[torch.Tensor] = []
         if cfg.mode == "local":
@@ -182,11 +183,9 @@ class DeMo:
         """Aggregate this round's packets exactly and take the outer step on theta_sync."""
         t0 = time.perf_counter()
         good, rejected = self.decode_all(packets)
-        agg = aggregate(self.spec, good) if good else None
+        agg = aggregate(self.spec, good, device=self.params[0].device) if good else None
         dt = time.perf_counter() - t0
-        st = SyncStats(
-            rejected=rejected, aggregate_s=dt, compress_s=getattr(self, "_compress_s", 0)
-        )
+        st = SyncStats(rejected=rejected, aggregate_s=dt, compress_s=self._compress_s)
         st.bytes_sent = self.spec.packet_bytes
         if agg is not None:
             self.apply_aggregate(agg)
