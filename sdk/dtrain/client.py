@@ -1,0 +1,540 @@
+"""Typed client of the DistributedTrainingBSM contract over web3.py.
+
+Transactions are signed locally with eth-account. Nonces come from a per-(chain, sender) lock
+and counter, so several threads can send from the same or different accounts at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from hexbytes import HexBytes
+from web3 import Web3
+from web3.contract.contract import Contract, ContractFunction
+from web3.exceptions import (
+    ContractCustomError,
+    ContractLogicError,
+    ContractPanicError,
+    TimeExhausted,
+    Web3RPCError,
+)
+from web3.types import TxReceipt
+
+from . import artifacts
+from .errors import (
+    CONTRACT_ERRORS,
+    ConfigError,
+    DtrainError,
+    InsufficientFunds,
+    InvalidKey,
+    NoContract,
+    RpcUnavailable,
+    TransactionFailed,
+    WrongChain,
+    decode_revert,
+)
+from .models import (
+    Accounting,
+    Balances,
+    Event,
+    Job,
+    JobSpec,
+    JobState,
+    JobStatus,
+    Operator,
+    Params,
+    Pool,
+)
+
+JOB_EVENTS = (
+    "JobCreated",
+    "JobCancelled",
+    "JoinRequested",
+    "LeaveRequested",
+    "EpochStarted",
+    "CheckpointSubmitted",
+    "EpochFinalized",
+    "EpochFailed",
+    "OperatorPaid",
+    "Slashed",
+    "JobCompleted",
+    "JobFailed",
+)
+
+
+def load_key(key: str) -> LocalAccount:
+    """An account from a 0x-prefixed or bare 64-hex-digit private key."""
+    text = key.strip()
+    body = text.removeprefix("0x")
+    if len(body) != 64 or any(c not in "0123456789abcdefABCDEF" for c in body):
+        raise InvalidKey("private key must be 32 bytes of hex (64 hex digits, optional 0x)")
+    try:
+        return Account.from_key("0x" + body)
+    except Exception as exc:  # e.g. zero or above the curve order
+        raise InvalidKey(f"invalid private key: {exc}") from None
+
+
+def connect(rpc_url: str, expected_chain_id: int | None = None, timeout: float = 10.0) -> Web3:
+    """A Web3 on `rpc_url` that answered, optionally on the expected chain."""
+    w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+    try:
+        chain_id = w3.eth.chain_id
+    except (requests.exceptions.RequestException, OSError, Web3RPCError, ValueError) as exc:
+        raise RpcUnavailable(f"RPC {rpc_url} unreachable: {type(exc).__name__}") from None
+    if expected_chain_id is not None and chain_id != expected_chain_id:
+        raise WrongChain(f"RPC {rpc_url} serves chain {chain_id}, expected {expected_chain_id}")
+    return w3
+
+
+class _Nonces:
+    """Next nonce per (chain id, sender), guarded by a per-sender lock."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[int, str], threading.Lock] = {}
+        self._next: dict[tuple[int, str], int] = {}
+
+    def lock(self, key: tuple[int, str]) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def take(self, key: tuple[int, str], chain_next: Callable[[], int]) -> int:
+        if key not in self._next:
+            self._next[key] = chain_next()
+        n = self._next[key]
+        self._next[key] = n + 1
+        return n
+
+    def forget(self, key: tuple[int, str] | None = None) -> None:
+        if key is None:
+            self._next.clear()
+        else:
+            self._next.pop(key, None)
+
+
+NONCES = _Nonces()
+
+
+@dataclass(frozen=True)
+class Receipt:
+    tx_hash: str
+    block: int
+    gas_used: int
+    events: tuple[Event, ...]
+
+    def first(self, name: str) -> Event:
+        for e in self.events:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    def all(self, name: str) -> list[Event]:
+        return [e for e in self.events if e.name == name]
+
+
+class BSM:
+    """A deployed DistributedTrainingBSM, optionally with a signing account."""
+
+    def __init__(
+        self,
+        w3: Web3,
+        address: str,
+        account: LocalAccount | None = None,
+        receipt_timeout: float = 120.0,
+    ) -> None:
+        self.w3 = w3
+        self.address = Web3.to_checksum_address(address)
+        self.account = account
+        self.receipt_timeout = receipt_timeout
+        self.contract: Contract = w3.eth.contract(address=self.address, abi=artifacts.load().abi)
+        self.chain_id = w3.eth.chain_id
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def attach(
+        cls,
+        rpc_url_or_w3: str | Web3,
+        address: str,
+        key: str | LocalAccount | None = None,
+        chain_id: int | None = None,
+    ) -> BSM:
+        """Connects to an existing BSM, checking the RPC, chain id and contract code."""
+        w3 = connect(rpc_url_or_w3, chain_id) if isinstance(rpc_url_or_w3, str) else rpc_url_or_w3
+        if not Web3.is_address(address):
+            raise ConfigError(f"{address!r} is not an address")
+        account = load_key(key) if isinstance(key, str) else key
+        bsm = cls(w3, address, account)
+        bsm.check_contract()
+        return bsm
+
+    @classmethod
+    def deploy(cls, rpc_url_or_w3: str | Web3, key: str | LocalAccount, params: Params) -> BSM:
+        """Deploys a new BSM with `params` from the shipped artifact."""
+        w3 = connect(rpc_url_or_w3) if isinstance(rpc_url_or_w3, str) else rpc_url_or_w3
+        account = load_key(key) if isinstance(key, str) else key
+        art = artifacts.load()
+        factory = w3.eth.contract(abi=art.abi, bytecode=art.bytecode)
+        deployer = cls.__new__(cls)
+        deployer.w3, deployer.account, deployer.receipt_timeout = w3, account, 120.0
+        deployer.chain_id = w3.eth.chain_id
+        deployer.contract = factory  # only for error decoding while deploying
+        rc = deployer._send(factory.constructor(params.as_tuple()), value=0)
+        address = rc["contractAddress"]
+        return cls(w3, address, account)
+
+    def with_account(self, key: str | LocalAccount) -> BSM:
+        """The same contract, signing as another account."""
+        account = load_key(key) if isinstance(key, str) else key
+        return BSM(self.w3, self.address, account, self.receipt_timeout)
+
+    def check_contract(self) -> None:
+        code = self.w3.eth.get_code(self.address)
+        if len(code) == 0:
+            raise NoContract(f"no contract at {self.address} on chain {self.chain_id}")
+        try:
+            self.contract.functions.MAX_OPERATORS_CAP().call()
+            self.params()
+        except Exception:
+            raise NoContract(
+                f"contract at {self.address} is not a DistributedTrainingBSM"
+            ) from None
+
+    @property
+    def sender(self) -> str:
+        if self.account is None:
+            raise ConfigError("no key given: this action sends a transaction")
+        return self.account.address
+
+    # ------------------------------------------------------------------ transactions
+
+    def _send(self, fn: ContractFunction | Any, value: int = 0) -> TxReceipt:
+        sender = self.sender
+        key = (self.chain_id, sender)
+        tx: dict[str, Any] = {"from": sender, "value": value, "chainId": self.chain_id}
+        try:
+            tx["gas"] = int(fn.estimate_gas(tx) * 1.2) + 20_000
+        except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
+            raise self._revert_error(exc) from None
+        except Web3RPCError as exc:
+            raise self._rpc_error(exc) from None
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
+        with NONCES.lock(key):
+            tx["nonce"] = NONCES.take(
+                key, lambda: self.w3.eth.get_transaction_count(sender, "pending")
+            )
+            try:
+                built = fn.build_transaction(tx)
+                signed = self.account.sign_transaction(built)  # type: ignore[union-attr]
+                tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
+            except Web3RPCError as exc:
+                NONCES.forget(key)
+                raise self._rpc_error(exc) from None
+            except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
+                NONCES.forget(key)
+                raise self._revert_error(exc) from None
+            except (requests.exceptions.RequestException, OSError) as exc:
+                NONCES.forget(key)
+                raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
+        try:
+            rc = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=self.receipt_timeout)
+        except TimeExhausted:
+            raise TransactionFailed(
+                f"no receipt for {tx_hash.hex()} within {self.receipt_timeout}s"
+            ) from None
+        if rc["status"] != 1:
+            raise TransactionFailed(f"transaction {tx_hash.hex()} reverted")
+        return rc
+
+    def _revert_error(self, exc: Exception) -> DtrainError:
+        data = getattr(exc, "data", None)
+        if isinstance(data, dict):
+            data = data.get("data")
+        if isinstance(exc, ContractCustomError) or (isinstance(data, str) and len(data) >= 10):
+            return decode_revert(data)
+        if isinstance(exc, ContractPanicError):
+            return TransactionFailed(f"contract panicked: {exc}")
+        return TransactionFailed(f"transaction reverted: {exc}")
+
+    def _rpc_error(self, exc: Web3RPCError) -> DtrainError:
+        text = str(exc)
+        if "insufficient funds" in text.lower():
+            return InsufficientFunds(f"{self.sender} cannot pay value plus gas")
+        return TransactionFailed(f"RPC refused the transaction: {text[:200]}")
+
+    def _transact(self, fn: ContractFunction, value: int = 0) -> Receipt:
+        rc = self._send(fn, value)
+        return Receipt(
+            tx_hash=rc["transactionHash"].hex(),
+            block=rc["blockNumber"],
+            gas_used=rc["gasUsed"],
+            events=tuple(self._decode_logs(rc["logs"])),
+        )
+
+    def _call(self, fn: ContractFunction) -> Any:
+        try:
+            return fn.call()
+        except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
+            raise self._revert_error(exc) from None
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
+
+    def _decode_logs(self, logs: Iterable[Any]) -> Iterator[Event]:
+        by_topic = self._event_topics()
+        for log in logs:
+            if Web3.to_checksum_address(log["address"]) != self.address or not log["topics"]:
+                continue
+            name = by_topic.get(HexBytes(log["topics"][0]))
+            if name is None:
+                continue
+            decoded = getattr(self.contract.events, name)().process_log(log)
+            yield Event(
+                name=name,
+                args=dict(decoded["args"]),
+                block=log["blockNumber"],
+                tx_hash=HexBytes(log["transactionHash"]).hex(),
+                log_index=log["logIndex"],
+            )
+
+    def _event_topics(self) -> dict[HexBytes, str]:
+        if not hasattr(self, "_topics"):
+            topics = {}
+            for item in self.contract.abi:
+                if item["type"] == "event":
+                    sig = f"{item['name']}({','.join(i['type'] for i in item['inputs'])})"
+                    topics[HexBytes(Web3.keccak(text=sig))] = item["name"]
+            self._topics = topics
+        return self._topics
+
+    # ------------------------------------------------------------------ operators and stake
+
+    def register_operator(
+        self,
+        stake: int,
+        peer_key: bytes,
+        multiaddrs: list[str],
+        hardware: str = "",
+        min_price_per_epoch: int = 0,
+    ) -> Receipt:
+        f = self.contract.functions.registerOperator(
+            _b32(peer_key), list(multiaddrs), hardware, min_price_per_epoch
+        )
+        return self._transact(f, stake)
+
+    def update_operator(
+        self, peer_key: bytes, multiaddrs: list[str], hardware: str, min_price_per_epoch: int
+    ) -> Receipt:
+        f = self.contract.functions.updateOperator(
+            _b32(peer_key), list(multiaddrs), hardware, min_price_per_epoch
+        )
+        return self._transact(f)
+
+    def set_attestation(self, report: bytes, tee_type: int, verifier: str) -> Receipt:
+        f = self.contract.functions.setAttestation(_b32(report), tee_type, verifier)
+        return self._transact(f)
+
+    def stake(self, amount: int) -> Receipt:
+        return self._transact(self.contract.functions.stake(), amount)
+
+    def unstake(self, amount: int) -> Receipt:
+        return self._transact(self.contract.functions.unstake(amount))
+
+    def deregister(self) -> Receipt:
+        return self._transact(self.contract.functions.deregisterOperator())
+
+    def delegate(self, operator: str, amount: int) -> Receipt:
+        return self._transact(self.contract.functions.delegate(_addr(operator)), amount)
+
+    def undelegate(self, operator: str, amount: int) -> Receipt:
+        return self._transact(self.contract.functions.undelegate(_addr(operator), amount))
+
+    def withdraw_unbonded(self, operator: str) -> Receipt:
+        return self._transact(self.contract.functions.withdrawUnbonded(_addr(operator)))
+
+    def claim_rewards(self, operator: str) -> Receipt:
+        return self._transact(self.contract.functions.claimRewards(_addr(operator)))
+
+    def withdraw(self) -> Receipt:
+        return self._transact(self.contract.functions.withdraw())
+
+    # ------------------------------------------------------------------ jobs
+
+    def create_job(self, spec: JobSpec) -> int:
+        """Creates a job escrowing `spec.escrow`; returns its id."""
+        rc = self._transact(self.contract.functions.createJob(spec.as_tuple()), spec.escrow)
+        return int(rc.first("JobCreated").args["jobId"])
+
+    def cancel_job(self, job_id: int) -> Receipt:
+        return self._transact(self.contract.functions.cancelJob(job_id))
+
+    def join_job(self, job_id: int) -> Receipt:
+        return self._transact(self.contract.functions.joinJob(job_id))
+
+    def leave_job(self, job_id: int) -> Receipt:
+        return self._transact(self.contract.functions.leaveJob(job_id))
+
+    def submit_checkpoint(
+        self, job_id: int, epoch: int, checkpoint: bytes, participation: list[int]
+    ) -> Receipt:
+        f = self.contract.functions.submitCheckpoint(
+            job_id, epoch, _b32(checkpoint), list(participation)
+        )
+        return self._transact(f)
+
+    def finalize_epoch(self, job_id: int, epoch: int) -> Receipt:
+        """Settles the epoch; the sender earns the reporter bounty of any slash."""
+        return self._transact(self.contract.functions.finalizeEpoch(job_id, epoch))
+
+    # ------------------------------------------------------------------ reads
+
+    def params(self) -> Params:
+        return Params.from_tuple(tuple(self._call(self.contract.functions.params())))
+
+    def next_job_id(self) -> int:
+        return int(self._call(self.contract.functions.nextJobId()))
+
+    def operator(self, address: str) -> Operator:
+        a = _addr(address)
+        o = self._call(self.contract.functions.getOperator(a))
+        return Operator(
+            address=a,
+            registered=o[0],
+            active_jobs=o[1],
+            min_price_per_epoch=o[2],
+            peer_key=bytes(o[3]),
+            multiaddrs=tuple(o[4]),
+            hardware=o[5],
+            attestation_report=bytes(o[6]),
+            tee_type=o[7],
+            attestation_verifier=o[8],
+            self_stake=self.stake_of(a, a),
+            pool=self.pool(a),
+        )
+
+    def pool(self, operator: str) -> Pool:
+        return Pool.from_tuple(tuple(self._call(self.contract.functions.getPool(_addr(operator)))))
+
+    def stake_of(self, operator: str, account: str) -> int:
+        return int(self._call(self.contract.functions.stakeOf(_addr(operator), _addr(account))))
+
+    def unbonding_of(self, operator: str, account: str) -> tuple[int, int]:
+        amount, unlock_at = self._call(
+            self.contract.functions.unbondingOf(_addr(operator), _addr(account))
+        )
+        return int(amount), int(unlock_at)
+
+    def pending_rewards(self, operator: str, account: str) -> int:
+        f = self.contract.functions.pendingRewards(_addr(operator), _addr(account))
+        return int(self._call(f))
+
+    def credit_of(self, account: str) -> int:
+        return int(self._call(self.contract.functions.creditOf(_addr(account))))
+
+    def balances(self, account: str, operators: Iterable[str] = ()) -> Balances:
+        a = _addr(account)
+        return Balances(
+            address=a,
+            wallet=self.w3.eth.get_balance(a),
+            credit=self.credit_of(a),
+            pending_rewards={_addr(o): self.pending_rewards(o, a) for o in operators},
+        )
+
+    def job(self, job_id: int) -> Job:
+        spec_t, state_t = self._call(self.contract.functions.getJob(job_id))
+        state = JobState.from_tuple(tuple(state_t))
+        if state.status == JobStatus.NONE:
+            raise CONTRACT_ERRORS["UnknownJob"](job_id)
+        return Job(
+            id=job_id,
+            spec=JobSpec.from_tuple(tuple(spec_t)),
+            state=state,
+            members=tuple(self.members(job_id)),
+            pending_joins=tuple(self._call(self.contract.functions.getPendingJoins(job_id))),
+            submitted=int(self._call(self.contract.functions.submittedCount(job_id))),
+            deadline=int(self._call(self.contract.functions.epochDeadline(job_id))),
+        )
+
+    def jobs(self) -> list[Job]:
+        return [self.job(i) for i in range(1, self.next_job_id())]
+
+    def members(self, job_id: int) -> list[str]:
+        return list(self._call(self.contract.functions.getMembers(job_id)))
+
+    def is_leaving(self, job_id: int, operator: str) -> bool:
+        return bool(self._call(self.contract.functions.isLeaving(job_id, _addr(operator))))
+
+    def epoch_checkpoint(self, job_id: int, epoch: int) -> bytes:
+        return bytes(self._call(self.contract.functions.epochCheckpoint(job_id, epoch)))
+
+    def submission_of(self, job_id: int, operator: str) -> tuple[bytes, bytes]:
+        h, k = self._call(self.contract.functions.submissionOf(job_id, _addr(operator)))
+        return bytes(h), bytes(k)
+
+    def accounting(self) -> Accounting:
+        return Accounting(*self._call(self.contract.functions.accounting()))
+
+    def contract_balance(self) -> int:
+        return self.w3.eth.get_balance(self.address)
+
+    # ------------------------------------------------------------------ events
+
+    def events(
+        self,
+        from_block: int = 0,
+        to_block: int | str = "latest",
+        names: Iterable[str] | None = None,
+        job_id: int | None = None,
+    ) -> list[Event]:
+        """Decoded contract events in block order, optionally of one job."""
+        logs = self.w3.eth.get_logs(
+            {"address": self.address, "fromBlock": from_block, "toBlock": to_block}
+        )
+        wanted = set(names) if names is not None else None
+        out = []
+        for e in self._decode_logs(logs):
+            if wanted is not None and e.name not in wanted:
+                continue
+            if job_id is not None and e.args.get("jobId") != job_id:
+                continue
+            out.append(e)
+        return out
+
+    def watch(
+        self,
+        from_block: int | None = None,
+        names: Iterable[str] | None = JOB_EVENTS,
+        job_id: int | None = None,
+        poll_interval: float = 0.5,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[Event]:
+        """Yields events as blocks arrive (polling), from `from_block` (default: next block)."""
+        wanted = list(names) if names is not None else None
+        next_block = self.w3.eth.block_number + 1 if from_block is None else from_block
+        while not (stop and stop()):
+            head = self.w3.eth.block_number
+            if head >= next_block:
+                yield from self.events(next_block, head, wanted, job_id)
+                next_block = head + 1
+            else:
+                time.sleep(poll_interval)
+
+
+def _b32(value: bytes | str) -> bytes:
+    raw = bytes.fromhex(value.removeprefix("0x")) if isinstance(value, str) else bytes(value)
+    if len(raw) != 32:
+        raise ConfigError(f"expected 32 bytes, got {len(raw)}")
+    return raw
+
+
+def _addr(value: str) -> str:
+    if not Web3.is_address(value):
+        raise ConfigError(f"{value!r} is not an address")
+    return Web3.to_checksum_address(value)

@@ -1,0 +1,65 @@
+"""Amounts with units ("1.5ether", "200gwei", "42wei", "42") and durations ("90s", "2h", "7d")."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+from .errors import InvalidAmount
+
+UNITS = {
+    "wei": 0,
+    "kwei": 3,
+    "mwei": 6,
+    "gwei": 9,
+    "szabo": 12,
+    "finney": 15,
+    "ether": 18,
+    "eth": 18,
+}
+_AMOUNT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+_DURATION = re.compile(r"^\s*([0-9]+)\s*([smhdw]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_amount(text: str | int) -> int:
+    """Wei from "1.5ether", "200 gwei", "7wei" or a bare integer number of wei."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise InvalidAmount(f"amount {text} is negative")
+        return text
+    m = _AMOUNT.match(str(text))
+    if not m:
+        raise InvalidAmount(f"cannot read amount {text!r}: use e.g. 1.5ether, 200gwei or 42 (wei)")
+    number, unit = m.group(1), m.group(2).lower() or "wei"
+    if unit not in UNITS:
+        raise InvalidAmount(f"unknown unit {unit!r} in {text!r}; known: {', '.join(UNITS)}")
+    try:
+        value = Decimal(number) * (Decimal(10) ** UNITS[unit])
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
+        raise InvalidAmount(f"cannot read amount {text!r}") from exc
+    if value != value.to_integral_value():
+        raise InvalidAmount(f"amount {text!r} is not a whole number of wei")
+    return int(value)
+
+
+def parse_duration(text: str | int) -> int:
+    """Seconds from "90", "90s", "15m", "2h", "7d" or "1w"."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise InvalidAmount(f"duration {text} is negative")
+        return text
+    m = _DURATION.match(str(text))
+    if not m:
+        raise InvalidAmount(f"cannot read duration {text!r}: use e.g. 90s, 15m, 2h or 7d")
+    return int(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def format_eth(wei: int) -> str:
+    """Readable ether amount: exact, trailing zeros trimmed ("0.5 ETH", "1 wei")."""
+    if 0 < abs(wei) < 10**9:
+        return f"{wei} wei"
+    text = f"{Decimal(wei) / Decimal(10**18):f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{text} ETH"
