@@ -10,6 +10,7 @@ the signing key. `--json` prints machine-readable output. Errors print one line 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import time
@@ -647,6 +648,11 @@ def _load_plugins() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    negative = next((a for a in args if re.match(r"-[0-9.]", a)), None)
+    if negative is not None:
+        # Click would read "-1ether" as options (-1 -e -t -h ...), so name the problem here.
+        click.echo(f"error: cannot read amount {negative!r}: amounts are never negative", err=True)
+        return 2
     _load_plugins()
     try:
         cli.main(args=args, prog_name="dtrain", standalone_mode=False)

@@ -127,6 +127,7 @@ class Receipt:
     tx_hash: str
     block: int
     gas_used: int
+    fee: int  # wei paid for gas
     events: tuple[Event, ...]
 
     def first(self, name: str) -> Event:
@@ -276,6 +277,7 @@ class BSM:
             tx_hash=rc["transactionHash"].hex(),
             block=rc["blockNumber"],
             gas_used=rc["gasUsed"],
+            fee=rc["gasUsed"] * rc["effectiveGasPrice"],
             events=tuple(self._decode_logs(rc["logs"])),
         )
 

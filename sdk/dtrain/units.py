@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 
 from .errors import InvalidAmount
 
@@ -35,11 +35,15 @@ def parse_amount(text: str | int) -> int:
     if unit not in UNITS:
         raise InvalidAmount(f"unknown unit {unit!r} in {text!r}; known: {', '.join(UNITS)}")
     try:
-        value = Decimal(number) * (Decimal(10) ** UNITS[unit])
+        with localcontext() as c:
+            c.prec = 100
+            value = Decimal(number) * (Decimal(10) ** UNITS[unit])
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
         raise InvalidAmount(f"cannot read amount {text!r}") from exc
     if value != value.to_integral_value():
         raise InvalidAmount(f"amount {text!r} is not a whole number of wei")
+    if value >= 2**256:
+        raise InvalidAmount(f"amount {text!r} does not fit in 256 bits")
     return int(value)
 
 
@@ -59,7 +63,9 @@ def format_eth(wei: int) -> str:
     """Readable ether amount: exact, trailing zeros trimmed ("0.5 ETH", "1 wei")."""
     if 0 < abs(wei) < 10**9:
         return f"{wei} wei"
-    text = f"{Decimal(wei) / Decimal(10**18):f}"
+    with localcontext() as c:
+        c.prec = 100
+        text = f"{Decimal(wei) / Decimal(10**18):f}"
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return f"{text} ETH"

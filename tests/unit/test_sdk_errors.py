@@ -1,0 +1,73 @@
+"""Every contract custom error decodes into its own exception class with a readable message."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from dtrain import artifacts, errors
+from eth_abi import encode
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+def _sample(abi_type: str, i: int):
+    if abi_type == "address":
+        return "0x" + f"{i + 1:040x}"
+    if abi_type in ("uint8", "uint16"):
+        return 7 + i
+    if abi_type.startswith("uint"):
+        return 10**18 + i if i % 2 == 0 else i + 1
+    if abi_type.startswith("bytes"):
+        return bytes([i + 1]) * int(abi_type[5:] or 1)
+    raise AssertionError(f"no sample for {abi_type}")
+
+
+ABI_ERRORS = [e for e in artifacts.load().abi if e["type"] == "error"]
+
+
+@pytest.mark.parametrize("item", ABI_ERRORS, ids=[e["name"] for e in ABI_ERRORS])
+def test_every_abi_error_decodes(item) -> None:
+    cls = errors.CONTRACT_ERRORS[item["name"]]
+    types = [i["type"] for i in item["inputs"]]
+    values = [_sample(t, i) for i, t in enumerate(types)]
+    data = errors._selector(cls) + encode(types, values)
+    exc = errors.decode_revert(data)
+    assert type(exc) is cls
+    assert isinstance(exc, errors.ContractError) and isinstance(exc, errors.DtrainError)
+    assert list(exc.args_by_name) == [i["name"] for i in item["inputs"]]
+    message = str(exc)
+    assert item["name"] in errors.MESSAGES, "add a human message for this error"
+    assert "{" not in message and "\n" not in message
+    for name, value in exc.args_by_name.items():
+        if isinstance(value, int) and name not in errors._AMOUNT_NAMES and name != "status":
+            assert str(value) in message, (name, message)
+
+
+def test_amounts_in_messages_are_ether() -> None:
+    exc = errors.StakeBelowMinimum(5 * 10**17, 10**18)
+    assert str(exc) == "stake 0.5 ETH below minimum 1 ETH"
+    assert exc.args_by_name == {"stake": 5 * 10**17, "minStake": 10**18}
+
+
+def test_status_names() -> None:
+    assert str(errors.JobNotOpen(3, 2)) == "job 3 is Running, not open"
+
+
+def test_unknown_and_short_revert_data() -> None:
+    assert isinstance(errors.decode_revert("0x"), errors.TransactionFailed)
+    assert "unknown data 0xdeadbeef" in str(errors.decode_revert("0xdeadbeef"))
+    truncated = errors._selector(errors.StakeBelowMinimum) + b"\x00" * 5
+    assert "malformed StakeBelowMinimum" in str(errors.decode_revert(truncated))
+
+
+@given(st.binary(max_size=200))
+def test_decode_revert_never_crashes(data: bytes) -> None:
+    assert isinstance(errors.decode_revert(data), errors.DtrainError)
+
+
+@given(st.sampled_from(sorted(errors.SELECTORS)), st.binary(max_size=160))
+def test_decode_revert_fuzz_known_selectors(selector: bytes, tail: bytes) -> None:
+    exc = errors.decode_revert(selector + tail)
+    assert isinstance(exc, errors.DtrainError)
+    assert re.fullmatch(r"[^\n{}]+", str(exc))
