@@ -16,6 +16,17 @@ command -v node >/dev/null || fail "node not found; install Node.js 20 or newer"
   || fail "Node.js 20+ required, found $(node --version)"
 command -v npm >/dev/null || fail "npm not found; install npm (comes with Node.js)"
 python3 -c 'import venv' 2>/dev/null || fail "python3 venv module missing (apt-get install python3-venv)"
+command -v gcc >/dev/null || fail "gcc not found (libp2p builds fastecdsa): apt-get install gcc"
+# libp2p pins fastecdsa 2.3.2, which compiles against GMP.
+if ! echo '#include <gmp.h>' | gcc -E - >/dev/null 2>&1; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing libgmp-dev (GMP headers for fastecdsa)"
+    (apt-get install -y -q libgmp-dev >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libgmp-dev >/dev/null; }) \
+      || fail "could not install libgmp-dev; install it and rerun"
+  else
+    fail "GMP headers missing (libp2p builds fastecdsa): apt-get install libgmp-dev"
+  fi
+fi
 
 stamp_ok() { [[ -f "$1" && "$(cat "$1")" == "$2" ]]; }
 
