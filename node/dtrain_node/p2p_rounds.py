@@ -1,0 +1,242 @@
+"""Round bookkeeping for gossip sync, with no networking: validation rules, packet assembly,
+have-lists for re-requests, equivocation detection and participation.
+
+Everything here runs on the host's trio thread only, so it needs no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from eth_utils import to_checksum_address
+
+from dtrain_node import envelope as envmod
+from dtrain_node.envelope import Envelope, EnvelopeError
+
+MembersProvider = Callable[[int, int], list[str]]
+PayloadValidator = Callable[[bytes], None]
+
+
+class Phase(IntEnum):
+    """Where this node is in a round. Reported to peers in sync replies (docs/protocol.md)."""
+
+    NOT_STARTED = 0  # own packet not published yet; may hold packets that arrived early
+    OPEN = 1  # collecting: accepts packets from gossip and from relays
+    CLOSED = 2  # deadline passed: accepts packets only from relays (sync replies)
+    FINISHED = 3  # result returned to the caller: the set is frozen, only served
+
+
+@dataclass
+class _Packet:
+    count: int
+    length: int
+    chunks: dict[int, Envelope] = field(default_factory=dict)
+    payload: bytes | None = None  # set once all chunks arrived and the payload validated
+
+
+@dataclass
+class _Round:
+    phase: Phase = Phase.NOT_STARTED
+    # sender -> payload sha256 -> packet; two digests from one sender is equivocation
+    packets: dict[str, dict[bytes, _Packet]] = field(default_factory=dict)
+    applied: list[str] | None = None
+    first_seen: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    max_payload_bytes: int
+    window_back: int  # finished rounds kept for relay
+    window_ahead: int  # future rounds accepted (fast peers publish before we start)
+
+    def __post_init__(self) -> None:
+        if self.max_payload_bytes < 1:
+            raise ValueError(f"max_payload_bytes must be >= 1, got {self.max_payload_bytes}")
+        if self.window_back < 0 or self.window_ahead < 0:
+            raise ValueError(f"windows must be >= 0, got {self.window_back}, {self.window_ahead}")
+
+
+class RoundStore:
+    def __init__(
+        self,
+        chain_id: int,
+        contract: str,
+        job_id: int,
+        members: MembersProvider,
+        validate_payload: PayloadValidator | None,
+        limits: StoreLimits,
+    ) -> None:
+        self.chain_id, self.contract, self.job_id = chain_id, to_checksum_address(contract), job_id
+        self._members_provider = members
+        self._validate = validate_payload
+        self.limits = limits
+        self.epoch: int | None = None
+        self.members: tuple[str, ...] = ()
+        self._member_set: frozenset[str] = frozenset()
+        self.current: int | None = None
+        self.rounds: dict[int, _Round] = {}
+        self.participation: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self.equivocations: list[tuple[int, str]] = []
+
+    # -- epoch and rounds ---------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        members = [to_checksum_address(m) for m in self._members_provider(self.job_id, epoch)]
+        if len(set(members)) != len(members):
+            raise ValueError(f"duplicate members in epoch {epoch}: {members}")
+        self.epoch, self.members = epoch, tuple(sorted(members))
+        self._member_set = frozenset(members)
+        self.current, self.rounds = None, {}
+        self.participation = Counter({m: 0 for m in self.members})
+
+    def begin(self, rnd: int) -> _Round:
+        if self.epoch is None:
+            raise RuntimeError("set_epoch() before collecting rounds")
+        if self.current is not None and rnd <= self.current:
+            raise ValueError(f"round {rnd} <= current round {self.current}: rounds only go up")
+        self.current = rnd
+        for r in [r for r in self.rounds if r < rnd - self.limits.window_back]:
+            del self.rounds[r]
+        st = self.rounds.setdefault(rnd, _Round())
+        st.phase = Phase.OPEN
+        return st
+
+    def in_window(self, rnd: int) -> bool:
+        lo = 0 if self.current is None else self.current - self.limits.window_back
+        hi = (0 if self.current is None else self.current) + self.limits.window_ahead
+        return lo <= rnd <= hi
+
+    def phase(self, rnd: int) -> Phase:
+        st = self.rounds.get(rnd)
+        return Phase.NOT_STARTED if st is None else st.phase
+
+    # -- accepting envelopes ------------------------------------------------------------------
+    def check_header(self, env: Envelope) -> None:
+        """Cheap checks first (no crypto), so junk costs little. Raises EnvelopeError."""
+        if env.chain_id != self.chain_id or env.contract != self.contract:
+            raise EnvelopeError("wrong_job", f"chain {env.chain_id} contract {env.contract}")
+        if env.job_id != self.job_id:
+            raise EnvelopeError("wrong_job", f"job {env.job_id} != {self.job_id}")
+        if env.epoch != self.epoch:
+            raise EnvelopeError("wrong_epoch", f"epoch {env.epoch} != {self.epoch}")
+        if not self.in_window(env.round):
+            raise EnvelopeError("round_window", f"round {env.round}, current {self.current}")
+        if env.sender not in self._member_set:
+            raise EnvelopeError("not_member", f"{env.sender} not in epoch {self.epoch}")
+        if env.payload_len > self.limits.max_payload_bytes:
+            raise EnvelopeError(
+                "oversized", f"payload {env.payload_len} > {self.limits.max_payload_bytes} bytes"
+            )
+        # every chunk carries >= 1 byte and <= MAX_CHUNK bytes
+        if env.chunk_count > max(1, env.payload_len) or (
+            env.chunk_count * envmod.MAX_CHUNK < env.payload_len
+        ):
+            raise EnvelopeError(
+                "malformed", f"{env.chunk_count} chunks for a {env.payload_len}-byte payload"
+            )
+
+    def offer(self, env: Envelope, relayed: bool, now: float | None = None) -> bool:
+        """Validate and store one chunk. True if it was new and valid (worth forwarding).
+
+        relayed: it came from a sync reply (allowed after the deadline) rather than gossip.
+        Raises EnvelopeError with the drop reason; the caller counts it.
+        """
+        self.check_header(env)
+        st = self.rounds.setdefault(env.round, _Round())
+        if st.phase == Phase.FINISHED:
+            raise EnvelopeError("finished", f"round {env.round} already finished")
+        if st.phase == Phase.CLOSED and not relayed:
+            raise EnvelopeError("late", f"round {env.round} closed; only relays accepted")
+        by_digest = st.packets.get(env.sender, {})
+        pkt = by_digest.get(env.payload_sha256)
+        if pkt is not None and env.chunk_index in pkt.chunks:
+            raise EnvelopeError("duplicate", f"round {env.round} {env.sender} #{env.chunk_index}")
+        if pkt is None and len(by_digest) >= 2:
+            # two digests already prove equivocation; more would only cost memory
+            raise EnvelopeError("equivocation", f"round {env.round} {env.sender}")
+        if pkt is not None and (pkt.count, pkt.length) != (env.chunk_count, env.payload_len):
+            raise EnvelopeError("malformed", "chunk header disagrees with earlier chunks")
+        if env.recover_signer() != env.sender:
+            raise EnvelopeError("bad_signature", f"not signed by {env.sender}")
+        if pkt is None:
+            pkt = _Packet(env.chunk_count, env.payload_len)
+        pkt.chunks[env.chunk_index] = env
+        if len(pkt.chunks) == pkt.count:
+            try:
+                payload = envmod.assemble(list(pkt.chunks.values()))
+                if self._validate is not None:
+                    self._validate(payload)
+            except Exception as e:
+                # the whole packet is bad (signed by a member, so it is that member's fault)
+                by_digest.pop(env.payload_sha256, None)
+                if not by_digest:
+                    st.packets.pop(env.sender, None)
+                raise EnvelopeError(
+                    "invalid_payload", f"{env.sender} round {env.round}: {e}"
+                ) from None
+            pkt.payload = payload
+            st.first_seen.setdefault(env.sender, time.monotonic() if now is None else now)
+        new_sender = env.sender not in st.packets
+        st.packets.setdefault(env.sender, {})[env.payload_sha256] = pkt
+        if not new_sender and len(st.packets[env.sender]) == 2 and len(pkt.chunks) == 1:
+            self.equivocations.append((env.round, env.sender))
+        return True
+
+    # -- what we hold ---------------------------------------------------------------------------
+    def have(self, rnd: int) -> list[tuple[str, bytes]]:
+        """Complete, valid packets held for a round: (sender, payload sha256)."""
+        st = self.rounds.get(rnd)
+        if st is None:
+            return []
+        return sorted(
+            (s, d) for s, by in st.packets.items() for d, p in by.items() if p.payload is not None
+        )
+
+    def envelopes_for(self, rnd: int, exclude: set[tuple[str, bytes]]) -> list[Envelope]:
+        """All chunks of complete packets of a round that the asker does not hold."""
+        st = self.rounds.get(rnd)
+        if st is None:
+            return []
+        out = []
+        for s, by in sorted(st.packets.items()):
+            for d, p in by.items():
+                if p.payload is not None and (s, d) not in exclude:
+                    out.extend(p.chunks[i] for i in sorted(p.chunks))
+        return out
+
+    def usable(self, rnd: int) -> dict[str, bytes]:
+        """sender -> payload for senders with exactly one complete packet (no equivocation)."""
+        st = self.rounds.get(rnd)
+        if st is None:
+            return {}
+        out = {}
+        for s, by in st.packets.items():
+            done = [p for p in by.values() if p.payload is not None]
+            if len(by) == 1 and len(done) == 1 and done[0].payload is not None:
+                out[s] = done[0].payload
+        return out
+
+    def missing(self, rnd: int) -> list[str]:
+        got = self.usable(rnd)
+        return [m for m in self.members if m not in got]
+
+    def close(self, rnd: int) -> None:
+        st = self.rounds.setdefault(rnd, _Round())
+        if st.phase < Phase.CLOSED:
+            st.phase = Phase.CLOSED
+
+    def finish(self, rnd: int) -> list[tuple[str, bytes]]:
+        """Freeze the round and record participation; packets in canonical (sender) order."""
+        st = self.rounds.setdefault(rnd, _Round())
+        got = self.usable(rnd)
+        if st.phase != Phase.FINISHED:
+            st.phase = Phase.FINISHED
+            st.applied = sorted(got)
+            for s in st.applied:
+                self.participation[s] += 1
+        assert st.applied is not None
+        return [(s, got[s]) for s in st.applied]
