@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtrain.models import JobSpec
 from web3 import Web3
+
+from dtrain.models import JobSpec
 
 ETH = 10**18
 

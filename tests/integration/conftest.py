@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from chainutil import ETH
+
 from dtrain.chain import DevAccount, LocalChain
 from dtrain.client import BSM, NONCES
 from dtrain.models import Params

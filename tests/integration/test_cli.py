@@ -10,8 +10,9 @@ import sys
 
 import pytest
 from chainutil import ETH, peer_key
-from dtrain.cli import main
 from web3 import Web3
+
+from dtrain.cli import main
 
 DTRAIN = [sys.executable, "-m", "dtrain.cli"]
 

@@ -6,10 +6,11 @@ import threading
 
 import pytest
 from chainutil import ETH, advance, peer_key, spec
+from web3 import Web3
+
 from dtrain import artifacts, errors
 from dtrain.client import BSM, load_key
 from dtrain.models import JobStatus, Method
-from web3 import Web3
 
 
 def register(bsm: BSM, i: int, stake: int = ETH, min_price: int = 0) -> str:

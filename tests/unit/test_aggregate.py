@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dtrain_node import dct
 from dtrain_node.aggregate import LIMIT, aggregate, bound_shift
 from dtrain_node.codec import Spec, decode, encode

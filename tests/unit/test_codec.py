@@ -2,11 +2,12 @@ import struct
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from dtrain_node import codec
 from dtrain_node.codec import PacketError, Spec, decode, encode
 from dtrain_node.compress import CompressConfig, Sparse, compress
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SHAPES = [("w", (128, 192)), ("v", (100, 70)), ("b", (130,)), ("s", ())]
 

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from dtrain_node import dct
 from dtrain_node.compress import (
     CompressConfig,

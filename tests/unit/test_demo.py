@@ -3,6 +3,7 @@ import threading
 
 import pytest
 import torch
+
 from dtrain_node import data as corpus
 from dtrain_node import dct, model
 from dtrain_node.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from dtrain import artifacts, errors
 from eth_abi import encode
 from hypothesis import given
 from hypothesis import strategies as st
+
+from dtrain import artifacts, errors
 
 
 def _sample(abi_type: str, i: int):

@@ -3,10 +3,11 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from dtrain.errors import InvalidAmount
-from dtrain.units import format_eth, parse_amount, parse_duration
 from hypothesis import given
 from hypothesis import strategies as st
+
+from dtrain.errors import InvalidAmount
+from dtrain.units import format_eth, parse_amount, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,117 @@
+"""The interface the runner trains through, and the built-in PyTorch + Hugging Face backend.
+
+The runner only calls: `model`, `n_items()`, `batches(indices, batch_size, seed)`,
+`loss(batch)`, `evaluate()` and `export(out_dir)`. External backends (torchtune, axolotl,
+unsloth) plug in behind the same protocol and fail with a clear message when not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from dtrain_node import corpus, hf
+
+
+class BackendUnavailable(RuntimeError):
+    """The selected backend's package is not installed."""
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """What a backend needs of a job: from the on-chain spec plus the job id as seed."""
+
+    job_id: int
+    method: str  # "cpt", "sft", "dpo", "grpo"
+    model_uri: str
+    dataset_uri: str
+    dataset_hash: bytes
+    batch_size: int = 8
+
+    @property
+    def seed(self) -> int:
+        return self.job_id
+
+
+class Backend(Protocol):
+    name: str
+    model: torch.nn.Module
+
+    def n_items(self) -> int: ...
+
+    def batches(self, indices: torch.Tensor, batch_size: int, seed: int) -> Iterator[Any]: ...
+
+    def loss(self, batch: Any) -> torch.Tensor: ...
+
+    def evaluate(self) -> dict[str, float]: ...
+
+    def export(self, out_dir: str | Path) -> Path: ...
+
+
+class CausalLMBackend:
+    """Continued pre-training: next-token loss on windows of a byte-level text corpus."""
+
+    name = "builtin"
+
+    def __init__(self, job: TrainJob, heldout_windows: int = 32) -> None:
+        self.job = job
+        self.cfg = hf.model_config(job.model_uri)
+        self.model = hf.build(self.cfg, job.seed)
+        self.data = corpus.load_text(job.dataset_uri, job.dataset_hash, self.cfg.ctx)
+        self.heldout = self.data.heldout_windows(heldout_windows)
+
+    def n_items(self) -> int:
+        return self.data.n_windows
+
+    def batches(self, indices: torch.Tensor, batch_size: int, seed: int) -> Iterator[Any]:
+        """Endless batches over `indices`, reshuffled each pass (local order need not match)."""
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            perm = indices[torch.randperm(len(indices), generator=g)]
+            for i in range(0, len(perm) - batch_size + 1, batch_size):
+                yield self.data.windows(perm[i : i + batch_size])
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        logits = self.model(input_ids=x).logits
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        was = self.model.training
+        self.model.eval()
+        x, y = self.heldout
+        loss = float(self.loss((x, y)))
+        self.model.train(was)
+        return {"heldout_loss": loss}
+
+    def export(self, out_dir: str | Path) -> Path:
+        return hf.export(self.model, out_dir)
+
+
+EXTERNAL = {
+    "torchtune": ("torchtune", "pip install torchtune"),
+    "axolotl": ("axolotl", "pip install axolotl"),
+    "unsloth": ("unsloth", "pip install unsloth"),
+}
+
+
+def make_backend(job: TrainJob, name: str = "builtin") -> Backend:
+    if name == "builtin":
+        if job.method != "cpt":
+            raise ValueError(f"the built-in backend does not train method {job.method!r} yet")
+        return CausalLMBackend(job)
+    if name in EXTERNAL:
+        package, install = EXTERNAL[name]
+        if importlib.util.find_spec(package) is None:
+            raise BackendUnavailable(
+                f"backend {name!r} needs the {package} package, which is not installed: {install}"
+            )
+        raise BackendUnavailable(f"backend {name!r} has no adapter in this version")
+    raise ValueError(f"unknown backend {name!r}; known: builtin, {', '.join(EXTERNAL)}")
