@@ -95,9 +95,9 @@ def main(argv: list[str]) -> int:
     payloads = [synthetic_packet(spec, seed + r) for r in range(rounds)]
     with GossipNode(gcfg, account, lambda job, epoch: members, validate) as node:
         emit({"event": "ready", "peer_key": node.peer_key.hex(), "addrs": node.listen_addrs})
+        node.set_epoch(int(conf.get("epoch", 0)))  # before peers can send us round 0
         peers = json.loads(sys.stdin.readline())["peers"]
         connected = node.connect([(bytes.fromhex(k), a) for k, a in peers])
-        node.set_epoch(int(conf.get("epoch", 0)))
         emit({"event": "connected", "n": len(connected)})
         ctx: dict[str, Any] = {"conf": conf, "spec": spec, "members": members}
         out = []

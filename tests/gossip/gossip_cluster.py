@@ -6,6 +6,7 @@ are killed by close(), which the fixture in conftest.py always calls.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -134,7 +135,9 @@ class Cluster:
         idx = list(range(self.n)) if indices is None else indices
         end = time.monotonic() + timeout
         for i in idx:
-            self.procs[i].wait_event(lambda e: e["event"] == "done", max(1.0, end - time.monotonic()))
+            self.procs[i].wait_event(
+                lambda e: e["event"] == "done", max(1.0, end - time.monotonic())
+            )
         return [json.loads(self.procs[i].result_path.read_text()) for i in idx]
 
     def kill(self, i: int) -> None:
@@ -147,10 +150,8 @@ class Cluster:
         self._closed = True
         for p in self.procs:
             if p.popen.poll() is None:
-                try:
+                with contextlib.suppress(BrokenPipeError, OSError):
                     p.send("exit")
-                except (BrokenPipeError, OSError):
-                    pass
         end = time.monotonic() + 10
         for p in self.procs:
             try:
@@ -168,10 +169,8 @@ def _pump(proc: Proc) -> None:
     for line in proc.popen.stdout:
         line = line.strip()
         if line.startswith("{"):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 proc.lines.put(json.loads(line))
-            except json.JSONDecodeError:
-                pass
 
 
 def latency_summary(results: list[Any]) -> dict[str, float]:
@@ -186,5 +185,8 @@ def latency_summary(results: list[Any]) -> dict[str, float]:
 def assert_identical_rounds(results: list[Any], rounds: range) -> None:
     """Every node applied the same packets (senders and payload hashes) in every round."""
     for r in rounds:
-        views = {(tuple(res["rounds"][r]["senders"]), tuple(res["rounds"][r]["digests"])) for res in results}
+        views = {
+            (tuple(res["rounds"][r]["senders"]), tuple(res["rounds"][r]["digests"]))
+            for res in results
+        }
         assert len(views) == 1, f"round {r}: nodes disagree: {views}"

@@ -1,0 +1,89 @@
+"""Worker hook (loaded by dtrain_node.p2p_worker) that turns a member into an attacker.
+
+The attacker runs honest rounds, and before ATTACK_ROUND it publishes on the job topic: a
+non-member's packet, a replay of its own round-0 packet, a forged signature, a packet for
+another job, a 10 MiB payload (in 512 KiB chunks), random bytes and a signed packet that fails
+codec validation; and it sends a 10 MiB frame and a garbage frame to every peer's sync protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+from typing import Any
+
+import trio
+from eth_account import Account
+from eth_utils import keccak
+from libp2p.custom_types import TProtocol
+
+from dtrain_node import envelope, p2p_wire
+from dtrain_node.p2p_worker import synthetic_packet
+
+ATTACK_ROUND = 8
+
+
+def before_round(node: Any, r: int, ctx: dict[str, Any]) -> None:
+    if r == 1:
+        me = node.account.address
+        ctx["old"] = [e.encode() for e in node.store.envelopes_for(0, set()) if e.sender == me]
+    if r != ATTACK_ROUND:
+        return
+    assert node._call(_wait_mesh, node, len(ctx["members"]) - 1, 15.0), "mesh never formed"
+    conf = ctx["conf"]
+    common = {"chain_id": conf["chain_id"], "contract": conf["contract"], "epoch": 0}
+    good = synthetic_packet(ctx["spec"], 999)
+    outsider = Account.from_key(keccak(b"not a member"))
+    msgs: list[bytes] = []
+    msgs += [
+        e.encode()
+        for e in envelope.seal(outsider, job_id=conf["job_id"], round=r, payload=good, **common)
+    ]
+    msgs += ctx["old"]
+    honest = envelope.seal(node.account, job_id=conf["job_id"], round=r, payload=good, **common)[0]
+    victim = next(m for m in ctx["members"] if m != node.account.address)
+    msgs.append(dataclasses.replace(honest, sender=victim).encode())
+    msgs += [
+        e.encode()
+        for e in envelope.seal(
+            node.account, job_id=conf["job_id"] + 1, round=r, payload=good, **common
+        )
+    ]
+    huge = os.urandom(10 << 20)
+    msgs += [
+        e.encode()
+        for e in envelope.seal(node.account, job_id=conf["job_id"], round=r, payload=huge, **common)
+    ]
+    msgs.append(os.urandom(2000))
+    junk = good[:37] + os.urandom(len(good) - 37)  # right header, random body: fails decode
+    msgs += [
+        e.encode()
+        for e in envelope.seal(node.account, job_id=conf["job_id"], round=r, payload=junk, **common)
+    ]
+    for m in msgs:
+        node._call(node._ps.publish, node.topic, m)
+    node._call(_stream_attacks, node)
+
+
+async def _wait_mesh(node: Any, n: int, timeout: float) -> bool:
+    with trio.move_on_after(timeout):
+        while len(node._gs.mesh.get(node.topic, ())) < n:
+            await trio.sleep(0.05)
+        return True
+    return False
+
+
+async def _stream_attacks(node: Any) -> None:
+    proto = TProtocol(p2p_wire.SYNC_PROTOCOL)
+    for pid in list(node._peers):
+        for frame in (
+            struct.pack(">I", 10 << 20) + os.urandom(4096),
+            struct.pack(">I", 300) + os.urandom(300),
+        ):
+            try:
+                s = await node._host.new_stream(pid, [proto])
+                await s.write(frame)
+                await s.close()
+            except Exception:
+                pass
