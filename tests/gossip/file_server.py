@@ -1,0 +1,35 @@
+"""A gossip node process that serves files: argv[1] is JSON {"data_dir", "files": {sha: path}}.
+
+Prints {"event": "ready", "peer_key", "addrs"} and serves until a line arrives on stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from eth_account import Account
+from gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID
+
+from dtrain_node.gossip import GossipConfig, GossipNode
+
+
+def main() -> int:
+    conf = json.loads(Path(sys.argv[1]).read_text())
+    cfg = GossipConfig(Path(conf["data_dir"]), CHAIN_ID, CONTRACT, JOB_ID)
+    with GossipNode(cfg, Account.create(), lambda job, epoch: []) as node:
+        for sha, path in conf["files"].items():
+            node.serve_file(sha, path)
+        print(
+            json.dumps(
+                {"event": "ready", "peer_key": node.peer_key.hex(), "addrs": node.listen_addrs}
+            ),
+            flush=True,
+        )
+        sys.stdin.readline()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Checkpoint transfer over the libp2p stream protocol, from a server in another OS process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eth_account import Account
+from gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, ROOT
+
+from dtrain_node.gossip import CheckpointError, GossipConfig, GossipNode
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Any]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(files: dict[str, Path]) -> tuple[bytes, list[str]]:
+        conf = tmp_path / "server.json"
+        conf.write_text(
+            json.dumps(
+                {"data_dir": str(tmp_path / "srv"), "files": {k: str(v) for k, v in files.items()}}
+            )
+        )
+        p = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("file_server.py")), str(conf)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=(tmp_path / "server.err").open("w"),
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+        )
+        procs.append(p)
+        assert p.stdout is not None
+        line = p.stdout.readline()  # blocks until ready or the process dies (then: "")
+        assert line, (tmp_path / "server.err").read_text()[-2000:]
+        ready = json.loads(line)
+        return bytes.fromhex(ready["peer_key"]), ready["addrs"]
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            assert p.stdin is not None
+            p.stdin.write("exit\n")
+            p.stdin.flush()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_checkpoint_transfer_20mb_and_corruption_rejected(server: Any, tmp_path: Path) -> None:
+    good = tmp_path / "ckpt.safetensors"
+    good.write_bytes(os.urandom(20 * 1000 * 1000))
+    bad = tmp_path / "other.safetensors"
+    bad.write_bytes(os.urandom(3 * 1000 * 1000))
+    h_good = hashlib.sha256(good.read_bytes()).hexdigest()
+    h_bad = hashlib.sha256(bad.read_bytes()).hexdigest()
+    peer = server({h_good: good, h_bad: bad})
+    # the server registered (and checked) the file; now it rots on disk: one flipped byte
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+
+    cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
+    with GossipNode(cfg, Account.create(), lambda job, epoch: []) as node:
+        dest = tmp_path / "fetched" / "start.safetensors"
+        t0 = time.monotonic()
+        out = node.fetch_file(h_good, [peer], dest)
+        secs = time.monotonic() - t0
+        assert out == dest and dest.read_bytes() == good.read_bytes()
+        print(f"\n20 MB checkpoint fetched in {secs:.2f} s ({20 / secs:.1f} MB/s)")
+
+        bad_dest = tmp_path / "fetched" / "bad.safetensors"
+        with pytest.raises(CheckpointError, match="sha256"):
+            node.fetch_file(h_bad, [peer], bad_dest)
+        assert not bad_dest.exists()
+        with pytest.raises(CheckpointError, match="status 1"):
+            node.fetch_file("ab" * 32, [peer], bad_dest)  # nobody serves this hash
+        assert not bad_dest.exists()
+        assert sorted(p.name for p in dest.parent.iterdir()) == ["start.safetensors"]
+        assert node.metrics()["dropped"]["file_rejected"] == 2
