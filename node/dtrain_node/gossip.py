@@ -33,7 +33,6 @@ from libp2p import new_host
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
-from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
@@ -41,9 +40,13 @@ from dtrain_node import envelope as envmod
 from dtrain_node import p2p_identity as ident
 from dtrain_node import p2p_wire as wire
 from dtrain_node.envelope import EnvelopeError
+from dtrain_node.p2p_pubsub import SafePubsub
 from dtrain_node.p2p_rounds import MembersProvider, PayloadValidator, Phase, RoundStore, StoreLimits
 
 log = logging.getLogger(__name__)
+
+# valid and authentic, just not stored by this node: gossip still forwards them
+_FORWARD_ANYWAY = frozenset({"duplicate", "late", "finished"})
 
 PeerSpec = tuple[bytes, list[str]]  # (32-byte peer key, multiaddrs) as stored on chain
 
@@ -69,7 +72,7 @@ class GossipConfig:
     request_timeout_s: float = 3.0
     serve_rate_per_s: float = 40.0  # sync requests served per peer per second (token bucket)
     gossip_degree: int = 6
-    gossip_rate_per_s: float = 1000.0  # py-libp2p's per-sender spam gate (default 10/s)
+    gossip_rate_per_s: float = 200.0  # py-libp2p per-forwarder spam gate (its default: 10/s)
     heartbeat_s: int = 1
     max_file_bytes: int = 64 << 30
     file_timeout_s: float = 600.0
@@ -187,7 +190,7 @@ class GossipNode:
         self._stop: trio.Event | None = None
         self._changed = trio.Event()
         self._host: Any = None
-        self._ps: Pubsub | None = None
+        self._ps: SafePubsub | None = None
         self._gs: GossipSub | None = None
         self.listen_addrs: list[str] = []
 
@@ -244,7 +247,7 @@ class GossipNode:
             # every test peer shares 127.0.0.1; the IP-diversity rule would fight the mesh
             eclipse_protection_enabled=False,
         )
-        ps = Pubsub(host, gs)
+        ps = SafePubsub(host, gs)
         self._host, self._ps, self._gs = host, ps, gs
         async with (
             host.run(listen_addrs=[Multiaddr(cfg.listen)]),
@@ -462,16 +465,22 @@ class GossipNode:
             await _close(stream)
 
     def _offer(self, data: bytes, relayed: bool) -> bool:
+        """Store one incoming envelope. True if gossip should forward it.
+
+        Valid envelopes we do not store (already held, round closed or finished, or lost to the
+        fault hook) are still forwarded: they are authentic, and peers whose mesh path runs
+        through us may need them. Everything that fails a check is dropped and counted.
+        """
         if self.config.drop_incoming_fraction and (
             self._rng.random() < self.config.drop_incoming_fraction
         ):
             self.store.dropped["fault_injected"] += 1
-            return False
+            return True
         try:
             self.store.offer(envmod.decode(data), relayed=relayed)
         except EnvelopeError as e:
             self.store.dropped[e.reason] += 1
-            return False
+            return e.reason in _FORWARD_ANYWAY
         if relayed:
             self._m.recovered += 1
         self._notify()
@@ -556,6 +565,7 @@ class GossipNode:
                 "rate_limited": m.rate_limited,
                 "settle_timeouts": m.settle_timeouts,
                 "dropped": dict(self.store.dropped),
+                "pubsub_rpc_errors": dict(self._ps.rpc_errors) if self._ps is not None else {},
                 "equivocations": list(self.store.equivocations),
                 "missing_total": sum(len(r["missing"]) for r in m.rounds),
                 "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

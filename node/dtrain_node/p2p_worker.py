@@ -92,7 +92,8 @@ def main(argv: list[str]) -> int:
     rounds = int(conf["rounds"])
     # packets are built before the rounds so that the timing measures the network only
     seed = int(conf["index"]) * 1_000_003
-    payloads = [synthetic_packet(spec, seed + r) for r in range(rounds)]
+    distinct = int(conf.get("distinct_packets") or rounds)  # benchmarks reuse a few packets
+    payloads = [synthetic_packet(spec, seed + r) for r in range(min(rounds, distinct))]
     with GossipNode(gcfg, account, lambda job, epoch: members, validate) as node:
         emit({"event": "ready", "peer_key": node.peer_key.hex(), "addrs": node.listen_addrs})
         node.set_epoch(int(conf.get("epoch", 0)))  # before peers can send us round 0
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> int:
         for r in range(rounds):
             if hook is not None:
                 hook.before_round(node, r, ctx)
-            res = node.collect_round(r, payloads[r])
+            res = node.collect_round(r, payloads[r % len(payloads)])
             out.append(
                 {
                     "round": r,

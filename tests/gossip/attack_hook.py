@@ -3,7 +3,8 @@
 The attacker runs honest rounds, and before ATTACK_ROUND it publishes on the job topic: a
 non-member's packet, a replay of its own round-0 packet, a forged signature, a packet for
 another job, a 10 MiB payload (in 512 KiB chunks), random bytes and a signed packet that fails
-codec validation; and it sends a 10 MiB frame and a garbage frame to every peer's sync protocol.
+codec validation; and it sends a 10 MiB frame and a garbage frame to every peer's sync
+protocol and a corrupt RPC to every peer's pubsub protocol.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import trio
 from eth_account import Account
 from eth_utils import keccak
 from libp2p.custom_types import TProtocol
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+from libp2p.utils import encode_uvarint
 
 from dtrain_node import envelope, p2p_wire
 from dtrain_node.p2p_worker import synthetic_packet
@@ -77,6 +80,12 @@ async def _wait_mesh(node: Any, n: int, timeout: float) -> bool:
 async def _stream_attacks(node: Any) -> None:
     proto = TProtocol(p2p_wire.SYNC_PROTOCOL)
     for pid in list(node._peers):
+        try:  # a corrupt pubsub RPC: stock py-libp2p 0.8.1 lets this crash the whole host
+            s = await node._host.new_stream(pid, [PROTOCOL_ID_V11])
+            await s.write(encode_uvarint(200) + b"\xff" * 200)
+            await s.close()
+        except Exception:
+            pass
         for frame in (
             struct.pack(">I", 10 << 20) + os.urandom(4096),
             struct.pack(">I", 300) + os.urandom(300),

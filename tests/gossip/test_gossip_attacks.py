@@ -42,5 +42,6 @@ def test_attacks_dropped_counted_and_rounds_complete(cluster: Any) -> None:
         dropped = res["metrics"]["dropped"]
         for reason, what in EXPECTED.items():
             assert dropped.get(reason, 0) >= 1, f"{what} not counted as {reason}: {dropped}"
+        assert sum(res["metrics"]["pubsub_rpc_errors"].values()) >= 1  # survived a corrupt RPC
     c.close()
     assert [p.popen.returncode for p in c.procs] == [0, 0, 0, 0], [c.stderr(i) for i in range(4)]
