@@ -685,7 +685,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
             _membership[jobId][operator] = Membership.Active;
             _members[jobId].push(operator);
             emit JoinRequested(jobId, operator, j.epoch);
-            if (count + 1 >= spec.minOperators) _openAttempt(jobId, j);
+            if (count + 1 >= _needed(jobId, j)) _openAttempt(jobId, j);
         }
     }
 
@@ -900,11 +900,17 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         }
         delete _pending[jobId];
         _writeMembers(current, next, n);
-        if (n >= _specs[jobId].minOperators) {
+        if (n >= _needed(jobId, j)) {
             _openAttempt(jobId, j);
         } else {
             j.status = JobStatus.Open;
         }
+    }
+
+    /// Members needed to start an epoch: `minOperators` for the first epoch; afterwards the
+    /// job goes on with whoever remains, and waits (Open) only when nobody does.
+    function _needed(uint256 jobId, JobState storage j) internal view returns (uint256) {
+        return j.epoch == 0 ? _specs[jobId].minOperators : 1;
     }
 
     function _openAttempt(uint256 jobId, JobState storage j) internal {

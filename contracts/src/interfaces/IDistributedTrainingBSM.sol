@@ -23,8 +23,8 @@ interface IDistributedTrainingBSM {
         GRPO
     }
 
-    /// @notice Lifecycle of a job. `Open`: waiting for `minOperators` members (before epoch 0,
-    /// or after a boundary left too few). `Running`: an epoch is in progress.
+    /// @notice Lifecycle of a job. `Open`: waiting for `minOperators` members before the first
+    /// epoch, or for any member after a boundary left none. `Running`: an epoch is in progress.
     enum JobStatus {
         None,
         Open,

@@ -166,9 +166,10 @@ contract FinalizeEpochTest is BaseTest {
         uint256 bounty = (fab + sync) * 1000 / 10000;
         vm.assertEq(bsm.creditOf(reporter), bounty);
         vm.assertEq(bsm.creditOf(caller) - callerBefore, fab + sync - bounty);
-        // Slashed members leave at the boundary; 2 remain, below min 4.
+        // Slashed members leave at the boundary; the 2 honest ones go on.
         vm.assertEq(bsm.getMembers(job2).length, 2);
-        vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Open));
+        vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Running));
+        vm.assertFalse(bsm.getMembers(job2)[0] == m[2] || bsm.getMembers(job2)[1] == m[2]);
         assertConserved();
     }
 

@@ -236,27 +236,42 @@ contract JoinJobTest is BaseTest {
 contract LeaveJobTest is BaseTest {
     function test_leavesAtBoundary() public {
         (uint256 jobId, address[] memory ops) = runningJob(3, 3);
-        // min is 3, so add a fourth that keeps the job running after one leaves.
-        address d = op(4);
-        register(d, MIN_STAKE);
-        vm.prank(d);
-        vm.expectRevert(abi.encodeWithSelector(I.JobFull.selector, jobId, 3, 3));
-        bsm.joinJob(jobId);
-
         vm.prank(ops[0]);
         bsm.leaveJob(jobId);
         vm.assertTrue(bsm.isLeaving(jobId, ops[0]));
         vm.assertEq(bsm.getMembers(jobId).length, 3);
         submitAll(jobId, keccak256("c0"));
         finalize(jobId);
-        // Two remain, below min 3: the job waits Open for a joiner.
+        // minOperators gates only the first epoch: the other two go on.
         vm.assertEq(bsm.getMembers(jobId).length, 2);
-        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
+        vm.assertEq(state(jobId).epoch, 1);
         vm.assertEq(bsm.getOperator(ops[0]).activeJobs, 0);
+    }
+
+    function test_waitsOpenWhenNobodyRemains() public {
+        (uint256 jobId, address[] memory ops) = runningJob(1, 3);
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        // Any single operator restarts it at epoch 1.
+        address d = op(4);
+        register(d, MIN_STAKE);
         vm.prank(d);
         bsm.joinJob(jobId);
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
         vm.assertEq(state(jobId).epoch, 1);
+    }
+
+    function test_fullJobRejectsJoin() public {
+        (uint256 jobId,) = runningJob(3, 3);
+        address d = op(4);
+        register(d, MIN_STAKE);
+        vm.prank(d);
+        vm.expectRevert(abi.encodeWithSelector(I.JobFull.selector, jobId, 3, 3));
+        bsm.joinJob(jobId);
     }
 
     function test_pendingLeavesImmediately() public {
