@@ -353,15 +353,21 @@ class GossipNode:
             self._m.add_out("gossip", len(data) * max(1, n_mesh))
         self._notify()
         deadline = t0 + (cfg.round_deadline_s if deadline_s is None else deadline_s)
-        next_pull = t0 + cfg.re_request_s
+        # pull interval doubles while we wait (a slow member is the common case, not loss),
+        # capped at 8x so a lost packet still comes back within ~2 s by default
+        interval = cfg.re_request_s
+        next_pull = t0 + interval
         while store.missing(rnd) and time.monotonic() < deadline:
             now = time.monotonic()
             if now >= next_pull:
                 await self._sync_all(rnd)
-                next_pull = time.monotonic() + cfg.re_request_s
+                next_pull = time.monotonic() + interval
+                interval = min(interval * 2, cfg.re_request_s * 8)
                 continue
-            with trio.move_on_at(min(next_pull, deadline)):
+            with trio.move_on_at(min(next_pull, deadline)) as waited:
                 await self._changed.wait()
+            if not waited.cancelled_caught:
+                interval = cfg.re_request_s  # progress: packets are flowing, stay responsive
         settled = True
         if store.missing(rnd):
             settled = await self._settle(rnd, deadline + cfg.settle_s)
@@ -429,7 +435,12 @@ class GossipNode:
         try:
             with trio.fail_after(cfg.request_timeout_s):
                 stream = await self._host.new_stream(pid, [TProtocol(wire.SYNC_PROTOCOL)])
+        except trio.TooSlowError:
+            store.dropped["sync_timeout"] += 1
+            return None  # slow is not dead: keep waiting for this peer
         except Exception:
+            if self._host.get_network().get_connections(pid):
+                return None  # still connected: a transient failure
             # a dead or unreachable peer cannot hold back the round (docs/protocol.md)
             return _PeerSync(reachable=False)
         try:

@@ -79,6 +79,7 @@ class Cluster:
         hooks: dict[int, str] | None = None,
         nice: int = 0,
         distinct_packets: int | None = None,
+        payload_bytes: int | None = None,
     ) -> None:
         self.workdir, self.n = workdir, n
         self.members = [account(i).address for i in range(n)]
@@ -86,6 +87,7 @@ class Cluster:
         self._closed = False
         self._args = (rounds, params, gossip, per_node, hooks, nice)
         self.distinct_packets = distinct_packets
+        self.payload_bytes = payload_bytes  # set: random payloads, no codec (and no torch)
 
     def spawn(self) -> None:
         rounds, params, gossip, per_node, hooks, nice = self._args
@@ -103,6 +105,7 @@ class Cluster:
                 "data_dir": str(workdir / f"node{i}"),
                 "rounds": rounds,
                 "distinct_packets": self.distinct_packets,
+                "payload_bytes": self.payload_bytes,
                 "params": params,
                 "gossip": g,
                 "hook": (hooks or {}).get(i),

@@ -18,19 +18,23 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from eth_account import Account
 
-from dtrain_node import codec
-from dtrain_node.compress import LEVELS, CompressConfig, Sparse
 from dtrain_node.gossip import GossipConfig, GossipNode
+
+if TYPE_CHECKING:  # torch (via the codec) costs seconds to import: only codec mode loads it
+    from dtrain_node import codec
+    from dtrain_node.compress import CompressConfig
 
 
 def synthetic_spec(params: int, cfg: CompressConfig | None = None) -> codec.Spec:
     """A model shape with about `params` parameters: 1024-wide matrices plus one bias vector."""
+    from dtrain_node import codec
+    from dtrain_node.compress import CompressConfig
+
     if params < 2048:
         raise ValueError(f"params must be >= 2048, got {params}")
     rows = (params - 1024) // 1024
@@ -44,6 +48,11 @@ def synthetic_spec(params: int, cfg: CompressConfig | None = None) -> codec.Spec
 
 def synthetic_packet(spec: codec.Spec, seed: int) -> bytes:
     """A valid packet with random indices and levels (what a real sync would send)."""
+    import torch
+
+    from dtrain_node import codec
+    from dtrain_node.compress import LEVELS, Sparse
+
     rng = np.random.default_rng(seed)
     levels = np.array(LEVELS[spec.cfg.bits], dtype=np.int8)
     tensors = []
@@ -75,11 +84,29 @@ def main(argv: list[str]) -> int:
     conf = json.loads(Path(argv[1]).read_text())
     account = Account.from_key(conf["key"])
     members = list(conf["members"])
-    spec = synthetic_spec(int(conf["params"]))
-    max_bytes = int(conf.get("gossip", {}).get("max_payload_bytes", 1 << 20))
+    rounds = int(conf["rounds"])
+    # packets are built before the rounds so that the timing measures the network only
+    seed = int(conf["index"]) * 1_000_003
+    distinct = min(rounds, int(conf.get("distinct_packets") or rounds))  # benchmarks reuse a few
+    validate: Any = None
+    spec: Any = None
+    if conf.get("payload_bytes"):
+        # plain random payloads of a given size: no codec, no torch import (faster start)
+        rng = np.random.default_rng(seed)
+        size = int(conf["payload_bytes"])
+        payloads = [rng.bytes(size) for _ in range(distinct)]
+        packet_bytes, params = size, 0
+    else:
+        from dtrain_node import codec
 
-    def validate(payload: bytes) -> None:
-        codec.decode(spec, payload, max_bytes=max_bytes)
+        spec = synthetic_spec(int(conf["params"]))
+        max_bytes = int(conf.get("gossip", {}).get("max_payload_bytes", 1 << 20))
+
+        def validate(payload: bytes) -> None:
+            codec.decode(spec, payload, max_bytes=max_bytes)
+
+        payloads = [synthetic_packet(spec, seed + r) for r in range(distinct)]
+        packet_bytes, params = spec.packet_bytes, spec.numel
 
     gcfg = GossipConfig(
         data_dir=Path(conf["data_dir"]),
@@ -89,11 +116,6 @@ def main(argv: list[str]) -> int:
         **conf.get("gossip", {}),
     )
     hook = _load_hook(conf.get("hook"))
-    rounds = int(conf["rounds"])
-    # packets are built before the rounds so that the timing measures the network only
-    seed = int(conf["index"]) * 1_000_003
-    distinct = int(conf.get("distinct_packets") or rounds)  # benchmarks reuse a few packets
-    payloads = [synthetic_packet(spec, seed + r) for r in range(min(rounds, distinct))]
     with GossipNode(gcfg, account, lambda job, epoch: members, validate) as node:
         emit({"event": "ready", "peer_key": node.peer_key.hex(), "addrs": node.listen_addrs})
         node.set_epoch(int(conf.get("epoch", 0)))  # before peers can send us round 0
@@ -123,8 +145,8 @@ def main(argv: list[str]) -> int:
             emit({"event": "round", "round": r})
         result = {
             "address": account.address,
-            "packet_bytes": spec.packet_bytes,
-            "params": spec.numel,
+            "packet_bytes": packet_bytes,
+            "params": params,
             "rounds": out,
             "participation": node.participation(),
             "metrics": node.metrics(),

@@ -36,7 +36,7 @@ def test_loss_recovery_through_re_requests(cluster: Any) -> None:
     c = cluster(
         3,
         rounds=rounds,
-        params=2_000_000,
+        payload_bytes=20_000,  # the size of a ~10M-parameter model's packet; no codec needed
         gossip={"round_deadline_s": 20.0},
         per_node={0: {"drop_incoming_fraction": 0.5, "fault_seed": 1}},
     )
@@ -52,12 +52,12 @@ def test_loss_recovery_through_re_requests(cluster: Any) -> None:
 
 @pytest.mark.timeout(180)
 def test_killed_member_is_missing_everywhere(cluster: Any) -> None:
-    rounds, victim, kill_after = 8, 3, 2
-    deadline, settle = 3.0, 3.0
+    rounds, victim, kill_after = 7, 3, 2
+    deadline, settle = 2.0, 2.0
     c = cluster(
         4,
         rounds=rounds,
-        params=2_000_000,
+        payload_bytes=20_000,
         gossip={"round_deadline_s": deadline, "settle_s": settle, "request_timeout_s": 1.0},
     )
     c.start()
