@@ -30,9 +30,9 @@ artifacts: setup
 gas: setup
 	$(PY) scripts/gas_report.py
 
-demo:
-	@echo "make demo arrives with the operator node (issue: reference node and devnet)." >&2
-	@exit 1
+# The whole story on a local devnet (see README); options: make demo ARGS="--no-faults".
+demo: setup
+	$(PY) scripts/devnet.py $(ARGS)
 
 clean:
 	rm -rf contracts/out contracts/cache .pytest_cache .ruff_cache

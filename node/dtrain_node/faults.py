@@ -12,20 +12,30 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Faults:
+    """`epoch` limits every fault to that epoch (None: all epochs)."""
+
     fabricate_checkpoint: bool = False
     stop_sync_at_round: int | None = None
     offline_at_round: int | None = None
     garbage_packets: bool = False
+    epoch: int | None = None
+    first_attempt_only: bool = False  # a retried epoch (no quorum) runs honestly
 
     def __post_init__(self) -> None:
-        for name in ("stop_sync_at_round", "offline_at_round"):
+        for name in ("stop_sync_at_round", "offline_at_round", "epoch"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0, got {v}")
 
+    def active(self, epoch: int, retry: bool = False) -> Faults:
+        """The faults that apply in `epoch` (`retry`: not its first attempt)."""
+        if (self.epoch is not None and self.epoch != epoch) or (retry and self.first_attempt_only):
+            return Faults()
+        return self
+
     @classmethod
     def parse(cls, items: list[str]) -> Faults:
-        """From CLI words: fabricate, garbage, stop-sync=N, offline=N."""
+        """From CLI words: fabricate, garbage, stop-sync=N, offline=N, epoch=E, once."""
         kw: dict[str, object] = {}
         for item in items:
             name, _, value = item.partition("=")
@@ -33,11 +43,19 @@ class Faults:
                 kw["fabricate_checkpoint"] = True
             elif name == "garbage" and not value:
                 kw["garbage_packets"] = True
-            elif name in ("stop-sync", "offline") and value.isdigit():
-                kw["stop_sync_at_round" if name == "stop-sync" else "offline_at_round"] = int(value)
+            elif name == "once" and not value:
+                kw["first_attempt_only"] = True
+            elif name in ("stop-sync", "offline", "epoch") and value.isdigit():
+                field_name = {
+                    "stop-sync": "stop_sync_at_round",
+                    "offline": "offline_at_round",
+                    "epoch": "epoch",
+                }[name]
+                kw[field_name] = int(value)
             else:
                 raise ValueError(
-                    f"unknown fault {item!r}; use fabricate, garbage, stop-sync=N or offline=N"
+                    f"unknown fault {item!r}; use fabricate, garbage, stop-sync=N, offline=N, "
+                    "epoch=E, once"
                 )
         return cls(**kw)  # type: ignore[arg-type]
 

@@ -44,6 +44,7 @@ from dtrain_node.faults import Faults
 log = logging.getLogger("dtrain.node")
 
 ENDED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+FIRST_ROUND_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class NodeConfig:
     poll_s: float = 0.3
     withdraw: bool = True
     export: bool = True
+    linger_s: float = 0.0  # keep serving checkpoints this long after the job ends
     faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:
@@ -95,6 +97,7 @@ class Node:
         self._transport_factory = transport_factory or _gossip_factory
         self.transport: Any = None
         self.metrics_path = self.dir / "metrics.jsonl"
+        self._first_attempt: dict[int, int] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -141,6 +144,9 @@ class Node:
             result = self.train_job(job_id)
             if self.cfg.withdraw:
                 self.collect_earnings()
+            deadline = time.monotonic() + self.cfg.linger_s
+            while time.monotonic() < deadline and not self.stop_now.is_set():
+                time.sleep(0.2)  # callers fetch the final checkpoint from us meanwhile
             return result
         except Stop:
             self._metric("stopped")
@@ -216,7 +222,8 @@ class Node:
     def run_epoch(self, job: Job) -> None:
         spec, st = job.spec, job.state
         members = list(job.members)
-        faults = self.cfg.faults
+        retry = self._first_attempt.setdefault(st.epoch, st.attempt) != st.attempt
+        faults = self.cfg.faults.active(st.epoch, retry)
         backend = make_backend(
             TrainJob(
                 job_id=job.id,
@@ -284,7 +291,11 @@ class Node:
                 packet = b""  # publish nothing; keep training on our own
             if faults.garbage_packets:
                 packet = os.urandom(len(packet))
-            res = self.transport.collect_round(r, packet, self.cfg.round_deadline_s)
+            # Members reach the first round of an epoch at different times (fetching the start
+            # checkpoint, building the model), so it gets a longer deadline; once everyone is
+            # in, rounds end as soon as all packets arrived.
+            deadline = self.cfg.round_deadline_s * (FIRST_ROUND_FACTOR if r == first else 1)
+            res = self.transport.collect_round(r, packet, deadline)
             stats = opt.apply(res.packets)
             for s in stats.applied:
                 key = Web3.to_checksum_address(str(s))

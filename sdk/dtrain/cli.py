@@ -3,8 +3,9 @@
 Global options (or env vars DTRAIN_RPC_URL, DTRAIN_CONTRACT, DTRAIN_KEY, or a TOML file given
 by --config / DTRAIN_CONFIG with keys rpc_url, contract, key) pick the chain, the contract and
 the signing key. `--json` prints machine-readable output. Errors print one line and exit 1;
-`--debug` shows the traceback. Installed packages add command groups through the
-`dtrain.cli` entry point group (the node adds `dtrain node ...`).
+`--debug` shows the traceback. Installed packages add commands through the `dtrain.cli` entry
+point group: each entry is a function called with the root group (the node adds `dtrain node
+...` and `dtrain job fetch`).
 """
 
 from __future__ import annotations
@@ -638,11 +639,12 @@ def _key_address(ctx: Ctx) -> str:
 
 
 def _load_plugins() -> None:
+    """Each `dtrain.cli` entry point is a function that adds commands to the CLI."""
     for ep in entry_points(group="dtrain.cli"):
         try:
-            cli.add_command(ep.load())
+            ep.load()(cli)
         except ImportError as exc:  # an extra that is not fully installed
-            click.echo(f"warning: command group {ep.name!r} unavailable: {exc}", err=True)
+            click.echo(f"warning: commands {ep.name!r} unavailable: {exc}", err=True)
 
 
 def main(argv: list[str] | None = None) -> int:

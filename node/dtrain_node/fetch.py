@@ -1,0 +1,64 @@
+"""A caller fetches a completed job's final checkpoint from the operators that produced it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eth_account import Account
+
+from dtrain.client import BSM
+from dtrain.errors import DtrainError
+from dtrain.models import JobStatus
+from dtrain_node import checkpoint
+from dtrain_node.backend import TrainJob, make_backend
+
+
+def final_holders(bsm: BSM, job_id: int) -> list[str]:
+    """Operators paid for the last epoch: they voted for the final checkpoint."""
+    job = bsm.job(job_id)
+    last = job.spec.total_epochs - 1
+    paid = bsm.events(names=["OperatorPaid"], job_id=job_id)
+    return sorted({e.args["operator"] for e in paid if e.args["epoch"] == last})
+
+
+def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) -> tuple[Path, bytes]:
+    from dtrain_node.gossip import GossipConfig, GossipNode
+
+    job = bsm.job(job_id)
+    if job.state.status != JobStatus.COMPLETED:
+        raise DtrainError(f"job {job_id} is {job.state.status.name.lower()}, not completed")
+    digest = job.state.checkpoint
+    holders = final_holders(bsm, job_id)
+    peers = []
+    for h in holders:
+        op = bsm.operator(h)
+        peers.append((op.peer_key, list(op.multiaddrs)))
+    if not peers:
+        raise DtrainError(f"job {job_id}: no operator holds the final checkpoint")
+    cfg = GossipConfig(
+        data_dir=work,
+        chain_id=bsm.chain_id,
+        contract=bsm.address,
+        job_id=job_id,
+        file_timeout_s=timeout,
+    )
+    g = GossipNode(cfg, Account.create(), lambda _j, _e: [])
+    g.start()
+    try:
+        stream = g.fetch_file(digest.hex(), peers, work / "final.stream")
+    finally:
+        g.stop()
+    tensors = checkpoint.from_stream(stream.read_bytes(), digest)
+    backend = make_backend(
+        TrainJob(
+            job_id,
+            job.spec.method.name.lower(),
+            job.spec.model_uri,
+            job.spec.dataset_uri,
+            job.spec.dataset_hash,
+        )
+    )
+    backend.model.load_state_dict(tensors)
+    path = backend.export(out)
+    (path / "CHECKPOINT_SHA256").write_text(digest.hex() + "\n")
+    return path, digest

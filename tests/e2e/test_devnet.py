@@ -1,0 +1,66 @@
+"""End to end: real anvil, real node processes, real libp2p gossip, real training."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from harness import ETH, Cluster, devnet
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(900)
+def test_devnet_story(tmp_path) -> None:
+    """3 operators, a 4th joins at a boundary, one fabricates, one goes offline; exact money."""
+    code = devnet.main(["--run-dir", str(tmp_path), "--timeout", "700"])
+    result = json.loads((tmp_path / "demo-result.json").read_text())
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert code == 0 and not failed, failed
+    epochs = result["epochs"]
+    assert len(epochs[0]["members"]) == 3 and len(epochs[0]["paid"]) == 3
+    assert len(epochs[1]["members"]) == 4  # the late operator joined at the boundary
+    assert [s["reason"] for s in epochs[1]["slashed"]] == ["fabricated checkpoint"]
+    assert [s["reason"] for s in epochs[2]["slashed"]] == ["offline mid-epoch"]
+    assert all(b["ok"] for b in result["balances"])
+    assert result["heldout_loss_after"] < result["heldout_loss_before"]
+    assert result["final_checkpoint"] != "0x" + "00" * 32
+
+
+@pytest.mark.timeout(600)
+def test_no_quorum_retries_without_slashing(tmp_path) -> None:
+    with Cluster(tmp_path, operators=2) as c:
+        c.spawn(0)
+        c.spawn(1, ["fabricate", "once"])  # disagrees on the first attempt only
+        c.wait(c.ended, 500, "the job to end")
+        job = c.bsm.job(c.job_id)
+        assert job.state.status.name == "COMPLETED"
+        names = [e.name for e in c.bsm.events(job_id=c.job_id)]
+        assert names.count("EpochFailed") == 1 and names.count("EpochFinalized") == 1
+        assert "Slashed" not in names
+        for o in c.ops:
+            assert c.bsm.pool(o.address).total_assets == ETH  # nobody lost stake
+
+
+@pytest.mark.timeout(600)
+def test_node_restart_mid_epoch_resumes(tmp_path) -> None:
+    with Cluster(tmp_path, operators=2, steps=20, round_deadline=40.0, epoch_duration=300) as c:
+        p0 = c.spawn(0)
+        c.spawn(1)
+        c.wait(
+            lambda: any(m["kind"] == "round" and m["round"] >= 1 for m in c.metrics(0)),
+            300,
+            "op1 to finish round 1",
+        )
+        os.killpg(p0.popen.pid, signal.SIGKILL)
+        p0.popen.wait()
+        c.procs.remove(p0)
+        c.spawn(0)  # same data dir: resumes from its round state
+        c.wait(c.ended, 400, "the job to end")
+        kinds = [m["kind"] for m in c.metrics(0)]
+        assert "resumed" in kinds
+        assert kinds.count("submitted") == 1  # never double-submits
+        names = [e.name for e in c.bsm.events(job_id=c.job_id)]
+        assert "Slashed" not in names and names.count("OperatorPaid") == 2
