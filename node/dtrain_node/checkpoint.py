@@ -41,7 +41,7 @@ _DTYPES = {
 def _parts(tensors: dict[str, torch.Tensor]):
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
-        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         head = (
             name.encode()
             + b"\0"

@@ -1,0 +1,141 @@
+"""Checkpoints, shards, faults, the built-in model and the corpus: pure logic of the node."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dtrain_node import checkpoint, corpus, hf, shard
+from dtrain_node.backend import BackendUnavailable, TrainJob, make_backend
+from dtrain_node.faults import Faults
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "b.weight": torch.randn(64, 64, generator=g),
+        "a.bias": torch.randn(64, generator=g),
+        "step": torch.tensor(3),
+        "empty": torch.zeros(0),
+    }
+
+
+def test_canonical_hash_ignores_insertion_order_and_sees_every_bit() -> None:
+    t = tensors()
+    h = checkpoint.canonical_hash(t)
+    assert checkpoint.canonical_hash(dict(reversed(list(t.items())))) == h
+    flipped = {k: v.clone() for k, v in t.items()}
+    flipped["b.weight"].view(torch.int32)[0, 0] ^= 1
+    assert checkpoint.canonical_hash(flipped) != h
+    assert checkpoint.canonical_hash({**t, "a.bias": t["a.bias"].double()}) != h
+
+
+def test_stream_is_the_hash_preimage_and_round_trips() -> None:
+    t = tensors()
+    s = checkpoint.to_stream(t)
+    digest = hashlib.sha256(s).digest()
+    assert digest == checkpoint.canonical_hash(t)
+    back = checkpoint.from_stream(s, digest)
+    assert all(torch.equal(back[k], t[k]) and back[k].dtype == t[k].dtype for k in t)
+
+
+def test_stream_rejects_corruption() -> None:
+    t = tensors()
+    s = bytearray(checkpoint.to_stream(t))
+    s[100] ^= 0xFF
+    with pytest.raises(checkpoint.CheckpointError, match="does not match"):
+        checkpoint.from_stream(bytes(s), checkpoint.canonical_hash(t))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_from_stream_fuzz(data: bytes) -> None:
+    # Whatever the bytes, parsing with their own hash either works or raises CheckpointError.
+    try:
+        out = checkpoint.from_stream(data, hashlib.sha256(data).digest())
+    except checkpoint.CheckpointError:
+        return
+    assert checkpoint.to_stream(out) == data
+
+
+def test_save_load_verifies(tmp_path) -> None:
+    t = tensors()
+    digest = checkpoint.save(tmp_path / "c.safetensors", t)
+    assert digest == checkpoint.canonical_hash(t)
+    assert torch.equal(
+        checkpoint.load(tmp_path / "c.safetensors", digest)["b.weight"], t["b.weight"]
+    )
+    with pytest.raises(checkpoint.CheckpointError, match="!= expected"):
+        checkpoint.load(tmp_path / "c.safetensors", b"\1" * 32)
+    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
+        checkpoint.load(tmp_path / "missing.safetensors")
+
+
+def test_shards_disjoint_cover_and_agree() -> None:
+    members = ["0xB0", "0xa1", "0xC2"]
+    parts = [shard.assign(100, 7, 2, members, m) for m in members]
+    assert sorted(torch.cat(parts).tolist()) == list(range(100))
+    # Any member order, any address case: the same assignment.
+    again = shard.assign(100, 7, 2, list(reversed(members)), "0XA1".lower())
+    assert torch.equal(again, shard.assign(100, 7, 2, members, "0xa1"))
+    assert not torch.equal(shard.assign(100, 7, 3, members, "0xa1"), again)  # new epoch
+    with pytest.raises(ValueError, match="not a member"):
+        shard.assign(100, 7, 2, members, "0xdd")
+
+
+def test_faults_parse_and_scope() -> None:
+    f = Faults.parse(["fabricate", "epoch=1", "once"])
+    assert f.fabricate_checkpoint and f.epoch == 1 and f.first_attempt_only
+    assert f.active(1) == f and f.active(0) == Faults() and f.active(1, retry=True) == Faults()
+    assert Faults.parse(["offline=2"]).offline_at_round == 2
+    with pytest.raises(ValueError, match="unknown fault"):
+        Faults.parse(["explode"])
+
+
+def test_builtin_model_is_deterministic_and_exports(tmp_path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg = hf.PRESETS["tiny"]
+    a, b = hf.build(cfg, seed=5), hf.build(cfg, seed=5)
+    ha = checkpoint.canonical_hash(dict(a.state_dict()))
+    assert ha == checkpoint.canonical_hash(dict(b.state_dict()))
+    assert ha != checkpoint.canonical_hash(dict(hf.build(cfg, seed=6).state_dict()))
+    for name, p in a.named_parameters():
+        assert all(d % 64 == 0 for d in p.shape), name
+    out = hf.export(a, tmp_path / "m")
+    m = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert checkpoint.canonical_hash(dict(m.state_dict())) == ha
+    ids = tok("print(", return_tensors="pt")
+    assert tok.decode(ids["input_ids"][0]) == "print("
+    gen = m.generate(**ids, max_new_tokens=4, do_sample=False)
+    assert gen.shape[1] == ids["input_ids"].shape[1] + 4
+
+
+def test_model_config_validation() -> None:
+    with pytest.raises(ValueError, match="multiple of 64"):
+        hf.ModelConfig(hidden=100)
+    with pytest.raises(ValueError, match="unknown builtin"):
+        hf.model_config("builtin:huge")
+
+
+def test_corpus_hash_is_checked(tmp_path) -> None:
+    path = tmp_path / "c.txt"
+    digest = corpus.build_stdlib_corpus(path, max_bytes=50_000)
+    data = corpus.load_text(path, digest, ctx=128)
+    x, y = data.windows(torch.tensor([0, 1]))
+    assert x.shape == (2, 128) and torch.equal(x[0, 1:], y[0, :-1])
+    with pytest.raises(corpus.DatasetError, match="sha256"):
+        corpus.load_text(path, b"\1" * 32, ctx=128)
+
+
+def test_external_backend_missing_names_the_install_command(tmp_path) -> None:
+    job = TrainJob(1, "cpt", "builtin:tiny", str(tmp_path / "x"), b"\0" * 32)
+    with pytest.raises(BackendUnavailable, match="pip install torchtune"):
+        make_backend(job, "torchtune")
+    with pytest.raises(ValueError, match="unknown backend"):
+        make_backend(job, "magic")
