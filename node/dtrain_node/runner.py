@@ -351,7 +351,9 @@ class Node:
             job = self.bsm.job(job_id)
             if job.state.status != JobStatus.RUNNING or job.state.attempt != attempt:
                 return
-            now = self.bsm.w3.eth.get_block("latest")["timestamp"]
+            # A chain that mines only on transactions (anvil) has a stale latest block; the
+            # finalize transaction itself gets a fresh timestamp, so go by the wall clock too.
+            now = max(self.bsm.w3.eth.get_block("latest")["timestamp"], int(time.time()))
             if job.submitted == len(job.members) or now > job.deadline:
                 try:
                     rc = self.bsm.finalize_epoch(job_id, job.state.epoch)
@@ -366,7 +368,8 @@ class Node:
                         ],
                     )
                 except ContractError:
-                    pass  # someone else finalized first
+                    # Someone else finalized first, or the chain's clock is not there yet.
+                    self._sleep()
                 continue
             self._sleep()
 
