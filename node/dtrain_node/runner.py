@@ -284,8 +284,9 @@ class Node:
                 loss.backward()
                 opt.inner_step()
                 tokens += batch[0].numel()
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
             compute_s = time.perf_counter() - t0
+            t_sync = time.perf_counter()
             packet = opt.prepare()
             if faults.stop_sync_at_round is not None and r >= faults.stop_sync_at_round:
                 packet = b""  # publish nothing; keep training on our own
@@ -297,6 +298,7 @@ class Node:
             deadline = self.cfg.round_deadline_s * (FIRST_ROUND_FACTOR if r == first else 1)
             res = self.transport.collect_round(r, packet, deadline)
             stats = opt.apply(res.packets)
+            sync_s = time.perf_counter() - t_sync
             for s in stats.applied:
                 key = Web3.to_checksum_address(str(s))
                 participation[key] = participation.get(key, 0) + 1
@@ -313,6 +315,11 @@ class Node:
                 applied=len(stats.applied),
                 missing=len(res.missing),
                 latency_s=round(res.latency_s, 3),
+                bytes_gossip_out=res.bytes_out,
+                sync_s=round(sync_s, 4),
+                compress_s=round(stats.compress_s, 4),
+                aggregate_s=round(stats.aggregate_s, 4),
+                compute_s=round(compute_s, 4),
             )
         after = backend.evaluate()
         tensors = {n: p.detach().clone() for n, p in model.state_dict().items()}
