@@ -33,7 +33,7 @@ import torch
 from web3 import Web3
 
 from dtrain.client import BSM
-from dtrain.errors import ContractError, DtrainError
+from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobStatus, Method
 from dtrain_node import checkpoint, shard
 from dtrain_node.backend import TrainJob, make_backend
@@ -45,6 +45,7 @@ log = logging.getLogger("dtrain.node")
 
 ENDED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 FIRST_ROUND_FACTOR = 4
+FINALIZE_GAS = 6_000_000  # above finalizeEpoch at the 32-member cap (docs/gas.md)
 
 
 @dataclass(frozen=True)
@@ -360,10 +361,14 @@ class Node:
                 return
             # A chain that mines only on transactions (anvil) has a stale latest block; the
             # finalize transaction itself gets a fresh timestamp, so go by the wall clock too.
-            now = max(self.bsm.w3.eth.get_block("latest")["timestamp"], int(time.time()))
-            if job.submitted == len(job.members) or now > job.deadline:
+            block_ts = self.bsm.w3.eth.get_block("latest")["timestamp"]
+            all_in = job.submitted == len(job.members)
+            if all_in or max(block_ts, int(time.time())) > job.deadline:
+                # Past the deadline by the wall clock only: skip gas estimation, which would
+                # simulate at the stale block time; the mined block carries the real time.
+                gas = None if all_in or block_ts > job.deadline else FINALIZE_GAS
                 try:
-                    rc = self.bsm.finalize_epoch(job_id, job.state.epoch)
+                    rc = self.bsm.finalize_epoch(job_id, job.state.epoch, gas=gas)
                     self._metric(
                         "finalized",
                         job=job_id,
@@ -374,7 +379,7 @@ class Node:
                             if e.name in ("EpochFinalized", "EpochFailed", "Slashed")
                         ],
                     )
-                except ContractError:
+                except (ContractError, TransactionFailed):
                     # Someone else finalized first, or the chain's clock is not there yet.
                     self._sleep()
                 continue
