@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 
-from dtrain_node import corpus, hf
+from dtrain_node import corpus, hf, methods
 
 
 class BackendUnavailable(RuntimeError):
@@ -79,8 +78,7 @@ class CausalLMBackend:
 
     def loss(self, batch: Any) -> torch.Tensor:
         x, y = batch
-        logits = self.model(input_ids=x).logits
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        return methods.cpt_loss(self.model(input_ids=x).logits, y)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -102,11 +100,21 @@ EXTERNAL = {
 }
 
 
-def make_backend(job: TrainJob, name: str = "builtin") -> Backend:
+METHODS = ("cpt", "sft", "dpo", "grpo")
+
+
+def make_backend(job: TrainJob, name: str = "builtin", options: Any = None) -> Backend:
+    """The backend `name` for the job's method; `options` is a finetune.MethodOptions (DPO beta,
+    GRPO group size / clip / KL coefficient), defaults when None."""
     if name == "builtin":
-        if job.method != "cpt":
-            raise ValueError(f"the built-in backend does not train method {job.method!r} yet")
-        return CausalLMBackend(job)
+        if job.method == "cpt":
+            return CausalLMBackend(job)
+        if job.method in METHODS:
+            # Imported here: finetune builds on this module's protocol.
+            from dtrain_node import finetune
+
+            return finetune.BACKENDS[job.method](job, options)
+        raise ValueError(f"unknown method {job.method!r}; known: {', '.join(METHODS)}")
     if name in EXTERNAL:
         package, install = EXTERNAL[name]
         if importlib.util.find_spec(package) is None:

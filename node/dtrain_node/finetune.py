@@ -1,0 +1,329 @@
+"""Built-in SFT, DPO and GRPO backends over the byte-level Llama of hf.py (see docs/methods.md).
+
+They implement the same protocol as backend.CausalLMBackend. Every batch is a tuple whose first
+element is a token tensor (the runner counts tokens with batch[0].numel()). The last 10% of a
+dataset's records are the held-out split every node evaluates on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dtrain_node import hf, methods, tasks
+
+BOS, EOS, PAD = 256, 257, 258  # hf.tokenizer()'s special ids
+EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """Method hyper-parameters (defaults are the usual published ones, scaled to tiny tasks)."""
+
+    dpo_beta: float = 0.1
+    grpo_group: int = 8  # G samples per prompt
+    grpo_clip: float = 0.2
+    grpo_kl: float = 0.04
+    grpo_temperature: float = 1.0
+    heldout_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.dpo_beta <= 0:
+            raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
+        if self.grpo_group < 2:
+            raise ValueError(
+                f"grpo_group must be >= 2 (advantages are group-relative), got {self.grpo_group}"
+            )
+        if not 0 < self.grpo_clip < 1 or self.grpo_kl < 0 or self.grpo_temperature <= 0:
+            raise ValueError("need 0 < grpo_clip < 1, grpo_kl >= 0, grpo_temperature > 0")
+        if not 0 < self.heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+
+
+@functools.lru_cache(maxsize=1)
+def _tok():
+    return hf.tokenizer()
+
+
+def encode(text: str) -> list[int]:
+    return _tok().encode(text, add_special_tokens=False)
+
+
+def decode(ids: Sequence[int]) -> str:
+    return _tok().decode([i for i in ids if i < 256])
+
+
+def right_pad(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) padded on the right with PAD."""
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), PAD, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def left_pad(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) padded on the left, so every prompt ends at the last column."""
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), PAD, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, t - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, t - len(s) :] = 1
+    return ids, mask
+
+
+def forward(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Logits with positions counted from each row's first real token (left padding safe)."""
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+
+
+def labelled(prompt: str, completion: str) -> tuple[list[int], int]:
+    """BOS + prompt + completion + EOS, and the number of leading tokens that carry no loss."""
+    p = [BOS, *encode(prompt)]
+    return [*p, *encode(completion), EOS], len(p)
+
+
+def collate_labelled(pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, ...]:
+    """(ids, labels, attention mask) with the prompt and padding masked out of the labels."""
+    seqs = [labelled(p, c) for p, c in pairs]
+    ids, mask = right_pad([s for s, _ in seqs])
+    plen = torch.tensor([n for _, n in seqs])
+    labels = methods.mask_prompt(ids, plen, mask.sum(-1))
+    return ids, labels, mask
+
+
+@torch.no_grad()
+def greedy(model: torch.nn.Module, prompts: Sequence[str], max_new: int) -> list[str]:
+    """Greedy completions (full vocabulary, stop at EOS) without a KV cache: answers are short."""
+    ids, mask = left_pad([[BOS, *encode(p)] for p in prompts])
+    out = torch.full((len(prompts), 0), PAD, dtype=torch.long)
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    for _ in range(max_new):
+        nxt = forward(model, ids, mask)[:, -1].argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
+        done |= nxt == EOS
+        out = torch.cat([out, nxt[:, None]], 1)
+        ids = torch.cat([ids, nxt[:, None]], 1)
+        mask = torch.cat([mask, (~done | (nxt == EOS)).long()[:, None]], 1)
+        if done.all():
+            break
+    rows = [r.tolist() for r in out]
+    return [decode(r[: r.index(EOS)] if EOS in r else r) for r in rows]
+
+
+class RecordBackend:
+    """Shared parts: model from the job, validated records, shuffled batches, export."""
+
+    name = "builtin"
+    method = ""
+
+    def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
+        self.job, self.opts = job, opts or MethodOptions()
+        self.cfg = hf.model_config(job.model_uri)
+        self.model = hf.build(self.cfg, job.seed)
+        # + 2 for BOS and EOS: every validated record fits the context.
+        recs = tasks.load_records(
+            job.dataset_uri, self.method, job.dataset_hash, max_bytes=self.cfg.ctx - 2
+        )
+        self.train, self.heldout = tasks.split(recs, self.opts.heldout_fraction)
+        self.eval_recs = self.heldout[:EVAL_RECORDS]
+
+    def n_items(self) -> int:
+        return len(self.train)
+
+    def batches(self, indices: torch.Tensor, batch_size: int, seed: int) -> Iterator[Any]:
+        """Endless batches over `indices`, reshuffled each pass."""
+        if len(indices) == 0:
+            raise ValueError("no records in this shard")
+        bs = min(batch_size, len(indices))
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            perm = indices[torch.randperm(len(indices), generator=g)]
+            for i in range(0, len(perm) - bs + 1, bs):
+                recs = [self.train[int(j)] for j in perm[i : i + bs]]
+                yield self.collate(recs, int(torch.randint(0, 2**62, (1,), generator=g)))
+
+    def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def export(self, out_dir: str | Path) -> Path:
+        return hf.export(self.model, out_dir)
+
+    @contextlib.contextmanager
+    def _eval(self) -> Iterator[None]:
+        """Eval mode and no grad, restoring the training flag afterwards."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.train(was)
+
+
+class SFTBackend(RecordBackend):
+    """Supervised fine-tuning: cross-entropy on the response tokens of prompt/response pairs."""
+
+    method = "sft"
+
+    def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[torch.Tensor, ...]:
+        return collate_labelled([(r["prompt"], r["response"]) for r in recs])
+
+    def loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        ids, labels, mask = batch
+        return methods.sft_loss(self.model(input_ids=ids, attention_mask=mask).logits, labels)
+
+    def evaluate(self) -> dict[str, float]:
+        with self._eval():
+            loss = float(self.loss(self.collate(self.eval_recs, 0)))
+            max_new = max(len(encode(r["response"])) for r in self.eval_recs) + 1
+            got = greedy(self.model, [r["prompt"] for r in self.eval_recs], max_new)
+        acc = sum(g == r["response"] for g, r in zip(got, self.eval_recs, strict=True))
+        return {"heldout_loss": loss, "accuracy": acc / len(self.eval_recs)}
+
+
+class DPOBackend(RecordBackend):
+    """DPO against a frozen reference: the job's base model (seeded init), never trained."""
+
+    method = "dpo"
+
+    def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
+        super().__init__(job, opts)
+        self.ref = hf.build(self.cfg, job.seed).eval().requires_grad_(False)
+
+    def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[torch.Tensor, ...]:
+        # Chosen rows first, then rejected rows: one forward pass for both.
+        pairs = [(r["prompt"], r["chosen"]) for r in recs]
+        pairs += [(r["prompt"], r["rejected"]) for r in recs]
+        return collate_labelled(pairs)
+
+    def _terms(self, batch: tuple[torch.Tensor, ...]):
+        ids, labels, mask = batch
+        pol = methods.sequence_logps(self.model(input_ids=ids, attention_mask=mask).logits, labels)
+        with torch.no_grad():
+            ref = methods.sequence_logps(
+                self.ref(input_ids=ids, attention_mask=mask).logits, labels
+            )
+        b = ids.size(0) // 2
+        return methods.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], self.opts.dpo_beta)
+
+    def loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self._terms(batch)[0]
+
+    def evaluate(self) -> dict[str, float]:
+        with self._eval():
+            loss, chosen, rejected = self._terms(self.collate(self.eval_recs, 0))
+        return {
+            "heldout_loss": float(loss),
+            # Ties (policy == reference at the start) count as wrong, as in TRL.
+            "preference_accuracy": float((chosen > rejected).float().mean()),
+            "reward_margin": float((chosen - rejected).mean()),
+        }
+
+
+class GRPOBackend(RecordBackend):
+    """GRPO with exact-match reward. Task definition (validated at load): every answer has the
+    same width W, and a completion is exactly W tokens sampled from the answer alphabet (the set
+    of characters of the dataset's answers, single-byte); this keeps generation cheap and makes
+    the reward checkable without parsing free text."""
+
+    method = "grpo"
+
+    def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
+        super().__init__(job, opts)
+        answers = [r["answer"] for r in self.train + self.heldout]
+        widths = {len(a.encode()) for a in answers}
+        if len(widths) != 1:
+            raise tasks.DataError(f"GRPO answers must all have one width, got {sorted(widths)}")
+        self.width = widths.pop()
+        chars = sorted({c for a in answers for c in a})
+        if any(len(c.encode()) != 1 for c in chars):
+            raise tasks.DataError("GRPO answers must be single-byte (ASCII) characters")
+        self.alphabet = "".join(chars)
+        self.alphabet_ids = torch.tensor([encode(c)[0] for c in chars])
+        self.ref = hf.build(self.cfg, job.seed).eval().requires_grad_(False)
+        self.last_reward = float("nan")
+
+    def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[Any, ...]:
+        ids, mask = left_pad([[BOS, *encode(r["prompt"])] for r in recs])
+        return ids, mask, tuple(r["answer"] for r in recs), seed
+
+    def _alphabet_logps(self, model, ids, mask, completion_len: int) -> torch.Tensor:
+        """log-probs [N, completion_len, |alphabet|] of the restricted next-token distribution
+        at the completion's positions (the last completion_len tokens of ids are completion)."""
+        logits = forward(model, ids, mask)[:, -completion_len - 1 : -1]
+        logits = logits[..., self.alphabet_ids].float() / self.opts.grpo_temperature
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.no_grad()
+    def sample(self, ids: torch.Tensor, mask: torch.Tensor, seed: int) -> torch.Tensor:
+        """[N, W] alphabet indices sampled autoregressively, deterministic from `seed`."""
+        g = torch.Generator().manual_seed(seed)
+        out = torch.zeros((ids.size(0), 0), dtype=torch.long)
+        for _ in range(self.width):
+            lp = self._alphabet_logps(self.model, ids, mask, 1)[:, -1]
+            nxt = torch.multinomial(lp.exp(), 1, generator=g)
+            out = torch.cat([out, nxt], 1)
+            ids = torch.cat([ids, self.alphabet_ids[nxt]], 1)
+            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+        return out
+
+    def _completion_logps(self, model, ids, mask, comp: torch.Tensor) -> torch.Tensor:
+        full = torch.cat([ids, self.alphabet_ids[comp]], 1)
+        fmask = torch.cat([mask, torch.ones_like(comp)], 1)
+        lp = self._alphabet_logps(model, full, fmask, comp.size(1))
+        return lp.gather(-1, comp.unsqueeze(-1)).squeeze(-1)
+
+    def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
+        ids, mask, answers, seed = batch
+        g = self.opts.grpo_group
+        ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
+        was = self.model.training
+        self.model.eval()  # sampling policy without dropout; pi_old == pi at this step
+        comp = self.sample(ids, mask, seed)
+        with torch.no_grad():
+            old = self._completion_logps(self.model, ids, mask, comp)
+            ref = self._completion_logps(self.ref, ids, mask, comp)
+        self.model.train(was)
+        texts = ["".join(self.alphabet[i] for i in row) for row in comp.tolist()]
+        rewards = torch.stack(
+            [methods.exact_match(texts[i * g : (i + 1) * g], a) for i, a in enumerate(answers)]
+        )
+        self.last_reward = float(rewards.mean())
+        adv = methods.group_advantages(rewards).reshape(-1)
+        logp = self._completion_logps(self.model, ids, mask, comp)
+        return methods.grpo_loss(
+            logp, old, ref, adv, clip_eps=self.opts.grpo_clip, kl_coef=self.opts.grpo_kl
+        )
+
+    def evaluate(self) -> dict[str, float]:
+        """mean_reward: the exact expected exact-match reward of the sampling policy (the
+        probability of the answer's W tokens); accuracy: greedy (argmax) exact match."""
+        recs = self.eval_recs
+        ids, mask = left_pad([[BOS, *encode(r["prompt"])] for r in recs])
+        index = {c: i for i, c in enumerate(self.alphabet)}
+        answer = torch.tensor([[index[c] for c in r["answer"]] for r in recs])
+        with self._eval():
+            p = self._completion_logps(self.model, ids, mask, answer).sum(-1).exp()
+            out = torch.zeros((len(recs), 0), dtype=torch.long)
+            cur_ids, cur_mask = ids, mask
+            for _ in range(self.width):
+                nxt = self._alphabet_logps(self.model, cur_ids, cur_mask, 1)[:, -1].argmax(-1)
+                out = torch.cat([out, nxt[:, None]], 1)
+                cur_ids = torch.cat([cur_ids, self.alphabet_ids[nxt][:, None]], 1)
+                cur_mask = torch.cat([cur_mask, torch.ones_like(nxt)[:, None]], 1)
+        acc = (out == answer).all(-1).float().mean()
+        return {"mean_reward": float(p.mean()), "accuracy": float(acc)}
+
+
+BACKENDS = {"sft": SFTBackend, "dpo": DPOBackend, "grpo": GRPOBackend}
