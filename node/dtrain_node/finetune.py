@@ -130,13 +130,14 @@ class RecordBackend:
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
         self.job, self.opts = job, opts or MethodOptions()
         self.cfg = hf.model_config(job.model_uri)
-        self.model = hf.build(self.cfg, job.seed)
-        # + 2 for BOS and EOS: every validated record fits the context.
+        # Validate the whole dataset before building anything: bad data fails fast and up front.
+        # ctx - 2 leaves room for BOS and EOS, so every validated record fits the context.
         recs = tasks.load_records(
             job.dataset_uri, self.method, job.dataset_hash, max_bytes=self.cfg.ctx - 2
         )
         self.train, self.heldout = tasks.split(recs, self.opts.heldout_fraction)
         self.eval_recs = self.heldout[:EVAL_RECORDS]
+        self.model = hf.build(self.cfg, job.seed)
 
     def n_items(self) -> int:
         return len(self.train)

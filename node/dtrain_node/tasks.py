@@ -150,7 +150,11 @@ def load_records(
     except UnicodeDecodeError as exc:
         raise DataError(f"dataset {path} is not UTF-8: {exc}") from None
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Split on "\n" only: str.splitlines() would also split inside strings holding U+2028 etc.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             raise DataError(f"record {number}: empty line")
         try:

@@ -1,0 +1,142 @@
+"""Offline task generators and dataset validation (record numbers in errors, sha256 checks)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dtrain_node import tasks
+from dtrain_node.backend import TrainJob, make_backend
+from dtrain_node.tasks import DataError
+
+
+def test_addition_answers_are_correct_distinct_and_bounded():
+    probs = tasks.addition(500, digits=2, seed=3)
+    assert len(probs) == 500 and len({p.prompt for p in probs}) == 500
+    for p in probs:
+        a, b = p.prompt.removesuffix("=").split("+")
+        assert p.answer == str(int(a) + int(b))
+    small = tasks.addition(1000, digits=1, max_sum=9)
+    assert len(small) == 55  # pairs of digits with a + b <= 9
+    assert all(len(p.answer) == 1 for p in small)
+
+
+def test_addition_is_deterministic_from_seed():
+    assert tasks.addition(50, 2, seed=1) == tasks.addition(50, 2, seed=1)
+    assert tasks.addition(50, 2, seed=1) != tasks.addition(50, 2, seed=2)
+
+
+def test_reversal_and_last_letter_answers():
+    for p in tasks.reversal(50, length=5, seed=0):
+        s = p.prompt.removeprefix("rev ").removesuffix(":")
+        assert len(s) == 5 and p.answer == s[::-1]
+    for p in tasks.last_letter(50, length=4, seed=0):
+        s = p.prompt.removeprefix("last ").removesuffix(":")
+        assert p.answer == s[-1]
+
+
+def test_dpo_rejected_is_wrong_and_same_width():
+    recs = tasks.records(tasks.addition(200, digits=2), "dpo", seed=0)
+    for r in recs:
+        assert r["rejected"] != r["chosen"] and len(r["rejected"]) == len(r["chosen"])
+        assert r["rejected"].isdigit()
+
+
+def test_write_and_load_roundtrip_with_hash(tmp_path):
+    path = tmp_path / "d.jsonl"
+    recs = tasks.records(tasks.reversal(20, seed=0), "sft")
+    h = tasks.write_jsonl(path, recs)
+    assert h == hashlib.sha256(path.read_bytes()).digest()
+    assert tasks.load_records(path, "sft", h) == recs
+    assert tasks.load_records(f"file://{path}", "sft", None) == recs
+    with pytest.raises(DataError, match="sha256"):
+        tasks.load_records(path, "sft", hashlib.sha256(b"other").digest())
+    with pytest.raises(DataError, match="does not exist"):
+        tasks.load_records(tmp_path / "missing.jsonl", "sft", None)
+
+
+def write_lines(tmp_path, lines: list[str]):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+GOOD = json.dumps({"prompt": "1+2=", "response": "3"})
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ("{not json", "not JSON"),
+        ('["prompt", "response"]', "expected a JSON object"),
+        (json.dumps({"prompt": "1+2="}), "missing field 'response'"),
+        (json.dumps({"prompt": "1+2=", "response": ""}), "field 'response' is empty"),
+        (json.dumps({"prompt": 12, "response": "3"}), "field 'prompt' must be a string"),
+        (json.dumps({"prompt": "x" * 200, "response": "3"}), "too long"),
+        ("", "empty line"),
+    ],
+)
+def test_bad_record_error_names_record_number(tmp_path, bad, reason):
+    path = write_lines(tmp_path, [GOOD, GOOD, bad, GOOD])
+    with pytest.raises(DataError, match=rf"^record 3: .*{reason}"):
+        tasks.load_records(path, "sft", None)
+
+
+def test_whole_file_is_validated_even_late_records(tmp_path):
+    # The bad record is the last of 1000: found before any training starts.
+    path = write_lines(tmp_path, [GOOD] * 999 + ['{"prompt": "1+2="}'])
+    with pytest.raises(DataError, match=r"^record 1000: "):
+        tasks.load_records(path, "sft", None)
+
+
+def test_dpo_and_grpo_field_checks(tmp_path):
+    same = json.dumps({"prompt": "p", "chosen": "a", "rejected": "a"})
+    good = json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"})
+    with pytest.raises(DataError, match=r"^record 2: chosen and rejected are the same"):
+        tasks.load_records(write_lines(tmp_path, [good, same]), "dpo", None)
+    with pytest.raises(DataError, match=r"^record 1: missing field 'answer'"):
+        tasks.load_records(write_lines(tmp_path, [GOOD, GOOD]), "grpo", None)
+
+
+def test_too_few_records_and_unknown_method(tmp_path):
+    with pytest.raises(DataError, match="need >= 2"):
+        tasks.load_records(write_lines(tmp_path, [GOOD]), "sft", None)
+    with pytest.raises(DataError, match="no record format for method 'cpt'"):
+        tasks.load_records(write_lines(tmp_path, [GOOD, GOOD]), "cpt", None)
+
+
+def test_split_holds_out_last_tenth():
+    recs = [{"i": str(i)} for i in range(25)]
+    train, held = tasks.split(recs)
+    assert train == recs[:23] and held == recs[23:]
+    assert tasks.split(recs[:3]) == (recs[:2], recs[2:3])  # at least one held out
+
+
+def test_backend_rejects_bad_dataset_before_training(tmp_path):
+    path = write_lines(tmp_path, [GOOD] * 10 + ['{"prompt": "1+2=", "response": 3}'])
+    job = TrainJob(1, "sft", "builtin:tiny", str(path), b"\0" * 32)
+    with pytest.raises(DataError, match=r"^record 11: "):
+        make_backend(job)
+
+
+def test_grpo_backend_requires_one_answer_width(tmp_path):
+    path = tmp_path / "g.jsonl"
+    h = tasks.make_dataset(path, "grpo", tasks.addition(50, digits=1, seed=0))  # 1 and 2 wide
+    with pytest.raises(DataError, match="one width"):
+        make_backend(TrainJob(1, "grpo", "builtin:tiny", str(path), h))
+
+
+text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=10)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(text, text, text).filter(lambda t: t[1] != t[2]), min_size=2))
+def test_any_valid_dpo_records_roundtrip(tmp_path_factory, rows):
+    path = tmp_path_factory.mktemp("h") / "d.jsonl"
+    recs = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in rows]
+    h = tasks.write_jsonl(path, recs)
+    assert tasks.load_records(path, "dpo", h) == recs
