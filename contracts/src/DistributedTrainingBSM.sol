@@ -766,6 +766,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         uint256 price;
         uint256 paid;
         uint256 slashed;
+        uint256 slashedReporter; // the reporter's own slash earns it no bounty
     }
 
     function _finalize(uint256 jobId, uint256 epoch, address reporter) internal {
@@ -795,7 +796,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         }
         if (c.paid > 0) _payShared(c.paid, c.price, j);
         if (c.slashed > 0) {
-            uint256 bounty = c.slashed * _params.reporterBountyBps / _BPS;
+            uint256 bounty = (c.slashed - c.slashedReporter) * _params.reporterBountyBps / _BPS;
             if (bounty > 0) _credit(reporter, bounty);
             _credit(j.caller, c.slashed - bounty);
         }
@@ -844,7 +845,9 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
     function _slashMember(Settlement memory c, address op, uint256 bps, SlashReason reason) internal returns (uint256) {
         // A slashed member leaves the job at this boundary.
         _membership[c.jobId][op] = Membership.Leaving;
-        return _slash(op, bps, c.jobId, c.epoch, reason, c.reporter);
+        uint256 amount = _slash(op, bps, c.jobId, c.epoch, reason, c.reporter);
+        if (op == c.reporter) c.slashedReporter += amount;
+        return amount;
     }
 
     /// Operator share and stake-pool share of one paid operator-epoch.

@@ -501,6 +501,7 @@ class Node:
             self._adopt_local(job, job.state.checkpoint, path)
         if not path.is_file():
             return None
+        self.transport.serve_file(job.state.checkpoint.hex(), path)  # callers fetch it from us
         backend = make_backend(
             TrainJob(
                 job.id,

@@ -279,7 +279,7 @@ interface IDistributedTrainingBSM {
         external;
 
     /// @notice Settles the epoch in progress (anyone; after all members submitted or the
-    /// deadline). The sender earns `reporterBountyBps` of everything slashed.
+    /// deadline). The sender earns `reporterBountyBps` of everything slashed from others.
     function finalizeEpoch(uint256 jobId, uint256 epoch) external;
 
     // ---------------------------------------------------------------- views

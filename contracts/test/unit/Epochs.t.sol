@@ -206,6 +206,21 @@ contract FinalizeEpochTest is BaseTest {
         assertConserved();
     }
 
+    function test_slashedReporterEarnsNoBountyOnItself() public {
+        address[] memory m = bsm.getMembers(jobId);
+        uint32[] memory p = fullParticipation(jobId);
+        submit(jobId, m[0], keccak256("good"), p);
+        submit(jobId, m[1], keccak256("good"), p);
+        submit(jobId, m[2], keccak256("forged"), p);
+        uint256 fab = bsm.getPool(m[2]).totalAssets * 1000 / 10000;
+        uint256 callerBefore = bsm.creditOf(caller);
+        vm.prank(m[2]);
+        bsm.finalizeEpoch(jobId, 0);
+        vm.assertEq(bsm.creditOf(m[2]), 0, "no bounty on its own slash");
+        vm.assertEq(bsm.creditOf(caller) - callerBefore, fab);
+        assertConserved();
+    }
+
     function test_revert_WrongEpoch() public {
         vm.expectRevert(abi.encodeWithSelector(I.WrongEpoch.selector, jobId, 3, 0));
         bsm.finalizeEpoch(jobId, 3);
