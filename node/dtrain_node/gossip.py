@@ -322,6 +322,11 @@ class GossipNode:
     def collect_round(
         self, rnd: int, payload: bytes, deadline_s: float | None = None
     ) -> RoundResult:
+        """Publish our packet for round `rnd` and collect every member's (docs/protocol.md 4.2).
+
+        payload b"" publishes nothing. Our own payload passes the same validation as peers'
+        (EnvelopeError if it fails). deadline_s overrides config.round_deadline_s.
+        """
         return self._call(self._collect, rnd, payload, deadline_s)
 
     async def _collect(self, rnd: int, payload: bytes, deadline_s: float | None) -> RoundResult:
@@ -332,25 +337,28 @@ class GossipNode:
         t0 = time.monotonic()
         in0, out0, rr0 = self._m.total_in, self._m.total_out, self._m.re_requests
         store.begin(rnd)
-        envs = envmod.seal(
-            self.account,
-            chain_id=cfg.chain_id,
-            contract=cfg.contract,
-            job_id=cfg.job_id,
-            epoch=store.epoch,
-            round=rnd,
-            payload=payload,
-            chunk_size=cfg.chunk_bytes,
-        )
-        for e in envs:
-            # our own packet goes through the same rules: a bad payload is a caller bug
-            store.offer(e, relayed=True)
-        # gossip bytes sent are estimated as size x mesh peers (py-libp2p does not report them)
-        n_mesh = len(self._gs.mesh.get(self.topic, ())) if self._gs is not None else 0
-        for e in envs:
-            data = e.encode()
-            await ps.publish(self.topic, data)
-            self._m.add_out("gossip", len(data) * max(1, n_mesh))
+        # an empty payload publishes nothing: this node only collects (it will be missing)
+        envs = []
+        if payload:
+            envs = envmod.seal(
+                self.account,
+                chain_id=cfg.chain_id,
+                contract=cfg.contract,
+                job_id=cfg.job_id,
+                epoch=store.epoch,
+                round=rnd,
+                payload=payload,
+                chunk_size=cfg.chunk_bytes,
+            )
+            for e in envs:
+                # our own packet goes through the same rules: a bad payload is a caller bug
+                store.offer(e, relayed=True)
+            # gossip bytes sent are estimated as size x mesh peers (py-libp2p does not report them)
+            n_mesh = len(self._gs.mesh.get(self.topic, ())) if self._gs is not None else 0
+            for e in envs:
+                data = e.encode()
+                await ps.publish(self.topic, data)
+                self._m.add_out("gossip", len(data) * max(1, n_mesh))
         self._notify()
         deadline = t0 + (cfg.round_deadline_s if deadline_s is None else deadline_s)
         # pull interval doubles while we wait (a slow member is the common case, not loss),

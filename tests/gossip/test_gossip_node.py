@@ -1,0 +1,57 @@
+"""GossipNode API on two real libp2p hosts inside the test process (threads, loopback)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
+
+from dtrain_node.gossip import GossipConfig, GossipError, GossipNode, RoundResult
+
+
+@pytest.mark.timeout(60)
+def test_empty_payload_publishes_nothing_and_both_agree(tmp_path: Path) -> None:
+    members = [account(i).address for i in range(2)]
+    nodes = [
+        GossipNode(
+            GossipConfig(tmp_path / f"n{i}", CHAIN_ID, CONTRACT, JOB_ID, round_deadline_s=1.0),
+            account(i),
+            lambda job, epoch: members,
+        )
+        for i in range(2)
+    ]
+    with nodes[0] as a, nodes[1] as b:
+        assert a.connect([(b.peer_key, b.listen_addrs)]) == [b.peer_key]
+        b.connect([(a.peer_key, a.listen_addrs)])
+        for n in (a, b):
+            n.set_epoch(3)
+        results: dict[int, list[RoundResult]] = {0: [], 1: []}
+
+        def run(i: int, node: GossipNode) -> None:
+            results[i].append(node.collect_round(0, b"packet from %d" % i))
+            results[i].append(node.collect_round(1, b"" if i == 1 else b"second"))
+
+        threads = [threading.Thread(target=run, args=(i, n)) for i, n in enumerate((a, b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        r0, r1 = results[0], results[1]
+        assert [p for p, _ in r0[0].packets] == sorted(members) == [p for p, _ in r1[0].packets]
+        assert r0[1].missing == r1[1].missing == [members[1]]
+        assert r0[1].packets == r1[1].packets == [(members[0], b"second")]
+        assert a.participation() == b.participation() == {members[0]: 2, members[1]: 1}
+        with pytest.raises(ValueError, match="rounds only go up"):
+            a.collect_round(1, b"again")
+    a.stop()  # idempotent after the context manager stopped it
+    with pytest.raises(GossipError, match="not running"):
+        a.metrics()
+
+
+def test_collect_before_set_epoch_is_an_error(tmp_path: Path) -> None:
+    cfg: Any = GossipConfig(tmp_path, CHAIN_ID, CONTRACT, JOB_ID)
+    with GossipNode(cfg, account(0), lambda job, epoch: []) as n, pytest.raises(GossipError):
+        n.collect_round(0, b"x")
