@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -75,6 +76,8 @@ def run_one(nodes: int, params: int, rounds: int, deadline_s: float) -> dict[str
         ),
         "rss_mb_per_node": statistics.mean(res["metrics"]["rss_mb"] for res in results),
         "startup_s": startup,
+        # 2-core machines are often shared: a high load average explains slow rounds
+        "loadavg_1m": os.getloadavg()[0],
     }
 
 
