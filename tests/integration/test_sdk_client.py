@@ -291,3 +291,26 @@ def test_concurrent_senders(bsm: BSM, as_account) -> None:
     for s in stakers:
         assert s.stake_of(op.sender, s.sender) == 10 * 10**15
     assert bsm.pool(op.sender).total_assets == ETH + 40 * 10**15
+
+
+def test_join_leave_and_submission_reads(bsm: BSM, as_account) -> None:
+    ops = [as_account(i) for i in (1, 2)]
+    for i, op in enumerate(ops):
+        register(op, i)
+    job_id = as_account(4).create_job(spec(min_operators=2, max_operators=2, total_epochs=2))
+    for op in ops:
+        op.join_job(job_id)
+    assert bsm.members(job_id) == [op.sender for op in ops]
+    assert not bsm.is_leaving(job_id, ops[1].sender)
+    ops[1].leave_job(job_id)
+    assert bsm.is_leaving(job_id, ops[1].sender)
+    assert bsm.submission_of(job_id, ops[0].sender) == (b"\0" * 32, b"\0" * 32)
+    ckpt = Web3.keccak(text="e0")
+    for op in ops:
+        op.submit_checkpoint(job_id, 0, ckpt, [4, 4])
+    got, key = bsm.submission_of(job_id, ops[0].sender)
+    assert got == ckpt and key != b"\0" * 32
+    assert bsm.job(job_id).submitted == 2
+    bsm.finalize_epoch(job_id, 0)
+    assert bsm.members(job_id) == [ops[0].sender]  # the leaver is out at the boundary
+    assert bsm.operator(ops[1].sender).active_jobs == 0
