@@ -76,8 +76,15 @@ def spawn_node(
     for f in faults:
         cmd += ["--fault", f]
     out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - lives as long as the process
+    # Several nodes share the machine's cores: one thread each avoids oversubscription.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     p = subprocess.Popen(
-        cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        cmd,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
     )
     return Proc(name, address, p, data_dir, faults)
 
@@ -203,10 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--operators", type=int, default=3, help="operators at the start")
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20, help="training steps per epoch")
-    ap.add_argument("--sync", type=int, default=5, help="DeMo sync every K steps")
-    ap.add_argument("--epoch-duration", type=int, default=120, help="seconds per epoch deadline")
-    ap.add_argument("--round-deadline", type=float, default=10.0)
+    ap.add_argument("--steps", type=int, default=12, help="training steps per epoch")
+    ap.add_argument("--sync", type=int, default=4, help="DeMo sync every K steps")
+    ap.add_argument("--epoch-duration", type=int, default=150, help="seconds per epoch deadline")
+    ap.add_argument("--round-deadline", type=float, default=30.0)
     ap.add_argument("--no-faults", action="store_true", help="every operator honest")
     ap.add_argument("--no-late-join", action="store_true", help="no operator joins later")
     ap.add_argument("--timeout", type=float, default=600.0)
@@ -286,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         faults: dict[int, list[str]] = {}
         if not a.no_faults:
             faults[1] = ["fabricate", "epoch=1"]  # op2 lies about its checkpoint in epoch 1
-            faults[2] = ["offline=1", "epoch=2"]  # op3 vanishes mid-epoch 2
+            # op3 vanishes before the last round of epoch 2
+            faults[2] = [f"offline={a.steps // a.sync - 1}", "epoch=2"]
         for i in range(a.operators):
             procs.append(
                 spawn_node(
