@@ -258,3 +258,18 @@ def test_two_workers_with_demo_sync_improve_heldout_metric(tmp_path, method):
     assert improved(method, before, after), (metric, before, after)
     for p, q in zip(workers[0].model.parameters(), workers[1].model.parameters(), strict=True):
         assert torch.equal(p, q)  # both hold theta_sync after the round
+
+
+def test_sft_greedy_exact_match_accuracy_improves(tmp_path):
+    # Exact match of greedy decoding (the SFT accuracy metric) on a copy-like task.
+    torch.set_num_threads(1)
+    b = make_backend(job_for(tmp_path, "sft", tasks.last_letter(400, length=4, seed=0)))
+    before = b.evaluate()
+    opt = torch.optim.AdamW(b.model.parameters(), lr=3e-3)
+    it = b.batches(torch.arange(b.n_items()), 16, seed=0)
+    for _ in range(80):
+        b.loss(next(it)).backward()
+        opt.step()
+        opt.zero_grad()
+    after = b.evaluate()
+    assert before["accuracy"] == 0.0 and after["accuracy"] >= 0.2, (before, after)
