@@ -112,8 +112,8 @@ class Cluster:
         epochs: int = 1,
         steps: int = 10,
         sync: int = 5,
-        epoch_duration: int = 120,
-        round_deadline: float = 10.0,
+        epoch_duration: int = 150,
+        round_deadline: float = 30.0,
     ) -> None:
         self.tmp, self.n = tmp, operators
         self.epochs, self.steps, self.sync = epochs, steps, sync
