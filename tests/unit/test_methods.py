@@ -273,3 +273,27 @@ def test_sft_greedy_exact_match_accuracy_improves(tmp_path):
         opt.zero_grad()
     after = b.evaluate()
     assert before["accuracy"] == 0.0 and after["accuracy"] >= 0.2, (before, after)
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
+def test_runner_sequence_round_trips_through_state_dict_and_export(tmp_path, method):
+    # What the runner and `dtrain job fetch` do: shard, train, load a checkpoint into a fresh
+    # backend of the same job, export in Hugging Face format.
+    from dtrain_node import shard
+
+    b = make(tmp_path, method)
+    idx = shard.assign(b.n_items(), 1, 0, ["0xa", "0xb"], "0xa")
+    it = b.batches(idx, 4, seed=1000)
+    batch = next(it)
+    tokens = batch[0].numel()
+    b.loss(batch).backward()
+    assert tokens > 0 and all(p.grad is not None for p in b.model.parameters() if p.requires_grad)
+    with torch.no_grad():
+        for p in b.model.parameters():
+            p.add_(0.01)
+    fresh = make(tmp_path, method)
+    assert set(fresh.model.state_dict()) == set(b.model.state_dict())  # no reference weights
+    fresh.model.load_state_dict(b.model.state_dict())
+    assert fresh.evaluate() == b.evaluate()
+    out = fresh.export(tmp_path / "export")
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
