@@ -31,6 +31,7 @@ class MethodOptions:
     grpo_clip: float = 0.2
     grpo_kl: float = 0.04
     grpo_temperature: float = 1.0
+    grpo_iterations: int = 1  # gradient steps per sampled rollout (mu); > 1 makes the clip bite
     heldout_fraction: float = 0.1
 
     def __post_init__(self) -> None:
@@ -42,6 +43,8 @@ class MethodOptions:
             )
         if not 0 < self.grpo_clip < 1 or self.grpo_kl < 0 or self.grpo_temperature <= 0:
             raise ValueError("need 0 < grpo_clip < 1, grpo_kl >= 0, grpo_temperature > 0")
+        if self.grpo_iterations < 1:
+            raise ValueError(f"grpo_iterations must be >= 1, got {self.grpo_iterations}")
         if not 0 < self.heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
@@ -126,6 +129,7 @@ class RecordBackend:
 
     name = "builtin"
     method = ""
+    repeats = 1  # times each batch is yielded in a row (GRPO reuses a rollout mu times)
 
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
         self.job, self.opts = job, opts or MethodOptions()
@@ -152,7 +156,9 @@ class RecordBackend:
             perm = indices[torch.randperm(len(indices), generator=g)]
             for i in range(0, len(perm) - bs + 1, bs):
                 recs = [self.train[int(j)] for j in perm[i : i + bs]]
-                yield self.collate(recs, int(torch.randint(0, 2**62, (1,), generator=g)))
+                batch = self.collate(recs, int(torch.randint(0, 2**62, (1,), generator=g)))
+                for _ in range(self.repeats):
+                    yield batch
 
     def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[Any, ...]:
         raise NotImplementedError
@@ -254,6 +260,8 @@ class GRPOBackend(RecordBackend):
         self.alphabet_ids = torch.tensor([encode(c)[0] for c in chars])
         self.ref = hf.build(self.cfg, job.seed).eval().requires_grad_(False)
         self.last_reward = float("nan")
+        self.repeats = self.opts.grpo_iterations
+        self._rollout: tuple[Any, ...] | None = None  # (batch seed, ids, mask, comp, old, ref, adv)
 
     def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[Any, ...]:
         ids, mask = left_pad([[BOS, *encode(r["prompt"])] for r in recs])
@@ -285,12 +293,16 @@ class GRPOBackend(RecordBackend):
         lp = self._alphabet_logps(model, full, fmask, comp.size(1))
         return lp.gather(-1, comp.unsqueeze(-1)).squeeze(-1)
 
-    def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
+    def rollout(self, batch: tuple[Any, ...]) -> tuple[Any, ...]:
+        """G samples per prompt with their sampling-policy and reference log-probs, rewards and
+        advantages; cached so the same batch yielded again (grpo_iterations) reuses it."""
         ids, mask, answers, seed = batch
+        if self._rollout is not None and self._rollout[0] == (seed, answers):
+            return self._rollout[1:]
         g = self.opts.grpo_group
         ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
         was = self.model.training
-        self.model.eval()  # sampling policy without dropout; pi_old == pi at this step
+        self.model.eval()  # the sampling policy pi_old, without dropout
         comp = self.sample(ids, mask, seed)
         with torch.no_grad():
             old = self._completion_logps(self.model, ids, mask, comp)
@@ -302,6 +314,11 @@ class GRPOBackend(RecordBackend):
         )
         self.last_reward = float(rewards.mean())
         adv = methods.group_advantages(rewards).reshape(-1)
+        self._rollout = ((seed, answers), ids, mask, comp, old, ref, adv)
+        return self._rollout[1:]
+
+    def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
+        ids, mask, comp, old, ref, adv = self.rollout(batch)
         logp = self._completion_logps(self.model, ids, mask, comp)
         return methods.grpo_loss(
             logp, old, ref, adv, clip_eps=self.opts.grpo_clip, kl_coef=self.opts.grpo_kl

@@ -297,3 +297,25 @@ def test_runner_sequence_round_trips_through_state_dict_and_export(tmp_path, met
     assert fresh.evaluate() == b.evaluate()
     out = fresh.export(tmp_path / "export")
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+
+
+def test_grpo_iterations_reuse_the_rollout_with_ratio_off_one(tmp_path):
+    path = tmp_path / "grpo.jsonl"
+    h = tasks.make_dataset(path, "grpo", tasks.last_letter(100, length=4, seed=0))
+    job = TrainJob(1, "grpo", "builtin:tiny", str(path), h, 8)
+    b = make_backend(job, options=finetune.MethodOptions(grpo_iterations=2))
+    it = b.batches(torch.arange(b.n_items()), 8, seed=0)
+    first, again, third = next(it), next(it), next(it)
+    assert first is again and third is not first  # each batch yielded twice in a row
+    opt = torch.optim.SGD(b.model.parameters(), lr=0.5)
+    b.loss(first).backward()
+    comp = b._rollout[3].clone()
+    opt.step()
+    opt.zero_grad()
+    ids, mask, comp2, old, _, _ = b.rollout(again)
+    assert torch.equal(comp, comp2)  # same samples, no new generation
+    with torch.no_grad():
+        now = b._completion_logps(b.model, ids, mask, comp2)
+    assert not torch.allclose(now, old)  # pi moved away from pi_old: the ratio is not 1
+    b.loss(third)
+    assert not torch.equal(b._rollout[3], comp)  # a new batch samples anew
