@@ -261,7 +261,7 @@ class GRPOBackend(RecordBackend):
         self.ref = hf.build(self.cfg, job.seed).eval().requires_grad_(False)
         self.last_reward = float("nan")
         self.repeats = self.opts.grpo_iterations
-        self._rollout: tuple[Any, ...] | None = None  # (batch seed, ids, mask, comp, old, ref, adv)
+        self._rollout: tuple[Any, ...] | None = None  # (batch, ids, mask, comp, old, ref, adv)
 
     def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[Any, ...]:
         ids, mask = left_pad([[BOS, *encode(r["prompt"])] for r in recs])
@@ -297,7 +297,9 @@ class GRPOBackend(RecordBackend):
         """G samples per prompt with their sampling-policy and reference log-probs, rewards and
         advantages; cached so the same batch yielded again (grpo_iterations) reuses it."""
         ids, mask, answers, seed = batch
-        if self._rollout is not None and self._rollout[0] == (seed, answers):
+        # Keyed on the batch object itself (held here, so its identity cannot be reused): only
+        # the same batch yielded again reuses the rollout, never an equal one from a new pass.
+        if self._rollout is not None and self._rollout[0] is batch:
             return self._rollout[1:]
         g = self.opts.grpo_group
         ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
@@ -314,7 +316,7 @@ class GRPOBackend(RecordBackend):
         )
         self.last_reward = float(rewards.mean())
         adv = methods.group_advantages(rewards).reshape(-1)
-        self._rollout = ((seed, answers), ids, mask, comp, old, ref, adv)
+        self._rollout = (batch, ids, mask, comp, old, ref, adv)
         return self._rollout[1:]
 
     def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
