@@ -93,26 +93,30 @@ def connect(rpc_url: str, expected_chain_id: int | None = None, timeout: float =
     return w3
 
 
+NonceKey = tuple[str, int, str]  # (RPC endpoint, chain id, sender)
+
+
 class _Nonces:
-    """Next nonce per (chain id, sender), guarded by a per-sender lock."""
+    """Next nonce per (endpoint, chain id, sender), guarded by a per-sender lock. The endpoint
+    is part of the key: two local chains share a chain id but not their nonces."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[tuple[int, str], threading.Lock] = {}
-        self._next: dict[tuple[int, str], int] = {}
+        self._locks: dict[NonceKey, threading.Lock] = {}
+        self._next: dict[NonceKey, int] = {}
 
-    def lock(self, key: tuple[int, str]) -> threading.Lock:
+    def lock(self, key: NonceKey) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def take(self, key: tuple[int, str], chain_next: Callable[[], int]) -> int:
+    def take(self, key: NonceKey, chain_next: Callable[[], int]) -> int:
         if key not in self._next:
             self._next[key] = chain_next()
         n = self._next[key]
         self._next[key] = n + 1
         return n
 
-    def forget(self, key: tuple[int, str] | None = None) -> None:
+    def forget(self, key: NonceKey | None = None) -> None:
         if key is None:
             self._next.clear()
         else:
@@ -220,7 +224,7 @@ class BSM:
         self, fn: ContractFunction | Any, value: int = 0, gas: int | None = None
     ) -> TxReceipt:
         sender = self.sender
-        key = (self.chain_id, sender)
+        key = (str(getattr(self.w3.provider, "endpoint_uri", "")), self.chain_id, sender)
         tx: dict[str, Any] = {"from": sender, "value": value, "chainId": self.chain_id}
         try:
             tx["gas"] = gas if gas is not None else int(fn.estimate_gas(tx) * 1.2) + 20_000

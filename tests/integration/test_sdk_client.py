@@ -314,3 +314,16 @@ def test_join_leave_and_submission_reads(bsm: BSM, as_account) -> None:
     bsm.finalize_epoch(job_id, 0)
     assert bsm.members(job_id) == [ops[0].sender]  # the leaver is out at the boundary
     assert bsm.operator(ops[1].sender).active_jobs == 0
+
+
+def test_nonces_are_per_endpoint() -> None:
+    """Two local chains share chain id 31337: a nonce cached for one must not leak."""
+    from dtrain.chain import LocalChain
+    from dtrain.models import Params
+
+    for _ in range(2):
+        with LocalChain(accounts=3) as c:
+            a = c.accounts
+            params = Params(treasury=a[1].address, developer=a[2].address)
+            b = BSM.deploy(c.url, a[0].key, params)
+            assert b.params().treasury == a[1].address
