@@ -214,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync", type=int, default=4, help="DeMo sync every K steps")
     ap.add_argument("--epoch-duration", type=int, default=150, help="seconds per epoch deadline")
     ap.add_argument("--round-deadline", type=float, default=30.0)
+    ap.add_argument(
+        "--method",
+        choices=["cpt", "sft", "dpo", "grpo"],
+        default="cpt",
+        help="training method of the job",
+    )
     ap.add_argument("--no-faults", action="store_true", help="every operator honest")
     ap.add_argument("--no-late-join", action="store_true", help="no operator joins later")
     ap.add_argument("--timeout", type=float, default=600.0)
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dtrain import BSM, JobSpec, LocalChain, Method, Params
     from dtrain.models import JobStatus
-    from dtrain_node import checkpoint, corpus, hf
+    from dtrain_node import checkpoint, hf
 
     run_dir = (a.run_dir or ROOT / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -259,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             target, amount = delegations[s.address]
             bsm.with_account(s.key).delegate(target, amount)
 
-        data = run_dir / "corpus.txt"
-        dataset_hash = corpus.build_stdlib_corpus(data, max_bytes=600_000)
+        data, dataset_hash = make_dataset(run_dir, a.method)
         job_id = bsm.next_job_id()
         cfg = hf.PRESETS["tiny"]
         init = hf.build(cfg, seed=job_id)
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             sync_interval=a.sync,
             min_operators=a.operators,
             max_operators=a.operators + 1,
-            method=Method.CPT,
+            method=Method[a.method.upper()],
             model_hash=model_hash,
             model_uri="builtin:tiny",
             dataset_hash=dataset_hash,
@@ -285,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         wallets0 = {x.address: bsm.w3.eth.get_balance(x.address) for x in acc}
         job_id = bsm.with_account(caller.key).create_job(spec)
         print(
-            f"job {job_id}: CPT, {a.epochs} epochs x {a.steps} steps, sync every {a.sync}, "
+            f"job {job_id}: {a.method.upper()}, {a.epochs} epochs x {a.steps} steps, "
+            f"sync every {a.sync}, "
             f"{sum(p.numel() for p in init.parameters()):,} parameters, "
             f"escrow {spec.escrow / ETH:g} ETH"
         )
@@ -400,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if fetched.returncode == 0:
                 result["final_model_dir"] = str(out)
-                result.update(evaluate_export(out, data, dataset_hash, cfg, job_id, check))
+                result.update(evaluate_export(out, spec, job_id, check))
         finally:
             stop_all(procs)
 
@@ -568,35 +574,67 @@ def report(
     }
 
 
-def evaluate_export(
-    out: Path, data: Path, dataset_hash: bytes, cfg, job_id: int, check
-) -> dict[str, Any]:
-    """Loads the caller's copy with transformers, compares held-out loss and generates text."""
+def make_dataset(run_dir: Path, method: str) -> tuple[Path, bytes]:
+    """The job's dataset file and its sha256: stdlib sources for CPT, generated tasks with
+    checkable answers for the others."""
+    from dtrain_node import corpus, tasks
+
+    if method == "cpt":
+        path = run_dir / "corpus.txt"
+        return path, corpus.build_stdlib_corpus(path, max_bytes=600_000)
+    problems = {
+        "sft": lambda: tasks.addition(600, digits=2, seed=0),
+        "dpo": lambda: tasks.reversal(600, length=3, seed=0),
+        "grpo": lambda: tasks.last_letter(600, length=4, seed=0),
+    }[method]()
+    path = run_dir / f"{method}.jsonl"
+    return path, tasks.make_dataset(path, method, problems)
+
+
+def evaluate_export(out: Path, spec: Any, job_id: int, check: Any) -> dict[str, Any]:
+    """Loads the caller's copy with transformers, evaluates it against the initial model with
+    the job's method (held-out loss for CPT/SFT, preference accuracy for DPO, reward for GRPO)
+    and generates text."""
     import torch
-    import torch.nn.functional as F
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dtrain_node import corpus, hf
+    from dtrain_node.backend import TrainJob, make_backend
 
-    text = corpus.load_text(data, dataset_hash, cfg.ctx)
-    x, y = text.heldout_windows(32)
+    backend = make_backend(
+        TrainJob(
+            job_id, spec.method.name.lower(), spec.model_uri, spec.dataset_uri, spec.dataset_hash
+        )
+    )
+    before = backend.evaluate()
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
+    backend.model.load_state_dict(model.state_dict())
+    after = backend.evaluate()
     with torch.no_grad():
-        after = float(
-            F.cross_entropy(model(input_ids=x).logits.reshape(-1, cfg.vocab), y.reshape(-1))
-        )
-        init = hf.build(cfg, seed=job_id)
-        before = float(
-            F.cross_entropy(init(input_ids=x).logits.reshape(-1, cfg.vocab), y.reshape(-1))
-        )
-        ids = tok("def ", return_tensors="pt")
+        ids = tok("def " if spec.method.name == "CPT" else "3+4=", return_tensors="pt")
         gen = model.generate(**ids, max_new_tokens=24, do_sample=False)
     sample = tok.decode(gen[0])
-    check("held-out loss went down", after < before, f"{before:.3f} -> {after:.3f}")
+    if "heldout_loss" in after:
+        check(
+            "held-out loss went down",
+            after["heldout_loss"] < before["heldout_loss"],
+            f"{before['heldout_loss']:.3f} -> {after['heldout_loss']:.3f}",
+        )
     check("final checkpoint loads with transformers and generates", len(gen[0]) > len(ids[0]))
-    print(f"\nheld-out loss {before:.3f} -> {after:.3f}; sample: {sample!r}")
-    return {"heldout_loss_before": before, "heldout_loss_after": after, "sample": sample}
+    print(f"\nevaluation before {before} after {after}; sample: {sample!r}")
+    return {
+        "eval_before": before,
+        "eval_after": after,
+        "sample": sample,
+        **(
+            {
+                "heldout_loss_before": before["heldout_loss"],
+                "heldout_loss_after": after["heldout_loss"],
+            }
+            if "heldout_loss" in after
+            else {}
+        ),
+    }
 
 
 def print_table(epochs, balances, names, comm) -> None:

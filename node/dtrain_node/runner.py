@@ -34,7 +34,7 @@ from web3 import Web3
 
 from dtrain.client import BSM
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
-from dtrain.models import Job, JobStatus, Method
+from dtrain.models import Job, JobStatus
 from dtrain_node import checkpoint, shard
 from dtrain_node.backend import TrainJob, make_backend
 from dtrain_node.compress import CompressConfig
@@ -188,16 +188,13 @@ class Node:
             self._metric("joined", job=job_id)
 
     def _pick_job(self) -> int:
+        """--auto: the first open or running job with room that pays at least our ask."""
         ask = self.cfg.min_price
         while True:
             for j in self.bsm.jobs():
                 room = len(j.members) + len(j.pending_joins) < j.spec.max_operators
-                if (
-                    j.state.status in (JobStatus.OPEN, JobStatus.RUNNING)
-                    and room
-                    and j.spec.price_per_operator_epoch >= ask
-                    and j.spec.method == Method.CPT
-                ):
+                live = j.state.status in (JobStatus.OPEN, JobStatus.RUNNING)
+                if live and room and j.spec.price_per_operator_epoch >= ask:
                     return j.id
             self._sleep()
 
