@@ -393,7 +393,9 @@ class GossipNode:
             with trio.move_on_at(min(next_pull, deadline)) as waited:
                 await self._changed.wait()
             if not waited.cancelled_caught:
-                interval = cfg.re_request_s  # progress: packets are flowing, stay responsive
+                # progress: packets are flowing, so a straggler is likely lost, not late
+                interval = cfg.re_request_s
+                next_pull = min(next_pull, time.monotonic() + interval)
         settled = True
         if store.missing(rnd):
             settled = await self._settle(rnd, deadline + cfg.settle_s)
