@@ -114,8 +114,9 @@ class Cluster:
         sync: int = 5,
         epoch_duration: int = 150,
         round_deadline: float = 30.0,
+        method: str = "cpt",
     ) -> None:
-        self.tmp, self.n = tmp, operators
+        self.tmp, self.n, self.method = tmp, operators, method
         self.epochs, self.steps, self.sync = epochs, steps, sync
         self.epoch_duration, self.round_deadline = epoch_duration, round_deadline
         self.procs: list[Proc] = []
@@ -133,8 +134,11 @@ class Cluster:
             acc[0].key,
             Params(treasury=self.treasury.address, developer=self.developer.address),
         )
-        data = self.tmp / "corpus.txt"
-        digest = corpus.build_stdlib_corpus(data, max_bytes=200_000)
+        if self.method == "cpt":
+            data = self.tmp / "corpus.txt"
+            digest = corpus.build_stdlib_corpus(data, max_bytes=200_000)
+        else:
+            data, digest = make_dataset(self.tmp, self.method)
         job_id = self.bsm.next_job_id()
         init = hf.build(hf.PRESETS["tiny"], seed=job_id)
         self.spec = JobSpec(
@@ -144,7 +148,7 @@ class Cluster:
             sync_interval=self.sync,
             min_operators=self.n,
             max_operators=self.n,
-            method=Method.CPT,
+            method=Method[self.method.upper()],
             model_hash=checkpoint.canonical_hash(dict(init.state_dict())),
             model_uri="builtin:tiny",
             dataset_hash=digest,

@@ -64,3 +64,22 @@ def test_node_restart_mid_epoch_resumes(tmp_path) -> None:
         assert kinds.count("submitted") == 1  # never double-submits
         names = [e.name for e in c.bsm.events(job_id=c.job_id)]
         assert "Slashed" not in names and names.count("OperatorPaid") == 2
+
+
+@pytest.mark.timeout(600)
+def test_sft_job_in_the_devnet(tmp_path) -> None:
+    """A fine-tuning method trains over the same node and gossip path as pre-training."""
+    with Cluster(tmp_path, operators=2, steps=8, sync=4, method="sft") as c:
+        c.spawn(0)
+        c.spawn(1)
+        c.wait(c.ended, 500, "the job to end")
+        job = c.bsm.job(c.job_id)
+        assert job.state.status.name == "COMPLETED" and job.spec.method.name == "SFT"
+        paid = [e for e in c.bsm.events(job_id=c.job_id) if e.name == "OperatorPaid"]
+        assert len(paid) == 2
+        for i in range(2):
+            m = c.metrics(i)
+            start = next(r for r in m if r["kind"] == "epoch_start")
+            trained = next(r for r in m if r["kind"] == "epoch_trained")
+            assert trained["checkpoint"] == job.state.checkpoint.hex()
+            assert trained["heldout_loss"] < start["heldout_loss"]
