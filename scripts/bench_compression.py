@@ -10,7 +10,8 @@ ENVELOPE_BYTES), compared with the upload per worker of a dense ring all-reduce 
     python scripts/bench_compression.py --quick          # CI: < 3 minutes on 2 cores
     python scripts/bench_compression.py --jobs 2         # full run (docs/benchmarks.md)
 
-Writes DIR/compression.json (list of arm records), DIR/compression.md, DIR/compression.png.
+Writes DIR/compression.json (list of arm records), DIR/compression.md, DIR/compression.png;
+DIR is docs/bench (full) or docs/bench/quick (--quick) unless --out is given.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+
 from dtrain_node import data as corpus
 from dtrain_node.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes
 from dtrain_node.compress import CompressConfig
@@ -297,8 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=None, help="default 3 (quick: 1)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes, 1 thread each")
-    ap.add_argument("--out", type=Path, default=Path("docs/bench"))
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default docs/bench (quick: docs/bench/quick)"
+    )
     a = ap.parse_args(argv)
+    # a quick run must not overwrite the documented full-run results
+    a.out = a.out or Path("docs/bench/quick" if a.quick else "docs/bench")
     setup = setups(a.quick)
     if a.steps:
         setup = replace(setup, steps=a.steps)
