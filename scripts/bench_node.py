@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -32,6 +33,7 @@ def bare_tokens_per_s(data: Path, digest: bytes, steps: int, batch: int, job_id:
 
     from dtrain_node.backend import TrainJob, make_backend
 
+    torch.set_num_threads(1)  # as the nodes run (one thread each, see devnet.spawn_node)
     b = make_backend(TrainJob(job_id, "cpt", "builtin:tiny", str(data), digest, batch))
     opt = torch.optim.AdamW(b.model.parameters(), lr=2e-3, betas=(0.9, 0.95))
     it = b.batches(torch.arange(b.n_items()), batch, seed=0)
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps,
         "model": "builtin:tiny",
         "quick": a.quick,
+        "load_average_1m": round(os.getloadavg()[0], 2),  # the machine is shared: context
     }
     (out / "node.json").write_text(json.dumps(rec, indent=2) + "\n")
     table = "\n".join(
