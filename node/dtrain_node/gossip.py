@@ -192,6 +192,8 @@ class GossipNode:
         self._host: Any = None
         self._ps: SafePubsub | None = None
         self._gs: GossipSub | None = None
+        self._nursery: trio.Nursery | None = None
+        self._inflight: set[ID] = set()
         self.listen_addrs: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -261,6 +263,7 @@ class GossipNode:
             host.set_stream_handler(TProtocol(wire.CKPT_PROTOCOL), self._serve_file)
             self.listen_addrs = [str(a).split("/p2p/")[0] for a in host.get_transport_addrs()]
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._drain, sub)
                 self._ready.set()
                 await self._stop.wait()
@@ -445,16 +448,39 @@ class GossipNode:
                 await self._changed.wait()
 
     async def _sync_all(self, rnd: int) -> dict[ID, _PeerSync | None]:
-        """One sync request to every known peer, concurrently. None: no answer this time."""
+        """One sync request to every known peer, concurrently. None: no answer in time.
+
+        The requests run in the host's long-lived nursery and we wait at most
+        request_timeout_s for them: py-libp2p cleans up failed streams under a shielded cancel
+        scope, which can hang on a half-dead connection where no timeout of ours reaches it.
+        A peer whose previous request is still stuck is not asked again until it returns.
+        """
         out: dict[ID, _PeerSync | None] = {}
+        pending: set[ID] = set()
+        done = trio.Event()
 
         async def one(pid: ID) -> None:
-            out[pid] = await self._sync_one(pid, rnd)
+            try:
+                out[pid] = await self._sync_one(pid, rnd)
+            finally:
+                self._inflight.discard(pid)
+                pending.discard(pid)
+                if not pending:
+                    done.set()
 
-        async with trio.open_nursery() as nursery:
-            for pid in list(self._peers):
-                nursery.start_soon(one, pid)
-        return out
+        for pid in list(self._peers):
+            if pid in self._inflight:
+                out[pid] = None
+                continue
+            pending.add(pid)
+            self._inflight.add(pid)
+        assert self._nursery is not None
+        for pid in list(pending):
+            self._nursery.start_soon(one, pid)
+        if pending:
+            with trio.move_on_after(self.config.request_timeout_s + 0.5):
+                await done.wait()
+        return {pid: out.get(pid) for pid in self._peers}
 
     async def _sync_one(self, pid: ID, rnd: int) -> _PeerSync | None:
         store, cfg, peer = self.store, self.config, pid.to_base58()
