@@ -99,6 +99,7 @@ class Node:
         self.transport: Any = None
         self.metrics_path = self.dir / "metrics.jsonl"
         self._first_attempt: dict[int, int] = {}
+        self.packet_spec: Any = None  # set once the model exists; gossip validates with it
 
     # ------------------------------------------------------------------ plumbing
 
@@ -247,6 +248,7 @@ class Node:
             ),
             sender=self.me.lower(),
         )
+        self.packet_spec = opt.spec
         rounds = spec.steps_per_epoch // spec.sync_interval
         resume = self._load_round_state(job, opt)
         first = resume["round"] if resume else 0
@@ -524,6 +526,7 @@ class Node:
 
 
 def _gossip_factory(node: Node, job_id: int) -> Any:
+    from dtrain_node import codec
     from dtrain_node.gossip import GossipConfig, GossipNode
 
     cfg = node.cfg
@@ -539,6 +542,12 @@ def _gossip_factory(node: Node, job_id: int) -> Any:
     def members(_job: int, _epoch: int) -> list[str]:
         return node.bsm.members(job_id)
 
-    g = GossipNode(gcfg, node.bsm.account, members)
+    def validate(payload: bytes) -> None:
+        # Malformed packets are dropped before they are forwarded. Until our model exists
+        # (first epoch start) there is nothing to check against; DeMo.apply checks again.
+        if node.packet_spec is not None:
+            codec.decode(node.packet_spec, payload)
+
+    g = GossipNode(gcfg, node.bsm.account, members, validate_payload=validate)
     g.start()
     return g
