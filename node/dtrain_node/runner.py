@@ -45,6 +45,8 @@ log = logging.getLogger("dtrain.node")
 
 ENDED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 FIRST_ROUND_FACTOR = 4
+SUBMIT_MARGIN_S = 20.0  # time kept for saving, hashing and the submit transaction
+MIN_ROUND_S = 1.0
 FINALIZE_GAS = 6_000_000  # above finalizeEpoch at the 32-member cap (docs/gas.md)
 
 
@@ -213,7 +215,7 @@ class Node:
                     return {"left": True}
                 self._sleep()
                 continue
-            mine, _ = self.bsm.submission_of(job_id, self.me)
+            mine, _ = self.bsm.submission_of(job_id, self.me, job.block)
             if mine == b"\0" * 32:
                 self.run_epoch(job)
             self.finalize(job_id, job.state.attempt)
@@ -296,6 +298,11 @@ class Node:
             # checkpoint, building the model), so it gets a longer deadline; once everyone is
             # in, rounds end as soon as all packets arrived.
             deadline = self.cfg.round_deadline_s * (FIRST_ROUND_FACTOR if r == first else 1)
+            # Missing members must not make us miss the epoch deadline: the rounds left share
+            # the time left (less the gossip settle phase and a margin to submit).
+            left = job.deadline - time.time() - SUBMIT_MARGIN_S
+            share = left / (rounds - r) - self.transport.config.settle_s
+            deadline = max(MIN_ROUND_S, min(deadline, share))
             res = self.transport.collect_round(r, packet, deadline)
             stats = opt.apply(res.packets)
             sync_s = time.perf_counter() - t_sync

@@ -287,9 +287,9 @@ class BSM:
             events=tuple(self._decode_logs(rc["logs"])),
         )
 
-    def _call(self, fn: ContractFunction) -> Any:
+    def _call(self, fn: ContractFunction, block: int | str = "latest") -> Any:
         try:
-            return fn.call()
+            return fn.call(block_identifier=block)
         except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
             raise self._revert_error(exc) from None
         except (requests.exceptions.RequestException, OSError) as exc:
@@ -460,7 +460,11 @@ class BSM:
         )
 
     def job(self, job_id: int) -> Job:
-        spec_t, state_t = self._call(self.contract.functions.getJob(job_id))
+        """A consistent snapshot: every read at one block, so state and members cannot come
+        from the two sides of an epoch boundary."""
+        f = self.contract.functions
+        at = self.w3.eth.block_number
+        spec_t, state_t = self._call(f.getJob(job_id), at)
         state = JobState.from_tuple(tuple(state_t))
         if state.status == JobStatus.NONE:
             raise CONTRACT_ERRORS["UnknownJob"](job_id)
@@ -468,10 +472,11 @@ class BSM:
             id=job_id,
             spec=JobSpec.from_tuple(tuple(spec_t)),
             state=state,
-            members=tuple(self.members(job_id)),
-            pending_joins=tuple(self._call(self.contract.functions.getPendingJoins(job_id))),
-            submitted=int(self._call(self.contract.functions.submittedCount(job_id))),
-            deadline=int(self._call(self.contract.functions.epochDeadline(job_id))),
+            members=tuple(self._call(f.getMembers(job_id), at)),
+            pending_joins=tuple(self._call(f.getPendingJoins(job_id), at)),
+            submitted=int(self._call(f.submittedCount(job_id), at)),
+            deadline=int(self._call(f.epochDeadline(job_id), at)),
+            block=at,
         )
 
     def jobs(self) -> list[Job]:
@@ -486,8 +491,10 @@ class BSM:
     def epoch_checkpoint(self, job_id: int, epoch: int) -> bytes:
         return bytes(self._call(self.contract.functions.epochCheckpoint(job_id, epoch)))
 
-    def submission_of(self, job_id: int, operator: str) -> tuple[bytes, bytes]:
-        h, k = self._call(self.contract.functions.submissionOf(job_id, _addr(operator)))
+    def submission_of(
+        self, job_id: int, operator: str, block: int | str = "latest"
+    ) -> tuple[bytes, bytes]:
+        h, k = self._call(self.contract.functions.submissionOf(job_id, _addr(operator)), block)
         return bytes(h), bytes(k)
 
     def accounting(self) -> Accounting:

@@ -187,6 +187,7 @@ class Job:
     pending_joins: tuple[str, ...] = ()
     submitted: int = 0
     deadline: int = 0
+    block: int = 0  # the block this snapshot was read at
 
 
 @dataclass(frozen=True)
