@@ -60,9 +60,13 @@ def before_round(node: Any, r: int, ctx: dict[str, Any]) -> None:
     ]
     msgs.append(os.urandom(2000))
     junk = good[:37] + os.urandom(len(good) - 37)  # right header, random body: fails decode
+    # For the next round: honest nodes cannot have finished it (they wait for our packet), so
+    # the payload is validated rather than dropped as late.
     msgs += [
         e.encode()
-        for e in envelope.seal(node.account, job_id=conf["job_id"], round=r, payload=junk, **common)
+        for e in envelope.seal(
+            node.account, job_id=conf["job_id"], round=r + 1, payload=junk, **common
+        )
     ]
     for m in msgs:
         node._call(node._ps.publish, node.topic, m)
