@@ -59,7 +59,9 @@ def before_round(node: Any, r: int, ctx: dict[str, Any]) -> None:
         for e in envelope.seal(node.account, job_id=conf["job_id"], round=r, payload=huge, **common)
     ]
     msgs.append(os.urandom(2000))
-    junk = good[:37] + os.urandom(len(good) - 37)  # right header, random body: fails decode
+    # Right header, body cut short: always fails decode (a random body of the right length can
+    # decode as a valid packet: every 12-bit index and every 1-bit value is legal).
+    junk = good[:-7]
     # For the next round: honest nodes cannot have finished it (they wait for our packet), so
     # the payload is validated rather than dropped as late.
     msgs += [
