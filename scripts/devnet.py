@@ -375,9 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                 caller,
                 members_by_epoch,
                 procs,
-                run_dir,
                 check,
-                cfg,
                 init,
                 wallets0,
             )
@@ -436,9 +434,7 @@ def report(
     caller,
     members_by_epoch,
     procs,
-    run_dir,
     check,
-    cfg,
     init,
     wallets0,
 ) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from dtrain.cli import AMOUNT, Ctx, emit
-from dtrain.errors import ConfigError, DtrainError
+from dtrain.errors import ConfigError
 
 
 def register(root: click.Group) -> None:
@@ -165,4 +165,4 @@ def fetch(ctx: Ctx, job_id: int, out: Path, timeout: float) -> None:
     )
 
 
-__all__ = ["DtrainError", "register"]
+__all__ = ["register"]
