@@ -32,7 +32,7 @@ gas: setup
 
 # The whole story on a local devnet (see README); options: make demo ARGS="--no-faults".
 demo: setup
-	$(PY) scripts/devnet.py $(ARGS)
+	$(PY) -m dtrain_node.devnet $(ARGS)
 
 clean:
 	rm -rf contracts/out contracts/cache .pytest_cache .ruff_cache

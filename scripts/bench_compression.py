@@ -28,11 +28,14 @@ from pathlib import Path
 
 import torch
 
-from dtrain_node import data as corpus
-from dtrain_node.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes
-from dtrain_node.compress import CompressConfig
-from dtrain_node.demo import DeMo, DeMoConfig
-from dtrain_node.model import GPT, GPTConfig
+from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+
+# The benchmark baselines, model and corpus live with the test harnesses, not in the product.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness import bench_corpus as corpus
+from harness.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes
+from harness.bench_model import GPT, GPTConfig
 
 # Envelope of a gossip message around the payload: chain id 8 + contract 20 + job 8 + epoch 8
 # + round 8 + sender 20 + secp256k1 signature 65 + framing 23. An estimate until the gossip

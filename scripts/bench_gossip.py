@@ -1,6 +1,6 @@
 """Gossip round latency and throughput between real node processes on loopback.
 
-For each (nodes, params) it starts that many dtrain_node.p2p_worker processes (each a libp2p
+For each (nodes, params) it starts that many harness.gossip_worker processes (each a libp2p
 host with the gossip sync layer), runs `rounds` sync rounds with real DeMo codec packets of a
 synthetic model with `params` parameters at the default compression (4 of 4096 coefficients
 per 64x64 chunk, ~0.1% density, 1-bit levels), and records per-round latency as seen by each
@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dtrain_node.p2p_cluster import Cluster
+# The benchmark baselines, model and corpus live with the test harnesses, not in the product.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness.gossip_cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 

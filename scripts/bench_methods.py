@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from dtrain_node import corpus, tasks
-from dtrain_node.backend import TrainJob, make_backend
-from dtrain_node.demo import DeMo, DeMoConfig, lockstep
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
+from dtrain_node.train import corpus, tasks
+from dtrain_node.train.backend import TrainJob, make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 K = 4  # inner steps per DeMo sync

@@ -12,7 +12,6 @@ Writes DIR/node.json and DIR/node.md (DIR: docs/bench, or docs/bench/quick with 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -21,17 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from dtrain_node import devnet
+
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("devnet", ROOT / "scripts" / "devnet.py")
-devnet = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-sys.modules["devnet"] = devnet
-_spec.loader.exec_module(devnet)  # type: ignore[union-attr]
 
 
 def bare_tokens_per_s(data: Path, digest: bytes, steps: int, batch: int, job_id: int) -> float:
     import torch
 
-    from dtrain_node.backend import TrainJob, make_backend
+    from dtrain_node.train.backend import TrainJob, make_backend
 
     torch.set_num_threads(1)  # as the nodes run (one thread each, see devnet.spawn_node)
     b = make_backend(TrainJob(job_id, "cpt", "builtin:tiny", str(data), digest, batch))

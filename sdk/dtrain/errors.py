@@ -45,10 +45,6 @@ class TransactionFailed(DtrainError):
     """A transaction was mined but reverted, or could not be sent."""
 
 
-class ArtifactMissing(DtrainError):
-    """The compiled contract shipped with the package is missing."""
-
-
 class ContractError(DtrainError):
     """A custom error raised by the contract. Subclasses are generated from the ABI."""
 

@@ -7,7 +7,9 @@ import os
 import signal
 
 import pytest
-from harness import ETH, Cluster, devnet
+
+from dtrain_node import devnet
+from dtrain_node.devnet import ETH, Cluster
 
 pytestmark = pytest.mark.slow
 

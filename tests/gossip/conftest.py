@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gossip_cluster import Cluster
+from harness.gossip_cluster import Cluster
 
 
 @pytest.fixture

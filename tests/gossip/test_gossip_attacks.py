@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-from gossip_cluster import assert_identical_rounds
+from harness.gossip_cluster import assert_identical_rounds
 
-HOOK = str(Path(__file__).with_name("attack_hook.py"))
+HOOK = "harness.attack_hook"
 EXPECTED = {
     "not_member": "a non-member's packet",
     "round_window": "a replay of round 0",

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 from eth_account import Account
-from gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, ROOT
+from harness import harness_env
+from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, ROOT
 
-from dtrain_node.gossip import CheckpointError, GossipConfig, GossipNode
+from dtrain_node.errors import CheckpointUnavailable
+from dtrain_node.p2p.host import GossipConfig, GossipNode
 
 
 @pytest.fixture
@@ -31,13 +33,13 @@ def server(tmp_path: Path) -> Iterator[Any]:
             )
         )
         p = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("file_server.py")), str(conf)],
+            [sys.executable, "-m", "harness.file_server", str(conf)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=(tmp_path / "server.err").open("w"),
             text=True,
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+            env=harness_env(),
         )
         procs.append(p)
         assert p.stdout is not None
@@ -83,10 +85,10 @@ def test_checkpoint_transfer_20mb_and_corruption_rejected(server: Any, tmp_path:
         print(f"\n20 MB checkpoint fetched in {secs:.2f} s ({20 / secs:.1f} MB/s)")
 
         bad_dest = tmp_path / "fetched" / "bad.safetensors"
-        with pytest.raises(CheckpointError, match="sha256"):
+        with pytest.raises(CheckpointUnavailable, match="sha256"):
             node.fetch_file(h_bad, [peer], bad_dest)
         assert not bad_dest.exists()
-        with pytest.raises(CheckpointError, match="status 1"):
+        with pytest.raises(CheckpointUnavailable, match="status 1"):
             node.fetch_file("ab" * 32, [peer], bad_dest)  # nobody serves this hash
         assert not bad_dest.exists()
         assert sorted(p.name for p in dest.parent.iterdir()) == ["start.safetensors"]

@@ -10,16 +10,19 @@ from pathlib import Path
 
 import pytest
 from eth_account import Account
-from gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
+from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
+from harness.gossip_worker import synthetic_packet, synthetic_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.peer.id import ID
 
-from dtrain_node import codec, envelope, p2p_identity, p2p_wire
-from dtrain_node.envelope import EnvelopeError
-from dtrain_node.gossip import GossipConfig
-from dtrain_node.p2p_rounds import Phase, RoundStore, StoreLimits
-from dtrain_node.p2p_worker import synthetic_packet, synthetic_spec
+from dtrain_node.optim import codec
+from dtrain_node.p2p import envelope
+from dtrain_node.p2p import identity as p2p_identity
+from dtrain_node.p2p import wire as p2p_wire
+from dtrain_node.p2p.envelope import EnvelopeError
+from dtrain_node.p2p.host import GossipConfig
+from dtrain_node.p2p.rounds import Phase, RoundStore, StoreLimits
 
 MEMBERS = [account(i).address for i in range(3)]
 SPEC = synthetic_spec(300_000)

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
+from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
 
-from dtrain_node.gossip import GossipConfig, GossipError, GossipNode, RoundResult
+from dtrain_node.p2p.host import GossipConfig, GossipError, GossipNode, RoundResult
 
 
 @pytest.mark.timeout(60)

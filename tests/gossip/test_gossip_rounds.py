@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gossip_cluster import assert_identical_rounds, latency_summary
+from harness.gossip_cluster import assert_identical_rounds, latency_summary
 
 
 @pytest.mark.timeout(240)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from chainutil import ETH
+from harness.chain import ETH
 
 from dtrain.chain import DevAccount, LocalChain
 from dtrain.client import BSM, NONCES

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from chainutil import ETH, peer_key
+from harness.chain import ETH, peer_key
 from web3 import Web3
 
 from dtrain.cli import main

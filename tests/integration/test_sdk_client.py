@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from chainutil import ETH, advance, peer_key, spec
+from harness.chain import ETH, advance, peer_key, spec
 from web3 import Web3
 
 from dtrain import artifacts, errors

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import harness_env
 
-from dtrain_node import dct
-from dtrain_node.aggregate import LIMIT, aggregate, bound_shift
-from dtrain_node.codec import Spec, decode, encode
-from dtrain_node.compress import CompressConfig, compress, decompress
+from dtrain_node.optim import dct
+from dtrain_node.optim.aggregate import LIMIT, aggregate, bound_shift
+from dtrain_node.optim.codec import Spec, decode, encode
+from dtrain_node.optim.compress import CompressConfig, compress, decompress
 
 HERE = Path(__file__).parent
 SHAPES = [("w", (256, 192)), ("v", (100, 70)), ("b", (130,)), ("s", ())]
@@ -87,11 +88,12 @@ def test_thread_count_and_order_subprocesses():
     outs = set()
     for threads, order in ((1, 0), (2, 1), (4, 2)):
         r = subprocess.run(
-            [sys.executable, str(HERE / "_exact_worker.py"), str(threads), str(order)],
+            [sys.executable, "-m", "harness.exact_worker", str(threads), str(order)],
             capture_output=True,
             text=True,
             timeout=120,
             check=True,
+            env=harness_env(),
         )
         nt, digest, upd = r.stdout.split()
         assert int(nt) == threads

@@ -5,9 +5,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dtrain_node import codec
-from dtrain_node.codec import PacketError, Spec, decode, encode
-from dtrain_node.compress import CompressConfig, Sparse, compress
+from dtrain_node.optim import codec
+from dtrain_node.optim.codec import PacketError, Spec, decode, encode
+from dtrain_node.optim.compress import CompressConfig, Sparse, compress
 
 SHAPES = [("w", (128, 192)), ("v", (100, 70)), ("b", (130,)), ("s", ())]
 

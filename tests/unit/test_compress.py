@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from dtrain_node import dct
-from dtrain_node.compress import (
+from dtrain_node.optim import dct
+from dtrain_node.optim.compress import (
     CompressConfig,
     compress,
     compress_ef,

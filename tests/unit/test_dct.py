@@ -3,7 +3,7 @@ import hashlib
 import pytest
 import torch
 
-from dtrain_node import dct
+from dtrain_node.optim import dct
 
 BASIS_Q_SHA256 = "bd2dd8755b8f36b39baa2ef7dde7b4d710dc0be7929f0f55ce58dbc477047fe8"
 

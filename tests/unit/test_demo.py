@@ -3,12 +3,13 @@ import threading
 
 import pytest
 import torch
+from harness import bench_corpus as corpus
+from harness import bench_model as model
+from harness.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes
 
-from dtrain_node import data as corpus
-from dtrain_node import dct, model
-from dtrain_node.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes
-from dtrain_node.compress import CompressConfig
-from dtrain_node.demo import DeMo, DeMoConfig, lockstep
+from dtrain_node.optim import dct
+from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
 
 SHAPES = {"w": (128, 96), "v": (70,), "m": (64, 64)}
 

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from dtrain_node import backend, corpus, finetune, methods, tasks
-from dtrain_node.backend import BackendUnavailable, TrainJob, make_backend
-from dtrain_node.demo import DeMo, DeMoConfig, lockstep
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
+from dtrain_node.train import backend, corpus, finetune, tasks
+from dtrain_node.train import losses as methods
+from dtrain_node.train.backend import BackendUnavailable, TrainJob, make_backend
 
 I = methods.IGNORE
 
@@ -279,7 +280,7 @@ def test_sft_greedy_exact_match_accuracy_improves(tmp_path):
 def test_runner_sequence_round_trips_through_state_dict_and_export(tmp_path, method):
     # What the runner and `dtrain job fetch` do: shard, train, load a checkpoint into a fresh
     # backend of the same job, export in Hugging Face format.
-    from dtrain_node import shard
+    from dtrain_node.train import shard
 
     b = make(tmp_path, method)
     idx = shard.assign(b.n_items(), 1, 0, ["0xa", "0xb"], "0xa")

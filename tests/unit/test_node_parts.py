@@ -9,9 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtrain_node import checkpoint, corpus, hf, shard
-from dtrain_node.backend import BackendUnavailable, TrainJob, make_backend
-from dtrain_node.faults import Faults
+from dtrain_node.errors import CheckpointInvalid
+from dtrain_node.operator.faults import Faults
+from dtrain_node.train import checkpoint, corpus, shard
+from dtrain_node.train import models as hf
+from dtrain_node.train.backend import BackendUnavailable, TrainJob, make_backend
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -47,17 +49,17 @@ def test_stream_rejects_corruption() -> None:
     t = tensors()
     s = bytearray(checkpoint.to_stream(t))
     s[100] ^= 0xFF
-    with pytest.raises(checkpoint.CheckpointError, match="does not match"):
+    with pytest.raises(CheckpointInvalid, match="does not match"):
         checkpoint.from_stream(bytes(s), checkpoint.canonical_hash(t))
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
 def test_from_stream_fuzz(data: bytes) -> None:
-    # Whatever the bytes, parsing with their own hash either works or raises CheckpointError.
+    # Whatever the bytes, parsing with their own hash either works or raises CheckpointInvalid.
     try:
         out = checkpoint.from_stream(data, hashlib.sha256(data).digest())
-    except checkpoint.CheckpointError:
+    except CheckpointInvalid:
         return
     assert checkpoint.to_stream(out) == data
 
@@ -69,9 +71,9 @@ def test_save_load_verifies(tmp_path) -> None:
     assert torch.equal(
         checkpoint.load(tmp_path / "c.safetensors", digest)["b.weight"], t["b.weight"]
     )
-    with pytest.raises(checkpoint.CheckpointError, match="!= expected"):
+    with pytest.raises(CheckpointInvalid, match="!= expected"):
         checkpoint.load(tmp_path / "c.safetensors", b"\1" * 32)
-    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
+    with pytest.raises(CheckpointInvalid, match="does not exist"):
         checkpoint.load(tmp_path / "missing.safetensors")
 
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dtrain_node import tasks
-from dtrain_node.backend import TrainJob, make_backend
-from dtrain_node.tasks import DataError
+from dtrain_node.errors import DatasetError
+from dtrain_node.train import tasks
+from dtrain_node.train.backend import TrainJob, make_backend
 
 
 def test_addition_answers_are_correct_distinct_and_bounded():
@@ -53,9 +53,9 @@ def test_write_and_load_roundtrip_with_hash(tmp_path):
     assert h == hashlib.sha256(path.read_bytes()).digest()
     assert tasks.load_records(path, "sft", h) == recs
     assert tasks.load_records(f"file://{path}", "sft", None) == recs
-    with pytest.raises(DataError, match="sha256"):
+    with pytest.raises(DatasetError, match="sha256"):
         tasks.load_records(path, "sft", hashlib.sha256(b"other").digest())
-    with pytest.raises(DataError, match="does not exist"):
+    with pytest.raises(DatasetError, match="does not exist"):
         tasks.load_records(tmp_path / "missing.jsonl", "sft", None)
 
 
@@ -82,30 +82,30 @@ GOOD = json.dumps({"prompt": "1+2=", "response": "3"})
 )
 def test_bad_record_error_names_record_number(tmp_path, bad, reason):
     path = write_lines(tmp_path, [GOOD, GOOD, bad, GOOD])
-    with pytest.raises(DataError, match=rf"^record 3: .*{reason}"):
+    with pytest.raises(DatasetError, match=rf"^record 3: .*{reason}"):
         tasks.load_records(path, "sft", None)
 
 
 def test_whole_file_is_validated_even_late_records(tmp_path):
     # The bad record is the last of 1000: found before any training starts.
     path = write_lines(tmp_path, [GOOD] * 999 + ['{"prompt": "1+2="}'])
-    with pytest.raises(DataError, match=r"^record 1000: "):
+    with pytest.raises(DatasetError, match=r"^record 1000: "):
         tasks.load_records(path, "sft", None)
 
 
 def test_dpo_and_grpo_field_checks(tmp_path):
     same = json.dumps({"prompt": "p", "chosen": "a", "rejected": "a"})
     good = json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"})
-    with pytest.raises(DataError, match=r"^record 2: chosen and rejected are the same"):
+    with pytest.raises(DatasetError, match=r"^record 2: chosen and rejected are the same"):
         tasks.load_records(write_lines(tmp_path, [good, same]), "dpo", None)
-    with pytest.raises(DataError, match=r"^record 1: missing field 'answer'"):
+    with pytest.raises(DatasetError, match=r"^record 1: missing field 'answer'"):
         tasks.load_records(write_lines(tmp_path, [GOOD, GOOD]), "grpo", None)
 
 
 def test_too_few_records_and_unknown_method(tmp_path):
-    with pytest.raises(DataError, match="need >= 2"):
+    with pytest.raises(DatasetError, match="need >= 2"):
         tasks.load_records(write_lines(tmp_path, [GOOD]), "sft", None)
-    with pytest.raises(DataError, match="no record format for method 'cpt'"):
+    with pytest.raises(DatasetError, match="no record format for method 'cpt'"):
         tasks.load_records(write_lines(tmp_path, [GOOD, GOOD]), "cpt", None)
 
 
@@ -119,14 +119,14 @@ def test_split_holds_out_last_tenth():
 def test_backend_rejects_bad_dataset_before_training(tmp_path):
     path = write_lines(tmp_path, [GOOD] * 10 + ['{"prompt": "1+2=", "response": 3}'])
     job = TrainJob(1, "sft", "builtin:tiny", str(path), b"\0" * 32)
-    with pytest.raises(DataError, match=r"^record 11: "):
+    with pytest.raises(DatasetError, match=r"^record 11: "):
         make_backend(job)
 
 
 def test_grpo_backend_requires_one_answer_width(tmp_path):
     path = tmp_path / "g.jsonl"
     h = tasks.make_dataset(path, "grpo", tasks.addition(50, digits=1, seed=0))  # 1 and 2 wide
-    with pytest.raises(DataError, match="one width"):
+    with pytest.raises(DatasetError, match="one width"):
         make_backend(TrainJob(1, "grpo", "builtin:tiny", str(path), h))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,9 +39,6 @@ class ModelConfig:
             raise ValueError(
                 f"need layers >= 1 and hidden % heads == 0 ({self.hidden} % {self.heads})"
             )
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
 
 PRESETS = {

@@ -15,11 +15,10 @@ from typing import Any, Protocol
 
 import torch
 
-from dtrain_node import corpus, hf, methods
-
-
-class BackendUnavailable(RuntimeError):
-    """The selected backend's package is not installed."""
+from dtrain_node.errors import BackendUnavailable
+from dtrain_node.train import corpus
+from dtrain_node.train import losses as methods
+from dtrain_node.train import models as hf
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def make_backend(job: TrainJob, name: str = "builtin", options: Any = None) -> B
             return CausalLMBackend(job)
         if job.method in METHODS:
             # Imported here: finetune builds on this module's protocol.
-            from dtrain_node import finetune
+            from dtrain_node.train import finetune
 
             return finetune.BACKENDS[job.method](job, options)
         raise ValueError(f"unknown method {job.method!r}; known: {', '.join(METHODS)}")

@@ -36,12 +36,13 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from dtrain_node import envelope as envmod
-from dtrain_node import p2p_identity as ident
-from dtrain_node import p2p_wire as wire
-from dtrain_node.envelope import EnvelopeError
-from dtrain_node.p2p_pubsub import SafePubsub
-from dtrain_node.p2p_rounds import MembersProvider, PayloadValidator, Phase, RoundStore, StoreLimits
+from dtrain_node.errors import CheckpointUnavailable, GossipError
+from dtrain_node.p2p import envelope as envmod
+from dtrain_node.p2p import identity as ident
+from dtrain_node.p2p import wire
+from dtrain_node.p2p.envelope import EnvelopeError
+from dtrain_node.p2p.pubsub import SafePubsub
+from dtrain_node.p2p.rounds import MembersProvider, PayloadValidator, Phase, RoundStore, StoreLimits
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +117,6 @@ class RoundResult:
     bytes_out: int
     settled: bool  # False: hit deadline + settle_s before peers agreed (see docs/protocol.md)
     re_requests: int
-
-
-class CheckpointError(RuntimeError):
-    """No peer delivered a file with the expected sha256 (nothing is left at dest)."""
-
-
-class GossipError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -680,7 +673,7 @@ class GossipNode:
         """Fetch a file by sha256 from the first peer that delivers it intact.
 
         The bytes go to a temporary file next to dest, are hashed as they arrive and are
-        renamed onto dest only if the sha256 matches. Raises CheckpointError otherwise.
+        renamed onto dest only if the sha256 matches. Raises CheckpointUnavailable otherwise.
         """
         sha = bytes.fromhex(sha256_hex)
         if len(sha) != 32:
@@ -703,7 +696,9 @@ class GossipNode:
                 self.store.dropped["file_rejected"] += 1
             finally:
                 tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"no peer delivered {sha.hex()}: {'; '.join(errors) or 'no peers'}")
+        raise CheckpointUnavailable(
+            f"no peer delivered {sha.hex()}: {'; '.join(errors) or 'no peers'}"
+        )
 
     async def _fetch_from(self, pid: ID, sha: bytes, tmp: Path) -> None:
         stream = await self._host.new_stream(pid, [TProtocol(wire.CKPT_PROTOCOL)])
@@ -712,22 +707,22 @@ class GossipNode:
             await wire.write_frame(stream, wire.encode_ckpt_request(sha))
             status, size = wire.decode_ckpt_reply(await wire.read_frame(stream, 64))
             if status != wire.CKPT_OK:
-                raise CheckpointError(f"peer answered status {status}")
+                raise CheckpointUnavailable(f"peer answered status {status}")
             if size > self.config.max_file_bytes:
-                raise CheckpointError(f"{size} bytes > limit {self.config.max_file_bytes}")
+                raise CheckpointUnavailable(f"{size} bytes > limit {self.config.max_file_bytes}")
             h, got = hashlib.sha256(), 0
             tmp.parent.mkdir(parents=True, exist_ok=True)
             with tmp.open("wb") as f:
                 while got < size:
                     block = await wire.read_frame(stream, wire.CKPT_CHUNK)
                     if not block or got + len(block) > size:
-                        raise CheckpointError(f"bad block after {got} of {size} bytes")
+                        raise CheckpointUnavailable(f"bad block after {got} of {size} bytes")
                     h.update(block)
                     f.write(block)
                     got += len(block)
                     self._m.add_in(peer, len(block) + 4)
             if h.digest() != sha:
-                raise CheckpointError(f"sha256 {h.hexdigest()} != expected {sha.hex()}")
+                raise CheckpointUnavailable(f"sha256 {h.hexdigest()} != expected {sha.hex()}")
         finally:
             await _close(stream)
 

@@ -84,8 +84,8 @@ def node_run(
 
     Example: dtrain --key 0x... node run --data-dir ./op1 --job 1
     """
-    from dtrain_node.faults import Faults
-    from dtrain_node.runner import Node, NodeConfig
+    from dtrain_node.operator.faults import Faults
+    from dtrain_node.operator.node import Node, NodeConfig
 
     if not (ctx.rpc_url and ctx.contract and ctx.key):
         raise ConfigError("node run needs --rpc-url, --contract and --key")
@@ -151,7 +151,7 @@ def fetch(ctx: Ctx, job_id: int, out: Path, timeout: float) -> None:
 
     Example: dtrain job fetch 1 --out ./model
     """
-    from dtrain_node.fetch import fetch_final
+    from dtrain_node.operator.fetch import fetch_final
 
     bsm = ctx.bsm(signing=False)
     with tempfile.TemporaryDirectory(prefix="dtrain-fetch-") as tmp:

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import torch
 
-
-class DatasetError(ValueError):
-    """A dataset file that is missing or does not match the hash in the job spec."""
+from dtrain_node.errors import DatasetError
 
 
 def build_stdlib_corpus(path: str | os.PathLike, max_bytes: int = 2_000_000) -> bytes:
@@ -42,14 +40,6 @@ def build_stdlib_corpus(path: str | os.PathLike, max_bytes: int = 2_000_000) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return hashlib.sha256(data).digest()
-
-
-def file_hash(path: str | os.PathLike) -> bytes:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.digest()
 
 
 @dataclass(frozen=True)

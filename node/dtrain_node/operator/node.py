@@ -35,11 +35,12 @@ from web3 import Web3
 from dtrain.client import BSM
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobStatus
-from dtrain_node import checkpoint, shard
-from dtrain_node.backend import TrainJob, make_backend
-from dtrain_node.compress import CompressConfig
-from dtrain_node.demo import DeMo, DeMoConfig
-from dtrain_node.faults import Faults
+from dtrain_node.errors import CheckpointInvalid, StopRequested
+from dtrain_node.operator.faults import Faults
+from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.train import checkpoint, shard
+from dtrain_node.train.backend import TrainJob, make_backend
 
 log = logging.getLogger("dtrain.node")
 
@@ -83,10 +84,6 @@ class NodeConfig:
             raise ValueError("batch_size >= 1, round_deadline_s > 0 and poll_s > 0 required")
 
 
-class Stop(Exception):
-    """The operator asked to stop now."""
-
-
 class Node:
     def __init__(self, cfg: NodeConfig, transport_factory: Any = None) -> None:
         self.cfg = cfg
@@ -113,7 +110,7 @@ class Node:
 
     def _check_stop(self) -> None:
         if self.stop_now.is_set():
-            raise Stop()
+            raise StopRequested()
 
     def _sleep(self) -> None:
         self._check_stop()
@@ -152,7 +149,7 @@ class Node:
             while time.monotonic() < deadline and not self.stop_now.is_set():
                 time.sleep(0.2)  # callers fetch the final checkpoint from us meanwhile
             return result
-        except Stop:
+        except StopRequested:
             self._metric("stopped")
             return {"stopped": True}
         finally:
@@ -423,7 +420,7 @@ class Node:
         for f in sorted(self.job_dir(job.id).glob("attempt-*.safetensors")):
             try:
                 tensors = checkpoint.load(f, expected)
-            except checkpoint.CheckpointError:
+            except CheckpointInvalid:
                 continue
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(checkpoint.to_stream(tensors))
@@ -533,8 +530,8 @@ class Node:
 
 
 def _gossip_factory(node: Node, job_id: int) -> Any:
-    from dtrain_node import codec
-    from dtrain_node.gossip import GossipConfig, GossipNode
+    from dtrain_node.optim import codec
+    from dtrain_node.p2p.host import GossipConfig, GossipNode
 
     cfg = node.cfg
     gcfg = GossipConfig(

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dtrain_node import dct
-from dtrain_node.codec import Spec
-from dtrain_node.compress import Sparse
+from dtrain_node.optim import dct
+from dtrain_node.optim.codec import Spec
+from dtrain_node.optim.compress import Sparse
 
 LIMIT = 2**53  # float64 holds every integer below this exactly
 SHIFT_MAX = 24  # at most this many bits of dynamic range between senders' scales

@@ -1,4 +1,4 @@
-"""Run gossip nodes as OS processes (dtrain_node.p2p_worker) and collect their results.
+"""Run gossip nodes as OS processes (harness.gossip_worker) and collect their results.
 
 Used by the multi-process tests and scripts/bench_gossip.py. Every wait is on a condition (a
 line from the child, a process exit) with a timeout; close() stops or kills every child.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -20,6 +19,10 @@ from typing import Any
 
 from eth_account import Account
 from eth_utils import keccak
+
+from harness import harness_env
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CHAIN_ID = 31337
 CONTRACT = "0x" + "42" * 20
@@ -113,7 +116,7 @@ class Cluster:
             }
             path = workdir / f"conf{i}.json"
             path.write_text(json.dumps(conf))
-            cmd = [sys.executable, "-m", "dtrain_node.p2p_worker", str(path)]
+            cmd = [sys.executable, "-m", "harness.gossip_worker", str(path)]
             if nice:
                 cmd = ["nice", "-n", str(nice), *cmd]
             p = subprocess.Popen(
@@ -122,7 +125,7 @@ class Cluster:
                 stdout=subprocess.PIPE,
                 stderr=(workdir / f"stderr{i}.log").open("w"),
                 text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=harness_env(PYTHONUNBUFFERED="1"),
             )
             proc = Proc(i, p, Path(conf["result"]))
             threading.Thread(target=_pump, args=(proc,), daemon=True).start()
@@ -176,3 +179,22 @@ def _pump(proc: Proc) -> None:
         if line.startswith("{"):
             with contextlib.suppress(json.JSONDecodeError):
                 proc.lines.put(json.loads(line))
+
+
+def latency_summary(results: list[Any]) -> dict[str, float]:
+    lat = sorted(r["latency_s"] for res in results for r in res["rounds"])
+    return {
+        "median_s": lat[len(lat) // 2],
+        "p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+        "max_s": lat[-1],
+    }
+
+
+def assert_identical_rounds(results: list[Any], rounds: range) -> None:
+    """Every node applied the same packets (senders and payload hashes) in every round."""
+    for r in rounds:
+        views = {
+            (tuple(res["rounds"][r]["senders"]), tuple(res["rounds"][r]["digests"]))
+            for res in results
+        }
+        assert len(views) == 1, f"round {r}: nodes disagree: {views}"

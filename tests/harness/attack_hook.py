@@ -1,4 +1,4 @@
-"""Worker hook (loaded by dtrain_node.p2p_worker) that turns a member into an attacker.
+"""Worker hook (loaded by harness.gossip_worker) that turns a member into an attacker.
 
 The attacker runs honest rounds, and before ATTACK_ROUND it publishes on the job topic: a
 non-member's packet, a replay of its own round-0 packet, a forged signature, a packet for
@@ -21,8 +21,9 @@ from libp2p.custom_types import TProtocol
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.utils import encode_uvarint
 
-from dtrain_node import envelope, p2p_wire
-from dtrain_node.p2p_worker import synthetic_packet
+from dtrain_node.p2p import envelope
+from dtrain_node.p2p import wire as p2p_wire
+from harness.gossip_worker import synthetic_packet
 
 ATTACK_ROUND = 8
 

@@ -25,21 +25,14 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from dtrain_node import dct
-from dtrain_node.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse
+from dtrain_node.errors import PacketError
+from dtrain_node.optim import dct
+from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse
 
 MAGIC = b"DMoP"
 VERSION = 1
 HEADER = len(MAGIC) + 1 + 32
 MAX_BYTES = 1 << 20  # default size cap: what one gossip message can carry
-
-
-class PacketError(ValueError):
-    """A packet was rejected; `reason` is a short machine-readable tag."""
-
-    def __init__(self, reason: str, msg: str) -> None:
-        super().__init__(f"{reason}: {msg}")
-        self.reason = reason
 
 
 @dataclass(frozen=True)

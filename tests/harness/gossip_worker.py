@@ -1,6 +1,6 @@
 """One gossip node as an OS process, for multi-process tests and the gossip benchmark.
 
-    python -m dtrain_node.p2p_worker CONFIG.json
+    python -m harness.gossip_worker CONFIG.json
 
 Line protocol (JSON, one object per line): the worker prints {"event": "ready", "peer_key",
 "addrs"} on stdout, reads {"peers": [[peer_key_hex, [addr, ...]], ...]} on stdin, connects,
@@ -13,7 +13,7 @@ of a synthetic model with config["params"] parameters, validated with the codec 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib
 import json
 import sys
 import time
@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from eth_account import Account
 
-from dtrain_node.gossip import GossipConfig, GossipNode
+from dtrain_node.p2p.host import GossipConfig, GossipNode
 
 if TYPE_CHECKING:  # torch (via the codec) costs seconds to import: only codec mode loads it
-    from dtrain_node import codec
-    from dtrain_node.compress import CompressConfig
+    from dtrain_node.optim import codec
+    from dtrain_node.optim.compress import CompressConfig
 
 
 def synthetic_spec(params: int, cfg: CompressConfig | None = None) -> codec.Spec:
     """A model shape with about `params` parameters: 1024-wide matrices plus one bias vector."""
-    from dtrain_node import codec
-    from dtrain_node.compress import CompressConfig
+    from dtrain_node.optim import codec
+    from dtrain_node.optim.compress import CompressConfig
 
     if params < 2048:
         raise ValueError(f"params must be >= 2048, got {params}")
@@ -50,8 +50,8 @@ def synthetic_packet(spec: codec.Spec, seed: int) -> bytes:
     """A valid packet with random indices and levels (what a real sync would send)."""
     import torch
 
-    from dtrain_node import codec
-    from dtrain_node.compress import LEVELS, Sparse
+    from dtrain_node.optim import codec
+    from dtrain_node.optim.compress import LEVELS, Sparse
 
     rng = np.random.default_rng(seed)
     levels = np.array(LEVELS[spec.cfg.bits], dtype=np.int8)
@@ -70,14 +70,8 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _load_hook(path: str | None) -> Any:
-    if not path:
-        return None
-    spec = importlib.util.spec_from_file_location("p2p_worker_hook", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _load_hook(module: str | None) -> Any:
+    return importlib.import_module(module) if module else None
 
 
 def main(argv: list[str]) -> int:
@@ -97,7 +91,7 @@ def main(argv: list[str]) -> int:
         payloads = [rng.bytes(size) for _ in range(distinct)]
         packet_bytes, params = size, 0
     else:
-        from dtrain_node import codec
+        from dtrain_node.optim import codec
 
         spec = synthetic_spec(int(conf["params"]))
         max_bytes = int(conf.get("gossip", {}).get("max_payload_bytes", 1 << 20))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dtrain_node import dct
+from dtrain_node.optim import dct
 
 EXP_MIN, EXP_MAX = -100, 20  # allowed scale exponents; a tensor needing more is broken
 LEVELS = {1: (-1, 1), 2: (-3, -1, 1, 3)}  # code c (an unsigned int) -> level LEVELS[bits][c]

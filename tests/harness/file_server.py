@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from eth_account import Account
-from gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID
 
-from dtrain_node.gossip import GossipConfig, GossipNode
+from dtrain_node.p2p.host import GossipConfig, GossipNode
+from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """Subprocess helper for the thread-count exactness test.
 
-usage: python _exact_worker.py THREADS ORDER_SEED  -> prints the aggregate digest and the sha256
+usage: python -m harness.exact_worker THREADS ORDER_SEED
+  -> prints the aggregate digest and the sha256
 of the float32 update bytes. Packets are generated deterministically from fixed seeds.
 """
 
@@ -12,8 +13,8 @@ import torch
 
 
 def packets():
-    from dtrain_node.codec import Spec, decode, encode
-    from dtrain_node.compress import CompressConfig, compress
+    from dtrain_node.optim.codec import Spec, decode, encode
+    from dtrain_node.optim.compress import CompressConfig, compress
 
     cfg = CompressConfig(k2d=16, k1d=2, bits=2)
     shapes = [("w1", (1024, 768)), ("w2", (640, 330)), ("b", (1000,)), ("s", ())]
@@ -30,7 +31,7 @@ def packets():
 def main() -> None:
     threads, order_seed = int(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(threads)
-    from dtrain_node.aggregate import aggregate
+    from dtrain_node.optim.aggregate import aggregate
 
     spec, pk = packets()
     random.Random(order_seed).shuffle(pk)

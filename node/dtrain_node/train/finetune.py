@@ -16,7 +16,10 @@ from typing import Any
 
 import torch
 
-from dtrain_node import hf, methods, tasks
+from dtrain_node.errors import DatasetError
+from dtrain_node.train import losses as methods
+from dtrain_node.train import models as hf
+from dtrain_node.train import tasks
 
 BOS, EOS, PAD = 256, 257, 258  # hf.tokenizer()'s special ids
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
@@ -251,11 +254,11 @@ class GRPOBackend(RecordBackend):
         answers = [r["answer"] for r in self.train + self.heldout]
         widths = {len(a.encode()) for a in answers}
         if len(widths) != 1:
-            raise tasks.DataError(f"GRPO answers must all have one width, got {sorted(widths)}")
+            raise DatasetError(f"GRPO answers must all have one width, got {sorted(widths)}")
         self.width = widths.pop()
         chars = sorted({c for a in answers for c in a})
         if any(len(c.encode()) != 1 for c in chars):
-            raise tasks.DataError("GRPO answers must be single-byte (ASCII) characters")
+            raise DatasetError("GRPO answers must be single-byte (ASCII) characters")
         self.alphabet = "".join(chars)
         self.alphabet_ids = torch.tensor([encode(c)[0] for c in chars])
         self.ref = hf.build(self.cfg, job.seed).eval().requires_grad_(False)

@@ -25,10 +25,10 @@ from typing import Literal
 
 import torch
 
-from dtrain_node import codec
-from dtrain_node.aggregate import Aggregate, aggregate
-from dtrain_node.codec import PacketError, Spec
-from dtrain_node.compress import CompressConfig, compress_ef
+from dtrain_node.optim import codec
+from dtrain_node.optim.aggregate import Aggregate, aggregate
+from dtrain_node.optim.codec import PacketError, Spec
+from dtrain_node.optim.compress import CompressConfig, compress_ef
 
 Gather = Callable[[bytes], Sequence[tuple[Hashable, bytes]]]
 
@@ -225,10 +225,6 @@ class DeMo:
             return st
         self.inner_step()
         return self.sync(gather) if self.due else None
-
-    def shared_state(self) -> list[torch.Tensor]:
-        """theta_sync: the tensors every honest node holds bitwise identically after a sync."""
-        return self.theta_sync if self.cfg.mode == "local" else [p.data for p in self.params]
 
 
 def lockstep(opts: Sequence[DeMo]) -> list[SyncStats]:

@@ -14,8 +14,8 @@ from enum import IntEnum
 
 from eth_utils import to_checksum_address
 
-from dtrain_node import envelope as envmod
-from dtrain_node.envelope import Envelope, EnvelopeError
+from dtrain_node.p2p import envelope as envmod
+from dtrain_node.p2p.envelope import Envelope, EnvelopeError
 
 MembersProvider = Callable[[int, int], list[str]]
 PayloadValidator = Callable[[bytes], None]

@@ -34,6 +34,8 @@ from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
 
+from dtrain_node.errors import EnvelopeError
+
 MAGIC = b"DTGE"
 VERSION = 1
 DOMAIN = b"dtrain/gossip-packet/v1"
@@ -43,14 +45,6 @@ SIG_LEN = 65
 OVERHEAD = HEADER_LEN + SIG_LEN
 MAX_CHUNK = 512 * 1024  # every gossip message stays well under py-libp2p's silent 1 MiB limit
 MAX_CHUNKS = 0xFFFF
-
-
-class EnvelopeError(ValueError):
-    """An envelope was rejected; `reason` is a short machine-readable tag used in metrics."""
-
-    def __init__(self, reason: str, msg: str) -> None:
-        super().__init__(f"{reason}: {msg}")
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from eth_utils import to_checksum_address
 
+from dtrain_node.errors import WireError
+
 SYNC_PROTOCOL = "/dtrain/sync/1.0.0"
 CKPT_PROTOCOL = "/dtrain/ckpt/1.0.0"
 VERSION = 1
@@ -20,13 +22,7 @@ MAX_REQUEST = 64 * 1024  # a sync request lists at most a few hundred (sender, d
 CKPT_CHUNK = 256 * 1024
 
 SYNC_OK, SYNC_BUSY, SYNC_WRONG_JOB = 0, 1, 2
-CKPT_OK, CKPT_NOT_FOUND, CKPT_BUSY = 0, 1, 2
-
-
-class WireError(ValueError):
-    def __init__(self, reason: str, msg: str) -> None:
-        super().__init__(f"{reason}: {msg}")
-        self.reason = reason
+CKPT_OK, CKPT_NOT_FOUND = 0, 1
 
 
 class Stream(Protocol):

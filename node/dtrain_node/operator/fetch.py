@@ -9,8 +9,8 @@ from eth_account import Account
 from dtrain.client import BSM
 from dtrain.errors import DtrainError
 from dtrain.models import JobStatus
-from dtrain_node import checkpoint
-from dtrain_node.backend import TrainJob, make_backend
+from dtrain_node.train import checkpoint
+from dtrain_node.train.backend import TrainJob, make_backend
 
 
 def final_holders(bsm: BSM, job_id: int) -> list[str]:
@@ -22,7 +22,7 @@ def final_holders(bsm: BSM, job_id: int) -> list[str]:
 
 
 def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) -> tuple[Path, bytes]:
-    from dtrain_node.gossip import GossipConfig, GossipNode
+    from dtrain_node.p2p.host import GossipConfig, GossipNode
 
     job = bsm.job(job_id)
     if job.state.status != JobStatus.COMPLETED:

@@ -17,10 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable or does not match its expected hash."""
-
+from dtrain_node.errors import CheckpointInvalid
 
 _DTYPES = {
     str(d).removeprefix("torch."): d
@@ -69,7 +66,7 @@ def to_stream(tensors: dict[str, torch.Tensor]) -> bytes:
 def from_stream(stream: bytes, expected: bytes) -> dict[str, torch.Tensor]:
     """Tensors of a canonical stream whose sha256 must equal `expected` (the on-chain hash)."""
     if hashlib.sha256(stream).digest() != expected:
-        raise CheckpointError("checkpoint stream does not match the expected hash")
+        raise CheckpointInvalid("checkpoint stream does not match the expected hash")
     out: dict[str, torch.Tensor] = {}
     pos, last = 0, None
     try:
@@ -83,11 +80,11 @@ def from_stream(stream: bytes, expected: bytes) -> dict[str, torch.Tensor]:
             n = int.from_bytes(stream[pos : pos + 8], "little")
             pos += 8
             if last is not None and name <= last:
-                raise CheckpointError(f"tensor {name!r} out of canonical order")
+                raise CheckpointInvalid(f"tensor {name!r} out of canonical order")
             shape = [int(s) for s in shape_text.split(",")] if shape_text else []
             data = bytearray(stream[pos : pos + n])
             if len(data) != n:
-                raise CheckpointError(f"tensor {name!r} truncated")
+                raise CheckpointInvalid(f"tensor {name!r} truncated")
             pos += n
             t = (
                 torch.frombuffer(data, dtype=_DTYPES[dtype])
@@ -97,7 +94,7 @@ def from_stream(stream: bytes, expected: bytes) -> dict[str, torch.Tensor]:
             out[name] = t.reshape(shape)
             last = name
     except (ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"malformed checkpoint stream: {exc}") from None
+        raise CheckpointInvalid(f"malformed checkpoint stream: {exc}") from None
     return out
 
 
@@ -117,19 +114,15 @@ def load(path: str | os.PathLike, expected: bytes | None = None) -> dict[str, to
     """Reads a checkpoint; with `expected`, refuses one whose canonical hash differs."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointInvalid(f"checkpoint {path} does not exist")
     try:
         tensors = load_file(str(path))
     except Exception as exc:
-        raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from None
+        raise CheckpointInvalid(f"checkpoint {path} is unreadable: {exc}") from None
     if expected is not None:
         got = canonical_hash(tensors)
         if got != expected:
-            raise CheckpointError(
+            raise CheckpointInvalid(
                 f"checkpoint {path} hash {got.hex()[:16]}.. != expected {expected.hex()[:16]}.."
             )
     return tensors
-
-
-def state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in model.state_dict().items()}

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 ETH = 10**18
 REASONS = ["fabricated checkpoint", "offline mid-epoch", "failed to sync", "external"]
 
@@ -123,7 +122,8 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         from dtrain import BSM, JobSpec, LocalChain, Method, Params
-        from dtrain_node import checkpoint, corpus, hf
+        from dtrain_node.train import checkpoint, corpus
+        from dtrain_node.train import models as hf
 
         self.chain = LocalChain(accounts=8).start()
         acc = self.chain.accounts
@@ -234,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from dtrain import BSM, JobSpec, LocalChain, Method, Params
     from dtrain.models import JobStatus
-    from dtrain_node import checkpoint, hf
+    from dtrain_node.train import checkpoint
+    from dtrain_node.train import models as hf
 
-    run_dir = (a.run_dir or ROOT / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
+    run_dir = (a.run_dir or Path.cwd() / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     checks: list[tuple[str, bool, str]] = []
 
@@ -577,7 +578,7 @@ def report(
 def make_dataset(run_dir: Path, method: str) -> tuple[Path, bytes]:
     """The job's dataset file and its sha256: stdlib sources for CPT, generated tasks with
     checkable answers for the others."""
-    from dtrain_node import corpus, tasks
+    from dtrain_node.train import corpus, tasks
 
     if method == "cpt":
         path = run_dir / "corpus.txt"
@@ -598,7 +599,7 @@ def evaluate_export(out: Path, spec: Any, job_id: int, check: Any) -> dict[str, 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dtrain_node.backend import TrainJob, make_backend
+    from dtrain_node.train.backend import TrainJob, make_backend
 
     backend = make_backend(
         TrainJob(

@@ -18,16 +18,14 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain_node.errors import DatasetError
+
 FIELDS = {
     "sft": ("prompt", "response"),
     "dpo": ("prompt", "chosen", "rejected"),
     "grpo": ("prompt", "answer"),
 }
 MAX_BYTES = 120  # prompt + longest completion (UTF-8 bytes); the tiny model's ctx is 128 tokens
-
-
-class DataError(ValueError):
-    """A dataset file that is missing, does not match its hash, or holds an invalid record."""
 
 
 @dataclass(frozen=True)
@@ -102,53 +100,53 @@ def make_dataset(
 
 def _check(rec: object, method: str, number: int, max_bytes: int) -> dict[str, str]:
     if not isinstance(rec, dict):
-        raise DataError(f"record {number}: expected a JSON object, got {type(rec).__name__}")
+        raise DatasetError(f"record {number}: expected a JSON object, got {type(rec).__name__}")
     out = {}
     for f in FIELDS[method]:
         if f not in rec:
-            raise DataError(
+            raise DatasetError(
                 f"record {number}: missing field {f!r} ({method} needs {FIELDS[method]})"
             )
         v = rec[f]
         if not isinstance(v, str):
-            raise DataError(
+            raise DatasetError(
                 f"record {number}: field {f!r} must be a string, got {type(v).__name__}"
             )
         if not v:
-            raise DataError(f"record {number}: field {f!r} is empty")
+            raise DatasetError(f"record {number}: field {f!r} is empty")
         out[f] = v
     longest = max(len(out[f].encode()) for f in FIELDS[method][1:])
     size = len(out["prompt"].encode()) + longest
     if size > max_bytes:
-        raise DataError(f"record {number}: {size} bytes is too long (limit {max_bytes})")
+        raise DatasetError(f"record {number}: {size} bytes is too long (limit {max_bytes})")
     if method == "dpo" and out["chosen"] == out["rejected"]:
-        raise DataError(f"record {number}: chosen and rejected are the same")
+        raise DatasetError(f"record {number}: chosen and rejected are the same")
     return out
 
 
 def load_records(
     path: str | os.PathLike, method: str, expected: bytes | None, max_bytes: int = MAX_BYTES
 ) -> list[dict[str, str]]:
-    """Every record of a JSONL dataset, validated; raises DataError naming the first bad record.
+    """Every record of a JSONL dataset, validated; raises DatasetError naming the first bad record.
 
     `expected` is the sha256 from the job spec (None or all zeros: not checked, for local runs).
     """
     if method not in FIELDS:
-        raise DataError(f"no record format for method {method!r}; known: {', '.join(FIELDS)}")
+        raise DatasetError(f"no record format for method {method!r}; known: {', '.join(FIELDS)}")
     path = Path(str(path).removeprefix("file://"))
     if not path.is_file():
-        raise DataError(f"dataset {path} does not exist")
+        raise DatasetError(f"dataset {path} does not exist")
     data = path.read_bytes()
     if expected is not None and any(expected):
         got = hashlib.sha256(data).digest()
         if got != expected:
-            raise DataError(
+            raise DatasetError(
                 f"dataset {path} sha256 {got.hex()[:16]}.. != job's {expected.hex()[:16]}.."
             )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"dataset {path} is not UTF-8: {exc}") from None
+        raise DatasetError(f"dataset {path} is not UTF-8: {exc}") from None
     out = []
     # Split on "\n" only: str.splitlines() would also split inside strings holding U+2028 etc.
     lines = text.split("\n")
@@ -156,14 +154,14 @@ def load_records(
         lines.pop()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
-            raise DataError(f"record {number}: empty line")
+            raise DatasetError(f"record {number}: empty line")
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"record {number}: not JSON ({exc.msg})") from None
+            raise DatasetError(f"record {number}: not JSON ({exc.msg})") from None
         out.append(_check(rec, method, number, max_bytes))
     if len(out) < 2:
-        raise DataError(f"dataset {path} has {len(out)} records; need >= 2 (train + held-out)")
+        raise DatasetError(f"dataset {path} has {len(out)} records; need >= 2 (train + held-out)")
     return out
 
 

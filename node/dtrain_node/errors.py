@@ -1,0 +1,55 @@
+"""Every exception the node raises on purpose derives from `NodeError`.
+
+Rejections of network input carry a short machine-readable `reason` (counted in metrics); the
+rest say which input was wrong in their message.
+"""
+
+from __future__ import annotations
+
+
+class NodeError(Exception):
+    """Root of the node's exceptions."""
+
+
+class RejectedInput(NodeError, ValueError):
+    """Bytes from the network were rejected; `reason` is a short tag used in metrics."""
+
+    def __init__(self, reason: str, msg: str) -> None:
+        super().__init__(f"{reason}: {msg}")
+        self.reason = reason
+
+
+class PacketError(RejectedInput):
+    """A DeMo packet payload that does not decode against the job's model shape."""
+
+
+class EnvelopeError(RejectedInput):
+    """A gossip envelope that is malformed, unsigned, not from a member or out of window."""
+
+
+class WireError(RejectedInput):
+    """A stream-protocol frame that is malformed or oversized."""
+
+
+class CheckpointInvalid(NodeError, ValueError):
+    """A checkpoint that is missing, unreadable or does not match its expected hash."""
+
+
+class CheckpointUnavailable(NodeError):
+    """No peer delivered a file with the expected sha256 (nothing is left at the destination)."""
+
+
+class GossipError(NodeError):
+    """The gossip host is not running or failed to start."""
+
+
+class DatasetError(NodeError, ValueError):
+    """A dataset that is missing, does not match its hash, or holds an invalid record."""
+
+
+class BackendUnavailable(NodeError):
+    """The selected training backend's package is not installed."""
+
+
+class StopRequested(NodeError):
+    """The operator asked the node to stop now."""
