@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                     late_started = True
-                if j.state.status in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED):
+                if j.state.status.is_ended:
                     break
                 crashed = [
                     p
@@ -501,7 +501,7 @@ def report(
     for op, holders in shares.items():
         for who, sh in holders.items():
             expected[who] += sh * rps[op] // ETH
-    if job.state.status.name in ("COMPLETED", "FAILED", "CANCELLED"):
+    if job.state.status.is_ended:
         expected[caller.address] += spec.escrow - n_paid * P  # unearned escrow refunded
 
     balances = []

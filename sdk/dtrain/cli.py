@@ -569,7 +569,7 @@ def job_watch(ctx: Ctx, job_id: int, from_block: int, follow: bool, poll: float)
         for e in bsm.events(from_block, "latest", JOB_EVENTS, job_id):
             show(e)
         return
-    if bsm.job(job_id).state.status in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED):
+    if bsm.job(job_id).state.status.is_ended:
         for e in bsm.events(from_block, "latest", JOB_EVENTS, job_id):
             show(e)
         return

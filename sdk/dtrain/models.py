@@ -23,6 +23,11 @@ class JobStatus(IntEnum):
     FAILED = 4
     CANCELLED = 5
 
+    @property
+    def is_ended(self) -> bool:
+        """Completed, failed or cancelled: nothing more happens to the job."""
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
 
 class SlashReason(IntEnum):
     FABRICATION = 0

@@ -44,7 +44,6 @@ from dtrain_node.train.backend import TrainJob, make_backend
 
 log = logging.getLogger("dtrain.node")
 
-ENDED = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 FIRST_ROUND_FACTOR = 4
 SUBMIT_MARGIN_S = 20.0  # time kept for saving, hashing and the submit transaction
 MIN_ROUND_S = 1.0
@@ -204,7 +203,7 @@ class Node:
         while True:
             self._check_stop()
             job = self.bsm.job(job_id)
-            if job.state.status in ENDED:
+            if job.state.status.is_ended:
                 return self.done(job)
             if job.state.status != JobStatus.RUNNING or self.me not in job.members:
                 if self.me not in job.members and self.me not in job.pending_joins:

@@ -1,0 +1,45 @@
+"""What the operator needs from the network: the `Transport` protocol.
+
+The operator pushes everything the transport needs down to it (`set_epoch` with the epoch's
+members, read at the job snapshot's block, and the packet validator); the transport never calls
+back into the operator or the chain. `dtrain_node.p2p.host.GossipNode` is the libp2p
+implementation; tests inject an in-process one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from dtrain_node.p2p.host import PeerSpec, RoundResult
+
+PayloadValidator = Callable[[bytes], None]  # raises on a payload that must not be relayed
+
+
+class Transport(Protocol):
+    peer_key: bytes  # 32-byte libp2p public key registered on-chain
+    listen_addrs: list[str]  # multiaddrs without /p2p, registered on-chain
+
+    @property
+    def settle_s(self) -> float:
+        """Longest time a round may take after its deadline to agree with peers."""
+        ...
+
+    def set_epoch(
+        self, epoch: int, members: Sequence[str], validate: PayloadValidator | None
+    ) -> None:
+        """Start accepting packets of this epoch attempt from these members only."""
+        ...
+
+    def connect(self, peers: list[PeerSpec]) -> list[bytes]: ...
+
+    def collect_round(self, rnd: int, payload: bytes, deadline_s: float) -> RoundResult:
+        """Publish our packet of round `rnd` and collect the members' packets."""
+        ...
+
+    def serve_file(self, sha256_hex: str, path: Path | str) -> None: ...
+
+    def fetch_file(self, sha256_hex: str, peers: list[PeerSpec], dest: Path | str) -> Path: ...
+
+    def stop(self) -> None: ...
