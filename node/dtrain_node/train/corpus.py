@@ -67,9 +67,8 @@ class TextData:
         return w[:, :-1], w[:, 1:]
 
 
-def load_text(
-    path: str | os.PathLike, expected: bytes | None, ctx: int, heldout_fraction: float = 0.1
-) -> TextData:
+def read_dataset(path: str | os.PathLike, expected: bytes | None) -> bytes:
+    """A dataset file's bytes, checked against the job's sha256 (None or all zeros: unchecked)."""
     path = Path(str(path).removeprefix("file://"))
     if not path.is_file():
         raise DatasetError(f"dataset {path} does not exist")
@@ -80,6 +79,13 @@ def load_text(
             raise DatasetError(
                 f"dataset {path} sha256 {got.hex()[:16]}.. != job's {expected.hex()[:16]}.."
             )
+    return data
+
+
+def load_text(
+    path: str | os.PathLike, expected: bytes | None, ctx: int, heldout_fraction: float = 0.1
+) -> TextData:
+    data = read_dataset(path, expected)
     tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
     cut = int(len(tokens) * (1 - heldout_fraction))
     if cut < 4 * (ctx + 1) or len(tokens) - cut < ctx + 1:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_node.errors import DatasetError
+from dtrain_node.train.corpus import read_dataset
 
 FIELDS = {
     "sft": ("prompt", "response"),
@@ -133,16 +134,7 @@ def load_records(
     """
     if method not in FIELDS:
         raise DatasetError(f"no record format for method {method!r}; known: {', '.join(FIELDS)}")
-    path = Path(str(path).removeprefix("file://"))
-    if not path.is_file():
-        raise DatasetError(f"dataset {path} does not exist")
-    data = path.read_bytes()
-    if expected is not None and any(expected):
-        got = hashlib.sha256(data).digest()
-        if got != expected:
-            raise DatasetError(
-                f"dataset {path} sha256 {got.hex()[:16]}.. != job's {expected.hex()[:16]}.."
-            )
+    data = read_dataset(path, expected)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
