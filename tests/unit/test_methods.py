@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
-from dtrain_node.train import backend, corpus, finetune, tasks
-from dtrain_node.train import losses as methods
+from dtrain_node.train import backend, corpus, finetune, losses, tasks
 from dtrain_node.train.backend import BackendUnavailable, TrainJob, make_backend
 
-I = methods.IGNORE
+I = losses.IGNORE
 
 
 def logits_for(probs: list[list[float]]) -> torch.Tensor:
@@ -27,13 +26,13 @@ def logits_for(probs: list[list[float]]) -> torch.Tensor:
 def test_cpt_loss_hand():
     # p(target) = 3/4 and 1/2 -> mean CE = (log 4/3 + log 2) / 2
     logits = logits_for([[0.25, 0.75], [0.5, 0.5]])
-    got = methods.cpt_loss(logits, torch.tensor([[1, 0]]))
+    got = losses.cpt_loss(logits, torch.tensor([[1, 0]]))
     assert got.item() == pytest.approx((math.log(4 / 3) + math.log(2)) / 2, rel=1e-6)
 
 
 def test_mask_prompt_masks_prompt_and_padding():
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
-    labels = methods.mask_prompt(ids, torch.tensor([2, 1]), torch.tensor([5, 3]))
+    labels = losses.mask_prompt(ids, torch.tensor([2, 1]), torch.tensor([5, 3]))
     assert labels.tolist() == [[I, I, 7, 8, 9], [I, 6, 7, I, I]]
 
 
@@ -41,14 +40,14 @@ def test_sft_loss_hand_and_prompt_logits_do_not_matter():
     # Tokens: [prompt, prompt, response r1=1, response r2=0]; positions 1 and 2 predict them.
     labels = torch.tensor([[I, I, 1, 0]])
     probs = [[0.9, 0.1], [0.25, 0.75], [0.5, 0.5], [0.3, 0.7]]
-    got = methods.sft_loss(logits_for(probs), labels)
+    got = losses.sft_loss(logits_for(probs), labels)
     assert got.item() == pytest.approx((math.log(4 / 3) + math.log(2)) / 2, rel=1e-6)
     # Position 0 predicts a prompt token, position 3 predicts nothing: no effect on the loss.
     other = [[0.01, 0.99], [0.25, 0.75], [0.5, 0.5], [0.99, 0.01]]
-    assert methods.sft_loss(logits_for(other), labels).item() == pytest.approx(got.item())
+    assert losses.sft_loss(logits_for(other), labels).item() == pytest.approx(got.item())
     # Position 1 predicts a response token: it matters.
     changed = [[0.9, 0.1], [0.5, 0.5], [0.5, 0.5], [0.3, 0.7]]
-    assert methods.sft_loss(logits_for(changed), labels).item() != pytest.approx(got.item())
+    assert losses.sft_loss(logits_for(changed), labels).item() != pytest.approx(got.item())
 
 
 def test_sft_collate_masks_bos_and_prompt():
@@ -63,67 +62,67 @@ def test_sft_collate_masks_bos_and_prompt():
 
 def test_sequence_logps_sums_response_tokens():
     probs = [[0.5, 0.5], [0.25, 0.75], [0.4, 0.6]]
-    got = methods.sequence_logps(logits_for(probs), torch.tensor([[I, 1, 0]]))
+    got = losses.sequence_logps(logits_for(probs), torch.tensor([[I, 1, 0]]))
     # position 0 predicts label 1 (p 0.5), position 1 predicts label 0 (p 0.25)
     assert got.item() == pytest.approx(math.log(0.5) + math.log(0.25), rel=1e-6)
 
 
 def test_dpo_loss_hand():
     beta = 0.5
-    loss, chosen, rejected = methods.dpo_loss(
+    loss, chosen, rejected = losses.dpo_loss(
         torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.5]), torch.tensor([-1.5]), beta
     )
     # rewards 0.5 * 0.5 = 0.25 and 0.5 * -0.5 = -0.25; loss = -log sigmoid(0.5)
     assert chosen.item() == pytest.approx(0.25) and rejected.item() == pytest.approx(-0.25)
     assert loss.item() == pytest.approx(math.log(1 + math.exp(-0.5)), rel=1e-6)
     # Policy equal to the reference: log 2, whatever the log-probs.
-    same = methods.dpo_loss(*(torch.tensor([-3.0, -7.0]),) * 4, beta=0.1)[0]
+    same = losses.dpo_loss(*(torch.tensor([-3.0, -7.0]),) * 4, beta=0.1)[0]
     assert same.item() == pytest.approx(math.log(2), rel=1e-6)
     with pytest.raises(ValueError):
-        methods.dpo_loss(*(torch.zeros(1),) * 4, beta=0.0)
+        losses.dpo_loss(*(torch.zeros(1),) * 4, beta=0.0)
 
 
 def test_group_advantages_hand():
-    adv = methods.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]]))
+    adv = losses.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]]))
     s = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
     expect = [0.5 / (s + 1e-4), -0.5 / (s + 1e-4)]
     assert adv[0].tolist() == pytest.approx([expect[0], expect[1], expect[1], expect[0]])
     assert adv[1].tolist() == [0.0, 0.0, 0.0, 0.0]
     with pytest.raises(ValueError):
-        methods.group_advantages(torch.ones(3, 1))
+        losses.group_advantages(torch.ones(3, 1))
 
 
 def test_k3_kl_hand():
-    got = methods.k3_kl(torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)]))
+    got = losses.k3_kl(torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)]))
     assert got.item() == pytest.approx(0.5 - math.log(0.5) - 1, rel=1e-6)
-    assert methods.k3_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).item() == 0.0
+    assert losses.k3_kl(torch.tensor([-1.0]), torch.tensor([-1.0])).item() == 0.0
 
 
 def test_grpo_loss_hand_clipping_and_kl():
     lp, old = torch.tensor([[math.log(0.6)]]), torch.tensor([[math.log(0.4)]])  # ratio 1.5
     # A > 0: the ratio is clipped at 1 + eps = 1.2; no KL (policy == reference).
-    assert methods.grpo_loss(lp, old, lp, torch.tensor([1.0])).item() == pytest.approx(-1.2)
+    assert losses.grpo_loss(lp, old, lp, torch.tensor([1.0])).item() == pytest.approx(-1.2)
     # A < 0: min(-1.5, -1.2) = -1.5 is not clipped.
-    assert methods.grpo_loss(lp, old, lp, torch.tensor([-1.0])).item() == pytest.approx(1.5)
+    assert losses.grpo_loss(lp, old, lp, torch.tensor([-1.0])).item() == pytest.approx(1.5)
     # KL term: coef * k3 with d = log(0.3 / 0.6).
     ref = torch.tensor([[math.log(0.3)]])
-    got = methods.grpo_loss(lp, lp, ref, torch.tensor([0.0]), kl_coef=0.1).item()
+    got = losses.grpo_loss(lp, lp, ref, torch.tensor([0.0]), kl_coef=0.1).item()
     assert got == pytest.approx(0.1 * (0.5 - math.log(0.5) - 1), rel=1e-6)
     # Per-sequence token mean, then mean over sequences; the mask drops padded tokens.
     lp2 = torch.zeros(2, 2)
     mask = torch.tensor([[True, False], [True, True]])
-    got = methods.grpo_loss(lp2, lp2, lp2, torch.tensor([1.0, 3.0]), mask=mask).item()
+    got = losses.grpo_loss(lp2, lp2, lp2, torch.tensor([1.0, 3.0]), mask=mask).item()
     assert got == pytest.approx(-(1.0 + 3.0) / 2)
 
 
 def test_grpo_gradient_is_policy_gradient_at_ratio_one():
     lp = torch.tensor([[-0.7, -1.1]], requires_grad=True)
-    methods.grpo_loss(lp, lp.detach(), lp.detach(), torch.tensor([2.0])).backward()
+    losses.grpo_loss(lp, lp.detach(), lp.detach(), torch.tensor([2.0])).backward()
     assert lp.grad[0].tolist() == pytest.approx([-1.0, -1.0])  # -A / tokens per sequence
 
 
 def test_exact_match_reward():
-    assert methods.exact_match(["7", "07", "7 ", "7"], "7").tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert losses.exact_match(["7", "07", "7 ", "7"], "7").tolist() == [1.0, 0.0, 0.0, 1.0]
 
 
 # ---------------------------------------------------------------- backends

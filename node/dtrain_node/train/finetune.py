@@ -1,4 +1,4 @@
-"""Built-in SFT, DPO and GRPO backends over the byte-level Llama of hf.py (see docs/methods.md).
+"""Built-in SFT, DPO and GRPO backends over the byte-level Llama of models.py (see docs/methods.md).
 
 They implement the same protocol as backend.CausalLMBackend. Every batch is a tuple whose first
 element is a token tensor (the runner counts tokens with batch[0].numel()). The last 10% of a
@@ -17,11 +17,9 @@ from typing import Any
 import torch
 
 from dtrain_node.errors import DatasetError
-from dtrain_node.train import losses as methods
-from dtrain_node.train import models as hf
-from dtrain_node.train import tasks
+from dtrain_node.train import losses, models, tasks
 
-BOS, EOS, PAD = 256, 257, 258  # hf.tokenizer()'s special ids
+BOS, EOS, PAD = 256, 257, 258  # models.tokenizer()'s special ids
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
 
 
@@ -54,7 +52,7 @@ class MethodOptions:
 
 @functools.lru_cache(maxsize=1)
 def _tok():
-    return hf.tokenizer()
+    return models.tokenizer()
 
 
 def encode(text: str) -> list[int]:
@@ -104,7 +102,7 @@ def collate_labelled(pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, ..
     seqs = [labelled(p, c) for p, c in pairs]
     ids, mask = right_pad([s for s, _ in seqs])
     plen = torch.tensor([n for _, n in seqs])
-    labels = methods.mask_prompt(ids, plen, mask.sum(-1))
+    labels = losses.mask_prompt(ids, plen, mask.sum(-1))
     return ids, labels, mask
 
 
@@ -136,7 +134,7 @@ class RecordBackend:
 
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
         self.job, self.opts = job, opts or MethodOptions()
-        self.cfg = hf.model_config(job.model_uri)
+        self.cfg = models.model_config(job.model_uri)
         # Validate the whole dataset before building anything: bad data fails fast and up front.
         # ctx - 2 leaves room for BOS and EOS, so every validated record fits the context.
         recs = tasks.load_records(
@@ -144,7 +142,7 @@ class RecordBackend:
         )
         self.train, self.heldout = tasks.split(recs, self.opts.heldout_fraction)
         self.eval_recs = self.heldout[:EVAL_RECORDS]
-        self.model = hf.build(self.cfg, job.seed)
+        self.model = models.build(self.cfg, job.seed)
 
     def n_items(self) -> int:
         return len(self.train)
@@ -167,7 +165,7 @@ class RecordBackend:
         raise NotImplementedError
 
     def export(self, out_dir: str | Path) -> Path:
-        return hf.export(self.model, out_dir)
+        return models.export(self.model, out_dir)
 
     @contextlib.contextmanager
     def _eval(self) -> Iterator[None]:
@@ -191,7 +189,7 @@ class SFTBackend(RecordBackend):
 
     def loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         ids, labels, mask = batch
-        return methods.sft_loss(self.model(input_ids=ids, attention_mask=mask).logits, labels)
+        return losses.sft_loss(self.model(input_ids=ids, attention_mask=mask).logits, labels)
 
     def evaluate(self) -> dict[str, float]:
         with self._eval():
@@ -209,7 +207,7 @@ class DPOBackend(RecordBackend):
 
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
         super().__init__(job, opts)
-        self.ref = hf.build(self.cfg, job.seed).eval().requires_grad_(False)
+        self.ref = models.build(self.cfg, job.seed).eval().requires_grad_(False)
 
     def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[torch.Tensor, ...]:
         # Chosen rows first, then rejected rows: one forward pass for both.
@@ -219,13 +217,13 @@ class DPOBackend(RecordBackend):
 
     def _terms(self, batch: tuple[torch.Tensor, ...]):
         ids, labels, mask = batch
-        pol = methods.sequence_logps(self.model(input_ids=ids, attention_mask=mask).logits, labels)
+        pol = losses.sequence_logps(self.model(input_ids=ids, attention_mask=mask).logits, labels)
         with torch.no_grad():
-            ref = methods.sequence_logps(
+            ref = losses.sequence_logps(
                 self.ref(input_ids=ids, attention_mask=mask).logits, labels
             )
         b = ids.size(0) // 2
-        return methods.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], self.opts.dpo_beta)
+        return losses.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], self.opts.dpo_beta)
 
     def loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return self._terms(batch)[0]
@@ -261,7 +259,7 @@ class GRPOBackend(RecordBackend):
             raise DatasetError("GRPO answers must be single-byte (ASCII) characters")
         self.alphabet = "".join(chars)
         self.alphabet_ids = torch.tensor([encode(c)[0] for c in chars])
-        self.ref = hf.build(self.cfg, job.seed).eval().requires_grad_(False)
+        self.ref = models.build(self.cfg, job.seed).eval().requires_grad_(False)
         self.last_reward = float("nan")
         self.repeats = self.opts.grpo_iterations
         self._rollout: tuple[Any, ...] | None = None  # (batch, ids, mask, comp, old, ref, adv)
@@ -315,17 +313,17 @@ class GRPOBackend(RecordBackend):
         self.model.train(was)
         texts = ["".join(self.alphabet[i] for i in row) for row in comp.tolist()]
         rewards = torch.stack(
-            [methods.exact_match(texts[i * g : (i + 1) * g], a) for i, a in enumerate(answers)]
+            [losses.exact_match(texts[i * g : (i + 1) * g], a) for i, a in enumerate(answers)]
         )
         self.last_reward = float(rewards.mean())
-        adv = methods.group_advantages(rewards).reshape(-1)
+        adv = losses.group_advantages(rewards).reshape(-1)
         self._rollout = (batch, ids, mask, comp, old, ref, adv)
         return self._rollout[1:]
 
     def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
         ids, mask, comp, old, ref, adv = self.rollout(batch)
         logp = self._completion_logps(self.model, ids, mask, comp)
-        return methods.grpo_loss(
+        return losses.grpo_loss(
             logp, old, ref, adv, clip_eps=self.opts.grpo_clip, kl_coef=self.opts.grpo_kl
         )
 
