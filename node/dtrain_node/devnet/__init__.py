@@ -667,6 +667,3 @@ def print_table(epochs, balances, names, comm) -> None:
         f"{comm['dense_bf16_allreduce_bytes']:,} B ({comm['ratio_vs_bf16']}x less)"
     )
 
-
-if __name__ == "__main__":
-    sys.exit(main())
