@@ -1,7 +1,62 @@
-"""`python -m dtrain_node.devnet`: the whole story on one machine (`make demo`)."""
+"""The whole story on one machine: `make demo`.
 
+`python -m dtrain_node.devnet [options]`: parses the options, plays the story (story.py) as
+the plan says (plan.py), writes demo-result.json into the run directory, prints the checks
+and exits non-zero when any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
 import sys
+import time
+from pathlib import Path
 
-from . import main
+from .plan import Plan
+from .report import Checks
 
-sys.exit(main())
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m dtrain_node.devnet", description=(__doc__ or "").splitlines()[0]
+    )
+    ap.add_argument("--operators", type=int, default=3, help="operators at the start")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=12, help="training steps per epoch")
+    ap.add_argument("--sync", type=int, default=4, help="DeMo sync every K steps")
+    ap.add_argument("--epoch-duration", type=int, default=150, help="seconds per epoch deadline")
+    ap.add_argument("--round-deadline", type=float, default=30.0)
+    ap.add_argument(
+        "--method",
+        choices=["cpt", "sft", "dpo", "grpo"],
+        default="cpt",
+        help="training method of the job",
+    )
+    ap.add_argument("--no-faults", action="store_true", help="every operator honest")
+    ap.add_argument("--no-late-join", action="store_true", help="no operator joins later")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--run-dir", type=Path, default=None)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the chain and the nodes are always stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from .story import run
+
+    run_dir = (a.run_dir or Path.cwd() / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checks = Checks()
+    result = run(a, Plan.from_args(a), run_dir, checks)
+    path = run_dir / "demo-result.json"
+    result.write(path)
+    print()
+    checks.print()
+    print(f"\nresult: {path}")
+    return 0 if checks.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Operator nodes as OS processes (`dtrain node run`), and `Cluster`: a local chain, a deployed
+BSM, one job and its nodes, for the end-to-end tests and the node benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .job import JobOptions, tiny_job
+from .plan import node_name
+
+TEST_CORPUS_BYTES = 200_000
+
+
+@dataclass
+class Proc:
+    name: str
+    address: str
+    popen: subprocess.Popen
+    data_dir: Path
+    faults: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What every node of one job is started with."""
+
+    rpc: str
+    contract: str
+    job_id: int
+    round_deadline: float
+    linger: float = 0.0
+
+
+def node_command(config: NodeConfig, key: str, data_dir: Path, faults: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "dtrain.cli", "--rpc-url", config.rpc]
+    cmd += ["--contract", config.contract, "--key", key, "--json", "node", "run"]
+    cmd += ["--data-dir", str(data_dir), "--job", str(config.job_id)]
+    cmd += ["--round-deadline", str(config.round_deadline), "--linger", str(config.linger)]
+    cmd += ["--no-withdraw"]
+    for f in faults:
+        cmd += ["--fault", f]
+    return cmd
+
+
+def spawn_node(
+    name: str, account: Any, data_dir: Path, config: NodeConfig, faults: list[str]
+) -> Proc:
+    """Starts `dtrain node run` for `account` (a dev account: address and key) in its own
+    process group, its output in data_dir/stdout.log."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - lives as long as the process
+    # Several nodes share the machine's cores: one thread each avoids oversubscription.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    p = subprocess.Popen(
+        node_command(config, account.key, data_dir, faults),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    return Proc(name, account.address, p, data_dir, faults)
+
+
+def stop_all(procs: list[Proc]) -> None:
+    for p in procs:
+        if p.popen.poll() is None:
+            os.killpg(p.popen.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.popen.pid, signal.SIGKILL)
+            p.popen.wait()
+
+
+def read_metrics(data_dir: Path) -> list[dict[str, Any]]:
+    """A node's metrics.jsonl records (none before it wrote any)."""
+    path = data_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def tail_logs(procs: list[Proc], lines: int = 15) -> str:
+    out = []
+    for p in procs:
+        f = p.data_dir / "stdout.log"
+        if f.is_file():
+            out.append(f"--- {p.name}\n" + "\n".join(f.read_text().splitlines()[-lines:]))
+    return "\n".join(out)
+
+
+class Cluster:
+    """A local chain, a deployed BSM, one job that takes exactly `operators` members, and
+    operator nodes as OS processes started with `spawn` (for the end-to-end tests and the node
+    benchmark). `options` are the other `JobOptions` fields."""
+
+    def __init__(self, tmp: Path, operators: int, **options: Any) -> None:
+        self.tmp = tmp
+        options.setdefault("corpus_bytes", TEST_CORPUS_BYTES)
+        self.options = JobOptions(operators, **options)
+        self.procs: list[Proc] = []
+
+    def __enter__(self) -> Cluster:
+        from dtrain import BSM, LocalChain, Params
+
+        o = self.options
+        self.chain = LocalChain(accounts=8).start()
+        acc = self.chain.accounts
+        self.treasury, self.developer, self.caller = acc[5], acc[6], acc[7]
+        self.ops = acc[1 : 1 + o.operators]
+        self.bsm = BSM.deploy(
+            self.chain.url,
+            acc[0].key,
+            Params(treasury=self.treasury.address, developer=self.developer.address),
+        )
+        self.spec, _ = tiny_job(self.bsm, self.tmp, o)
+        self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
+        return self
+
+    def spawn(self, i: int, faults: list[str] | None = None) -> Proc:
+        config = NodeConfig(
+            self.chain.url, self.bsm.address, self.job_id, self.options.round_deadline
+        )
+        p = spawn_node(node_name(i), self.ops[i], self.tmp / node_name(i), config, faults or [])
+        self.procs.append(p)
+        return p
+
+    def wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        t_end = time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            if cond():
+                return
+            crashed = [p.name for p in self.procs if p.popen.poll() not in (None, 0, -9)]
+            if crashed:
+                raise AssertionError(
+                    f"node(s) {crashed} failed while waiting for {what}: " + self.logs()
+                )
+            time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}: " + self.logs())
+
+    def ended(self) -> bool:
+        return self.bsm.job(self.job_id).state.status.is_ended
+
+    def metrics(self, i: int) -> list[dict[str, Any]]:
+        return read_metrics(self.tmp / node_name(i))
+
+    def logs(self) -> str:
+        return tail_logs(self.procs)
+
+    def __exit__(self, *exc: object) -> None:
+        stop_all(self.procs)
+        self.chain.stop()

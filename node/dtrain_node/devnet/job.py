@@ -1,0 +1,85 @@
+"""The job the devnet trains: its dataset file, the built-in tiny model and the `JobSpec`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .money import ETH
+
+if TYPE_CHECKING:
+    import torch
+
+    from dtrain import BSM, JobSpec
+
+PRICE = ETH // 100  # per operator and epoch
+CORPUS_BYTES = 600_000
+
+
+def make_dataset(
+    run_dir: Path, method: str, corpus_bytes: int = CORPUS_BYTES
+) -> tuple[Path, bytes]:
+    """The job's dataset file and its sha256: stdlib sources for CPT, generated tasks with
+    checkable answers for the others."""
+    from dtrain_node.train import corpus, tasks
+
+    if method == "cpt":
+        path = run_dir / "corpus.txt"
+        return path, corpus.build_stdlib_corpus(path, max_bytes=corpus_bytes)
+    problems = {
+        "sft": lambda: tasks.addition(600, digits=2, seed=0),
+        "dpo": lambda: tasks.reversal(600, length=3, seed=0),
+        "grpo": lambda: tasks.last_letter(600, length=4, seed=0),
+    }[method]()
+    path = run_dir / f"{method}.jsonl"
+    return path, tasks.make_dataset(path, method, problems)
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """The job a devnet submits and how its nodes run it (named as the demo's options)."""
+
+    operators: int  # members at the start (the job's min_operators)
+    epochs: int = 1
+    steps: int = 10  # training steps per epoch
+    sync: int = 5  # DeMo sync every K steps
+    epoch_duration: int = 150  # seconds
+    round_deadline: float = 30.0  # seconds
+    method: str = "cpt"
+    late_seats: int = 0  # max_operators - operators: seats for operators joining later
+    corpus_bytes: int = CORPUS_BYTES  # for CPT
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace, **changes: Any) -> JobOptions:
+        known = {f.name: getattr(a, f.name) for f in fields(cls) if hasattr(a, f.name)}
+        return cls(**{**known, **changes})
+
+
+def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, torch.nn.Module]:
+    """The spec of the next job on `bsm`: the built-in tiny model (seeded with the job id)
+    trained on the dataset written into `run_dir`, at `PRICE`. Returns the spec and the
+    initial model."""
+    from dtrain import JobSpec, Method
+    from dtrain_node.train import checkpoint
+    from dtrain_node.train import models as hf
+
+    o = options
+    init = hf.build(hf.PRESETS["tiny"], seed=bsm.next_job_id())
+    data, digest = make_dataset(run_dir, o.method, o.corpus_bytes)
+    job = JobSpec(
+        price_per_operator_epoch=PRICE,
+        total_epochs=o.epochs,
+        steps_per_epoch=o.steps,
+        sync_interval=o.sync,
+        min_operators=o.operators,
+        max_operators=o.operators + o.late_seats,
+        method=Method[o.method.upper()],
+        model_hash=checkpoint.canonical_hash(dict(init.state_dict())),
+        model_uri="builtin:tiny",
+        dataset_hash=digest,
+        dataset_uri=str(data),
+        epoch_duration=o.epoch_duration,
+    )
+    return job, init

@@ -1,0 +1,64 @@
+"""Who does what in the demo story, decided once from the options (pure, no chain).
+
+Operators are numbered by their index `i` (node name `op{i+1}`, account `i + 1` of the
+devnet): the first `--operators` start with the job, one more joins at the first epoch
+boundary unless `--no-late-join`; unless `--no-faults`, op2 fabricates its checkpoint hash in
+epoch 1 and op3 goes offline before the last round of epoch 2 (each only if it starts with
+the job).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+FABRICATE_EPOCH = 1
+OFFLINE_EPOCH = 2
+
+
+def node_name(i: int) -> str:
+    return f"op{i + 1}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    starters: tuple[int, ...]  # start with the job
+    late: int | None = None  # joins at the first epoch boundary
+    fabricator: int | None = None  # submits a fabricated checkpoint hash
+    offline: int | None = None  # vanishes mid-epoch
+    offline_round: int = 0  # the round it vanishes before
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> Plan:
+        return make_plan(
+            a.operators, a.steps // a.sync, faults=not a.no_faults, late_join=not a.no_late_join
+        )
+
+    @property
+    def operators(self) -> tuple[int, ...]:
+        """Every operator of the story (each registers before the job is submitted)."""
+        return self.starters if self.late is None else (*self.starters, self.late)
+
+    def faults(self, i: int) -> list[str]:
+        """The `dtrain node run --fault` options operator `i` is started with."""
+        if i == self.fabricator:
+            return ["fabricate", f"epoch={FABRICATE_EPOCH}"]
+        if i == self.offline:
+            return [f"offline={self.offline_round}", f"epoch={OFFLINE_EPOCH}"]
+        return []
+
+
+def make_plan(
+    operators: int, rounds_per_epoch: int, faults: bool = True, late_join: bool = True
+) -> Plan:
+    starters = tuple(range(operators))
+    late = operators if late_join else None
+    if not faults:
+        return Plan(starters, late)
+    return Plan(
+        starters,
+        late,
+        fabricator=1 if operators > 1 else None,
+        offline=2 if operators > 2 else None,
+        offline_round=rounds_per_epoch - 1,
+    )

@@ -1,0 +1,182 @@
+"""The demo's sequence on one local chain: deploy, register the operators, delegate, submit
+the job, start the nodes the plan starts with the job, start the late joiner once the job
+runs, wait for the job to end (or a node to fail), observe, fetch the final model."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import report
+from .cluster import NodeConfig, Proc, read_metrics, spawn_node, stop_all
+from .final_model import fetch_and_evaluate
+from .job import JobOptions, tiny_job
+from .money import ETH, Roster
+from .plan import Plan, node_name
+from .report import Checks, DemoResult, Observed
+
+if TYPE_CHECKING:
+    from dtrain import LocalChain
+
+ACCOUNTS = 14  # dev accounts: 0 deploys, 1.. operators, then these roles
+CALLER, TREASURY, DEVELOPER, STAKERS = 9, 10, 11, (12, 13)
+DELEGATIONS = (2 * ETH, ETH)  # staker1 delegates to op1, staker2 to op2
+LINGER = 60.0  # seconds a node keeps serving its checkpoint after the job ended
+UNBONDING_PERIOD = 3600
+POLL = 0.5
+
+
+def run(args: argparse.Namespace, plan: Plan, run_dir: Path, checks: Checks) -> DemoResult:
+    """The whole story; the chain and every node are stopped when it returns or raises."""
+    from dtrain import LocalChain
+
+    with LocalChain(accounts=ACCOUNTS) as chain:
+        story = Story(chain, args, plan, run_dir)
+        story.set_up()
+        try:
+            for i in plan.starters:
+                story.spawn(i)
+            story.watch()
+            result = report.build(story.observe(), checks)
+            result.print_table()
+            result.final_model = fetch_and_evaluate(
+                chain.url,
+                story.bsm.address,
+                story.spec,
+                story.job_id,
+                run_dir / "final-model",
+                checks,
+            )
+        finally:
+            stop_all(story.procs)
+    return result
+
+
+class Story:
+    def __init__(
+        self, chain: LocalChain, args: argparse.Namespace, plan: Plan, run_dir: Path
+    ) -> None:
+        self.chain, self.args, self.plan, self.run_dir = chain, args, plan, run_dir
+        # One seat more than the starters, for the late joiner (kept with --no-late-join).
+        self.job = JobOptions.from_args(args, late_seats=1)
+        acc = chain.accounts
+        self.ops = [acc[1 + i] for i in plan.operators]  # by operator index
+        self.stakers = [acc[s] for s in STAKERS]
+        self.caller = acc[CALLER]
+        targets = [self.ops[0], self.ops[min(1, len(self.ops) - 1)]]
+        self.roster = Roster(
+            operators=[o.address for o in self.ops],
+            stakers=[s.address for s in self.stakers],
+            treasury=acc[TREASURY].address,
+            developer=acc[DEVELOPER].address,
+            caller=self.caller.address,
+            delegations={
+                s.address: (o.address, amount)
+                for s, o, amount in zip(self.stakers, targets, DELEGATIONS, strict=True)
+            },
+        )
+        self.procs: list[Proc] = []
+        self.members_by_epoch: dict[int, list[str]] = {}
+
+    def set_up(self) -> None:
+        """Deploys the BSM; operators register up front so stakers can delegate (nodes then
+        publish their libp2p addresses when they start); submits the job."""
+        from dtrain import BSM, Params
+
+        r = self.roster
+        params = Params(
+            treasury=r.treasury, developer=r.developer, unbonding_period=UNBONDING_PERIOD
+        )
+        self.bsm = BSM.deploy(self.chain.url, self.chain.accounts[0].key, params)
+        print(f"chain {self.chain.url}  contract {self.bsm.address}")
+        for o in self.ops:
+            self.bsm.with_account(o.key).register_operator(r.self_stake, b"\0" * 32, [], "cpu", 0)
+        for s in self.stakers:
+            target, amount = r.delegations[s.address]
+            self.bsm.with_account(s.key).delegate(target, amount)
+        self.submit_job()
+
+    def submit_job(self) -> None:
+        a = self.args
+        self.spec, init = tiny_job(self.bsm, self.run_dir, self.job)
+        self.n_params = sum(p.numel() for p in init.parameters())
+        balance = self.bsm.w3.eth.get_balance
+        self.wallets_before = {x.address: balance(x.address) for x in self.chain.accounts}
+        self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
+        print(
+            f"job {self.job_id}: {a.method.upper()}, {a.epochs} epochs x {a.steps} steps, "
+            f"sync every {a.sync}, {self.n_params:,} parameters, "
+            f"escrow {self.spec.escrow / ETH:g} ETH"
+        )
+
+    def spawn(self, i: int) -> Proc:
+        config = NodeConfig(
+            self.chain.url, self.bsm.address, self.job_id, self.job.round_deadline, LINGER
+        )
+        name = node_name(i)
+        p = spawn_node(name, self.ops[i], self.run_dir / name, config, self.plan.faults(i))
+        self.procs.append(p)
+        return p
+
+    def watch(self) -> None:
+        """Until the job ends, a node fails or the timeout: records each epoch's members and
+        starts the late joiner once the job runs (it joins at the next epoch boundary)."""
+        from dtrain.models import JobStatus
+
+        late = self.plan.late
+        t_end = time.monotonic() + self.args.timeout
+        while time.monotonic() < t_end:
+            j = self.bsm.job(self.job_id)
+            if j.state.status == JobStatus.RUNNING:
+                self.members_by_epoch[j.state.epoch] = list(j.members)
+                if late is not None:
+                    self.spawn(late)
+                    late = None
+            if j.state.status.is_ended:
+                break
+            crashed = [p for p in self.procs if self.failed(p)]
+            if crashed:
+                print("node failed:", [(p.name, p.popen.returncode) for p in crashed])
+                break
+            time.sleep(POLL)
+
+    def failed(self, p: Proc) -> bool:
+        """Exited with an error, unless the plan has it go offline."""
+        offline = self.plan.offline
+        if offline is not None and p.address == self.ops[offline].address:
+            return False
+        return p.popen.poll() not in (None, 0)
+
+    def observe(self) -> Observed:
+        bsm, r = self.bsm, self.roster
+        job = bsm.job(self.job_id)
+        events = bsm.events(job_id=self.job_id)
+        credited = {
+            a: bsm.credit_of(a) + sum(bsm.pending_rewards(o, a) for o in r.operators)
+            for a in r.names()
+        }
+        bytes_out = [
+            m["bytes_out"]
+            for p in self.procs
+            for m in read_metrics(p.data_dir)
+            if m.get("kind") == "round"
+        ]
+        return Observed(
+            plan=self.plan,
+            roster=r,
+            job_id=self.job_id,
+            status=job.state.status.name.lower(),
+            ended=job.state.status.is_ended,
+            final_checkpoint=job.state.checkpoint,
+            price=self.spec.price_per_operator_epoch,
+            escrow=self.spec.escrow,
+            total_epochs=self.spec.total_epochs,
+            events=events,
+            members_by_epoch=self.members_by_epoch,
+            credited=credited,
+            wallets_before=self.wallets_before,
+            bytes_out=bytes_out,
+            n_params=self.n_params,
+        )
