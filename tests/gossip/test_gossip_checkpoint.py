@@ -76,7 +76,7 @@ def test_checkpoint_transfer_20mb_and_corruption_rejected(server: Any, tmp_path:
     bad.write_bytes(bytes(data))
 
     cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
-    with GossipNode(cfg, Account.create(), lambda job, epoch: []) as node:
+    with GossipNode(cfg, Account.create()) as node:
         dest = tmp_path / "fetched" / "start.safetensors"
         t0 = time.monotonic()
         out = node.fetch_file(h_good, [peer], dest)

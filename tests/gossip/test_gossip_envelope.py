@@ -36,15 +36,9 @@ def seal(i: int = 0, rnd: int = 0, payload: bytes | None = None, **kw: object) -
 
 
 def store(validate: bool = True, max_payload: int = 1 << 20) -> RoundStore:
-    s = RoundStore(
-        CHAIN_ID,
-        CONTRACT,
-        JOB_ID,
-        lambda job, epoch: list(MEMBERS),
-        (lambda p: codec.decode(SPEC, p) and None) if validate else None,
-        StoreLimits(max_payload, window_back=2, window_ahead=1),
-    )
-    s.set_epoch(0)
+    limits = StoreLimits(max_payload, window_back=2, window_ahead=1)
+    s = RoundStore(CHAIN_ID, CONTRACT, JOB_ID, limits)
+    s.set_epoch(0, MEMBERS, (lambda p: codec.decode(SPEC, p) and None) if validate else None)
     return s
 
 
@@ -167,6 +161,28 @@ def test_multi_chunk_packet_validated_when_complete() -> None:
     s.offer(envs[-1], relayed=False)
     assert s.have(0) == [(MEMBERS[0], hashlib.sha256(envelope.assemble(envs)).digest())]
     assert len(s.envelopes_for(0, set())) == 3 and s.envelopes_for(0, set(s.have(0))) == []
+
+
+def test_store_takes_members_and_validator_from_each_set_epoch() -> None:
+    limits = StoreLimits(1 << 20, window_back=2, window_ahead=1)
+    s = RoundStore(CHAIN_ID, CONTRACT, JOB_ID, limits)
+    assert reason(s, seal(0, 0)[0]) == "wrong_epoch"  # no epoch yet: everything is dropped
+    with pytest.raises(ValueError, match="duplicate members"):
+        s.set_epoch(0, [MEMBERS[0], MEMBERS[0].lower()], None)
+    assert s.epoch is None and s.members == ()
+
+    def refuse(payload: bytes) -> None:
+        raise ValueError("not a packet")
+
+    s.set_epoch(0, [m.lower() for m in MEMBERS[:2]], refuse)
+    assert s.members == tuple(sorted(MEMBERS[:2]))
+    s.begin(0)
+    assert reason(s, seal(2, 0)[0]) == "not_member"
+    assert reason(s, seal(1, 0)[0]) == "invalid_payload"
+    s.set_epoch(1, MEMBERS, None)  # the next attempt: new members, no payload check
+    s.begin(0)
+    assert s.offer(seal(2, 0, epoch=1, payload=b"anything")[0], relayed=False)
+    assert s.missing(0) == sorted(MEMBERS[:2])
 
 
 def test_identity_key_file_is_private_and_stable(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ def test_empty_payload_publishes_nothing_and_both_agree(tmp_path: Path) -> None:
         GossipNode(
             GossipConfig(tmp_path / f"n{i}", CHAIN_ID, CONTRACT, JOB_ID, round_deadline_s=1.0),
             account(i),
-            lambda job, epoch: members,
         )
         for i in range(2)
     ]
@@ -27,7 +26,7 @@ def test_empty_payload_publishes_nothing_and_both_agree(tmp_path: Path) -> None:
         assert a.connect([(b.peer_key, b.listen_addrs)]) == [b.peer_key]
         b.connect([(a.peer_key, a.listen_addrs)])
         for n in (a, b):
-            n.set_epoch(3)
+            n.set_epoch(3, members, None)
         results: dict[int, list[RoundResult]] = {0: [], 1: []}
 
         def run(i: int, node: GossipNode) -> None:
@@ -52,6 +51,7 @@ def test_empty_payload_publishes_nothing_and_both_agree(tmp_path: Path) -> None:
 
 
 def test_collect_before_set_epoch_is_an_error(tmp_path: Path) -> None:
-    cfg: Any = GossipConfig(tmp_path, CHAIN_ID, CONTRACT, JOB_ID)
-    with GossipNode(cfg, account(0), lambda job, epoch: []) as n, pytest.raises(GossipError):
+    cfg: Any = GossipConfig(tmp_path, CHAIN_ID, CONTRACT, JOB_ID, settle_s=2.5)
+    with GossipNode(cfg, account(0)) as n, pytest.raises(GossipError):
+        assert n.settle_s == 2.5
         n.collect_round(0, b"x")

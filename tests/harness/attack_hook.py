@@ -72,13 +72,13 @@ def before_round(node: Any, r: int, ctx: dict[str, Any]) -> None:
         )
     ]
     for m in msgs:
-        node._call(node._ps.publish, node.topic, m)
+        node._call(node._state.pubsub.publish, node.topic, m)
     node._call(_stream_attacks, node)
 
 
 async def _wait_mesh(node: Any, n: int, timeout: float) -> bool:
     with trio.move_on_after(timeout):
-        while len(node._gs.mesh.get(node.topic, ())) < n:
+        while len(node._state.gossipsub.mesh.get(node.topic, ())) < n:
             await trio.sleep(0.05)
         return True
     return False
@@ -86,9 +86,9 @@ async def _wait_mesh(node: Any, n: int, timeout: float) -> bool:
 
 async def _stream_attacks(node: Any) -> None:
     proto = TProtocol(p2p_wire.SYNC_PROTOCOL)
-    for pid in list(node._peers):
+    for pid in list(node._state.peers):
         try:  # a corrupt pubsub RPC: stock py-libp2p 0.8.1 lets this crash the whole host
-            s = await node._host.new_stream(pid, [PROTOCOL_ID_V11])
+            s = await node._state.host.new_stream(pid, [PROTOCOL_ID_V11])
             await s.write(encode_uvarint(200) + b"\xff" * 200)
             await s.close()
         except Exception:
@@ -98,7 +98,7 @@ async def _stream_attacks(node: Any) -> None:
             struct.pack(">I", 300) + os.urandom(300),
         ):
             try:
-                s = await node._host.new_stream(pid, [proto])
+                s = await node._state.host.new_stream(pid, [proto])
                 await s.write(frame)
                 await s.close()
             except Exception:

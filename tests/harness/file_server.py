@@ -18,7 +18,7 @@ from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID
 def main() -> int:
     conf = json.loads(Path(sys.argv[1]).read_text())
     cfg = GossipConfig(Path(conf["data_dir"]), CHAIN_ID, CONTRACT, JOB_ID)
-    with GossipNode(cfg, Account.create(), lambda job, epoch: []) as node:
+    with GossipNode(cfg, Account.create()) as node:
         for sha, path in conf["files"].items():
             node.serve_file(sha, path)
         print(

@@ -110,9 +110,9 @@ def main(argv: list[str]) -> int:
         **conf.get("gossip", {}),
     )
     hook = _load_hook(conf.get("hook"))
-    with GossipNode(gcfg, account, lambda job, epoch: members, validate) as node:
+    with GossipNode(gcfg, account) as node:
         emit({"event": "ready", "peer_key": node.peer_key.hex(), "addrs": node.listen_addrs})
-        node.set_epoch(int(conf.get("epoch", 0)))  # before peers can send us round 0
+        node.set_epoch(int(conf.get("epoch", 0)), members, validate)  # before peers send round 0
         peers = json.loads(sys.stdin.readline())["peers"]
         connected = node.connect([(bytes.fromhex(k), a) for k, a in peers])
         emit({"event": "connected", "n": len(connected)})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -17,8 +17,7 @@ from eth_utils import to_checksum_address
 from dtrain_node.p2p import envelope as envmod
 from dtrain_node.p2p.envelope import Envelope, EnvelopeError
 
-MembersProvider = Callable[[int, int], list[str]]
-PayloadValidator = Callable[[bytes], None]
+PayloadValidator = Callable[[bytes], None]  # raises on a payload that must not be relayed
 
 
 class Phase(IntEnum):
@@ -61,19 +60,10 @@ class StoreLimits:
 
 
 class RoundStore:
-    def __init__(
-        self,
-        chain_id: int,
-        contract: str,
-        job_id: int,
-        members: MembersProvider,
-        validate_payload: PayloadValidator | None,
-        limits: StoreLimits,
-    ) -> None:
+    def __init__(self, chain_id: int, contract: str, job_id: int, limits: StoreLimits) -> None:
         self.chain_id, self.contract, self.job_id = chain_id, to_checksum_address(contract), job_id
-        self._members_provider = members
-        self._validate = validate_payload
         self.limits = limits
+        self._validate: PayloadValidator | None = None
         self.epoch: int | None = None
         self.members: tuple[str, ...] = ()
         self._member_set: frozenset[str] = frozenset()
@@ -84,12 +74,19 @@ class RoundStore:
         self.equivocations: list[tuple[int, str]] = []
 
     # -- epoch and rounds ---------------------------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        members = [to_checksum_address(m) for m in self._members_provider(self.job_id, epoch)]
-        if len(set(members)) != len(members):
-            raise ValueError(f"duplicate members in epoch {epoch}: {members}")
-        self.epoch, self.members = epoch, tuple(sorted(members))
-        self._member_set = frozenset(members)
+    def set_epoch(
+        self, epoch: int, members: Sequence[str], validate: PayloadValidator | None
+    ) -> None:
+        """Accept packets of this epoch attempt from these members only; forget older rounds.
+
+        validate: raises on a payload that must not be stored or relayed (None: no check).
+        """
+        checked = [to_checksum_address(m) for m in members]
+        if len(set(checked)) != len(checked):
+            raise ValueError(f"duplicate members in epoch {epoch}: {checked}")
+        self.epoch, self.members = epoch, tuple(sorted(checked))
+        self._member_set = frozenset(checked)
+        self._validate = validate
         self.current, self.rounds = None, {}
         self.participation = Counter({m: 0 for m in self.members})
 

@@ -7,9 +7,10 @@ Layouts are specified in docs/protocol.md.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from eth_utils import to_checksum_address
 
@@ -52,6 +53,12 @@ async def read_frame(stream: Stream, max_len: int) -> bytes:
 
 async def write_frame(stream: Stream, body: bytes) -> None:
     await stream.write(struct.pack(">I", len(body)) + body)
+
+
+async def close_quietly(stream: Any) -> None:
+    # the peer may have reset the stream already; there is nothing left to report
+    with contextlib.suppress(Exception):
+        await stream.close()
 
 
 # -- sync: "send me what you hold for round r that I do not" ---------------------------------

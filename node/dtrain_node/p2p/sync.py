@@ -1,0 +1,192 @@
+"""The sync protocol `/dtrain/sync/1.0.0` (docs/protocol.md 4.3): asking peers for the packets of
+a round that we lack, and answering such requests, rate-limited per peer.
+
+Gossip drops silently, so these requests are what makes a round complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from dtrain_node.p2p import envelope as envmod
+from dtrain_node.p2p import wire
+from dtrain_node.p2p.rounds import Phase, RoundStore
+from dtrain_node.p2p.state import HostState
+
+log = logging.getLogger(__name__)
+
+Accept = Callable[[bytes, bool], bool]  # (encoded envelope, relayed) -> forward it?
+
+
+@dataclass
+class PeerView:
+    """What one peer told us about a round."""
+
+    reachable: bool
+    phase: Phase = Phase.NOT_STARTED
+    have: frozenset[tuple[str, bytes]] = frozenset()
+
+
+@contextlib.contextmanager
+def _failures_counted(store: RoundStore, what: str, peer: str) -> Iterator[None]:
+    # a failed exchange with one peer is routine (slow, gone, hostile): count it, never raise
+    try:
+        yield
+    except wire.WireError as e:
+        store.dropped[f"sync_{e.reason}"] += 1
+    except trio.TooSlowError:
+        store.dropped["sync_timeout"] += 1
+    except Exception as e:
+        log.debug("%s %s failed: %r", what, peer, e)
+
+
+class SyncClient:
+    def __init__(self, state: HostState, accept: Accept) -> None:
+        self._state = state
+        self._accept = accept
+        self._inflight: set[ID] = set()
+
+    async def ask_all(self, rnd: int) -> dict[ID, PeerView | None]:
+        """One sync request to every known peer, concurrently. None: no answer in time.
+
+        The requests run in the host's long-lived nursery and we wait at most
+        request_timeout_s for them: py-libp2p cleans up failed streams under a shielded cancel
+        scope, which can hang on a half-dead connection where no timeout of ours reaches it.
+        A peer whose previous request is still stuck is not asked again until it returns.
+        """
+        st = self._state
+        out: dict[ID, PeerView | None] = {}
+        pending = {pid for pid in st.peers if pid not in self._inflight}
+        self._inflight |= pending
+        done = trio.Event()
+
+        async def one(pid: ID) -> None:
+            try:
+                out[pid] = await self._ask(pid, rnd)
+            finally:
+                self._inflight.discard(pid)
+                pending.discard(pid)
+                if not pending:
+                    done.set()
+
+        assert st.nursery is not None
+        for pid in list(pending):
+            st.nursery.start_soon(one, pid)
+        if pending:
+            with trio.move_on_after(st.config.request_timeout_s + 0.5):
+                await done.wait()
+        return {pid: out.get(pid) for pid in st.peers}
+
+    async def _ask(self, pid: ID, rnd: int) -> PeerView | None:
+        st = self._state
+        st.metrics.re_requests += 1
+        try:
+            with trio.fail_after(st.config.request_timeout_s):
+                stream = await st.host.new_stream(pid, [TProtocol(wire.SYNC_PROTOCOL)])
+        except trio.TooSlowError:
+            st.store.dropped["sync_timeout"] += 1
+            return None  # slow is not dead: keep waiting for this peer
+        except Exception:
+            if st.host.get_network().get_connections(pid):
+                return None  # still connected: a transient failure
+            # a dead or unreachable peer cannot hold back the round (docs/protocol.md)
+            return PeerView(reachable=False)
+        peer = pid.to_base58()
+        try:
+            with (
+                _failures_counted(st.store, "sync with", peer),
+                trio.fail_after(st.config.request_timeout_s),
+            ):
+                return await self._exchange(stream, peer, rnd)
+            return None
+        finally:
+            await wire.close_quietly(stream)
+
+    async def _exchange(self, stream: Any, peer: str, rnd: int) -> PeerView | None:
+        st, store = self._state, self._state.store
+        assert store.epoch is not None
+        body = wire.SyncRequest(st.config.job_id, store.epoch, rnd, tuple(store.have(rnd))).encode()
+        await wire.write_frame(stream, body)
+        st.metrics.add_out(peer, len(body) + 4)
+        max_head = 64 + 52 * 4 * max(1, len(store.members))
+        raw = await wire.read_frame(stream, max_head)
+        st.metrics.add_in(peer, len(raw) + 4)
+        head = wire.decode_sync_reply(raw)
+        if head.status != wire.SYNC_OK:
+            return None if head.status == wire.SYNC_BUSY else PeerView(reachable=False)
+        for _ in range(head.count):
+            data = await wire.read_frame(stream, envmod.OVERHEAD + envmod.MAX_CHUNK)
+            st.metrics.add_in(peer, len(data) + 4)
+            self._accept(data, True)
+        return PeerView(True, Phase(head.phase), frozenset(head.have))
+
+
+class TokenBuckets:
+    """One token bucket per peer: `rate` tokens a second, holding at most `rate`."""
+
+    def __init__(self, rate: float) -> None:
+        self._rate = rate
+        self._buckets: dict[ID, tuple[float, float]] = {}  # peer -> (tokens, last refill)
+
+    def take(self, pid: ID) -> bool:
+        now = time.monotonic()
+        tokens, last = self._buckets.get(pid, (self._rate, now))
+        tokens = min(self._rate, tokens + (now - last) * self._rate)
+        if tokens < 1:
+            self._buckets[pid] = (tokens, now)
+            return False
+        self._buckets[pid] = (tokens - 1, now)
+        return True
+
+
+class SyncServer:
+    def __init__(self, state: HostState) -> None:
+        self._state = state
+        self._buckets = TokenBuckets(state.config.serve_rate_per_s)
+
+    async def serve(self, stream: Any) -> None:
+        """Stream handler: answer one sync request."""
+        st = self._state
+        pid = stream.muxed_conn.peer_id
+        try:
+            with (
+                _failures_counted(st.store, "serving sync to", pid.to_base58()),
+                trio.fail_after(st.config.request_timeout_s),
+            ):
+                await self._answer(stream, pid)
+        finally:
+            await wire.close_quietly(stream)
+
+    async def _answer(self, stream: Any, pid: ID) -> None:
+        st, store, peer = self._state, self._state.store, pid.to_base58()
+        data = await wire.read_frame(stream, wire.MAX_REQUEST)
+        st.metrics.add_in(peer, len(data) + 4)
+        req = wire.decode_sync_request(data)
+        if not self._buckets.take(pid):
+            st.metrics.rate_limited += 1
+            await wire.write_frame(stream, wire.SyncReply(wire.SYNC_BUSY, 0, (), 0).encode())
+            return
+        if req.job_id != st.config.job_id or req.epoch != store.epoch:
+            await wire.write_frame(stream, wire.SyncReply(wire.SYNC_WRONG_JOB, 0, (), 0).encode())
+            return
+        envs = store.envelopes_for(req.round, set(req.have))
+        phase = store.phase(req.round)
+        have = tuple(store.have(req.round))
+        head = wire.SyncReply(wire.SYNC_OK, int(phase), have, len(envs)).encode()
+        await wire.write_frame(stream, head)
+        sent = len(head) + 4
+        for e in envs:
+            data = e.encode()
+            await wire.write_frame(stream, data)
+            sent += len(data) + 4
+        st.metrics.add_out(peer, sent)
+        st.metrics.relayed += len(envs)
