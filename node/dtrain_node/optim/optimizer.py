@@ -28,8 +28,10 @@ import torch
 from dtrain_node.optim import codec
 from dtrain_node.optim.aggregate import Aggregate, aggregate
 from dtrain_node.optim.codec import PacketError, Spec
-from dtrain_node.optim.compress import CompressConfig, compress_ef
+from dtrain_node.optim.compress import EXP_MAX, CompressConfig, compress_ef
+from dtrain_node.optim.robust import RobustConfig, screen
 
+E_MAX = 2.0 ** (EXP_MAX - 6)  # |e| bound: keeps every scale exponent <= EXP_MAX
 Gather = Callable[[bytes], Sequence[tuple[Hashable, bytes]]]
 
 
@@ -48,6 +50,7 @@ class DeMoConfig:
     inner_betas: tuple[float, float] = (0.9, 0.95)
     inner_weight_decay: float = 0.0
     compress: CompressConfig = field(default_factory=CompressConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
     max_packet_bytes: int = codec.MAX_BYTES
 
     def __post_init__(self) -> None:
@@ -70,13 +73,17 @@ class DeMoConfig:
 @dataclass
 class SyncStats:
     """What one sync did. `applied` are the senders whose packets made up the update (canonical
-    order); `rejected` maps a sender to the reason its packet was dropped."""
+    order); `rejected` maps a sender to the reason its packet was dropped as malformed;
+    `excluded` maps a sender whose valid packet the robust rule left out to the rule's reason
+    (robust.py). Neither rejected nor excluded senders are in `applied`."""
 
     bytes_sent: int = 0
     applied: tuple[Hashable, ...] = ()
     rejected: dict[Hashable, str] = field(default_factory=dict)
+    excluded: dict[Hashable, str] = field(default_factory=dict)
     compress_s: float = 0.0
     aggregate_s: float = 0.0
+    screen_s: float = 0.0
     aggregate: Aggregate | None = None
 
 
@@ -148,6 +155,9 @@ class DeMo:
             else:
                 delta = (self.theta_sync[i] - p).float()
             self.e[i].mul_(self.cfg.beta).add_(delta)
+            # local only: a broken local state must not stop the node (quantize would raise);
+            # a 64x64 block's coefficients are at most 64 x its largest entry
+            torch.nan_to_num_(self.e[i], 0.0, 0.0, 0.0).clamp_(-E_MAX, E_MAX)
             out.append(compress_ef(self.e[i], self.cfg.compress))
         data = codec.encode(self.spec, out)
         self._compress_s = time.perf_counter() - t0
@@ -183,9 +193,13 @@ class DeMo:
         """Aggregate this round's packets exactly and take the outer step on theta_sync."""
         t0 = time.perf_counter()
         good, rejected = self.decode_all(packets)
+        t1 = time.perf_counter()
+        good, excluded = screen(self.spec, good, self.cfg.robust)
+        t2 = time.perf_counter()
         agg = aggregate(self.spec, good, device=self.params[0].device) if good else None
-        dt = time.perf_counter() - t0
-        st = SyncStats(rejected=rejected, aggregate_s=dt, compress_s=self._compress_s)
+        dt = time.perf_counter() - t2 + t1 - t0
+        st = SyncStats(rejected=rejected, excluded=excluded, aggregate_s=dt, screen_s=t2 - t1)
+        st.compress_s = self._compress_s
         st.bytes_sent = self.spec.packet_bytes
         if agg is not None:
             self.apply_aggregate(agg)
@@ -203,7 +217,9 @@ class DeMo:
             u = agg.update(i, c.lr, c.sign, th.dtype)
             if c.weight_decay:
                 th.mul_(1.0 - c.lr * c.weight_decay)
-            th.sub_(u)
+            # elementwise, hence the same bits everywhere: no packet set makes the state non-finite
+            m = c.robust.theta_max
+            torch.nan_to_num_(th.sub_(u), 0.0, m, -m).clamp_(-m, m)
         if c.mode == "local":
             self._reset_local()
 

@@ -1,0 +1,183 @@
+"""Deterministic robust aggregation: which of a round's decoded packets may be aggregated.
+
+Every honest node runs `screen` on the same decoded packets before `aggregate`, so every
+honest node excludes the same senders and the shared state stays bitwise identical. The
+decision reads only the packets' integers (levels, indices, exponents) and is computed in
+exact integer arithmetic (int64 level dot products with proven bounds, then Python ints);
+no float takes part in it. Thresholds are floats in the config, turned into exact fractions.
+
+Geometry: sender i's coefficient vector v_i has entries lvl * 2^exp. The DCT is orthonormal,
+so norms and dot products of coefficient vectors are those of the updates themselves (up to
+the 2^-15 fixed-point basis). For tensors t and senders i, j we compute the integer
+D_t[i, j] = sum over shared (chunk, index) of lvl_i * lvl_j (|D| <= 9 * nchunks * k, far
+below 2^63), so <v_i, v_j>_t = D_t[i, j] * 2^(exp_ti + exp_tj), held exactly as the Python
+integer D_t[i, j] << (exp_ti + exp_tj - 2 * EXP_MIN).
+
+Rules, in order:
+1. norm, per tensor: |v_ti|^2 against the lower median m_t of all senders' |v_t|^2; exclude
+   the sender if for some tensor |v_ti| > hi * sqrt(m_t) or |v_ti| < lo * sqrt(m_t).
+2. direction, over the whole packet, among the senders that passed rule 1 and only when at
+   least `min_direction` of them remain: exclude i if cos(v_i, sum of the others) < cos_min.
+With one sender nothing can be compared and it is kept; with two, the lower median is the
+smaller norm, so only the larger can be excluded (when > hi times the smaller) and the
+direction rule (symmetric for two senders: it cannot tell who is wrong) does not run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+
+from dtrain_node.optim.codec import Spec
+from dtrain_node.optim.compress import EXP_MIN, Sparse
+
+Packets = Sequence[tuple[Hashable, Sequence[Sparse]]]
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """Parameters of the exclusion rule and of the bound on the shared state.
+
+    Defaults chosen by measurement (docs/demo.md): honest per-tensor norm ratios to the median
+    stayed in [1/12, 6] (2-bit, a one-entry vector tensor is the noisiest) and [1/2, 2]
+    (1-bit); honest cosines to the others' sum stayed >= 0.06, sign flips <= -0.06, and
+    independent random updates (cos ~ 0, down to -0.023) must not be excluded.
+
+    hi / lo: allowed band of a tensor's update norm around the median norm (ratio of norms).
+    cos_min: least cosine between a sender's update and the sum of the others' (in [-1, 1)).
+    min_direction: fewest senders (after the norm rule) for the direction rule to run.
+    theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
+    set of packets can make the shared state non-finite. enabled=False aggregates everything.
+    """
+
+    enabled: bool = True
+    hi: float = 16.0
+    lo: float = 1 / 32
+    cos_min: float = -0.05
+    min_direction: int = 3
+    theta_max: float = 2.0**16
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.hi) and self.hi >= 1):
+            raise ValueError(f"hi must be finite and >= 1, got {self.hi}")
+        if not 0 <= self.lo <= 1:
+            raise ValueError(f"lo must be in [0, 1], got {self.lo}")
+        if not -1 <= self.cos_min < 1:
+            raise ValueError(f"cos_min must be in [-1, 1), got {self.cos_min}")
+        if self.min_direction < 3:
+            raise ValueError(f"min_direction must be >= 3, got {self.min_direction}")
+        if not (math.isfinite(self.theta_max) and self.theta_max > 0):
+            raise ValueError(f"theta_max must be finite and > 0, got {self.theta_max}")
+
+
+def level_dots(spec: Spec, i: int, packets: Packets) -> torch.Tensor:
+    """D[a, b] = sum over (chunk, index) present in both a and b of lvl_a * lvl_b (int64)."""
+    ce = spec.layout[i][1]
+    keys = [(p[1][i].idx.to(torch.int64) + _rows(p[1][i].idx, ce)).reshape(-1) for p in packets]
+    uniq, inv = torch.unique(torch.cat(keys), return_inverse=True)
+    L = torch.zeros(len(packets), len(uniq), dtype=torch.int64)
+    off = 0
+    for a, (k, p) in enumerate(zip(keys, packets, strict=True)):
+        # a sender's keys are unique (indices strictly increase per chunk), so this is a put
+        L[a, inv[off : off + len(k)]] = p[1][i].lvl.to(torch.int64).reshape(-1)
+        off += len(k)
+    return torch.stack([(L[a] * L).sum(1) for a in range(len(packets))])
+
+
+def _rows(idx: torch.Tensor, ce: int) -> torch.Tensor:
+    return torch.arange(idx.shape[0], dtype=torch.int64).unsqueeze(1) * ce
+
+
+def gram(spec: Spec, packets: Packets) -> list[list[list[int]]]:
+    """Per tensor, the exact Gram matrix <v_a, v_b> scaled by 2^(-2 EXP_MIN), as Python ints."""
+    out = []
+    for i in range(len(spec.names)):
+        D = level_dots(spec, i, packets).tolist()
+        ex = [p[1][i].exp - EXP_MIN for p in packets]
+        out.append(
+            [[d << (a + b) for d, b in zip(r, ex, strict=True)] for r, a in zip(D, ex, strict=True)]
+        )
+    return out
+
+
+def _norm_reason(spec: Spec, G: list[list[list[int]]], a: int, cfg: RobustConfig) -> str | None:
+    hi, lo = Fraction(cfg.hi) ** 2, Fraction(cfg.lo) ** 2
+    for t, g in enumerate(G):
+        sq = sorted(g[b][b] for b in range(len(g)))
+        m, n = sq[(len(sq) - 1) // 2], g[a][a]  # lower median: with 2 senders, the smaller
+        if n * hi.denominator > hi.numerator * m:
+            return f"norm_high:{spec.names[t]}"
+        if n * lo.denominator < lo.numerator * m:
+            return f"norm_low:{spec.names[t]}"
+    return None
+
+
+def below(dot: int, n2: int, s2: int, c: Fraction) -> bool:
+    """Exactly: dot < c * sqrt(n2 * s2), for integers n2, s2 >= 0 and a rational c."""
+    b = n2 * s2 * c.numerator**2
+    lhs = dot * dot * c.denominator**2
+    if c >= 0:
+        return dot < 0 or (c > 0 and lhs < b)
+    return dot < 0 and lhs > b
+
+
+def _direction(G: list[list[list[int]]], keep: list[int], cfg: RobustConfig) -> list[int]:
+    """Indices in `keep` whose cosine to the sum of the other kept senders is below cos_min."""
+    c = Fraction(cfg.cos_min)
+    dots = [[sum(g[a][b] for g in G) for b in keep] for a in keep]
+    total = sum(sum(r) for r in dots)
+    out = []
+    for x, a in enumerate(keep):
+        n2, d = dots[x][x], sum(dots[x]) - dots[x][x]
+        s2 = total - 2 * sum(dots[x]) + n2  # |S - v_a|^2
+        if n2 and s2 and below(d, n2, s2, c):
+            out.append(a)
+    return out
+
+
+def screen(spec: Spec, packets: Packets, cfg: RobustConfig) -> tuple[list, dict[Hashable, str]]:
+    """Split decoded packets into (kept, {sender: reason}); a function of the packets only.
+
+    The result does not depend on the order of `packets` (decisions are per sender and every
+    statistic is symmetric in the senders).
+    """
+    if not cfg.enabled or len(packets) < 2:
+        return list(packets), {}
+    order = sorted(packets, key=lambda p: p[0])
+    G = gram(spec, order)
+    out: dict[Hashable, str] = {}
+    keep = []
+    for a, p in enumerate(order):
+        r = _norm_reason(spec, G, a, cfg)
+        if r is None:
+            keep.append(a)
+        else:
+            out[p[0]] = r
+    if len(keep) >= cfg.min_direction:
+        for a in _direction(G, keep, cfg):
+            out[order[a][0]] = "direction"
+    return [p for p in order if p[0] not in out], out
+
+
+def stats(spec: Spec, packets: Packets) -> dict[Hashable, tuple[float, list[float]]]:
+    """Diagnostics only (floats, never used to decide): per sender, the cosine to the sum of
+    all other senders and each tensor's norm divided by the lower median norm."""
+    order = sorted(packets, key=lambda p: p[0])
+    G = gram(spec, order)
+    dots = [[sum(g[a][b] for g in G) for b in range(len(order))] for a in range(len(order))]
+    total = sum(sum(r) for r in dots)
+    out = {}
+    for a, p in enumerate(order):
+        n2, d = dots[a][a], sum(dots[a]) - dots[a][a]
+        s2 = total - 2 * sum(dots[a]) + n2
+        cos = d / math.sqrt(n2 * s2) if n2 and s2 else 0.0
+        rel = []
+        for g in G:
+            sq = sorted(g[b][b] for b in range(len(g)))
+            rel.append(math.sqrt(g[a][a] / sq[(len(sq) - 1) // 2]) if sq[(len(sq) - 1) // 2] else 0)
+        out[p[0]] = (cos, rel)
+    return out
