@@ -1,5 +1,8 @@
-"""Compiles contracts/src with py-solc-x through the solc wrapper and writes the ABI and
-bytecode the SDK ships (sdk/dtrain/artifacts/DistributedTrainingBSM.json).
+"""Compiles contracts/src with py-solc-x through the solc wrapper and writes the ABI, bytecode
+and NatSpec the SDK ships (sdk/dtrain/artifacts/DistributedTrainingBSM.json).
+
+The compiler's `userdoc` (the `@notice` of every error, event and function) and `devdoc`
+(`@dev`/`@param`) are kept: the SDK builds each contract error's message from its notice.
 
 The SDK then needs neither Node.js nor a compiler. `sourceHash` records which sources the
 artifact was built from; a test fails when it no longer matches contracts/src.
@@ -62,7 +65,13 @@ def standard_input() -> dict:
             "viaIR": True,
             "outputSelection": {
                 f"contracts/src/{CONTRACT}.sol": {
-                    CONTRACT: ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]
+                    CONTRACT: [
+                        "abi",
+                        "userdoc",
+                        "devdoc",
+                        "evm.bytecode.object",
+                        "evm.deployedBytecode.object",
+                    ]
                 }
             },
         },
@@ -84,6 +93,8 @@ def main() -> int:
         "sourceHash": source_hash(),
         "compiler": "solc 0.8.28 (solcjs), via-ir, optimizer 200 runs, evm cancun",
         "abi": c["abi"],
+        "userdoc": c["userdoc"],
+        "devdoc": c["devdoc"],
         "bytecode": "0x" + c["evm"]["bytecode"]["object"],
         "deployedBytecode": "0x" + c["evm"]["deployedBytecode"]["object"],
     }

@@ -452,7 +452,11 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         return j.epochStart + _specs[jobId].epochDuration;
     }
 
-    function accounting() external view returns (uint256, uint256, uint256, uint256, uint256) {
+    function accounting()
+        external
+        view
+        returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve)
+    {
         return (_totalStaked, _totalUnbonding, _totalEscrow, _totalCredits, _totalRewardReserve);
     }
 

@@ -1,10 +1,11 @@
-"""The compiled BSM shipped inside the package (built by scripts/build_artifacts.py)."""
+"""The compiled BSM shipped inside the package (built by scripts/build_artifacts.py): ABI,
+bytecode and the compiler's NatSpec output (userdoc and devdoc)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,32 @@ class Artifact:
     bytecode: str
     deployed_bytecode: str
     source_hash: str
+    userdoc: dict[str, Any] = field(default_factory=dict)
+    devdoc: dict[str, Any] = field(default_factory=dict)
+
+    def natspec(self, kind: str, signature: str) -> str:
+        """One line of NatSpec for an error or event (`kind` "errors" or "events") given by its
+        canonical signature, e.g. "UnknownJob(uint256)": its `@notice`, else its `@dev` text
+        (library errors document themselves with `@dev` only), else ""."""
+        for doc, tag in ((self.userdoc, "notice"), (self.devdoc, "details")):
+            entries = doc.get(kind, {}).get(signature, [])
+            for entry in entries if isinstance(entries, list) else [entries]:
+                if entry.get(tag):
+                    return " ".join(entry[tag].split())
+        return ""
 
 
 @cache
 def load() -> Artifact:
     raw = json.loads(ARTIFACT_PATH.read_text())
-    return Artifact(raw["abi"], raw["bytecode"], raw["deployedBytecode"], raw["sourceHash"])
+    return Artifact(
+        abi=raw["abi"],
+        bytecode=raw["bytecode"],
+        deployed_bytecode=raw["deployedBytecode"],
+        source_hash=raw["sourceHash"],
+        userdoc=raw.get("userdoc", {}),
+        devdoc=raw.get("devdoc", {}),
+    )
 
 
 def source_hash(root: Path | None = None) -> str:

@@ -28,7 +28,7 @@ import requests
 from .chain import LocalChain
 from .client import BSM, JOB_EVENTS, connect, load_key
 from .errors import ConfigError, DtrainError
-from .models import JobSpec, JobStatus, Method, Params
+from .models import JobSpec, Method, Params
 from .units import format_eth, parse_amount, parse_duration
 
 EXAMPLES = {

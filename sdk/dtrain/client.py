@@ -295,6 +295,16 @@ class BSM:
         except (requests.exceptions.RequestException, OSError) as exc:
             raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
 
+    def _read(self, name: str, *args: Any, block: int | str = "latest") -> Any:
+        """A view's result by ABI name: one output as its value, several as a dict by output
+        name; structs become dicts by component name (see `_named`)."""
+        fn = getattr(self.contract.functions, name)(*args)
+        result = self._call(fn, block)
+        outputs = fn.abi["outputs"]
+        if len(outputs) == 1:
+            return _named(outputs[0], result)
+        return {o["name"]: _named(o, v) for o, v in zip(outputs, result, strict=True)}
+
     def _decode_logs(self, logs: Iterable[Any]) -> Iterator[Event]:
         by_topic = self._event_topics()
         for log in logs:
@@ -408,40 +418,25 @@ class BSM:
     # ------------------------------------------------------------------ reads
 
     def params(self) -> Params:
-        return Params.from_tuple(tuple(self._call(self.contract.functions.params())))
+        return Params.from_struct(self._read("params"))
 
     def next_job_id(self) -> int:
         return int(self._call(self.contract.functions.nextJobId()))
 
     def operator(self, address: str) -> Operator:
         a = _addr(address)
-        o = self._call(self.contract.functions.getOperator(a))
-        return Operator(
-            address=a,
-            registered=o[0],
-            active_jobs=o[1],
-            min_price_per_epoch=o[2],
-            peer_key=bytes(o[3]),
-            multiaddrs=tuple(o[4]),
-            hardware=o[5],
-            attestation_report=bytes(o[6]),
-            tee_type=o[7],
-            attestation_verifier=o[8],
-            self_stake=self.stake_of(a, a),
-            pool=self.pool(a),
-        )
+        info = self._read("getOperator", a)
+        return Operator.from_struct(info, a, self_stake=self.stake_of(a, a), pool=self.pool(a))
 
     def pool(self, operator: str) -> Pool:
-        return Pool.from_tuple(tuple(self._call(self.contract.functions.getPool(_addr(operator)))))
+        return Pool.from_struct(self._read("getPool", _addr(operator)))
 
     def stake_of(self, operator: str, account: str) -> int:
         return int(self._call(self.contract.functions.stakeOf(_addr(operator), _addr(account))))
 
     def unbonding_of(self, operator: str, account: str) -> tuple[int, int]:
-        amount, unlock_at = self._call(
-            self.contract.functions.unbondingOf(_addr(operator), _addr(account))
-        )
-        return int(amount), int(unlock_at)
+        out = self._read("unbondingOf", _addr(operator), _addr(account))
+        return int(out["amount"]), int(out["unlockAt"])
 
     def pending_rewards(self, operator: str, account: str) -> int:
         f = self.contract.functions.pendingRewards(_addr(operator), _addr(account))
@@ -464,13 +459,13 @@ class BSM:
         from the two sides of an epoch boundary."""
         f = self.contract.functions
         at = self.w3.eth.block_number
-        spec_t, state_t = self._call(f.getJob(job_id), at)
-        state = JobState.from_tuple(tuple(state_t))
+        got = self._read("getJob", job_id, block=at)
+        state = JobState.from_struct(got["state"])
         if state.status == JobStatus.NONE:
             raise CONTRACT_ERRORS["UnknownJob"](job_id)
         return Job(
             id=job_id,
-            spec=JobSpec.from_tuple(tuple(spec_t)),
+            spec=JobSpec.from_struct(got["spec"]),
             state=state,
             members=tuple(self._call(f.getMembers(job_id), at)),
             pending_joins=tuple(self._call(f.getPendingJoins(job_id), at)),
@@ -494,11 +489,11 @@ class BSM:
     def submission_of(
         self, job_id: int, operator: str, block: int | str = "latest"
     ) -> tuple[bytes, bytes]:
-        h, k = self._call(self.contract.functions.submissionOf(job_id, _addr(operator)), block)
-        return bytes(h), bytes(k)
+        out = self._read("submissionOf", job_id, _addr(operator), block=block)
+        return bytes(out["checkpoint"]), bytes(out["voteKey"])
 
     def accounting(self) -> Accounting:
-        return Accounting(*self._call(self.contract.functions.accounting()))
+        return Accounting.from_struct(self._read("accounting"))
 
     def contract_balance(self) -> int:
         return self.w3.eth.get_balance(self.address)
@@ -544,6 +539,17 @@ class BSM:
                 next_block = head + 1
             else:
                 time.sleep(poll_interval)
+
+
+def _named(param: dict[str, Any], value: Any) -> Any:
+    """A decoded ABI value with each struct (also inside arrays) as a dict by component name."""
+    kind = param["type"]
+    if kind.endswith("]"):
+        inner = {**param, "type": kind[: kind.rindex("[")]}
+        return [_named(inner, v) for v in value]
+    if kind == "tuple":
+        return {c["name"]: _named(c, v) for c, v in zip(param["components"], value, strict=True)}
+    return value
 
 
 def _b32(value: bytes | str) -> bytes:

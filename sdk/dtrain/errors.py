@@ -1,11 +1,15 @@
 """One exception root for everything the SDK raises, and a Python class per contract error.
 
 Contract custom errors are decoded from revert data into instances of the matching subclass of
-`ContractError`, carrying the decoded arguments (`.args_by_name`) and a one-line message.
+`ContractError`, carrying the decoded arguments (`.args_by_name`) and a one-line message built
+from the error's `@notice` in the contract (shipped in the artifact's userdoc): a backticked
+argument name in the notice stands for that argument's value, so the message is written once,
+in Solidity.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 
@@ -57,13 +61,28 @@ class ContractError(DtrainError):
         super().__init__(self.describe())
 
     def describe(self) -> str:
-        template = MESSAGES.get(self.error_name)
+        """The error's NatSpec notice with each `argument` replaced by its decoded value;
+        arguments the notice does not mention follow in parentheses."""
         fields = {name: _fmt(name, v) for name, v in self.args_by_name.items()}
-        if template is None:
+        template = MESSAGES.get(self.error_name, "")
+        if not template:
             inner = ", ".join(f"{k}={v}" for k, v in fields.items())
             return f"{self.error_name}({inner})"
-        return template.format(**fields)
+        mentioned: set[str] = set()
 
+        def value_of(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in fields:
+                return match.group(0)
+            mentioned.add(name)
+            return fields[name]
+
+        text = _ARGUMENT.sub(value_of, template)
+        rest = ", ".join(f"{k}={v}" for k, v in fields.items() if k not in mentioned)
+        return f"{text} ({rest})" if rest else text
+
+
+_ARGUMENT = re.compile(r"`(\w+)`")
 
 _AMOUNT_NAMES = {
     "stake",
@@ -96,59 +115,6 @@ def _fmt(name: str, value: Any) -> str:
     return str(value)
 
 
-MESSAGES: dict[str, str] = {
-    "BpsSumNot10000": "fee basis points sum to {sum}, not 10000",
-    "SlashBpsTooHigh": "slash of {bps} bps above the maximum {max}",
-    "BpsTooHigh": "{bps} basis points is more than 100%",
-    "InvalidMaxOperators": "maxOperators {maxOperators} outside 1..{cap}",
-    "ZeroAddress": "treasury and developer must not be the zero address",
-    "ZeroValue": "a zero amount was given where a positive one is required",
-    "NotCore": "only the Tangle core {core} may call this (caller {caller})",
-    "StakeBelowMinimum": "stake {stake} below minimum {minStake}",
-    "AlreadyRegistered": "operator {operator} is already registered",
-    "NotRegistered": "{operator} is not a registered operator",
-    "InsufficientStake": "cannot take {requested}: only {available} staked",
-    "OperatorHasActiveJobs": "operator {operator} is still in {activeJobs} job(s)",
-    "NothingUnbonding": "{account} has nothing unbonding with operator {operator}",
-    "StillUnbonding": "stake unlocks at {unlockAt} (now {nowTs})",
-    "NothingToWithdraw": "{account} has no credit to withdraw",
-    "TransferFailed": "sending {amount} to {to} failed",
-    "InvalidOperatorRange": "operators min {minOperators} / max {maxOperators} outside 1..{cap}",
-    "InvalidSchedule": (
-        "invalid schedule: {totalEpochs} epochs of {stepsPerEpoch} steps, sync every {syncInterval}"
-    ),
-    "InvalidCompression": "invalid compression: top-k {topkPerChunk}, {quantBits}-bit values",
-    "InvalidEpochDuration": "epoch duration {duration}s outside 1s..30 days",
-    "WrongEscrow": "escrow must be exactly {expected}, got {sent}",
-    "UnknownJob": "job {jobId} does not exist",
-    "NotJobCaller": "{sender} is not the caller {caller} of this job",
-    "JobNotOpen": "job {jobId} is {status}, not open",
-    "JobNotRunning": "job {jobId} is {status}, not running",
-    "JobFull": "job {jobId} is full: {members} of {maxOperators} operators",
-    "AlreadyMember": "{operator} already joined job {jobId}",
-    "NotMember": "{operator} is not a member of job {jobId}",
-    "AlreadyLeaving": "{operator} is already leaving job {jobId}",
-    "PriceBelowAsk": "job price {price} below the operator's ask {ask}",
-    "AttestationRequired": "job {jobId} requires a TEE attestation from {operator}",
-    "WrongEpoch": "job {jobId} is in epoch {current}, not {given}",
-    "DeadlinePassed": "epoch deadline {deadline} has passed (now {nowTs})",
-    "AlreadySubmitted": "{operator} already submitted for job {jobId} epoch {epoch}",
-    "ZeroCheckpoint": "checkpoint hash must not be zero",
-    "ParticipationLength": "participation has {given} entries, the epoch has {expected} members",
-    "ParticipationTooHigh": "participation[{index}] = {rounds} exceeds {maxRounds} rounds",
-    "EpochNotFinalizable": (
-        "job {jobId}: {submitted} of {members} members submitted and the deadline {deadline} "
-        "has not passed"
-    ),
-    "UnknownJobKind": "unknown job kind {job}",
-    "UnsupportedPaymentAsset": "payment asset {asset} is not supported (native only)",
-    "PaymentMismatch": "declared payment {declared} but sent {sent}",
-    "InvalidSlashPercent": "slash percent {percent} outside 1..50",
-    "ReentrancyGuardReentrantCall": "reentrant call",
-    "SafeCastOverflowedUintDowncast": "value {value} does not fit in {bits} bits",
-}
-
-
 def _abi_type(param: dict[str, Any]) -> str:
     if param["type"].startswith("tuple"):
         inner = ",".join(_abi_type(c) for c in param["components"])
@@ -156,30 +122,44 @@ def _abi_type(param: dict[str, Any]) -> str:
     return param["type"]
 
 
-def _build_contract_errors() -> dict[str, type[ContractError]]:
+def _message_template(signature: str) -> str:
+    """The error's NatSpec as a one-line message template: `@notice` as written in
+    contracts/src (a sentence's capital and full stop dropped, for library errors' `@dev`)."""
+    from .artifacts import load
+
+    text = load().natspec("errors", signature).removesuffix(".")
+    if re.match(r"[A-Z][a-z]", text):
+        text = text[0].lower() + text[1:]
+    return text
+
+
+def _build_contract_errors() -> tuple[dict[str, type[ContractError]], dict[str, str]]:
     from .artifacts import load
 
     classes: dict[str, type[ContractError]] = {}
+    messages: dict[str, str] = {}
     for item in load().abi:
         if item["type"] != "error":
             continue
         name = item["name"]
-        doc = MESSAGES.get(name, name)
+        abi_types = tuple(_abi_type(i) for i in item["inputs"])
+        messages[name] = _message_template(f"{name}({','.join(abi_types)})")
         classes[name] = type(
             name,
             (ContractError,),
             {
                 "error_name": name,
                 "arg_names": tuple(i["name"] for i in item["inputs"]),
-                "abi_types": tuple(_abi_type(i) for i in item["inputs"]),
-                "__doc__": f"Contract error: {doc}",
+                "abi_types": abi_types,
+                "__doc__": f"Contract error: {messages[name] or name}",
                 "__module__": __name__,
             },
         )
-    return classes
+    return classes, messages
 
 
-CONTRACT_ERRORS: dict[str, type[ContractError]] = _build_contract_errors()
+# MESSAGES: error name -> its message template, from the contract's NatSpec (see describe).
+CONTRACT_ERRORS, MESSAGES = _build_contract_errors()
 globals().update(CONTRACT_ERRORS)
 
 

@@ -1,11 +1,73 @@
-"""Typed read models of the contract's state and the job spec a caller submits."""
+"""Typed read models of the contract's state and the job spec a caller submits.
+
+Structs cross the ABI by field name: a model field is the snake_case of a struct component
+(`pricePerOperatorEpoch` -> `price_per_operator_epoch`), reads map decoded components by
+their ABI names and writes order values by the shipped ABI's component order. A struct whose
+fields no longer match its model raises instead of shifting values into the wrong fields.
+"""
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, field
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import astuple, dataclass, field, fields
 from enum import IntEnum
+from functools import cache
+from typing import Any, TypeVar
 
 ZERO32 = b"\0" * 32
+T = TypeVar("T")
+
+
+def snake_case(name: str) -> str:
+    """`minPricePerEpoch` -> `min_price_per_epoch`."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+@cache
+def struct_components(struct: str) -> tuple[str, ...]:
+    """Component names, in ABI order, of `IDistributedTrainingBSM.<struct>` in the shipped ABI."""
+    from .artifacts import load
+
+    wanted = f"struct IDistributedTrainingBSM.{struct}"
+    for item in load().abi:
+        for param in [*item.get("inputs", []), *item.get("outputs", [])]:
+            if param.get("internalType") == wanted:
+                return tuple(c["name"] for c in param["components"])
+    raise KeyError(f"no struct {struct} in the ABI")
+
+
+def _check_fields(cls: type, names: Iterable[str], extra: Iterable[str] = ()) -> None:
+    expected = {f.name for f in fields(cls)} - set(extra)
+    got = {snake_case(n) for n in names}
+    if got != expected:
+        raise TypeError(
+            f"{cls.__name__} does not match the contract struct: "
+            f"missing {sorted(expected - got)}, unknown {sorted(got - expected)}"
+        )
+
+
+def from_struct(
+    cls: type[T],
+    struct: Mapping[str, Any],
+    convert: Mapping[str, Callable[[Any], Any]] | None = None,
+    **extra: Any,
+) -> T:
+    """A model from a struct decoded by component name; `convert` maps field -> type, `extra`
+    gives the model's fields that are not in the struct."""
+    _check_fields(cls, struct, extra)
+    values = {snake_case(k): v for k, v in struct.items()}
+    for name, conv in (convert or {}).items():
+        values[name] = conv(values[name])
+    return cls(**values, **extra)
+
+
+def to_struct(model: Any, struct: str) -> tuple:
+    """A model's values in the ABI's component order of `struct` (enums as plain ints)."""
+    names = struct_components(struct)
+    _check_fields(type(model), names)
+    values = (getattr(model, snake_case(n)) for n in names)
+    return tuple(int(v) if isinstance(v, IntEnum) else v for v in values)
 
 
 class Method(IntEnum):
@@ -58,45 +120,12 @@ class Params:
     core: str = "0x0000000000000000000000000000000000000000"
 
     def as_tuple(self) -> tuple:
-        return (
-            self.operator_bps,
-            self.staker_bps,
-            self.protocol_bps,
-            self.developer_bps,
-            self.fabrication_slash_bps,
-            self.dropout_slash_bps,
-            self.sync_fail_slash_bps,
-            self.reporter_bounty_bps,
-            self.sync_threshold_bps,
-            self.max_operators,
-            self.max_failed_epochs,
-            self.unbonding_period,
-            self.min_stake,
-            self.treasury,
-            self.developer,
-            self.core,
-        )
+        """The constructor's `Params` argument."""
+        return to_struct(self, "Params")
 
     @classmethod
-    def from_tuple(cls, t: tuple) -> Params:
-        return cls(
-            operator_bps=t[0],
-            staker_bps=t[1],
-            protocol_bps=t[2],
-            developer_bps=t[3],
-            fabrication_slash_bps=t[4],
-            dropout_slash_bps=t[5],
-            sync_fail_slash_bps=t[6],
-            reporter_bounty_bps=t[7],
-            sync_threshold_bps=t[8],
-            max_operators=t[9],
-            max_failed_epochs=t[10],
-            unbonding_period=t[11],
-            min_stake=t[12],
-            treasury=t[13],
-            developer=t[14],
-            core=t[15],
-        )
+    def from_struct(cls, struct: Mapping[str, Any]) -> Params:
+        return from_struct(cls, struct)
 
 
 @dataclass(frozen=True)
@@ -128,43 +157,13 @@ class JobSpec:
         return self.steps_per_epoch // self.sync_interval
 
     def as_tuple(self) -> tuple:
-        return (
-            self.model_hash,
-            self.model_uri,
-            self.dataset_hash,
-            self.dataset_uri,
-            int(self.method),
-            self.total_epochs,
-            self.steps_per_epoch,
-            self.sync_interval,
-            self.topk_per_chunk,
-            self.quant_bits,
-            self.min_operators,
-            self.max_operators,
-            self.epoch_duration,
-            self.tee_required,
-            self.price_per_operator_epoch,
-        )
+        """The `createJob` argument."""
+        return to_struct(self, "JobSpec")
 
     @classmethod
-    def from_tuple(cls, t: tuple) -> JobSpec:
-        return cls(
-            model_hash=bytes(t[0]),
-            model_uri=t[1],
-            dataset_hash=bytes(t[2]),
-            dataset_uri=t[3],
-            method=Method(t[4]),
-            total_epochs=t[5],
-            steps_per_epoch=t[6],
-            sync_interval=t[7],
-            topk_per_chunk=t[8],
-            quant_bits=t[9],
-            min_operators=t[10],
-            max_operators=t[11],
-            epoch_duration=t[12],
-            tee_required=t[13],
-            price_per_operator_epoch=t[14],
-        )
+    def from_struct(cls, struct: Mapping[str, Any]) -> JobSpec:
+        conv = {"method": Method, "model_hash": bytes, "dataset_hash": bytes}
+        return from_struct(cls, struct, conv)
 
 
 @dataclass(frozen=True)
@@ -179,8 +178,8 @@ class JobState:
     checkpoint: bytes
 
     @classmethod
-    def from_tuple(cls, t: tuple) -> JobState:
-        return cls(t[0], JobStatus(t[1]), t[2], t[3], t[4], t[5], t[6], bytes(t[7]))
+    def from_struct(cls, struct: Mapping[str, Any]) -> JobState:
+        return from_struct(cls, struct, {"status": JobStatus, "checkpoint": bytes})
 
 
 @dataclass(frozen=True)
@@ -210,6 +209,14 @@ class Operator:
     self_stake: int = 0
     pool: Pool | None = None
 
+    @classmethod
+    def from_struct(
+        cls, struct: Mapping[str, Any], address: str, self_stake: int, pool: Pool
+    ) -> Operator:
+        """From `getOperator`'s `OperatorInfo`, plus the stake reads it does not hold."""
+        conv = {"peer_key": bytes, "multiaddrs": tuple, "attestation_report": bytes}
+        return from_struct(cls, struct, conv, address=address, self_stake=self_stake, pool=pool)
+
     @property
     def peer_id_bytes(self) -> bytes:
         """libp2p peer id of the Ed25519 key (identity multihash)."""
@@ -226,8 +233,8 @@ class Pool:
     reward_reserve: int
 
     @classmethod
-    def from_tuple(cls, t: tuple) -> Pool:
-        return cls(*t)
+    def from_struct(cls, struct: Mapping[str, Any]) -> Pool:
+        return from_struct(cls, struct)
 
 
 @dataclass(frozen=True)
@@ -239,6 +246,11 @@ class Accounting:
     escrow: int
     credits: int
     reward_reserve: int
+
+    @classmethod
+    def from_struct(cls, outputs: Mapping[str, Any]) -> Accounting:
+        """From `accounting()`'s outputs by name."""
+        return from_struct(cls, outputs)
 
     @property
     def total(self) -> int:

@@ -10,7 +10,7 @@ from web3 import Web3
 
 from dtrain import artifacts, errors
 from dtrain.client import BSM, load_key
-from dtrain.models import JobStatus, Method
+from dtrain.models import JobSpec, JobState, JobStatus, Method, Params, struct_components
 
 
 def register(bsm: BSM, i: int, stake: int = ETH, min_price: int = 0) -> str:
@@ -37,6 +37,35 @@ def test_deploy_sets_params(bsm: BSM, accounts) -> None:
     assert p.treasury == accounts[10].address
     assert p.core == accounts[9].address
     assert bsm.next_job_id() == 1
+
+
+def test_read_models_decode_by_field_name(bsm: BSM, accounts) -> None:
+    # Structs are read by component name: the order of the mapping does not matter...
+    p = Params(treasury=accounts[10].address, developer=accounts[11].address, min_stake=7)
+    by_name = dict(zip(struct_components("Params"), p.as_tuple(), strict=True))
+    assert Params.from_struct(dict(reversed(by_name.items()))) == p
+    assert by_name["minStake"] == 7 and by_name["treasury"] == accounts[10].address
+    # ...and written in the ABI's order whatever the dataclass order.
+    s = JobSpec(price_per_operator_epoch=5, method=Method.DPO, tee_required=True)
+    spec_by_name = dict(zip(struct_components("JobSpec"), s.as_tuple(), strict=True))
+    assert spec_by_name["pricePerOperatorEpoch"] == 5 and spec_by_name["teeRequired"] is True
+    assert spec_by_name["method"] == 2 and JobSpec.from_struct(spec_by_name) == s
+    # A field the model does not know, or one it misses, raises instead of shifting values.
+    with pytest.raises(TypeError, match="unknown \\['extra'\\]"):
+        Params.from_struct({**by_name, "extra": 1})
+    with pytest.raises(TypeError, match="missing \\['checkpoint'\\]"):
+        JobState.from_struct(
+            {
+                "caller": accounts[0].address,
+                "status": 1,
+                "epoch": 0,
+                "failedEpochs": 0,
+                "attempt": 0,
+                "epochStart": 0,
+                "escrow": 0,
+            }
+        )
+    assert bsm.params().min_stake == ETH
 
 
 def test_attach_checks_chain_and_contract(chain, bsm: BSM, accounts) -> None:

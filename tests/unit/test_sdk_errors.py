@@ -38,11 +38,34 @@ def test_every_abi_error_decodes(item) -> None:
     assert isinstance(exc, errors.ContractError) and isinstance(exc, errors.DtrainError)
     assert list(exc.args_by_name) == [i["name"] for i in item["inputs"]]
     message = str(exc)
-    assert item["name"] in errors.MESSAGES, "add a human message for this error"
+    assert item["name"] in errors.MESSAGES, "add a /// @notice message to this error"
     assert "{" not in message and "\n" not in message
     for name, value in exc.args_by_name.items():
         if isinstance(value, int) and name not in errors._AMOUNT_NAMES and name != "status":
             assert str(value) in message, (name, message)
+
+
+def _signature(item) -> str:
+    return f"{item['name']}({','.join(errors._abi_type(i) for i in item['inputs'])})"
+
+
+def test_messages_come_from_the_contracts_natspec() -> None:
+    art = artifacts.load()
+    ours = [e for e in ABI_ERRORS if not e["name"].startswith(("ReentrancyGuard", "SafeCast"))]
+    for item in ours:
+        notice = art.userdoc["errors"][_signature(item)][0]["notice"]
+        assert errors.MESSAGES[item["name"]] == notice, "add a /// @notice to this error"
+        assert f"Contract error: {notice}" == errors.CONTRACT_ERRORS[item["name"]].__doc__
+    # Library errors document themselves with @dev only: their text, arguments appended.
+    assert str(errors.ReentrancyGuardReentrantCall()) == "unauthorized reentrant call"
+    message = str(errors.SafeCastOverflowedUintDowncast(64, 2**70))
+    assert message.startswith("value doesn't fit in a uint of 64") and str(2**70) in message
+
+
+def test_every_event_has_a_notice() -> None:
+    art = artifacts.load()
+    for item in (e for e in art.abi if e["type"] == "event"):
+        assert art.natspec("events", _signature(item)), f"add a /// @notice to {item['name']}"
 
 
 def test_amounts_in_messages_are_ether() -> None:

@@ -120,64 +120,131 @@ interface IDistributedTrainingBSM {
     }
 
     // ---------------------------------------------------------------- errors
+    // Each notice is the one-line message the SDK and CLI show for the error: a `name` in
+    // backticks stands for that argument's decoded value (amounts in ETH, statuses by name).
 
+    /// @notice fee basis points sum to `sum`, not 10000
     error BpsSumNot10000(uint256 sum);
+    /// @notice slash of `bps` bps above the maximum `max`
     error SlashBpsTooHigh(uint256 bps, uint256 max);
+    /// @notice `bps` basis points is more than 100%
     error BpsTooHigh(uint256 bps);
+    /// @notice maxOperators `maxOperators` outside 1..`cap`
     error InvalidMaxOperators(uint256 maxOperators, uint256 cap);
+    /// @notice treasury and developer must not be the zero address
     error ZeroAddress();
+    /// @notice a zero amount was given where a positive one is required
     error ZeroValue();
+    /// @notice only the Tangle core `core` may call this (caller `caller`)
     error NotCore(address caller, address core);
+    /// @notice stake `stake` below minimum `minStake`
+    /// @param stake self-stake the operator would have, in wei.
     error StakeBelowMinimum(uint256 stake, uint256 minStake);
+    /// @notice operator `operator` is already registered
     error AlreadyRegistered(address operator);
+    /// @notice `operator` is not a registered operator
     error NotRegistered(address operator);
+    /// @notice cannot take `requested`: only `available` staked
+    /// @param available active stake that may be unbonded, in wei.
     error InsufficientStake(uint256 requested, uint256 available);
+    /// @notice operator `operator` is still in `activeJobs` job(s)
     error OperatorHasActiveJobs(address operator, uint256 activeJobs);
+    /// @notice `account` has nothing unbonding with operator `operator`
     error NothingUnbonding(address operator, address account);
+    /// @notice stake unlocks at `unlockAt` (now `nowTs`)
+    /// @param unlockAt unix time (seconds) from which the unbonded stake may be withdrawn.
+    /// @param nowTs timestamp of the block that reverted.
     error StillUnbonding(uint256 unlockAt, uint256 nowTs);
+    /// @notice `account` has no credit to withdraw
     error NothingToWithdraw(address account);
+    /// @notice sending `amount` to `to` failed
     error TransferFailed(address to, uint256 amount);
+    /// @notice operators min `minOperators` / max `maxOperators` outside 1..`cap`
     error InvalidOperatorRange(uint256 minOperators, uint256 maxOperators, uint256 cap);
+    /// @notice invalid schedule: `totalEpochs` epochs of `stepsPerEpoch` steps, sync every `syncInterval`
     error InvalidSchedule(uint256 totalEpochs, uint256 stepsPerEpoch, uint256 syncInterval);
+    /// @notice invalid compression: top-k `topkPerChunk`, `quantBits`-bit values
     error InvalidCompression(uint256 topkPerChunk, uint256 quantBits);
+    /// @notice epoch duration `duration`s outside 1s..30 days
     error InvalidEpochDuration(uint256 duration);
+    /// @notice escrow must be exactly `expected`, got `sent`
+    /// @param expected price x maxOperators x totalEpochs, in wei.
     error WrongEscrow(uint256 expected, uint256 sent);
+    /// @notice job `jobId` does not exist
     error UnknownJob(uint256 jobId);
+    /// @notice `sender` is not the caller `caller` of this job
     error NotJobCaller(address sender, address caller);
+    /// @notice job `jobId` is `status`, not open
     error JobNotOpen(uint256 jobId, JobStatus status);
+    /// @notice job `jobId` is `status`, not running
     error JobNotRunning(uint256 jobId, JobStatus status);
+    /// @notice job `jobId` is full: `members` of `maxOperators` operators
     error JobFull(uint256 jobId, uint256 members, uint256 maxOperators);
+    /// @notice `operator` already joined job `jobId`
     error AlreadyMember(uint256 jobId, address operator);
+    /// @notice `operator` is not a member of job `jobId`
     error NotMember(uint256 jobId, address operator);
+    /// @notice `operator` is already leaving job `jobId`
     error AlreadyLeaving(uint256 jobId, address operator);
+    /// @notice job price `price` below the operator's ask `ask`
     error PriceBelowAsk(uint256 price, uint256 ask);
+    /// @notice job `jobId` requires a TEE attestation from `operator`
     error AttestationRequired(uint256 jobId, address operator);
+    /// @notice job `jobId` is in epoch `current`, not `given`
     error WrongEpoch(uint256 jobId, uint256 given, uint256 current);
+    /// @notice epoch deadline `deadline` has passed (now `nowTs`)
+    /// @param deadline unix time (seconds) after which submissions are refused.
+    /// @param nowTs timestamp of the block that reverted.
     error DeadlinePassed(uint256 deadline, uint256 nowTs);
+    /// @notice `operator` already submitted for job `jobId` epoch `epoch`
     error AlreadySubmitted(uint256 jobId, uint256 epoch, address operator);
+    /// @notice checkpoint hash must not be zero
     error ZeroCheckpoint();
+    /// @notice participation has `given` entries, the epoch has `expected` members
     error ParticipationLength(uint256 given, uint256 expected);
+    /// @notice participation[`index`] = `rounds` exceeds `maxRounds` rounds
+    /// @param maxRounds sync rounds in an epoch (stepsPerEpoch / syncInterval).
     error ParticipationTooHigh(uint256 index, uint256 rounds, uint256 maxRounds);
+    /// @notice job `jobId`: `submitted` of `members` members submitted and the deadline `deadline` has not passed
     error EpochNotFinalizable(uint256 jobId, uint256 submitted, uint256 members, uint256 deadline);
+    /// @notice unknown job kind `job`
+    /// @param job the `onJobCall` job id (0..4, see IBlueprintServiceManager).
     error UnknownJobKind(uint8 job);
+    /// @notice payment asset `asset` is not supported (native only)
     error UnsupportedPaymentAsset(address asset);
+    /// @notice declared payment `declared` but sent `sent`
     error PaymentMismatch(uint256 declared, uint256 sent);
+    /// @notice slash percent `percent` outside 1..50
     error InvalidSlashPercent(uint256 percent);
 
     // ---------------------------------------------------------------- events
 
+    /// @notice `operator` registered with `stake` wei of self-stake.
     event OperatorRegistered(address indexed operator, bytes32 peerKey, uint256 stake);
+    /// @notice `operator` replaced its peer key, addresses, hardware and price ask.
     event OperatorUpdated(address indexed operator, bytes32 peerKey, uint256 minPricePerEpoch);
+    /// @notice `operator` deregistered; all its self-stake started unbonding.
     event OperatorDeregistered(address indexed operator);
+    /// @notice `operator` recorded a TEE attestation.
     event AttestationSet(address indexed operator, bytes32 report, uint8 teeType, address verifier);
+    /// @notice `account` added `amount` wei to `operator`'s stake pool, receiving `shares` shares.
     event Staked(address indexed operator, address indexed account, uint256 amount, uint256 shares);
+    /// @notice `amount` wei of `account`'s stake with `operator` started unbonding until `unlockAt`.
     event UnbondingQueued(address indexed operator, address indexed account, uint256 amount, uint64 unlockAt);
+    /// @notice `account`'s unbonded stake with `operator` (`amount` wei) was credited to it.
     event Unbonded(address indexed operator, address indexed account, uint256 amount);
+    /// @notice `account` claimed `amount` wei of staking rewards from `operator`'s pool.
     event RewardsClaimed(address indexed operator, address indexed account, uint256 amount);
+    /// @notice `caller` created job `jobId`, escrowing `escrow` wei.
     event JobCreated(uint256 indexed jobId, address indexed caller, Method method, uint256 escrow);
+    /// @notice Job `jobId` was cancelled; `refund` wei were credited to its caller.
     event JobCancelled(uint256 indexed jobId, uint256 refund);
+    /// @notice `operator` joins job `jobId` from epoch `effectiveEpoch`.
     event JoinRequested(uint256 indexed jobId, address indexed operator, uint256 effectiveEpoch);
+    /// @notice `operator` leaves job `jobId` from epoch `effectiveEpoch`.
     event LeaveRequested(uint256 indexed jobId, address indexed operator, uint256 effectiveEpoch);
+    /// @notice Epoch `epoch` of job `jobId` started with `memberCount` members from
+    /// `startCheckpoint`; checkpoints are due by `deadline`.
     /// @dev The member list is read with `getMembers` (emitting it would cost the join that
     /// starts an epoch ~70k gas at the cap).
     event EpochStarted(
@@ -188,12 +255,19 @@ interface IDistributedTrainingBSM {
         bytes32 startCheckpoint,
         uint64 deadline
     );
+    /// @notice `operator` committed `checkpoint` for epoch `epoch` of job `jobId`.
     event CheckpointSubmitted(
         uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 checkpoint, bytes32 voteKey
     );
+    /// @notice Epoch `epoch` of job `jobId` reached quorum on `checkpoint`; `paidMembers` members were paid.
     event EpochFinalized(uint256 indexed jobId, uint256 indexed epoch, bytes32 checkpoint, uint256 paidMembers);
+    /// @notice Epoch `epoch` of job `jobId` ended without quorum (`failedEpochs` in a row).
     event EpochFailed(uint256 indexed jobId, uint256 indexed epoch, uint256 failedEpochs);
+    /// @notice `operator` earned `price` wei for epoch `epoch` of job `jobId`, split among operator,
+    /// stakers, protocol and developer.
     event OperatorPaid(uint256 indexed jobId, uint256 indexed epoch, address indexed operator, uint256 price);
+    /// @notice `amount` wei of `operator`'s pool (active and unbonding stake) were slashed for
+    /// `reason` in epoch `epoch` of job `jobId`, triggered by `reporter`.
     event Slashed(
         address indexed operator,
         uint256 indexed jobId,
@@ -202,9 +276,14 @@ interface IDistributedTrainingBSM {
         uint256 amount,
         address reporter
     );
+    /// @notice Job `jobId` completed with `finalCheckpoint`; `refund` wei of unearned escrow were
+    /// credited to its caller.
     event JobCompleted(uint256 indexed jobId, bytes32 finalCheckpoint, uint256 refund);
+    /// @notice Job `jobId` failed; `refund` wei of remaining escrow were credited to its caller.
     event JobFailed(uint256 indexed jobId, uint256 refund);
+    /// @notice `amount` wei were credited to `account`, claimable with `withdraw()`.
     event Credited(address indexed account, uint256 amount);
+    /// @notice `account` withdrew `amount` wei of credit.
     event Withdrawn(address indexed account, uint256 amount);
 
     // ---------------------------------------------------------------- operators and stake
