@@ -14,7 +14,7 @@ from dtrain_node.optim.attacks import KINDS, Attack, Attacker
 from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse, compress
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
-from dtrain_node.optim.robust import RobustConfig, below, gram, screen
+from dtrain_node.optim.robust import RobustConfig, _cmp, below, gram, screen
 
 SHAPES = {"w": (128, 96), "v": (70,), "m": (64, 64)}
 CFG = DeMoConfig(mode="local", sync_interval=4, lr=1.0, inner_lr=0.01)
@@ -274,3 +274,23 @@ def test_any_valid_packets_keep_state_finite_and_identical(data, bits, mode):
             for p in o.params:
                 p.grad = torch.randn(p.shape)
             o.prepare()  # never raises
+
+
+def test_cosine_order_is_exact():
+    r = random.Random(0)
+    for _ in range(3000):
+        x = (r.randint(-30, 30), r.randint(1, 50), 0)
+        y = (r.randint(-30, 30), r.randint(1, 50), 1)
+        fx, fy = Fraction(x[0] ** 2, x[1]), Fraction(y[0] ** 2, y[1])  # cos^2, exactly
+        sx, sy = (fx if x[0] >= 0 else -fx), (fy if y[0] >= 0 else -fy)
+        assert _cmp(x, y) == (sx > sy) - (sx < sy)
+
+
+def test_one_bad_sender_does_not_drag_honest_ones_out():
+    # the signflipped sender is judged first and removed before the others are judged
+    opts = members(4)
+    train(opts, 4, 3)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[3] = swap(spec, pk[3], "signflip")
+    assert screen(spec, pk, RobustConfig())[1] == {3: "direction"}

@@ -16,8 +16,9 @@ integer D_t[i, j] << (exp_ti + exp_tj - 2 * EXP_MIN).
 Rules, in order:
 1. norm, per tensor: |v_ti|^2 against the lower median m_t of all senders' |v_t|^2; exclude
    the sender if for some tensor |v_ti| > hi * sqrt(m_t) or |v_ti| < lo * sqrt(m_t).
-2. direction, over the whole packet, among the senders that passed rule 1 and only when at
-   least `min_direction` of them remain: exclude i if cos(v_i, sum of the others) < cos_min.
+2. direction, over the whole packet, among the senders that passed rule 1: while at least
+   `min_direction` remain, drop the one whose cos(v_i, sum of the other remaining) is lowest
+   if it is below cos_min, and recompute.
 With one sender nothing can be compared and it is kept; with two, the lower median is the
 smaller norm, so only the larger can be excluded (when > hi times the smaller) and the
 direction rule (symmetric for two senders: it cannot tell who is wrong) does not run.
@@ -29,6 +30,7 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cmp_to_key
 
 import torch
 
@@ -125,17 +127,37 @@ def below(dot: int, n2: int, s2: int, c: Fraction) -> bool:
     return dot < 0 and lhs > b
 
 
+def _cmp(x: tuple[int, int, int], y: tuple[int, int, int]) -> int:
+    """Exact order of cosines d / sqrt(q) (q > 0) of two (d, q, index) triples."""
+    if (x[0] < 0) != (y[0] < 0):
+        return -1 if x[0] < 0 else 1
+    lhs, rhs = x[0] * x[0] * y[1], y[0] * y[0] * x[1]
+    if x[0] < 0:
+        lhs, rhs = rhs, lhs
+    return (lhs > rhs) - (lhs < rhs)
+
+
 def _direction(G: list[list[list[int]]], keep: list[int], cfg: RobustConfig) -> list[int]:
-    """Indices in `keep` whose cosine to the sum of the other kept senders is below cos_min."""
+    """Senders in `keep` dropped for direction: repeatedly the one with the lowest cosine to
+    the sum of the other remaining senders, while it is below cos_min and at least
+    min_direction senders remain. One at a time, so that a bad sender does not drag the
+    reference of the honest ones down when they are judged."""
     c = Fraction(cfg.cos_min)
-    dots = [[sum(g[a][b] for g in G) for b in keep] for a in keep]
-    total = sum(sum(r) for r in dots)
-    out = []
-    for x, a in enumerate(keep):
-        n2, d = dots[x][x], sum(dots[x]) - dots[x][x]
-        s2 = total - 2 * sum(dots[x]) + n2  # |S - v_a|^2
-        if n2 and s2 and below(d, n2, s2, c):
-            out.append(a)
+    dots = [[sum(g[a][b] for g in G) for b in range(len(G[0]))] for a in range(len(G[0]))]
+    keep, out = list(keep), []
+    while len(keep) >= cfg.min_direction:
+        total = sum(dots[a][b] for a in keep for b in keep)
+        bad = []
+        for a in keep:
+            row, n2 = sum(dots[a][b] for b in keep), dots[a][a]
+            q = n2 * (total - 2 * row + n2)  # |v_a|^2 |S - v_a|^2
+            if q and below(row - n2, q, 1, c):
+                bad.append((row - n2, q, a))
+        if not bad:
+            break
+        worst = min(bad, key=cmp_to_key(_cmp))[2]  # ties: the first in sender order
+        keep.remove(worst)
+        out.append(worst)
     return out
 
 
