@@ -127,3 +127,18 @@ def test_rejects_duplicates_and_empty():
         aggregate(spec, [pk[0], (pk[0][0], pk[1][1])])
     with pytest.raises(ValueError):
         aggregate(spec, [])
+
+
+def test_any_exponent_spread_aggregates():
+    # one sender at EXP_MAX, one at EXP_MIN: the small one rounds to zero instead of
+    # overflowing the int64 rounding constant (the robust rule normally excludes one of them)
+    from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, Sparse
+
+    spec, pk = packets(n=2)
+    lo = [Sparse(s.idx, s.lvl, EXP_MIN) for s in pk[0][1]]
+    hi = [Sparse(s.idx, s.lvl, EXP_MAX) for s in pk[1][1]]
+    agg = aggregate(spec, [(0, lo), (1, hi)])
+    ref = aggregate(spec, [(1, hi)])
+    for i in range(len(SHAPES)):
+        # the same sum (power-of-two scalings are exact in float64)
+        assert torch.equal(agg.sums[i] * 2.0 ** agg.exps[i], ref.sums[i] * 2.0 ** ref.exps[i])

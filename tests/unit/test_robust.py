@@ -236,8 +236,9 @@ def adversarial(draw, spec):
     return codec.encode(spec, ts)
 
 
-def node(spec, seed, mode):
+def node(spec, seed, mode, rule=True):
     cfg = DeMoConfig(
+        robust=RobustConfig(enabled=rule),
         mode=mode,
         sync_interval=1,
         lr=1.0 if mode == "local" else 1e-3,
@@ -255,13 +256,18 @@ def node(spec, seed, mode):
     return o
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), bits=st.sampled_from([1, 2]), mode=st.sampled_from(["local", "paper"]))
-def test_any_valid_packets_keep_state_finite_and_identical(data, bits, mode):
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    bits=st.sampled_from([1, 2]),
+    mode=st.sampled_from(["local", "paper"]),
+    rule=st.booleans(),
+)
+def test_any_valid_packets_keep_state_finite_and_identical(data, bits, mode, rule):
     spec = _spec(bits)
     n = data.draw(st.integers(1, 8))
     pkts = [(f"s{i}", data.draw(adversarial(spec))) for i in range(n)]
-    a, b = node(spec, 1, mode), node(spec, 2, mode)
+    a, b = node(spec, 1, mode, rule), node(spec, 2, mode, rule)
     for _ in range(2):  # two rounds: the second starts from whatever the first left
         sa, sb = a.apply(pkts), b.apply(pkts)
         assert sa.applied == sb.applied and sa.excluded == sb.excluded

@@ -70,6 +70,9 @@ def _shift(lvl: torch.Tensor, m: int) -> torch.Tensor:
     v = lvl.to(torch.int64)
     if m >= 0:
         return v << m
+    # levels are int8 (|v| <= 128): from 9 bits down everything rounds to 0; bounding m keeps
+    # the rounding constant inside int64 for any exponent spread (up to EXP_MAX - EXP_MIN)
+    m = max(m, -16)
     a = (v.abs() + (1 << (-m - 1))) >> (-m)
     return torch.where(v < 0, -a, a)
 

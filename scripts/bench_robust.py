@@ -1,0 +1,283 @@
+"""Robust aggregation benchmark: one attacking member among N, with and without the rule.
+
+N simulated members in one process train a small byte-level GPT on disjoint shards of this
+machine's Python standard library sources with DeMo (local mode); the last member sends an
+attack packet (dtrain_node.optim.attacks) instead of its honest one every round. Per attack
+and N: rounds in which the attacker was excluded, held-out loss damage against the all-honest
+run (same init, data and seeds), the same damage with the rule switched off, honest senders
+ever excluded (false exclusions, over every run), and the time the rule adds per round.
+
+    python scripts/bench_robust.py --quick          # CI: ~2 minutes on 2 cores
+    python scripts/bench_robust.py --jobs 2         # full run (docs/benchmarks.md)
+
+Writes DIR/robust.json and DIR/robust.md; DIR is docs/bench (full) or docs/bench/quick
+(--quick) unless --out is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from dtrain_node.optim.attacks import Attack, Attacker
+from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.optim.robust import RobustConfig
+
+# The benchmark model and corpus live with the test harnesses, not in the product.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from harness import bench_corpus as corpus
+from harness.bench_model import GPT, GPTConfig
+
+ATTACKS = ("poison", "scale=100", "noise", "signflip", "stale", "copy")
+GROSS = ("poison", "scale=100", "noise")  # must be excluded in every round
+
+
+@dataclass(frozen=True)
+class Setup:
+    model: GPTConfig
+    members: tuple[int, ...]
+    K: int
+    k: int
+    bits: int
+    bsz: int
+    steps: int
+    inner_lr: float
+    eval_windows: int
+    max_train: int
+
+
+def setups(quick: bool) -> Setup:
+    if quick:
+        m = GPTConfig(d=64, n_layer=1, n_head=1, ctx=64)
+        return Setup(m, (4, 8), 4, 4, 1, 8, 48, 3e-3, 16, 400_000)
+    m = GPTConfig(d=128, n_layer=2, n_head=2, ctx=64)
+    return Setup(m, (4, 8), 4, 4, 1, 8, 160, 3e-3, 32, 1_000_000)
+
+
+@torch.no_grad()
+def evaluate(m: torch.nn.Module, ev) -> float:
+    m.eval()
+    out = float(m(*ev))
+    m.train()
+    return out
+
+
+def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int) -> dict:
+    """One training run; attack None: all honest, "absent": the last member sends nothing."""
+    torch.set_num_threads(1)
+    train, held = corpus.stdlib_corpus(max_train=setup.max_train)
+    ev = corpus.eval_windows(held, setup.eval_windows, setup.model.ctx)
+    shards = corpus.shards(train, n)
+    gens = [torch.Generator().manual_seed(1000 * seed + w) for w in range(n)]
+    torch.manual_seed(seed)
+    models = [GPT(setup.model) for _ in range(n)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    cfg = DeMoConfig(
+        mode="local",
+        sync_interval=setup.K,
+        lr=1.0,
+        inner_lr=setup.inner_lr,
+        compress=CompressConfig(k2d=setup.k, k1d=1, bits=setup.bits),
+        robust=RobustConfig(enabled=rule),
+    )
+    opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
+    atk = Attacker(Attack.parse(attack), who=n - 1) if attack not in (None, "absent") else None
+    rec = dict(excluded_rounds=0, rounds=0, false_exclusions=0, reasons={}, screen_s=[], agg_s=[])
+    for t in range(1, setup.steps + 1):
+        for w, m in enumerate(models):
+            m(*corpus.batch(shards[w], setup.bsz, setup.model.ctx, gens[w])).backward()
+            opts[w].inner_step()
+        if t % setup.K:
+            continue
+        pk = [(o.sender, o.prepare()) for o in opts]
+        pk = atk.packets(pk, opts[0].spec) if atk else pk
+        pk = pk[:-1] if attack == "absent" else pk
+        # every honest node computes the same aggregate: compute it once, apply it everywhere
+        st = opts[0].apply(pk)
+        for o in opts[1:]:
+            if st.aggregate is not None:
+                o.apply_aggregate(st.aggregate)
+        rec["rounds"] += 1
+        rec["excluded_rounds"] += n - 1 in st.excluded
+        rec["false_exclusions"] += sum(s != n - 1 for s in st.excluded)
+        for r in st.excluded.values():
+            rec["reasons"][r.split(":")[0]] = rec["reasons"].get(r.split(":")[0], 0) + 1
+        rec["screen_s"].append(st.screen_s)
+        rec["agg_s"].append(st.aggregate_s)
+    loss = evaluate(models[0], ev)
+    return dict(n=n, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
+
+
+def _job(args):
+    t0 = time.time()
+    r = run(*args)
+    print(
+        f"  N={r['n']} {r['attack']:10s} rule={'on ' if r['rule'] else 'off'} seed {r['seed']}: "
+        f"loss {r['loss']:.4f}, attacker excluded {r['excluded_rounds']}/{r['rounds']}, "
+        f"false {r['false_exclusions']} ({time.time() - t0:.0f}s)",
+        flush=True,
+    )
+    return r
+
+
+def jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
+    out = []
+    for s in seeds:
+        for n in setup.members:
+            out += [(setup, n, None, True, s), (setup, n, "absent", True, s)]
+            out += [(setup, n, a, rule, s) for a in ATTACKS for rule in (True, False)]
+    return out
+
+
+def _mean(rs: list[dict], key: str) -> float:
+    return statistics.mean(r[key] for r in rs)
+
+
+def summarize(setup: Setup, results: list[dict]) -> list[dict]:
+    recs = []
+    for n in setup.members:
+
+        def pick(attack, rule, n=n):
+            return [r for r in results if (r["n"], r["attack"], r["rule"]) == (n, attack, rule)]
+
+        honest = _mean(pick("honest", True), "loss")
+        for attack in ("honest", "absent", *ATTACKS):
+            on, off = pick(attack, True), pick(attack, False)
+            loss = _mean(on, "loss")
+            recs.append(
+                dict(
+                    members=n,
+                    attack=attack,
+                    seeds=len(on),
+                    loss=loss,
+                    losses=[r["loss"] for r in on],
+                    damage_pct=100 * (loss - honest) / honest,
+                    loss_without_rule=_mean(off, "loss") if off else None,
+                    damage_without_rule_pct=(
+                        100 * (_mean(off, "loss") - honest) / honest if off else None
+                    ),
+                    attacker_excluded_rounds=sum(r["excluded_rounds"] for r in on),
+                    rounds=sum(r["rounds"] for r in on),
+                    honest_false_exclusions=sum(r["false_exclusions"] for r in on),
+                    reasons=_merge([r["reasons"] for r in on]),
+                    screen_ms_per_round=1e3 * statistics.mean(x for r in on for x in r["screen_s"]),
+                    aggregate_ms_per_round=1e3 * statistics.mean(x for r in on for x in r["agg_s"]),
+                )
+            )
+    return recs
+
+
+def _merge(ds: list[dict]) -> dict:
+    out: dict = {}
+    for d in ds:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def table(recs: list[dict]) -> str:
+    head = (
+        "| N | attack | attacker excluded | held-out loss | damage vs honest | damage, rule off "
+        "| honest false excl. | rule ms/round | aggregate ms/round |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for r in recs:
+        ex = "-" if r["attack"] in ("honest", "absent") else f"{r['attacker_excluded_rounds']}"
+        ex += "" if ex == "-" else f"/{r['rounds']}"
+        rows.append(
+            f"| {r['members']} | {r['attack']} | {ex} | {r['loss']:.4f} "
+            f"| {r['damage_pct']:+.2f}% | {_fmt(r['damage_without_rule_pct'], '+.2f')}% "
+            f"| {r['honest_false_exclusions']} | {r['screen_ms_per_round']:.2f} "
+            f"| {r['aggregate_ms_per_round']:.2f} |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def verdict(recs: list[dict]) -> str:
+    """The targets, checked on the measured numbers."""
+    att = [r for r in recs if r["attack"] in ATTACKS]
+    gross = all(r["attacker_excluded_rounds"] == r["rounds"] for r in att if r["attack"] in GROSS)
+    worst = max(att, key=lambda r: r["damage_pct"])
+    false = sum(r["honest_false_exclusions"] for r in recs)
+    return (
+        f"- poison, scale=100, noise excluded in every round at every N: "
+        f"{'met' if gross else 'MISSED'}\n"
+        f"- held-out damage < 5% for every attack: {'met' if worst['damage_pct'] < 5 else 'MISSED'}"
+        f" (worst: {worst['attack']} at N={worst['members']}, {worst['damage_pct']:+.2f}%)\n"
+        f"- honest false exclusions: {false} ({'met' if false == 0 else 'MISSED'})\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny model, 1 seed: CI smoke run")
+    ap.add_argument("--seeds", type=int, default=None, help="default 2 (quick: 1)")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--jobs", type=int, default=1, help="parallel processes, 1 thread each")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    a.out = a.out or Path("docs/bench/quick" if a.quick else "docs/bench")
+    setup = setups(a.quick)
+    setup = replace(setup, steps=a.steps) if a.steps else setup
+    seeds = list(range(a.seeds if a.seeds else (1 if a.quick else 2)))
+    todo = jobs(setup, seeds)
+    t0 = time.time()
+    P = GPT(setup.model).numel()
+    print(f"bench_robust: {P:,} params, N in {setup.members}, {len(todo)} runs", flush=True)
+    if a.jobs > 1:
+        with mp.get_context("spawn").Pool(a.jobs) as pool:
+            results = list(pool.imap_unordered(_job, todo))
+    else:
+        results = [_job(j) for j in todo]
+    recs = summarize(setup, results)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "robust.json").write_text(json.dumps(dict(setup=_meta(setup, P), rows=recs), indent=1))
+    c = setup.model
+    md = (
+        f"Model: byte-level GPT d={c.d} layers={c.n_layer} heads={c.n_head} ctx={c.ctx}, "
+        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}/4096, {setup.bits}-bit, outer lr 1; "
+        f"{setup.steps} steps x batch {setup.bsz} per member; seeds {len(seeds)}; the last "
+        f"member attacks every round; RobustConfig defaults; wall {time.time() - t0:.0f}s.\n\n"
+        + table(recs)
+        + "\n"
+        + verdict(recs)
+    )
+    (a.out / "robust.md").write_text(md)
+    print(md)
+    print(f"wrote {a.out}/robust.json, robust.md")
+    return 0
+
+
+def _meta(setup: Setup, P: int) -> dict:
+    c = setup.model
+    return dict(
+        params=P,
+        model=dict(d=c.d, n_layer=c.n_layer, n_head=c.n_head, ctx=c.ctx),
+        K=setup.K,
+        k=setup.k,
+        bits=setup.bits,
+        steps=setup.steps,
+        bsz=setup.bsz,
+        robust=RobustConfig().__dict__,
+    )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
