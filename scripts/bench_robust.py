@@ -28,10 +28,12 @@ from pathlib import Path
 
 import torch
 
+from dtrain_node.optim.aggregate import aggregate
 from dtrain_node.optim.attacks import Attack, Attacker
-from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.codec import Spec
+from dtrain_node.optim.compress import CompressConfig, compress
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
-from dtrain_node.optim.robust import RobustConfig
+from dtrain_node.optim.robust import RobustConfig, screen
 
 # The benchmark model and corpus live with the test harnesses, not in the product.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -186,8 +188,10 @@ def _merge(ds: list[dict]) -> dict:
     return out
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "n/a" if x is None else format(x, spec)
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:+.3g}%" if abs(x) >= 1000 else f"{x:+.2f}%"
 
 
 def table(recs: list[dict]) -> str:
@@ -202,7 +206,7 @@ def table(recs: list[dict]) -> str:
         ex += "" if ex == "-" else f"/{r['rounds']}"
         rows.append(
             f"| {r['members']} | {r['attack']} | {ex} | {r['loss']:.4f} "
-            f"| {r['damage_pct']:+.2f}% | {_fmt(r['damage_without_rule_pct'], '+.2f')}% "
+            f"| {_pct(r['damage_pct'])} | {_pct(r['damage_without_rule_pct'])} "
             f"| {r['honest_false_exclusions']} | {r['screen_ms_per_round']:.2f} "
             f"| {r['aggregate_ms_per_round']:.2f} |"
         )
@@ -221,6 +225,52 @@ def verdict(recs: list[dict]) -> str:
         f"- held-out damage < 5% for every attack: {'met' if worst['damage_pct'] < 5 else 'MISSED'}"
         f" (worst: {worst['attack']} at N={worst['members']}, {worst['damage_pct']:+.2f}%)\n"
         f"- honest false exclusions: {false} ({'met' if false == 0 else 'MISSED'})\n"
+    )
+
+
+def timing(model: GPTConfig, members: tuple[int, ...], reps: int = 3) -> list[dict]:
+    """Rule vs aggregation time per round on one larger model, from real compressed packets
+    (honest-sized random momenta; the rule's cost depends on sizes, not on values)."""
+    torch.set_num_threads(1)
+    named = list(GPT(model).named_parameters())
+    spec = Spec.of(named, CompressConfig(k2d=4, k1d=1, bits=1))
+    out = []
+    for n in members:
+        g = torch.Generator().manual_seed(n)
+        pk = [
+            (w, [compress(torch.randn(p.shape, generator=g) * 1e-3, spec.cfg) for _, p in named])
+            for w in range(n)
+        ]
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            kept, ex = screen(spec, pk, RobustConfig())
+        t1 = time.perf_counter()
+        for _ in range(reps):
+            aggregate(spec, kept)
+        t2 = time.perf_counter()
+        out.append(
+            dict(
+                members=n,
+                params=sum(p.numel() for _, p in named),
+                excluded=len(ex),
+                screen_ms=1e3 * (t1 - t0) / reps,
+                aggregate_ms=1e3 * (t2 - t1) / reps,
+            )
+        )
+    return out
+
+
+def timing_table(rows: list[dict]) -> str:
+    head = "| params | N | rule ms/round | aggregate ms/round | rule / aggregate |\n"
+    head += "|---|---|---|---|---|\n"
+    return (
+        head
+        + "\n".join(
+            f"| {r['params']:,} | {r['members']} | {r['screen_ms']:.1f} | {r['aggregate_ms']:.1f} "
+            f"| {r['screen_ms'] / r['aggregate_ms']:.2f} |"
+            for r in rows
+        )
+        + "\n"
     )
 
 
@@ -246,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = [_job(j) for j in todo]
     recs = summarize(setup, results)
+    big = setup.model if a.quick else GPTConfig(d=256, n_layer=4, n_head=4, ctx=128)
+    times = timing(big, setup.members)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "robust.json").write_text(json.dumps(dict(setup=_meta(setup, P), rows=recs), indent=1))
+    doc = dict(setup=_meta(setup, P), rows=recs, timing=times)
+    (a.out / "robust.json").write_text(json.dumps(doc, indent=1) + "\n")
     c = setup.model
     md = (
         f"Model: byte-level GPT d={c.d} layers={c.n_layer} heads={c.n_head} ctx={c.ctx}, "
@@ -257,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         + table(recs)
         + "\n"
         + verdict(recs)
+        + "\nRule vs exact aggregation, one round, one node (1 thread):\n\n"
+        + timing_table(times)
     )
     (a.out / "robust.md").write_text(md)
     print(md)
