@@ -300,3 +300,13 @@ def test_one_bad_sender_does_not_drag_honest_ones_out():
     pk = decoded(opts)
     pk[3] = swap(spec, pk[3], "signflip")
     assert screen(spec, pk, RobustConfig())[1] == {3: "direction"}
+
+
+def test_one_blown_up_small_tensor_is_caught():
+    opts = members(4)
+    train(opts, 4, 1)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    v = spec.names.index("v")
+    pk[1][1][v] = Sparse(pk[1][1][v].idx, pk[1][1][v].lvl, pk[1][1][v].exp + 5)  # 32x
+    assert screen(spec, pk, RobustConfig())[1] == {1: "norm_high:v"}
