@@ -194,23 +194,37 @@ def _pct(x: float | None) -> str:
     return f"{x:+.3g}%" if abs(x) >= 1000 else f"{x:+.2f}%"
 
 
+COLUMNS = (
+    "N",
+    "attack",
+    "attacker excluded",
+    "held-out loss",
+    "damage vs honest",
+    "damage, rule off",
+    "honest false excl.",
+    "rule ms/round",
+    "aggregate ms/round",
+)
+
+
+def _cells(r: dict) -> list[str]:
+    baseline = r["attack"] in ("honest", "absent")
+    return [
+        str(r["members"]),
+        r["attack"],
+        "-" if baseline else f"{r['attacker_excluded_rounds']}/{r['rounds']}",
+        f"{r['loss']:.4f}",
+        _pct(r["damage_pct"]),
+        _pct(r["damage_without_rule_pct"]),
+        str(r["honest_false_exclusions"]),
+        f"{r['screen_ms_per_round']:.2f}",
+        f"{r['aggregate_ms_per_round']:.2f}",
+    ]
+
+
 def table(recs: list[dict]) -> str:
-    head = (
-        "| N | attack | attacker excluded | held-out loss | damage vs honest | damage, rule off "
-        "| honest false excl. | rule ms/round | aggregate ms/round |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
-    )
-    rows = []
-    for r in recs:
-        ex = "-" if r["attack"] in ("honest", "absent") else f"{r['attacker_excluded_rounds']}"
-        ex += "" if ex == "-" else f"/{r['rounds']}"
-        rows.append(
-            f"| {r['members']} | {r['attack']} | {ex} | {r['loss']:.4f} "
-            f"| {_pct(r['damage_pct'])} | {_pct(r['damage_without_rule_pct'])} "
-            f"| {r['honest_false_exclusions']} | {r['screen_ms_per_round']:.2f} "
-            f"| {r['aggregate_ms_per_round']:.2f} |"
-        )
-    return head + "\n".join(rows) + "\n"
+    lines = [COLUMNS, ("---",) * len(COLUMNS), *(_cells(r) for r in recs)]
+    return "".join("| " + " | ".join(c) + " |\n" for c in lines)
 
 
 def verdict(recs: list[dict]) -> str:
@@ -274,13 +288,42 @@ def timing_table(rows: list[dict]) -> str:
     )
 
 
+def report(setup: Setup, P: int, seeds: int, recs: list, times: list, wall: float) -> str:
+    c = setup.model
+    return (
+        f"Model: byte-level GPT d={c.d} layers={c.n_layer} heads={c.n_head} ctx={c.ctx}, "
+        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}/4096, {setup.bits}-bit, outer lr 1; "
+        f"{setup.steps} steps x batch {setup.bsz} per member; seeds {seeds}; the last "
+        f"member attacks every round; RobustConfig defaults; wall {wall:.0f}s.\n\n"
+        + table(recs)
+        + "\n"
+        + verdict(recs)
+        + "\nRule vs exact aggregation, one round, one node (1 thread):\n\n"
+        + timing_table(times)
+    )
+
+
+def run_all(todo: list[tuple], n: int) -> list[dict]:
+    """Every run, in `n` spawned processes (one thread each) when n > 1."""
+    if n <= 1:
+        return [_job(j) for j in todo]
+    with mp.get_context("spawn").Pool(n) as pool:
+        return list(pool.imap_unordered(_job, todo))
+
+
+OPTIONS = (
+    ("--quick", dict(action="store_true", help="tiny model, 1 seed: CI smoke run")),
+    ("--seeds", dict(type=int, default=None, help="default 2 (quick: 1)")),
+    ("--steps", dict(type=int, default=None, help="training steps per run")),
+    ("--jobs", dict(type=int, default=1, help="parallel processes, 1 thread each")),
+    ("--out", dict(type=Path, default=None, help="default docs/bench (quick: docs/bench/quick)")),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny model, 1 seed: CI smoke run")
-    ap.add_argument("--seeds", type=int, default=None, help="default 2 (quick: 1)")
-    ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--jobs", type=int, default=1, help="parallel processes, 1 thread each")
-    ap.add_argument("--out", type=Path, default=None)
+    for flag, kw in OPTIONS:
+        ap.add_argument(flag, **kw)
     a = ap.parse_args(argv)
     a.out = a.out or Path("docs/bench/quick" if a.quick else "docs/bench")
     setup = setups(a.quick)
@@ -290,30 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     P = GPT(setup.model).numel()
     print(f"bench_robust: {P:,} params, N in {setup.members}, {len(todo)} runs", flush=True)
-    if a.jobs > 1:
-        with mp.get_context("spawn").Pool(a.jobs) as pool:
-            results = list(pool.imap_unordered(_job, todo))
-    else:
-        results = [_job(j) for j in todo]
-    recs = summarize(setup, results)
+    recs = summarize(setup, run_all(todo, a.jobs))
     big = setup.model if a.quick else GPTConfig(d=256, n_layer=4, n_head=4, ctx=128)
     times = timing(big, setup.members)
+    md = report(setup, P, len(seeds), recs, times, time.time() - t0)
     a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "robust.md").write_text(md)
     doc = dict(setup=_meta(setup, P), rows=recs, timing=times)
     (a.out / "robust.json").write_text(json.dumps(doc, indent=1) + "\n")
-    c = setup.model
-    md = (
-        f"Model: byte-level GPT d={c.d} layers={c.n_layer} heads={c.n_head} ctx={c.ctx}, "
-        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}/4096, {setup.bits}-bit, outer lr 1; "
-        f"{setup.steps} steps x batch {setup.bsz} per member; seeds {len(seeds)}; the last "
-        f"member attacks every round; RobustConfig defaults; wall {time.time() - t0:.0f}s.\n\n"
-        + table(recs)
-        + "\n"
-        + verdict(recs)
-        + "\nRule vs exact aggregation, one round, one node (1 thread):\n\n"
-        + timing_table(times)
-    )
-    (a.out / "robust.md").write_text(md)
     print(md)
     print(f"wrote {a.out}/robust.json, robust.md")
     return 0
