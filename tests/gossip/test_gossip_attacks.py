@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.gossip_cluster import assert_identical_rounds
+from harness.gossip_cluster import assert_identical_rounds, spawn_peer
 
 HOOK = "harness.attack_hook"
 EXPECTED = {
@@ -49,3 +52,47 @@ def test_attacks_dropped_counted_and_rounds_complete(cluster: Any) -> None:
         assert sum(res["metrics"]["pubsub_rpc_errors"].values()) >= 1  # survived a corrupt RPC
     c.close()
     assert [p.popen.returncode for p in c.procs] == [0, 0, 0, 0], [c.stderr(i) for i in range(4)]
+
+
+@pytest.mark.timeout(180)
+def test_outsider_forgeries_never_relayed_genuine_late_ones_are(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """A non-member injects forgeries naming members for past, current and future rounds; an
+    observer connected only to honest nodes receives none of them, but does receive the genuine
+    late envelopes the injector replays (authentic, so honest nodes relay them)."""
+    rounds = 40
+    c = cluster(3, rounds=rounds, payload_bytes=20_000, gossip={"round_deadline_s": 20.0})
+    inj = spawn_peer(tmp_path, 1000, "inject", c.members)
+    obs = spawn_peer(tmp_path, 1001, "observe", c.members)
+    outsiders = [inj, obs]
+    try:
+        ready = [p.wait_event(lambda e: e["event"] == "ready", 60) for p in c.procs]
+        honest = {"peers": [[r["peer_key"], r["addrs"]] for r in ready]}
+        for p in outsiders:
+            p.wait_event(lambda e: e["event"] == "ready", 60)
+            p.send(honest)
+        ids = [p.wait_event(lambda e: e["event"] == "connected", 60)["peer_id"] for p in outsiders]
+        c.start()
+        results = c.wait_done(timeout=150)
+    finally:
+        for p in outsiders:
+            with contextlib.suppress(OSError):
+                p.send("exit")
+            p.popen.wait(15)
+    assert_identical_rounds(results, range(rounds))
+    for res in results:
+        assert all(r["senders"] == sorted(c.members) for r in res["rounds"])
+    sent = json.loads(inj.result_path.read_text())["sent"]
+    seen = json.loads(obs.result_path.read_text())
+    print(f"\ninjector sent {sent}; observer got {seen}")
+    assert sent.get("past", 0) >= 20 and sent.get("current", 0) >= 10, sent
+    assert sent.get("future", 0) >= 20 and sent.get("replay", 0) >= 5, sent
+    assert seen["forged"] == {}, seen  # not one forgery was relayed by an honest node
+    assert ids[0] not in seen["forwarders"]  # the observer hears honest nodes only
+    assert seen["authentic"] > 0 and seen["replays_received"] >= 1, seen
+    dropped = [res["metrics"]["dropped"] for res in results]
+    # honest nodes checked (and dropped) the forgeries; some never reach a node (a publish goes
+    # to the injector's mesh peers only, and before the mesh forms, to nobody)
+    assert sum(d.get("bad_signature", 0) for d in dropped) >= 100, dropped
+    assert sum(d.get("finished", 0) for d in dropped) >= 1  # the replays: authentic, late

@@ -114,22 +114,7 @@ class Cluster:
                 "hook": (hooks or {}).get(i),
                 "result": str(workdir / f"result{i}.json"),
             }
-            path = workdir / f"conf{i}.json"
-            path.write_text(json.dumps(conf))
-            cmd = [sys.executable, "-m", "harness.gossip_worker", str(path)]
-            if nice:
-                cmd = ["nice", "-n", str(nice), *cmd]
-            p = subprocess.Popen(
-                cmd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=(workdir / f"stderr{i}.log").open("w"),
-                text=True,
-                env=harness_env(PYTHONUNBUFFERED="1"),
-            )
-            proc = Proc(i, p, Path(conf["result"]))
-            threading.Thread(target=_pump, args=(proc,), daemon=True).start()
-            self.procs.append(proc)
+            self.procs.append(_spawn(i, "harness.gossip_worker", conf, workdir, nice))
 
     def start(self, timeout: float = 60.0) -> None:
         ready = [p.wait_event(lambda e: e["event"] == "ready", timeout) for p in self.procs]
@@ -170,6 +155,38 @@ class Cluster:
 
     def stderr(self, i: int) -> str:
         return (self.workdir / f"stderr{i}.log").read_text()[-3000:]
+
+
+def _spawn(i: int, module: str, conf: dict[str, Any], workdir: Path, nice: int = 0) -> Proc:
+    """Start `python -m module CONF` with its stdout lines pumped into a Proc."""
+    path = workdir / f"conf{i}.json"
+    path.write_text(json.dumps(conf))
+    cmd = [sys.executable, "-m", module, str(path)]
+    if nice:
+        cmd = ["nice", "-n", str(nice), *cmd]
+    p = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=(workdir / f"stderr{i}.log").open("w"),
+        text=True,
+        env=harness_env(PYTHONUNBUFFERED="1"),
+    )
+    proc = Proc(i, p, Path(conf["result"]))
+    threading.Thread(target=_pump, args=(proc,), daemon=True).start()
+    return proc
+
+
+def spawn_peer(workdir: Path, index: int, role: str, members: list[str]) -> Proc:
+    """A non-member peer (harness.gossip_peer): role "inject" or "observe"; index >= 1000."""
+    conf = {
+        "role": role,
+        "key": account(index).key.hex(),
+        "members": members,
+        "data_dir": str(workdir / f"peer{index}"),
+        "result": str(workdir / f"result{index}.json"),
+    }
+    return _spawn(index, "harness.gossip_peer", conf, workdir)
 
 
 def _pump(proc: Proc) -> None:

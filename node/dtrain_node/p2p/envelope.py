@@ -115,6 +115,10 @@ class Envelope:
         except Exception as e:  # eth-keys raises several types for malformed r, s, v
             raise EnvelopeError("bad_signature", f"cannot recover signer: {e}") from None
 
+    def auth_id(self) -> bytes:
+        """What the signature covers, plus the signature: equal ids, equally authentic."""
+        return hashlib.sha256(self._fields() + self.signature + self.chunk).digest()
+
     @property
     def key(self) -> tuple[int, str, bytes]:
         """Identity of the packet this chunk belongs to: (round, sender, payload sha256)."""

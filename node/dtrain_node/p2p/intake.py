@@ -11,7 +11,8 @@ from dtrain_node.p2p import envelope as envmod
 from dtrain_node.p2p.envelope import EnvelopeError
 from dtrain_node.p2p.state import HostState
 
-# valid and authentic, just not stored by this node: gossip still forwards them
+# Authentic (member and signature checked first, whatever the round's state), just not stored
+# by this node: gossip still forwards them. Nothing else that fails a check is ever relayed.
 _FORWARD_ANYWAY = frozenset({"duplicate", "late", "finished"})
 
 
@@ -23,15 +24,15 @@ class Intake:
     def accept(self, data: bytes, relayed: bool) -> bool:
         """Store one incoming envelope. True if gossip should forward it.
 
-        Valid envelopes we do not store (already held, round closed or finished, or lost to the
-        fault hook) are still forwarded: they are authentic, and peers whose mesh path runs
-        through us may need them. Everything that fails a check is dropped and counted.
+        Authentic envelopes we do not store (already held, round closed or finished, or lost to
+        the fault hook) are still forwarded: peers whose mesh path runs through us may need
+        them. Everything that fails a check, the signature included, is dropped and counted.
         """
         st = self._state
         drop = st.config.drop_incoming_fraction
         if drop and self._rng.random() < drop:
             st.store.dropped["fault_injected"] += 1
-            return True
+            return self._authentic(data)
         try:
             st.store.offer(envmod.decode(data), relayed=relayed)
         except EnvelopeError as e:
@@ -40,6 +41,14 @@ class Intake:
         if relayed:
             st.metrics.recovered += 1
         st.notify()
+        return True
+
+    def _authentic(self, data: bytes) -> bool:
+        """Lost to the fault hook: still forwarded, but only if it is authentic."""
+        try:
+            self._state.store.authenticate(envmod.decode(data))
+        except EnvelopeError:
+            return False
         return True
 
     def validate_gossip(self, forwarder: ID, msg: Any) -> bool:

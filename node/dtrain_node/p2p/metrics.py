@@ -57,6 +57,7 @@ class Metrics:
             "rate_limited": self.rate_limited,
             "settle_timeouts": self.settle_timeouts,
             "dropped": dict(store.dropped),
+            "signatures": dict(store.signatures),
             "pubsub_rpc_errors": dict(pubsub.rpc_errors) if pubsub is not None else {},
             "equivocations": list(store.equivocations),
             "missing_total": sum(len(r["missing"]) for r in self.rounds),

@@ -7,7 +7,7 @@ Everything here runs on the host's trio thread only, so it needs no locks.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -16,6 +16,8 @@ from eth_utils import to_checksum_address
 
 from dtrain_node.p2p import envelope as envmod
 from dtrain_node.p2p.envelope import Envelope, EnvelopeError
+
+VERIFIED_CACHE = 8192  # envelope ids whose signature was checked (about 50 rounds of 40 members)
 
 PayloadValidator = Callable[[bytes], None]  # raises on a payload that must not be relayed
 
@@ -72,6 +74,8 @@ class RoundStore:
         self.participation: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
         self.equivocations: list[tuple[int, str]] = []
+        self.signatures: Counter[str] = Counter()  # "checked" (recovered) and "cached"
+        self._verified: OrderedDict[bytes, None] = OrderedDict()  # ids of authentic envelopes
 
     # -- epoch and rounds ---------------------------------------------------------------------
     def set_epoch(
@@ -136,13 +140,34 @@ class RoundStore:
                 "malformed", f"{env.chunk_count} chunks for a {env.payload_len}-byte payload"
             )
 
+    def authenticate(self, env: Envelope) -> None:
+        """Membership (cheap) and then the signature; raises EnvelopeError.
+
+        Verified envelopes are remembered by id, so a duplicate costs a sha256, not a second
+        signature recovery.
+        """
+        self.check_header(env)
+        key = env.auth_id()
+        if key in self._verified:
+            self._verified.move_to_end(key)
+            self.signatures["cached"] += 1
+            return
+        self.signatures["checked"] += 1
+        if env.recover_signer() != env.sender:
+            raise EnvelopeError("bad_signature", f"not signed by {env.sender}")
+        self._verified[key] = None
+        if len(self._verified) > VERIFIED_CACHE:
+            self._verified.popitem(last=False)
+
     def offer(self, env: Envelope, relayed: bool, now: float | None = None) -> bool:
         """Validate and store one chunk. True if it was new and valid (worth forwarding).
 
         relayed: it came from a sync reply (allowed after the deadline) rather than gossip.
-        Raises EnvelopeError with the drop reason; the caller counts it.
+        Raises EnvelopeError with the drop reason; the caller counts it. Header, membership and
+        signature come first, whatever the round's state: every reason raised after them
+        (finished, late, duplicate, ...) is about an authentic envelope.
         """
-        self.check_header(env)
+        self.authenticate(env)
         st = self.rounds.setdefault(env.round, _Round())
         if st.phase == Phase.FINISHED:
             raise EnvelopeError("finished", f"round {env.round} already finished")
@@ -157,31 +182,32 @@ class RoundStore:
             raise EnvelopeError("equivocation", f"round {env.round} {env.sender}")
         if pkt is not None and (pkt.count, pkt.length) != (env.chunk_count, env.payload_len):
             raise EnvelopeError("malformed", "chunk header disagrees with earlier chunks")
-        if env.recover_signer() != env.sender:
-            raise EnvelopeError("bad_signature", f"not signed by {env.sender}")
         if pkt is None:
             pkt = _Packet(env.chunk_count, env.payload_len)
         pkt.chunks[env.chunk_index] = env
         if len(pkt.chunks) == pkt.count:
-            try:
-                payload = envmod.assemble(list(pkt.chunks.values()))
-                if self._validate is not None:
-                    self._validate(payload)
-            except Exception as e:
-                # the whole packet is bad (signed by a member, so it is that member's fault)
-                by_digest.pop(env.payload_sha256, None)
-                if not by_digest:
-                    st.packets.pop(env.sender, None)
-                raise EnvelopeError(
-                    "invalid_payload", f"{env.sender} round {env.round}: {e}"
-                ) from None
-            pkt.payload = payload
-            st.first_seen.setdefault(env.sender, time.monotonic() if now is None else now)
+            self._complete(st, env, pkt, now)
         new_sender = env.sender not in st.packets
         st.packets.setdefault(env.sender, {})[env.payload_sha256] = pkt
         if not new_sender and len(st.packets[env.sender]) == 2 and len(pkt.chunks) == 1:
             self.equivocations.append((env.round, env.sender))
         return True
+
+    def _complete(self, st: _Round, env: Envelope, pkt: _Packet, now: float | None) -> None:
+        """The last chunk arrived: assemble and validate, or discard the whole packet."""
+        by_digest = st.packets.get(env.sender, {})
+        try:
+            payload = envmod.assemble(list(pkt.chunks.values()))
+            if self._validate is not None:
+                self._validate(payload)
+        except Exception as e:
+            # the whole packet is bad (signed by a member, so it is that member's fault)
+            by_digest.pop(env.payload_sha256, None)
+            if not by_digest:
+                st.packets.pop(env.sender, None)
+            raise EnvelopeError("invalid_payload", f"{env.sender} round {env.round}: {e}") from None
+        pkt.payload = payload
+        st.first_seen.setdefault(env.sender, time.monotonic() if now is None else now)
 
     # -- what we hold ---------------------------------------------------------------------------
     def have(self, rnd: int) -> list[tuple[str, bytes]]:
