@@ -31,7 +31,15 @@ def bare_tokens_per_s(data: Path, digest: bytes, steps: int, batch: int, job_id:
     from dtrain_node.train.backend import TrainJob, make_backend
 
     torch.set_num_threads(1)  # as the nodes run (one thread each, see devnet.spawn_node)
-    b = make_backend(TrainJob(job_id, "cpt", "builtin:tiny", str(data), digest, batch))
+    job = TrainJob(
+        job_id=job_id,
+        method="cpt",
+        model_uri="builtin:tiny",
+        dataset_uri=str(data),
+        dataset_hash=digest,
+        batch_size=batch,
+    )
+    b = make_backend(job)
     opt = torch.optim.AdamW(b.model.parameters(), lr=2e-3, betas=(0.9, 0.95))
     it = b.batches(torch.arange(b.n_items()), batch, seed=0)
     for _ in range(3):  # warm-up

@@ -474,6 +474,11 @@ class BSM:
             block=at,
         )
 
+    def latest_block_timestamp(self) -> int:
+        """Unix time of the latest block. A chain that mines only on transactions (anvil)
+        lags the wall clock until the next transaction."""
+        return int(self.w3.eth.get_block("latest")["timestamp"])
+
     def jobs(self) -> list[Job]:
         return [self.job(i) for i in range(1, self.next_job_id())]
 

@@ -98,6 +98,50 @@ def test_faults_parse_and_scope() -> None:
         Faults.parse(["explode"])
 
 
+def test_fault_wrappers_replace_honest_behaviour_only_when_active() -> None:
+    honest, packet, digest = Faults(), b"\x01" * 40, b"\x02" * 32
+    assert honest.packet(5, packet) == packet and honest.digest(digest, "0xa1", 0) == digest
+    vanished: list[int] = []
+    honest.before_round(9, lambda *a, **k: None, vanished.append)
+    assert vanished == []
+    stop = Faults.parse(["stop-sync=2"])
+    assert [stop.packet(r, packet) for r in range(4)] == [packet, packet, b"", b""]
+    garbage = Faults.parse(["garbage"]).packet(0, packet)
+    assert len(garbage) == len(packet) and garbage != packet
+    made_up = Faults.parse(["fabricate"]).digest(digest, "0xa1", 3)
+    assert len(made_up) == 32 and made_up != digest
+    assert made_up == Faults.parse(["fabricate"]).digest(digest, "0xa1", 3)
+    offline, seen = Faults.parse(["offline=2"]), []
+    for r in range(4):
+        offline.before_round(r, lambda kind, **kw: seen.append((kind, kw)), vanished.append)
+    assert vanished == [3, 3]
+    assert seen == [("fault_offline", {"round": 2}), ("fault_offline", {"round": 3})]
+    scoped = Faults.parse(["fabricate", "epoch=1"])
+    assert scoped.active(0).digest(digest, "0xa1", 0) == digest
+
+
+def test_train_job_from_chain_job() -> None:
+    from dtrain.models import Job, JobSpec, JobState, JobStatus, Method
+
+    spec = JobSpec(
+        price_per_operator_epoch=1,
+        method=Method.SFT,
+        model_uri="builtin:tiny",
+        dataset_uri="/data/x.jsonl",
+        dataset_hash=b"\3" * 32,
+    )
+    state = JobState("0x" + "00" * 20, JobStatus.RUNNING, 0, 0, 0, 0, 0, b"\0" * 32)
+    job = TrainJob.from_job(Job(id=7, spec=spec, state=state), batch_size=16)
+    assert job == TrainJob(
+        job_id=7,
+        method="sft",
+        model_uri="builtin:tiny",
+        dataset_uri="/data/x.jsonl",
+        dataset_hash=b"\3" * 32,
+        batch_size=16,
+    )
+
+
 def test_builtin_model_is_deterministic_and_exports(tmp_path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -136,7 +180,13 @@ def test_corpus_hash_is_checked(tmp_path) -> None:
 
 
 def test_external_backend_missing_names_the_install_command(tmp_path) -> None:
-    job = TrainJob(1, "cpt", "builtin:tiny", str(tmp_path / "x"), b"\0" * 32)
+    job = TrainJob(
+        job_id=1,
+        method="cpt",
+        model_uri="builtin:tiny",
+        dataset_uri=str(tmp_path / "x"),
+        dataset_hash=b"\0" * 32,
+    )
     with pytest.raises(BackendUnavailable, match="pip install torchtune"):
         make_backend(job, "torchtune")
     with pytest.raises(ValueError, match="unknown backend"):

@@ -3,11 +3,24 @@
 Each one is something the chain must catch: a fabricated checkpoint hash (fabrication slash),
 no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
 that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver).
+
+The epoch trainer runs the honest behaviour and passes its results through the active `Faults`
+(`before_round`, `packet`, `digest`), which replace them when a fault applies; `Faults()` passes
+everything through unchanged.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from web3 import Web3
+
+
+def _vanish(code: int) -> NoReturn:
+    os._exit(code)  # like a crashed machine: no cleanup, no goodbye
 
 
 @dataclass(frozen=True)
@@ -62,3 +75,32 @@ class Faults:
     @property
     def any(self) -> bool:
         return self != Faults()
+
+    # -- wrappers around the honest behaviour (call them on the `active` faults) -------------
+
+    def before_round(
+        self,
+        rnd: int,
+        metric: Callable[..., Any],
+        vanish: Callable[[int], Any] = _vanish,
+    ) -> None:
+        """Hook before each round: `offline=N` vanishes mid-epoch at round N."""
+        if self.offline_at_round is not None and rnd >= self.offline_at_round:
+            metric("fault_offline", round=rnd)
+            vanish(3)
+
+    def packet(self, rnd: int, honest: bytes) -> bytes:
+        """The packet published in round `rnd`: `stop-sync=N` publishes nothing from round N,
+        `garbage` publishes random bytes of the honest packet's length."""
+        packet = honest
+        if self.stop_sync_at_round is not None and rnd >= self.stop_sync_at_round:
+            packet = b""  # publish nothing; keep training on our own
+        if self.garbage_packets:
+            packet = os.urandom(len(packet))
+        return packet
+
+    def digest(self, honest: bytes, sender: str, attempt: int) -> bytes:
+        """The checkpoint hash submitted: `fabricate` makes one up."""
+        if self.fabricate_checkpoint:
+            return Web3.keccak(text=f"fabricated:{sender}:{attempt}")
+        return honest

@@ -9,8 +9,8 @@ from eth_account import Account
 from dtrain.client import BSM
 from dtrain.errors import DtrainError
 from dtrain.models import JobStatus
-from dtrain_node.train import checkpoint
-from dtrain_node.train.backend import TrainJob, make_backend
+from dtrain_node.operator.checkpoints import export_final
+from dtrain_node.operator.transport import peer_specs
 
 
 def final_holders(bsm: BSM, job_id: int) -> list[str]:
@@ -28,11 +28,7 @@ def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) ->
     if job.state.status != JobStatus.COMPLETED:
         raise DtrainError(f"job {job_id} is {job.state.status.name.lower()}, not completed")
     digest = job.state.checkpoint
-    holders = final_holders(bsm, job_id)
-    peers = []
-    for h in holders:
-        op = bsm.operator(h)
-        peers.append((op.peer_key, list(op.multiaddrs)))
+    peers = peer_specs(bsm, final_holders(bsm, job_id))
     if not peers:
         raise DtrainError(f"job {job_id}: no operator holds the final checkpoint")
     cfg = GossipConfig(
@@ -42,23 +38,10 @@ def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) ->
         job_id=job_id,
         file_timeout_s=timeout,
     )
-    g = GossipNode(cfg, Account.create(), lambda _j, _e: [])
+    g = GossipNode(cfg, Account.create())
     g.start()
     try:
         stream = g.fetch_file(digest.hex(), peers, work / "final.stream")
     finally:
         g.stop()
-    tensors = checkpoint.from_stream(stream.read_bytes(), digest)
-    backend = make_backend(
-        TrainJob(
-            job_id,
-            job.spec.method.name.lower(),
-            job.spec.model_uri,
-            job.spec.dataset_uri,
-            job.spec.dataset_hash,
-        )
-    )
-    backend.model.load_state_dict(tensors)
-    path = backend.export(out)
-    (path / "CHECKPOINT_SHA256").write_text(digest.hex() + "\n")
-    return path, digest
+    return export_final(job, stream, out), digest

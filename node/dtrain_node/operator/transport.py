@@ -3,16 +3,31 @@
 The operator pushes everything the transport needs down to it (`set_epoch` with the epoch's
 members, read at the job snapshot's block, and the packet validator); the transport never calls
 back into the operator or the chain. `dtrain_node.p2p.host.GossipNode` is the libp2p
-implementation; tests inject an in-process one.
+implementation (`gossip_transport` starts one); tests inject an in-process one through the
+node's `transport_factory`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from dtrain_node.p2p.host import PeerSpec, RoundResult
+from dtrain_node.p2p.host import GossipConfig, GossipNode, PeerSpec, RoundResult
+
+if TYPE_CHECKING:
+    from dtrain.client import BSM
+    from dtrain_node.operator.node import NodeConfig
+
+__all__ = [
+    "PayloadValidator",
+    "PeerSpec",
+    "RoundResult",
+    "Transport",
+    "TransportFactory",
+    "gossip_transport",
+    "peer_specs",
+]
 
 PayloadValidator = Callable[[bytes], None]  # raises on a payload that must not be relayed
 
@@ -43,3 +58,28 @@ class Transport(Protocol):
     def fetch_file(self, sha256_hex: str, peers: list[PeerSpec], dest: Path | str) -> Path: ...
 
     def stop(self) -> None: ...
+
+
+def peer_specs(bsm: BSM, operators: Sequence[str]) -> list[PeerSpec]:
+    """The operators' (peer key, multiaddrs) as registered on chain."""
+    out = []
+    for address in operators:
+        op = bsm.operator(address)
+        out.append((op.peer_key, list(op.multiaddrs)))
+    return out
+
+
+TransportFactory = Callable[["NodeConfig", "BSM", int], Transport]  # (config, client, job id)
+
+
+def gossip_transport(cfg: NodeConfig, bsm: BSM, job_id: int) -> Transport:
+    """The libp2p gossip host of this operator for `job_id`, started."""
+    gcfg = GossipConfig(
+        data_dir=cfg.data_dir,
+        chain_id=bsm.chain_id,
+        contract=bsm.address,
+        job_id=job_id,
+        listen=cfg.listen,
+        round_deadline_s=cfg.round_deadline_s,
+    )
+    return GossipNode(gcfg, bsm.account).start()

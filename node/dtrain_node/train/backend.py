@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -19,6 +19,9 @@ from dtrain_node.errors import BackendUnavailable
 from dtrain_node.train import corpus
 from dtrain_node.train import losses as methods
 from dtrain_node.train import models as hf
+
+if TYPE_CHECKING:
+    from dtrain.models import Job
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,19 @@ class TrainJob:
     dataset_uri: str
     dataset_hash: bytes
     batch_size: int = 8
+
+    @classmethod
+    def from_job(cls, job: Job, batch_size: int = 8) -> TrainJob:
+        """From the chain's view of a job (`dtrain.models.Job`)."""
+        spec = job.spec
+        return cls(
+            job_id=job.id,
+            method=spec.method.name.lower(),
+            model_uri=spec.model_uri,
+            dataset_uri=spec.dataset_uri,
+            dataset_hash=spec.dataset_hash,
+            batch_size=batch_size,
+        )
 
     @property
     def seed(self) -> int:

@@ -1,0 +1,109 @@
+"""Checkpoint files of one job on an operator: the epoch's start state verified against the
+chain, our own checkpoint adopted when the quorum chose it, files served to peers and callers,
+and the final export in Hugging Face format.
+
+Finalized checkpoints are canonical streams named by epoch (`epoch-E.stream`, the preimage of
+the on-chain hash) and verified on every load; our own attempts are `attempt-A.safetensors`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dtrain.errors import DtrainError
+from dtrain.models import Job
+from dtrain_node.errors import CheckpointInvalid
+from dtrain_node.operator.build import backend_for
+from dtrain_node.operator.transport import PeerSpec, Transport
+from dtrain_node.train import checkpoint
+
+
+def export_final(job: Job, stream: Path, out: Path) -> Path:
+    """The job's final checkpoint (its canonical stream, verified against the on-chain hash)
+    exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it."""
+    digest = job.state.checkpoint
+    tensors = checkpoint.from_stream(stream.read_bytes(), digest)
+    backend = backend_for(job)
+    backend.model.load_state_dict(tensors)
+    path = backend.export(out)
+    (path / "CHECKPOINT_SHA256").write_text(digest.hex() + "\n")
+    return path
+
+
+class Checkpoints:
+    """The checkpoint files in `job_dir` of the operator `me`."""
+
+    def __init__(
+        self,
+        job_dir: Path,
+        me: str,
+        transport: Transport,
+        peers: Callable[[Sequence[str]], list[PeerSpec]],
+        metric: Callable[..., Any],
+    ) -> None:
+        self.dir = job_dir
+        self.me = me
+        self.transport = transport
+        self._peers = peers  # members' addresses -> their (peer key, multiaddrs) on chain
+        self._metric = metric
+
+    def start_state(self, job: Job, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The epoch's start state, verified against the chain: epoch 0 the model built from
+        the job's seed, epoch e the finalized checkpoint of e-1 (ours, or fetched from a peer)."""
+        e = job.state.epoch
+        expected = job.state.checkpoint
+        if e == 0:
+            tensors = {n: p.detach().clone() for n, p in model.state_dict().items()}
+            got = checkpoint.canonical_hash(tensors)
+            if any(expected) and got != expected:
+                raise DtrainError(
+                    f"initial model hash {got.hex()[:16]}.. != job's model hash "
+                    f"{expected.hex()[:16]}.."
+                )
+            self._serve_start(e, tensors, got)
+            return tensors
+        path = self.dir / f"epoch-{e - 1}.stream"
+        if not path.is_file():
+            self.adopt_local(expected, path)
+        if not path.is_file():
+            peers = self._peers([m for m in job.members if m != self.me])
+            self._metric("fetching_checkpoint", job=job.id, epoch=e - 1, peers=len(peers))
+            self.transport.fetch_file(expected.hex(), peers, path)
+        tensors = checkpoint.from_stream(path.read_bytes(), expected)
+        self.transport.serve_file(expected.hex(), path)
+        return tensors
+
+    def adopt_local(self, expected: bytes, path: Path) -> None:
+        """Our own checkpoint of a finished attempt, if it is the one the quorum chose, written
+        to `path` as a canonical stream."""
+        for f in sorted(self.dir.glob("attempt-*.safetensors")):
+            try:
+                tensors = checkpoint.load(f, expected)
+            except CheckpointInvalid:
+                continue
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(checkpoint.to_stream(tensors))
+            os.replace(tmp, path)
+            return
+
+    def _serve_start(self, epoch: int, tensors: dict[str, torch.Tensor], digest: bytes) -> None:
+        path = self.dir / f"start-{epoch}.stream"
+        if not path.is_file():
+            path.write_bytes(checkpoint.to_stream(tensors))
+        self.transport.serve_file(digest.hex(), path)
+
+    def export(self, job: Job) -> Path | None:
+        """The final checkpoint in Hugging Face format, if we hold the one the chain chose."""
+        last = job.spec.total_epochs - 1
+        path = self.dir / f"epoch-{last}.stream"
+        if not path.is_file():
+            self.adopt_local(job.state.checkpoint, path)
+        if not path.is_file():
+            return None
+        self.transport.serve_file(job.state.checkpoint.hex(), path)  # callers fetch it from us
+        return export_final(job, path, self.dir / "final")

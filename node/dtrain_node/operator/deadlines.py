@@ -1,0 +1,37 @@
+"""Round timing: how long one sync round may wait for the members' packets.
+
+Members reach the first round of an epoch at different times (fetching the start checkpoint,
+building the model), so it gets `FIRST_ROUND_FACTOR` times the round deadline; once everyone
+is in, rounds end as soon as all packets arrived. Missing members must not make us miss the
+epoch deadline: the rounds left share the time left, less the gossip settle phase of each and
+`SUBMIT_MARGIN_S` to save and submit. A round never gets less than `MIN_ROUND_S`.
+"""
+
+from __future__ import annotations
+
+FIRST_ROUND_FACTOR = 4
+SUBMIT_MARGIN_S = 20.0  # time kept for saving, hashing and the submit transaction
+MIN_ROUND_S = 1.0
+
+
+def round_deadline(
+    base_s: float,
+    *,
+    first: bool,
+    now: float,
+    epoch_deadline: float,
+    rounds_left: int,
+    settle_s: float,
+) -> float:
+    """Seconds the round may wait for packets.
+
+    base_s: the configured round deadline; first: the first round this process runs in the
+    epoch (also after a resume); now and epoch_deadline: unix seconds; rounds_left: this round
+    and the ones after it (>= 1); settle_s: the transport's settle time after a deadline.
+    """
+    if rounds_left < 1:
+        raise ValueError(f"rounds_left must be >= 1, got {rounds_left}")
+    wanted = base_s * (FIRST_ROUND_FACTOR if first else 1)
+    left = epoch_deadline - now - SUBMIT_MARGIN_S
+    share = left / rounds_left - settle_s
+    return max(MIN_ROUND_S, min(wanted, share))

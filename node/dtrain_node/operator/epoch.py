@@ -1,0 +1,200 @@
+"""One epoch attempt of one operator: build the backend and the DeMo optimizer, load the start
+state, run the sync rounds over the transport and save the checkpoint.
+
+Per round: K inner AdamW steps on our deterministic shard, `DeMo.prepare()`, `collect_round`
+over the transport, `DeMo.apply()` of the members' packets; the round state is saved after
+every round so a restarted node resumes at the next one. The result is the checkpoint digest
+and the participation vote, which the node submits. Faults wrap the honest behaviour
+(`Faults.before_round`, `.packet`, `.digest`); the honest run never looks at them otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from web3 import Web3
+
+from dtrain.models import Job
+from dtrain_node.operator import roundstate
+from dtrain_node.operator.build import backend_for
+from dtrain_node.operator.checkpoints import Checkpoints
+from dtrain_node.operator.deadlines import round_deadline
+from dtrain_node.operator.faults import Faults
+from dtrain_node.operator.transport import Transport
+from dtrain_node.optim import codec
+from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.train import checkpoint, shard
+from dtrain_node.train.backend import Backend
+
+if TYPE_CHECKING:
+    from dtrain_node.operator.node import NodeConfig
+
+
+@dataclass(frozen=True)
+class EpochEnv:
+    """What an epoch attempt needs from the node running it."""
+
+    cfg: NodeConfig
+    me: str  # our checksum address
+    transport: Transport
+    checkpoints: Checkpoints
+    job_dir: Path
+    metric: Callable[..., Any]
+    between_rounds: Callable[[Job], None]  # raises to stop now; announces a requested leave
+    connect: Callable[[list[str]], None]  # dial these members' peers
+
+
+def demo_config(cfg: NodeConfig, job: Job) -> DeMoConfig:
+    """DeMo settings: outer step from the node config (the same on every reference node),
+    K, top-k and quantization bits from the job spec."""
+    spec = job.spec
+    return DeMoConfig(
+        mode="local",
+        sync_interval=spec.sync_interval,
+        lr=cfg.outer_lr,
+        beta=cfg.beta,
+        inner_lr=cfg.inner_lr,
+        compress=CompressConfig(k2d=spec.topk_per_chunk, k1d=1, bits=spec.quant_bits),
+    )
+
+
+class EpochTrainer:
+    """Trains the epoch attempt `job.state.attempt` of `job` (a snapshot read at one block)."""
+
+    def __init__(self, env: EpochEnv, job: Job, faults: Faults) -> None:
+        self.env = env
+        self.job = job
+        self.faults = faults  # the ones active in this attempt
+        self.members = list(job.members)
+        self.rounds = job.spec.steps_per_epoch // job.spec.sync_interval
+        self.state_path = roundstate.path(env.job_dir, job.state.attempt)
+        self.backend: Backend
+        self.opt: DeMo
+        self.batches: Iterator[Any]
+        self.first = 0
+        self.participation: dict[str, int] = {}
+
+    def run(self) -> tuple[bytes, list[int]]:
+        """Train every round left; returns (checkpoint digest, participation vote)."""
+        self._build()
+        self._begin()
+        for r in range(self.first, self.rounds):
+            self._round(r)
+        return self._finish()
+
+    def _build(self) -> None:
+        env, job = self.env, self.job
+        self.backend = backend_for(job, env.cfg.batch_size)
+        model = self.backend.model
+        model.load_state_dict(env.checkpoints.start_state(job, model))
+        self.opt = DeMo(model.named_parameters(), demo_config(env.cfg, job), sender=env.me.lower())
+        resume = roundstate.load(self.state_path, self.opt)
+        if resume is not None:
+            env.metric("resumed", job=job.id, attempt=job.state.attempt, round=resume["round"])
+            self.first = resume["round"]
+            self.participation = resume["participation"]
+        else:
+            self.participation = dict.fromkeys(self.members, 0)
+
+    def _begin(self) -> None:
+        env, job, st, opt = self.env, self.job, self.job.state, self.opt
+        env.transport.set_epoch(
+            st.attempt, self.members, lambda payload: codec.decode(opt.spec, payload)
+        )
+        env.connect(self.members)
+        backend = self.backend
+        idx = shard.assign(backend.n_items(), job.id, st.epoch, self.members, env.me)
+        batch_size = env.cfg.batch_size
+        self.batches = backend.batches(idx, batch_size, seed=job.id * 1000 + st.attempt)
+        before = backend.evaluate()
+        env.metric(
+            "epoch_start",
+            job=job.id,
+            epoch=st.epoch,
+            attempt=st.attempt,
+            members=len(self.members),
+            shard=len(idx),
+            first_round=self.first,
+            **before,
+        )
+        backend.model.train()
+
+    def _inner_steps(self) -> tuple[int, float]:
+        """K inner steps; returns (tokens, summed loss)."""
+        tokens, loss_sum = 0, 0.0
+        for _ in range(self.job.spec.sync_interval):
+            batch = next(self.batches)
+            loss = self.backend.loss(batch)
+            loss.backward()
+            self.opt.inner_step()
+            tokens += batch[0].numel()
+            loss_sum += float(loss.detach())
+        return tokens, loss_sum
+
+    def _round(self, r: int) -> None:
+        env, job, opt = self.env, self.job, self.opt
+        env.between_rounds(job)
+        self.faults.before_round(r, env.metric)
+        t0 = time.perf_counter()
+        tokens, loss_sum = self._inner_steps()
+        compute_s = time.perf_counter() - t0
+        t_sync = time.perf_counter()
+        packet = self.faults.packet(r, opt.prepare())
+        deadline = round_deadline(
+            env.cfg.round_deadline_s,
+            first=r == self.first,
+            now=time.time(),
+            epoch_deadline=job.deadline,
+            rounds_left=self.rounds - r,
+            settle_s=env.transport.settle_s,
+        )
+        res = env.transport.collect_round(r, packet, deadline)
+        stats = opt.apply(res.packets)
+        sync_s = time.perf_counter() - t_sync
+        self._count(stats.applied)
+        roundstate.save(self.state_path, opt, r + 1, self.participation)
+        env.metric(
+            "round",
+            job=job.id,
+            epoch=job.state.epoch,
+            round=r,
+            peers=len(self.members) - 1,
+            loss=round(loss_sum / job.spec.sync_interval, 4),
+            tokens_per_s=round(tokens / max(compute_s, 1e-9), 1),
+            bytes_out=len(packet),
+            applied=len(stats.applied),
+            missing=len(res.missing),
+            latency_s=round(res.latency_s, 3),
+            bytes_gossip_out=res.bytes_out,
+            sync_s=round(sync_s, 4),
+            compress_s=round(stats.compress_s, 4),
+            aggregate_s=round(stats.aggregate_s, 4),
+            compute_s=round(compute_s, 4),
+        )
+
+    def _count(self, applied: Iterable[object]) -> None:
+        for s in applied:
+            key = Web3.to_checksum_address(str(s))
+            self.participation[key] = self.participation.get(key, 0) + 1
+
+    def _finish(self) -> tuple[bytes, list[int]]:
+        env, job, st = self.env, self.job, self.job.state
+        after = self.backend.evaluate()
+        tensors = {n: p.detach().clone() for n, p in self.backend.model.state_dict().items()}
+        honest = checkpoint.save(env.job_dir / f"attempt-{st.attempt}.safetensors", tensors)
+        digest = self.faults.digest(honest, env.me, st.attempt)
+        vote = [self.participation.get(m, 0) for m in self.members]
+        env.metric(
+            "epoch_trained",
+            job=job.id,
+            epoch=st.epoch,
+            checkpoint=digest.hex(),
+            participation=vote,
+            **after,
+        )
+        return digest, vote

@@ -1,0 +1,53 @@
+"""The per-round resume state of an epoch attempt, saved after every round.
+
+A restarted node loads it and resumes at the round after the last saved one with the same
+theta_sync, error feedback, AdamW state and participation counts. Writes are temp file +
+rename, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dtrain_node.optim.optimizer import DeMo
+
+
+def path(job_dir: Path, attempt: int) -> Path:
+    return job_dir / f"attempt-{attempt}.round.pt"
+
+
+def save(path: Path, opt: DeMo, next_round: int, participation: dict[str, int]) -> None:
+    state = {
+        "round": next_round,
+        "participation": participation,
+        "theta_sync": opt.theta_sync,
+        "e": opt.e,
+        "steps": opt.steps,
+        "inner": opt.inner.state_dict() if opt.inner is not None else None,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load(path: Path, opt: DeMo) -> dict[str, Any] | None:
+    """Restore `opt` (and its model's parameters) from the saved state; None when there is
+    none. Returns the state: "round" is the next round to run, "participation" the counts."""
+    if not path.is_file():
+        return None
+    state = torch.load(path, weights_only=False)
+    with torch.no_grad():
+        for p, th, e, th_saved, e_saved in zip(
+            opt.params, opt.theta_sync, opt.e, state["theta_sync"], state["e"], strict=True
+        ):
+            th.copy_(th_saved)
+            p.copy_(th_saved)
+            e.copy_(e_saved)
+    opt.steps = state["steps"]
+    if opt.inner is not None and state["inner"] is not None:
+        opt.inner.load_state_dict(state["inner"])
+    return state

@@ -1,0 +1,62 @@
+"""Round timing of the operator node (dtrain_node.operator.deadlines)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dtrain_node.operator.deadlines import (
+    FIRST_ROUND_FACTOR,
+    MIN_ROUND_S,
+    SUBMIT_MARGIN_S,
+    round_deadline,
+)
+
+NOW = 1_000_000.0
+
+
+def deadline(
+    base: float = 20.0,
+    first: bool = False,
+    left: float = 3600,
+    rounds: int = 4,
+    settle: float = 5.0,
+) -> float:
+    return round_deadline(
+        base, first=first, now=NOW, epoch_deadline=NOW + left, rounds_left=rounds, settle_s=settle
+    )
+
+
+def test_plenty_of_time_gives_the_configured_deadline() -> None:
+    assert deadline() == 20.0
+    assert deadline(first=True) == 20.0 * FIRST_ROUND_FACTOR == 80.0
+
+
+def test_rounds_left_share_the_time_left_less_settle_and_submit_margin() -> None:
+    # 100 s left: 80 s after the margin, 4 rounds get 20 s each, less 5 s settle.
+    assert deadline(left=100 + SUBMIT_MARGIN_S - 20, first=True) == 80 / 4 - 5
+    assert deadline(base=60.0, left=SUBMIT_MARGIN_S + 30, rounds=1, settle=0.0) == 30.0
+
+
+def test_never_below_the_minimum() -> None:
+    assert deadline(left=0) == MIN_ROUND_S  # past the deadline: still try to collect
+    assert deadline(left=-500, first=True) == MIN_ROUND_S
+    with pytest.raises(ValueError, match="rounds_left"):
+        deadline(rounds=0)
+
+
+@given(
+    base=st.floats(0.1, 100),
+    first=st.booleans(),
+    left=st.floats(-1e4, 1e5),
+    rounds=st.integers(1, 1000),
+    settle=st.floats(0, 30),
+)
+def test_bounds(base: float, first: bool, left: float, rounds: int, settle: float) -> None:
+    got = deadline(base, first, left, rounds, settle)
+    assert got >= MIN_ROUND_S
+    assert got <= max(MIN_ROUND_S, base * (FIRST_ROUND_FACTOR if first else 1))
+    # a round past the minimum fits the rounds left (and their settle) before the margin
+    if got > MIN_ROUND_S:
+        assert (got + settle) * rounds <= left - SUBMIT_MARGIN_S + 1e-6 * max(1.0, abs(left))
