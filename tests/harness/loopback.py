@@ -15,7 +15,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,7 @@ class LoopbackTransport:
         self.members: list[str] = []
         self.validate: PayloadValidator | None = None
         self.rounds: list[RoundResult] = []  # every round collected, for assertions
+        self.after_round: Callable[[RoundResult], object] | None = None  # test hook
         self.stopped = False
 
     @property
@@ -120,6 +121,8 @@ class LoopbackTransport:
             re_requests=0,
         )
         self.rounds.append(res)
+        if self.after_round is not None:
+            self.after_round(res)
         return res
 
     def _valid(self, payload: bytes) -> bool:

@@ -29,14 +29,14 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
     return path, corpus.build_stdlib_corpus(path, max_bytes=60_000)
 
 
-def submit_tiny_job(bsm: BSM, dataset: tuple[Path, bytes], operators: int) -> int:
-    """A 1-epoch CPT job of the built-in tiny model: 2 sync rounds of 2 steps."""
+def submit_tiny_job(bsm: BSM, dataset: tuple[Path, bytes], operators: int, steps: int = 4) -> int:
+    """A 1-epoch CPT job of the built-in tiny model: sync rounds of 2 steps."""
     path, digest = dataset
     init = hf.build(hf.PRESETS["tiny"], seed=bsm.next_job_id())
     spec = JobSpec(
         price_per_operator_epoch=ETH // 100,
         total_epochs=1,
-        steps_per_epoch=4,
+        steps_per_epoch=steps,
         sync_interval=2,
         min_operators=operators,
         max_operators=operators,
@@ -50,56 +50,58 @@ def submit_tiny_job(bsm: BSM, dataset: tuple[Path, bytes], operators: int) -> in
     return bsm.create_job(spec)
 
 
-def run_nodes(
-    chain: Any,
-    bsm: BSM,
-    accounts: list,
-    job_id: int,
-    tmp_path: Path,
-    n: int,
-    faults: dict[int, Faults] | None = None,
-) -> list[dict[str, Any]]:
-    """The first `n` operator accounts run a `Node` each, in threads, sharing one loopback
-    hub, until the job ends; returns their results."""
-    faults = faults or {}
-    hub = LoopbackHub()
-    nodes = [
-        Node(
-            NodeConfig(
-                key=accounts[i].key,
-                rpc_url=chain.url,
-                contract=bsm.address,
-                data_dir=tmp_path / f"op{i}",
-                job_id=job_id,
-                batch_size=4,
-                round_deadline_s=20.0,
-                poll_s=0.1,
-                faults=faults.get(i, Faults()),
-            ),
-            transport_factory=hub.factory,
-        )
-        for i in OPERATORS[:n]
-    ]
-    results: list[Any] = [None] * len(nodes)
+class Running:
+    """A `Node` running in a thread (never the main thread: no signal handlers)."""
 
-    def main(k: int) -> None:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.result: Any = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
         try:
-            results[k] = nodes[k].run()
+            self.result = self.node.run()
         except BaseException as exc:
-            results[k] = exc
+            self.result = exc
 
-    threads = [threading.Thread(target=main, args=(k,), daemon=True) for k in range(len(nodes))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    stuck = [n.me for n, t in zip(nodes, threads, strict=True) if t.is_alive()]
-    for n in nodes:
-        n.stop_now.set()
-    assert not stuck, f"nodes still running: {stuck}"
-    errors = [r for r in results if isinstance(r, BaseException)]
-    assert not errors, errors
-    return results
+    def wait(self, timeout: float = 120) -> dict[str, Any]:
+        self.thread.join(timeout)
+        self.node.stop_now.set()
+        assert not self.thread.is_alive(), f"node {self.node.me} still running"
+        assert not isinstance(self.result, BaseException), self.result
+        return self.result
+
+
+class Operators:
+    """Operator nodes of one job sharing one loopback hub."""
+
+    def __init__(self, chain: Any, bsm: BSM, accounts: list, job_id: int, tmp_path: Path) -> None:
+        self.chain, self.bsm, self.accounts = chain, bsm, accounts
+        self.job_id, self.tmp_path = job_id, tmp_path
+        self.hub = LoopbackHub()
+
+    def node(self, i: int, faults: Faults | None = None, factory: Any = None) -> Node:
+        cfg = NodeConfig(
+            key=self.accounts[i].key,
+            rpc_url=self.chain.url,
+            contract=self.bsm.address,
+            data_dir=self.data_dir(i),
+            job_id=self.job_id,
+            batch_size=4,
+            round_deadline_s=20.0,
+            poll_s=0.1,
+            faults=faults or Faults(),
+        )
+        return Node(cfg, transport_factory=factory or self.hub.factory)
+
+    def data_dir(self, i: int) -> Path:
+        return self.tmp_path / f"op{i}"
+
+    def run(self, n: int, faults: dict[int, Faults] | None = None) -> list[dict[str, Any]]:
+        """The first `n` operators run until the job ends; returns their results."""
+        running = [Running(self.node(i, (faults or {}).get(i))) for i in OPERATORS[:n]]
+        return [r.wait() for r in running]
 
 
 def metrics(data_dir: Path) -> list[dict[str, Any]]:
@@ -113,7 +115,7 @@ def events(bsm: BSM, job_id: int, name: str) -> list[Any]:
 @pytest.mark.timeout(180)
 def test_two_nodes_train_finalize_and_get_paid(chain, bsm, accounts, dataset, tmp_path) -> None:
     job_id = submit_tiny_job(bsm.with_account(accounts[CALLER].key), dataset, operators=2)
-    results = run_nodes(chain, bsm, accounts, job_id, tmp_path, 2)
+    results = Operators(chain, bsm, accounts, job_id, tmp_path).run(2)
     ops = {accounts[i].address for i in OPERATORS[:2]}
     job = bsm.job(job_id)
     assert job.state.status.name == "COMPLETED"
@@ -139,9 +141,44 @@ def test_fabricating_node_is_slashed(chain, bsm, accounts, dataset, tmp_path) ->
     job_id = submit_tiny_job(bsm.with_account(accounts[CALLER].key), dataset, operators=3)
     liar = accounts[OPERATORS[2]].address
     fabricate = Faults.parse(["fabricate"])
-    run_nodes(chain, bsm, accounts, job_id, tmp_path, 3, {OPERATORS[2]: fabricate})
+    Operators(chain, bsm, accounts, job_id, tmp_path).run(3, {OPERATORS[2]: fabricate})
     assert bsm.job(job_id).state.status.name == "COMPLETED"
     slashed = events(bsm, job_id, "Slashed")
     assert [e.args["operator"] for e in slashed] == [liar]
     paid = {e.args["operator"] for e in events(bsm, job_id, "OperatorPaid")}
     assert paid == {accounts[i].address for i in OPERATORS[:2]}
+
+
+@pytest.mark.timeout(180)
+def test_node_stopped_mid_epoch_resumes_from_its_round_state(
+    chain, bsm, accounts, dataset, tmp_path
+) -> None:
+    job_id = submit_tiny_job(bsm.with_account(accounts[CALLER].key), dataset, 2, steps=6)
+    ops = Operators(chain, bsm, accounts, job_id, tmp_path)
+    a, b = OPERATORS[:2]
+
+    def stop_after_round_0(cfg: Any, client: BSM, job: int) -> Any:
+        def after(res: Any) -> None:
+            if res.round == 0:
+                first.stop_now.set()  # as a second Ctrl-C would
+
+        t = ops.hub.factory(cfg, client, job)
+        t.after_round = after
+        return t
+
+    first = ops.node(a, factory=stop_after_round_0)
+    other = Running(ops.node(b))
+    assert Running(first).wait() == {"stopped": True}  # saved round 0, stopped before round 1
+    again = Running(ops.node(a))  # same data dir: resumes at round 1
+    results = [again.wait(), other.wait()]
+    assert [r["status"] for r in results] == ["completed", "completed"]
+    kinds = [m for m in metrics(ops.data_dir(a)) if m["kind"] in ("resumed", "round", "submitted")]
+    assert [(m["kind"], m.get("round")) for m in kinds] == [
+        ("round", 0),
+        ("resumed", 1),
+        ("round", 1),
+        ("round", 2),
+        ("submitted", None),
+    ]
+    [fin] = events(bsm, job_id, "EpochFinalized")
+    assert fin.args["paidMembers"] == 2 and not events(bsm, job_id, "Slashed")
