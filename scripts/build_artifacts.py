@@ -22,6 +22,9 @@ sys.path.insert(0, str(ROOT / "sdk"))
 from dtrain.artifacts import ARTIFACT_PATH, CONTRACT, source_hash  # noqa: E402
 
 SOLC = ROOT / "scripts" / "solc"
+# The read-only extension the BSM deploys in its constructor and delegates unknown selectors to:
+# its functions are part of the BSM's interface, so the shipped ABI and NatSpec merge both.
+VIEWS = f"{CONTRACT}Views"
 OZ = ROOT / "scripts" / "toolchain" / "node_modules" / "@openzeppelin"
 
 
@@ -64,8 +67,8 @@ def standard_input() -> dict:
             # Same settings as foundry.toml: only the IR pipeline fits the 24 KiB limit.
             "viaIR": True,
             "outputSelection": {
-                f"contracts/src/{CONTRACT}.sol": {
-                    CONTRACT: [
+                f"contracts/src/{name}.sol": {
+                    name: [
                         "abi",
                         "userdoc",
                         "devdoc",
@@ -73,9 +76,32 @@ def standard_input() -> dict:
                         "evm.deployedBytecode.object",
                     ]
                 }
+                for name in (CONTRACT, VIEWS)
             },
         },
     }
+
+
+def _abi_key(item: dict) -> tuple:
+    return (item["type"], item.get("name"), tuple(i["type"] for i in item.get("inputs", [])))
+
+
+def merge_abi(main: list[dict], extension: list[dict]) -> list[dict]:
+    """The BSM's ABI plus the extension's entries it does not already have (not its
+    constructor): the interface a client sees at the BSM's address."""
+    seen = {_abi_key(x) for x in main}
+    extra = [x for x in extension if x["type"] != "constructor" and _abi_key(x) not in seen]
+    return main + extra
+
+
+def merge_doc(main: dict, extension: dict) -> dict:
+    """NatSpec of both; the BSM's own entries win."""
+    out = dict(extension)
+    out.update(main)
+    for kind in ("methods", "errors", "events"):
+        if kind in main or kind in extension:
+            out[kind] = {**extension.get(kind, {}), **main.get(kind, {})}
+    return out
 
 
 def main() -> int:
@@ -88,13 +114,14 @@ def main() -> int:
             print(e.get("formattedMessage", e), file=sys.stderr)
         return 1
     c = out["contracts"][f"contracts/src/{CONTRACT}.sol"][CONTRACT]
+    v = out["contracts"][f"contracts/src/{VIEWS}.sol"][VIEWS]
     artifact = {
         "contractName": CONTRACT,
         "sourceHash": source_hash(),
         "compiler": "solc 0.8.28 (solcjs), via-ir, optimizer 200 runs, evm cancun",
-        "abi": c["abi"],
-        "userdoc": c["userdoc"],
-        "devdoc": c["devdoc"],
+        "abi": merge_abi(c["abi"], v["abi"]),
+        "userdoc": merge_doc(c["userdoc"], v["userdoc"]),
+        "devdoc": merge_doc(c["devdoc"], v["devdoc"]),
         "bytecode": "0x" + c["evm"]["bytecode"]["object"],
         "deployedBytecode": "0x" + c["evm"]["deployedBytecode"]["object"],
     }

@@ -5,103 +5,34 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 
-import {IDistributedTrainingBSM} from "./interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMActions} from "./interfaces/IDistributedTrainingBSM.sol";
 import {IBlueprintServiceManager} from "./interfaces/IBlueprintServiceManager.sol";
+import {BSMStorage} from "./BSMStorage.sol";
+import {DistributedTrainingBSMViews} from "./DistributedTrainingBSMViews.sol";
 
 /// @title DistributedTrainingBSM
 /// @notice Source of truth for who trains, on what, for how much, and who gets slashed.
 /// @dev Stake pools are share based: slashing scales a pool's assets, never iterates stakers.
 /// Staker rewards use a reward-per-share accumulator settled on every share change.
 /// Every loop runs over one job's members or pending joins, bounded by `MAX_OPERATORS_CAP`.
-contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceManager, ReentrancyGuard {
+contract DistributedTrainingBSM is
+    BSMStorage,
+    IDistributedTrainingBSMActions,
+    IBlueprintServiceManager,
+    ReentrancyGuard
+{
     using SafeCast for uint256;
 
-    uint256 public constant MAX_OPERATORS_CAP = 32;
-    uint256 public constant MAX_SLASH_BPS = 5_000;
-    uint256 public constant MAX_EPOCH_DURATION = 30 days;
-    uint256 private constant _BPS = 10_000;
-    uint256 private constant _ACC = 1e18;
-
+    uint256 public constant MAX_OPERATORS_CAP = _MAX_OPERATORS_CAP;
+    uint256 public constant MAX_SLASH_BPS = _MAX_SLASH_BPS;
     uint8 public constant SUBMIT_JOB = 0;
     uint8 public constant JOIN = 1;
     uint8 public constant LEAVE = 2;
     uint8 public constant SUBMIT_CHECKPOINT = 3;
     uint8 public constant FINALIZE = 4;
 
-    enum Membership {
-        None,
-        Pending,
-        Active,
-        Leaving
-    }
-
-    struct Operator {
-        bool registered;
-        uint32 activeJobs;
-        uint8 teeType;
-        uint96 minPricePerEpoch;
-        bytes32 attestationReport;
-        address attestationVerifier;
-        bytes32 peerKey;
-        string[] multiaddrs;
-        string hardware;
-    }
-
-    struct Pool {
-        uint128 totalShares;
-        uint128 totalAssets;
-        uint128 unbondingShares;
-        uint128 unbondingAssets;
-        uint256 rewardPerShare;
-        uint256 rewardReserve;
-    }
-
-    struct Position {
-        uint128 shares;
-        uint128 unbondingShares;
-        uint256 rewardPerSharePaid;
-        uint64 unlockAt;
-    }
-
-    struct Tally {
-        uint8 submitted;
-        uint8 leaderVotes;
-        bytes32 leaderKey;
-    }
-
-    /// A distinct (checkpoint, participation) vote; `syncFailures` has bit i set when the
-    /// participation shows member i below the sync threshold.
-    struct Vote {
-        bytes32 checkpoint;
-        uint256 syncFailures;
-    }
-
-    Params private _params;
-    uint256 private _nextJobId = 1;
-    uint64 private _nextAttempt = 1;
-
-    mapping(address operator => Operator) private _operators;
-    mapping(address operator => Pool) private _pools;
-    mapping(address operator => mapping(address account => Position)) private _positions;
-    mapping(address account => uint256) private _credits;
-
-    uint256 private _totalStaked;
-    uint256 private _totalUnbonding;
-    uint256 private _totalEscrow;
-    uint256 private _totalCredits;
-    uint256 private _totalRewardReserve;
-
-    mapping(uint256 jobId => JobSpec) private _specs;
-    mapping(uint256 jobId => JobState) private _jobs;
-    mapping(uint256 jobId => address[]) private _members;
-    mapping(uint256 jobId => address[]) private _pending;
-    mapping(uint256 jobId => mapping(address operator => Membership)) private _membership;
-    mapping(uint256 jobId => mapping(uint256 epoch => bytes32)) private _epochCheckpoints;
-
-    mapping(uint64 attempt => Tally) private _tallies;
-    mapping(uint64 attempt => mapping(address operator => bytes32 voteKey)) private _votesOf;
-    mapping(uint64 attempt => mapping(bytes32 voteKey => uint8)) private _voteCounts;
-    mapping(bytes32 voteKey => Vote) private _voteData;
+    /// The read-only extension every unknown selector is delegated to.
+    address private immutable _VIEWS;
 
     modifier onlyCore() {
         address core = _params.core;
@@ -123,13 +54,31 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         );
         require(p.maxFailedEpochs > 0, ZeroValue());
         require(p.minStake > 0, ZeroValue());
+        require(p.minEpochDuration > 0, ZeroValue());
+        uint256 span = uint256(p.startGrace) + p.minEpochDuration;
+        require(p.unbondingPeriod / 4 >= span, UnbondingTooShort(p.unbondingPeriod, 4 * span));
         require(p.treasury != address(0) && p.developer != address(0), ZeroAddress());
         _params = p;
+        _nextJobId = 1;
+        _nextAttempt = 1;
+        _VIEWS = address(new DistributedTrainingBSMViews());
+    }
+
+    /// Every view (see IDistributedTrainingBSMViews) runs in the extension on this storage.
+    fallback() external {
+        address views = _VIEWS;
+        assembly ("memory-safe") {
+            calldatacopy(0, 0, calldatasize())
+            let ok := delegatecall(gas(), views, 0, calldatasize(), 0, 0)
+            returndatacopy(0, 0, returndatasize())
+            if iszero(ok) { revert(0, returndatasize()) }
+            return(0, returndatasize())
+        }
     }
 
     // ================================================================ operators and stake
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function registerOperator(
         bytes32 peerKey,
         string[] calldata multiaddrs,
@@ -139,7 +88,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         _register(msg.sender, peerKey, multiaddrs, hardware, minPricePerEpoch, msg.value);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function updateOperator(
         bytes32 peerKey,
         string[] calldata multiaddrs,
@@ -152,7 +101,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         emit OperatorUpdated(msg.sender, peerKey, minPricePerEpoch);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function setAttestation(bytes32 report, uint8 teeType, address verifier) external {
         Operator storage o = _operators[msg.sender];
         require(o.registered, NotRegistered(msg.sender));
@@ -162,31 +111,31 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         emit AttestationSet(msg.sender, report, teeType, verifier);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function stake() external payable {
         require(_operators[msg.sender].registered, NotRegistered(msg.sender));
         require(msg.value > 0, ZeroValue());
         _mint(msg.sender, msg.sender, msg.value);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function unstake(uint256 amount) external {
         _unstakeSelf(msg.sender, amount);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function deregisterOperator() external {
         _deregister(msg.sender);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function delegate(address operator) external payable {
         require(_operators[operator].registered, NotRegistered(operator));
         require(msg.value > 0, ZeroValue());
         _mint(operator, msg.sender, msg.value);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function undelegate(address operator, uint256 amount) external {
         if (msg.sender == operator && _operators[operator].registered) {
             _unstakeSelf(operator, amount);
@@ -195,7 +144,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         }
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function withdrawUnbonded(address operator) external {
         Position storage pos = _positions[operator][msg.sender];
         uint256 shares = pos.unbondingShares;
@@ -219,12 +168,12 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         emit Unbonded(operator, msg.sender, amount);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function claimRewards(address operator) external {
         _settle(operator, msg.sender);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function withdraw() external nonReentrant {
         uint256 amount = _credits[msg.sender];
         require(amount > 0, NothingToWithdraw(msg.sender));
@@ -237,12 +186,12 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
 
     // ================================================================ jobs
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function createJob(JobSpec calldata spec) external payable returns (uint256 jobId) {
         return _createJob(msg.sender, spec, msg.value);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function cancelJob(uint256 jobId) external {
         JobState storage j = _job(jobId);
         require(msg.sender == j.caller, NotJobCaller(msg.sender, j.caller));
@@ -251,24 +200,24 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         emit JobCancelled(jobId, refund);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function joinJob(uint256 jobId) external {
         _join(jobId, msg.sender);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function leaveJob(uint256 jobId) external {
         _leave(jobId, msg.sender);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function submitCheckpoint(uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] calldata participation)
         external
     {
         _submit(jobId, msg.sender, epoch, checkpoint, participation);
     }
 
-    /// @inheritdoc IDistributedTrainingBSM
+    /// @inheritdoc IDistributedTrainingBSMActions
     function finalizeEpoch(uint256 jobId, uint256 epoch) external {
         _finalize(jobId, epoch, msg.sender);
     }
@@ -333,7 +282,8 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
     /// @inheritdoc IBlueprintServiceManager
     function onSlash(uint64, bytes calldata offender, uint8 slashPercent) external onlyCore {
         require(slashPercent > 0 && slashPercent <= MAX_SLASH_BPS / 100, InvalidSlashPercent(slashPercent));
-        address operator = abi.decode(offender, (address));
+        // The core passes the offender as 20 packed bytes; an abi-encoded address is accepted too.
+        address operator = offender.length == 20 ? address(bytes20(offender)) : abi.decode(offender, (address));
         uint256 amount = _slash(operator, uint256(slashPercent) * 100, 0, 0, SlashReason.External, msg.sender);
         if (amount > 0) _credit(_params.treasury, amount);
     }
@@ -351,113 +301,6 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
     /// @inheritdoc IBlueprintServiceManager
     function queryIsPaymentAssetAllowed(uint64, address asset) external pure returns (bool) {
         return asset == address(0);
-    }
-
-    // ================================================================ views
-
-    function params() external view returns (Params memory) {
-        return _params;
-    }
-
-    function nextJobId() external view returns (uint256) {
-        return _nextJobId;
-    }
-
-    function getOperator(address operator) external view returns (OperatorInfo memory info) {
-        Operator storage o = _operators[operator];
-        info = OperatorInfo({
-            registered: o.registered,
-            activeJobs: o.activeJobs,
-            minPricePerEpoch: o.minPricePerEpoch,
-            peerKey: o.peerKey,
-            multiaddrs: o.multiaddrs,
-            hardware: o.hardware,
-            attestationReport: o.attestationReport,
-            teeType: o.teeType,
-            attestationVerifier: o.attestationVerifier
-        });
-    }
-
-    function getPool(address operator) external view returns (PoolInfo memory) {
-        Pool storage p = _pools[operator];
-        return
-            PoolInfo(
-                p.totalShares, p.totalAssets, p.unbondingShares, p.unbondingAssets, p.rewardPerShare, p.rewardReserve
-            );
-    }
-
-    function stakeOf(address operator, address account) external view returns (uint256) {
-        return _assetsOf(operator, account);
-    }
-
-    function sharesOf(address operator, address account) external view returns (uint256) {
-        return _positions[operator][account].shares;
-    }
-
-    function unbondingOf(address operator, address account) external view returns (uint256 amount, uint64 unlockAt) {
-        Position storage pos = _positions[operator][account];
-        Pool storage p = _pools[operator];
-        if (pos.unbondingShares > 0) {
-            amount = uint256(pos.unbondingShares) * p.unbondingAssets / p.unbondingShares;
-        }
-        unlockAt = pos.unlockAt;
-    }
-
-    function pendingRewards(address operator, address account) external view returns (uint256) {
-        Position storage pos = _positions[operator][account];
-        return uint256(pos.shares) * (_pools[operator].rewardPerShare - pos.rewardPerSharePaid) / _ACC;
-    }
-
-    function creditOf(address account) external view returns (uint256) {
-        return _credits[account];
-    }
-
-    function getJob(uint256 jobId) external view returns (JobSpec memory spec, JobState memory state) {
-        return (_specs[jobId], _jobs[jobId]);
-    }
-
-    function getMembers(uint256 jobId) external view returns (address[] memory) {
-        return _members[jobId];
-    }
-
-    function getPendingJoins(uint256 jobId) external view returns (address[] memory) {
-        return _pending[jobId];
-    }
-
-    function isLeaving(uint256 jobId, address operator) external view returns (bool) {
-        return _membership[jobId][operator] == Membership.Leaving;
-    }
-
-    function epochCheckpoint(uint256 jobId, uint256 epoch) external view returns (bytes32) {
-        return _epochCheckpoints[jobId][epoch];
-    }
-
-    function submissionOf(uint256 jobId, address operator) external view returns (bytes32 checkpoint, bytes32 voteKey) {
-        JobState storage j = _jobs[jobId];
-        if (j.status != JobStatus.Running) return (bytes32(0), bytes32(0));
-        voteKey = _votesOf[j.attempt][operator];
-        checkpoint = _voteData[voteKey].checkpoint;
-        if (voteKey == bytes32(0)) checkpoint = bytes32(0);
-    }
-
-    function submittedCount(uint256 jobId) external view returns (uint256) {
-        JobState storage j = _jobs[jobId];
-        if (j.status != JobStatus.Running) return 0;
-        return _tallies[j.attempt].submitted;
-    }
-
-    function epochDeadline(uint256 jobId) external view returns (uint64) {
-        JobState storage j = _jobs[jobId];
-        if (j.status != JobStatus.Running) return 0;
-        return j.epochStart + _specs[jobId].epochDuration;
-    }
-
-    function accounting()
-        external
-        view
-        returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve)
-    {
-        return (_totalStaked, _totalUnbonding, _totalEscrow, _totalCredits, _totalRewardReserve);
     }
 
     // ================================================================ internal: operators
@@ -507,30 +350,69 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         uint256 available = _assetsOf(operator, operator);
         require(amount > 0, ZeroValue());
         require(amount <= available, InsufficientStake(amount, available));
-        uint256 remaining = available - amount;
-        require(remaining >= _params.minStake, StakeBelowMinimum(remaining, _params.minStake));
         _unbondAmount(operator, operator, amount);
+        // Checked on what really remains after the share rounding: rounding cannot evict.
+        uint256 remaining = _assetsOf(operator, operator);
+        require(remaining >= _params.minStake, StakeBelowMinimum(remaining, _params.minStake));
     }
 
     // ================================================================ internal: pools
-
-    function _assetsOf(address operator, address account) internal view returns (uint256) {
-        Pool storage p = _pools[operator];
-        if (p.totalShares == 0) return 0;
-        return uint256(_positions[operator][account].shares) * p.totalAssets / p.totalShares;
-    }
 
     /// Share price never exceeds 1 (slashing lowers it, rounding favours the pool), so every
     /// positive deposit mints at least one share.
     function _mint(address operator, address account, uint256 amount) internal {
         _settle(operator, account);
         Pool storage p = _pools[operator];
+        Position storage pos = _positions[operator][account];
         uint256 shares = p.totalShares == 0 ? amount : amount * p.totalShares / p.totalAssets;
         p.totalShares += shares.toUint128();
         p.totalAssets += amount.toUint128();
-        _positions[operator][account].shares += shares.toUint128();
+        pos.shares += shares.toUint128();
         _totalStaked += amount;
+        if (_operators[operator].activeJobs == 0) {
+            emit Staked(operator, account, amount, shares);
+            return;
+        }
+        // New shares earn from the start of period k + 2; unmatured older ones wait with them.
+        uint64 target = _period() + 2;
+        uint256 fresh = pos.freshShares;
+        if (fresh > 0 && pos.freshPeriod != target) {
+            _moveFresh(p, pos.freshPeriod, fresh, false);
+            _moveFresh(p, target, fresh, true);
+        }
+        _moveFresh(p, target, shares, true);
+        pos.freshShares = (fresh + shares).toUint128();
+        pos.freshPeriod = target;
         emit Staked(operator, account, amount, shares);
+    }
+
+    /// Adds or removes `shares` fresh shares of `period` (one of at most two live slots).
+    function _moveFresh(Pool storage p, uint64 period, uint256 shares, bool add) internal {
+        uint128 s = shares.toUint128();
+        if (p.freshA > 0 && p.periodA == period) {
+            p.freshA = add ? p.freshA + s : p.freshA - s;
+        } else if (p.freshB > 0 && p.periodB == period) {
+            p.freshB = add ? p.freshB + s : p.freshB - s;
+        } else if (p.freshA == 0) {
+            (p.periodA, p.freshA) = (period, s);
+        } else {
+            (p.periodB, p.freshB) = (period, s);
+        }
+    }
+
+    /// Empties the fresh slots whose period has begun (their shares now earn), recording the
+    /// reward rate they start from.
+    function _roll(address operator) internal {
+        Pool storage p = _pools[operator];
+        uint64 cur = _period();
+        if (p.freshA > 0 && p.periodA <= cur) {
+            _maturedRps[operator][p.periodA] = p.rewardPerShare;
+            p.freshA = 0;
+        }
+        if (p.freshB > 0 && p.periodB <= cur) {
+            _maturedRps[operator][p.periodB] = p.rewardPerShare;
+            p.freshB = 0;
+        }
     }
 
     function _unbondAmount(address operator, address account, uint256 amount) internal {
@@ -552,6 +434,12 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         _settle(operator, account);
         Pool storage p = _pools[operator];
         Position storage pos = _positions[operator][account];
+        // Fresh (not yet earning) shares leave first.
+        uint256 fresh = Math.min(shares, pos.freshShares);
+        if (fresh > 0) {
+            _moveFresh(p, pos.freshPeriod, fresh, false);
+            pos.freshShares -= fresh.toUint128();
+        }
         pos.shares -= shares.toUint128();
         p.totalShares -= shares.toUint128();
         p.totalAssets -= amount.toUint128();
@@ -574,10 +462,16 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
     }
 
     function _settle(address operator, address account) internal {
+        _roll(operator);
         Pool storage p = _pools[operator];
         Position storage pos = _positions[operator][account];
         uint256 rps = p.rewardPerShare;
-        uint256 earned = uint256(pos.shares) * (rps - pos.rewardPerSharePaid) / _ACC;
+        uint256 fresh = pos.freshShares;
+        uint256 earned = (pos.shares - fresh) * (rps - pos.rewardPerSharePaid) / _ACC;
+        if (fresh > 0 && pos.freshPeriod <= _period()) {
+            earned += fresh * (rps - _maturedRps[operator][pos.freshPeriod]) / _ACC;
+            pos.freshShares = 0;
+        }
         if (pos.rewardPerSharePaid != rps) pos.rewardPerSharePaid = rps;
         if (earned == 0) return;
         p.rewardReserve -= earned;
@@ -630,8 +524,10 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
             spec.topkPerChunk > 0 && (spec.quantBits == 1 || spec.quantBits == 2),
             InvalidCompression(spec.topkPerChunk, spec.quantBits)
         );
+        uint256 maxDuration = _maxEpochDuration();
         require(
-            spec.epochDuration > 0 && spec.epochDuration <= MAX_EPOCH_DURATION, InvalidEpochDuration(spec.epochDuration)
+            spec.epochDuration >= _params.minEpochDuration && spec.epochDuration <= maxDuration,
+            InvalidEpochDuration(spec.epochDuration, _params.minEpochDuration, maxDuration)
         );
         require(spec.pricePerOperatorEpoch > 0, ZeroValue());
         uint256 escrow = spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
@@ -726,7 +622,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         require(_votesOf[attempt][operator] == bytes32(0), AlreadySubmitted(jobId, epoch, operator));
         require(checkpoint != bytes32(0), ZeroCheckpoint());
 
-        bytes32 key = _storeVote(jobId, checkpoint, participation);
+        bytes32 key = _storeVote(jobId, attempt, checkpoint, participation);
         _votesOf[attempt][operator] = key;
         uint8 votes = ++_voteCounts[attempt][key];
         Tally storage t = _tallies[attempt];
@@ -738,8 +634,9 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         emit CheckpointSubmitted(jobId, epoch, operator, checkpoint, key);
     }
 
-    /// Validates `participation` against the member list and stores the vote on first sight.
-    function _storeVote(uint256 jobId, bytes32 checkpoint, uint32[] memory participation)
+    /// Validates `participation` against the member list and stores the vote on first sight
+    /// in this attempt, judged by this job's spec: no other job can shape it.
+    function _storeVote(uint256 jobId, uint64 attempt, bytes32 checkpoint, uint32[] memory participation)
         internal
         returns (bytes32 key)
     {
@@ -755,7 +652,8 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
             if (r < threshold) syncFailures |= 1 << i;
         }
         key = keccak256(abi.encode(checkpoint, participation));
-        if (_voteData[key].checkpoint == bytes32(0)) _voteData[key] = Vote(checkpoint, syncFailures);
+        Vote storage v = _voteData[attempt][key];
+        if (v.checkpoint == bytes32(0)) (v.checkpoint, v.syncFailures) = (checkpoint, syncFailures);
     }
 
     /// Per-epoch settlement context; a struct keeps the settle loop within the stack limit.
@@ -770,7 +668,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         uint256 price;
         uint256 paid;
         uint256 slashed;
-        uint256 slashedReporter; // the reporter's own slash earns it no bounty
+        bool stakersLate; // finalized more than a reward period after the epoch began
     }
 
     function _finalize(uint256 jobId, uint256 epoch, address reporter) internal {
@@ -793,16 +691,22 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         c.quorum = t.leaderVotes > 0 && uint256(t.leaderVotes) * 3 >= members.length * 2;
         c.leaderKey = t.leaderKey;
         c.price = spec.pricePerOperatorEpoch;
-        Vote memory v = c.quorum ? _voteData[t.leaderKey] : Vote(bytes32(0), 0);
+        c.stakersLate = block.timestamp > j.epochStart - _params.startGrace + _rewardPeriod();
+        Vote memory v = c.quorum ? _voteData[c.attempt][t.leaderKey] : Vote(bytes32(0), 0);
         c.syncFailures = v.syncFailures;
         for (uint256 i; i < members.length; ++i) {
             _settleMember(c, members[i], i);
         }
         if (c.paid > 0) _payShared(c.paid, c.price, j);
         if (c.slashed > 0) {
-            uint256 bounty = (c.slashed - c.slashedReporter) * _params.reporterBountyBps / _BPS;
-            if (bounty > 0) _credit(reporter, bounty);
-            _credit(j.caller, c.slashed - bounty);
+            // Slashed stake goes to the treasury; the finalizer earns a small bounded reward
+            // unless it is the job's caller or a member of the job.
+            uint256 bounty;
+            if (reporter != j.caller && _membership[jobId][reporter] == Membership.None) {
+                bounty = Math.min(c.slashed * _params.reporterBountyBps / _BPS, _params.maxReporterBounty);
+                if (bounty > 0) _credit(reporter, bounty);
+            }
+            _credit(_params.treasury, c.slashed - bounty);
         }
 
         if (c.quorum) {
@@ -841,7 +745,7 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
         } else if (c.syncFailures & (1 << i) != 0) {
             c.slashed += _slashMember(c, op, _params.syncFailSlashBps, SlashReason.SyncFailure);
         } else {
-            _pay(c.jobId, c.epoch, op, c.price);
+            _pay(c.jobId, c.epoch, op, c.price, c.stakersLate);
             c.paid += 1;
         }
     }
@@ -849,20 +753,22 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
     function _slashMember(Settlement memory c, address op, uint256 bps, SlashReason reason) internal returns (uint256) {
         // A slashed member leaves the job at this boundary.
         _membership[c.jobId][op] = Membership.Leaving;
-        uint256 amount = _slash(op, bps, c.jobId, c.epoch, reason, c.reporter);
-        if (op == c.reporter) c.slashedReporter += amount;
-        return amount;
+        return _slash(op, bps, c.jobId, c.epoch, reason, c.reporter);
     }
 
     /// Operator share and stake-pool share of one paid operator-epoch.
-    function _pay(uint256 jobId, uint256 epoch, address op, uint256 price) internal {
+    /// The stake-pool share goes to the pool's shares present for the whole epoch (mature
+    /// ones); with none, or when the epoch was finalized too late to tell, to the treasury.
+    function _pay(uint256 jobId, uint256 epoch, address op, uint256 price, bool stakersLate) internal {
         _credit(op, price * _params.operatorBps / _BPS);
         uint256 stakerCut = price * _params.stakerBps / _BPS;
+        _roll(op);
         Pool storage p = _pools[op];
-        if (p.totalShares == 0) {
+        uint256 earning = uint256(p.totalShares) - p.freshA - p.freshB;
+        if (earning == 0 || stakersLate) {
             _credit(_params.treasury, stakerCut);
         } else {
-            p.rewardPerShare += stakerCut * _ACC / p.totalShares;
+            p.rewardPerShare += stakerCut * _ACC / earning;
             p.rewardReserve += stakerCut;
             _totalRewardReserve += stakerCut;
         }
@@ -922,7 +828,8 @@ contract DistributedTrainingBSM is IDistributedTrainingBSM, IBlueprintServiceMan
 
     function _openAttempt(uint256 jobId, JobState storage j) internal {
         uint64 attempt = _nextAttempt++;
-        uint64 start = uint64(block.timestamp);
+        // A start grace after the start condition: nobody is slashed for time it did not have.
+        uint64 start = uint64(block.timestamp) + _params.startGrace;
         j.status = JobStatus.Running;
         j.attempt = attempt;
         j.epochStart = start;

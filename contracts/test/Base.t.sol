@@ -3,7 +3,7 @@ pragma solidity ^0.8.28;
 
 import {Test} from "./utils/Test.sol";
 import {IBSM} from "./utils/IBSM.sol";
-import {IDistributedTrainingBSM as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMTypes as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
 
 /// Shared fixture: a BSM with the 40/20/20/20 split, funded actors and job helpers.
 abstract contract BaseTest is Test {
@@ -20,6 +20,9 @@ abstract contract BaseTest is Test {
     uint256 internal constant PRICE = 0.1 ether;
     uint64 internal constant UNBONDING = 7 days;
     uint64 internal constant EPOCH = 1 hours;
+    uint64 internal constant MIN_EPOCH = 10 minutes;
+    uint64 internal constant GRACE = 5 minutes;
+    uint96 internal constant MAX_BOUNTY = 0.01 ether;
 
     function defaultParams() internal view returns (I.Params memory) {
         return I.Params({
@@ -35,6 +38,9 @@ abstract contract BaseTest is Test {
             maxOperators: 32,
             maxFailedEpochs: 3,
             unbondingPeriod: UNBONDING,
+            minEpochDuration: MIN_EPOCH,
+            startGrace: GRACE,
+            maxReporterBounty: MAX_BOUNTY,
             minStake: MIN_STAKE,
             treasury: treasury,
             developer: developer,

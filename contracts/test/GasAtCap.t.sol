@@ -2,7 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {BaseTest} from "./Base.t.sol";
-import {IDistributedTrainingBSM as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMTypes as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
 
 /// Gas of every external function with a job at the hard cap of 32 members. Gas is
 /// deterministic, so the bounds are asserted; `make gas` writes the table to docs/gas.md.
@@ -63,7 +63,7 @@ contract GasAtCapTest is BaseTest {
     }
 
     function test_gas_finalizeEpoch_allSlashed() public {
-        vm.warp(block.timestamp + EPOCH + 1);
+        vm.warp(block.timestamp + GRACE + EPOCH + 1);
         finalize(jobId);
         vm.assertLe(_gas(), FINALIZE_LIMIT, "finalizeEpoch all dropped out");
     }

@@ -26,13 +26,15 @@ def snake_case(name: str) -> str:
 
 @cache
 def struct_components(struct: str) -> tuple[str, ...]:
-    """Component names, in ABI order, of `IDistributedTrainingBSM.<struct>` in the shipped ABI."""
+    """Component names, in ABI order, of the BSM's `<struct>` in the shipped ABI."""
     from .artifacts import load
 
-    wanted = f"struct IDistributedTrainingBSM.{struct}"
+    # Declared in IDistributedTrainingBSMTypes (or any interface the BSM's ABI names).
+    wanted = f".{struct}"
     for item in load().abi:
         for param in [*item.get("inputs", []), *item.get("outputs", [])]:
-            if param.get("internalType") == wanted:
+            internal = param.get("internalType", "")
+            if internal.startswith("struct IDistributedTrainingBSM") and internal.endswith(wanted):
                 return tuple(c["name"] for c in param["components"])
     raise KeyError(f"no struct {struct} in the ABI")
 
@@ -116,6 +118,10 @@ class Params:
     max_operators: int = 32
     max_failed_epochs: int = 3
     unbonding_period: int = 7 * 86400
+    # An epoch spans at most unbonding_period / 4 (start_grace + epoch_duration).
+    min_epoch_duration: int = 60
+    start_grace: int = 30
+    max_reporter_bounty: int = 10**16
     min_stake: int = 10**18
     core: str = "0x0000000000000000000000000000000000000000"
 

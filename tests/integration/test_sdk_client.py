@@ -246,7 +246,7 @@ def test_job_errors_decode(bsm: BSM, as_account) -> None:
         caller.cancel_job(job_id)
     with pytest.raises(errors.NotCore):
         caller._transact(caller.contract.functions.onUnregister(caller.sender))
-    advance(bsm.w3, 3601)
+    advance(bsm.w3, bsm.params().start_grace + 3601)  # the deadline is after the start grace
     with pytest.raises(errors.DeadlinePassed, match=r"deadline \d+ has passed"):
         ops[1].submit_checkpoint(job_id, 0, b"\x01" * 32, [4, 4])
     rc = bsm.finalize_epoch(job_id, 0)

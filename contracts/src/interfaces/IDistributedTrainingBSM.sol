@@ -1,18 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
-/// @title IDistributedTrainingBSM
-/// @notice Membership, jobs, epochs, checkpoint commitments, fees and slashing for distributed
-/// training with DeMo. Operators stake and register permissionlessly, stakers delegate to them,
-/// callers escrow payment for training jobs, operators train each epoch together and commit the
-/// resulting checkpoint hash; anyone finalizes an epoch once every member submitted or the
-/// deadline passed. The (checkpoint, participation) pair backed by >= 2/3 of the epoch's members
-/// is the result: members that agree are paid, members that disagree, stayed silent or did not
-/// sync are slashed.
-/// @dev Money is pull-only: every payout is a credit claimed with `withdraw()`. At all times
-/// `address(this).balance == staked + unbonding + escrow + credits + rewardReserve` (see
-/// `accounting()`).
-interface IDistributedTrainingBSM {
+/// @title IDistributedTrainingBSMTypes
+/// @notice Types, errors and events of the BSM.
+interface IDistributedTrainingBSMTypes {
     // ---------------------------------------------------------------- types
 
     /// @notice Training objective of a job.
@@ -51,7 +42,9 @@ interface IDistributedTrainingBSM {
         uint16 fabricationSlashBps;
         uint16 dropoutSlashBps;
         uint16 syncFailSlashBps;
-        /// Share of every slashed amount credited to whoever triggered the slash (finalizer).
+        /// Share of an epoch's slashed stake credited to its finalizer, capped at
+        /// `maxReporterBounty`; nothing when the finalizer is the job's caller or a member.
+        /// The rest of every slash goes to the treasury.
         uint16 reporterBountyBps;
         /// Minimum share of an epoch's sync rounds a member must have contributed to.
         uint16 syncThresholdBps;
@@ -59,7 +52,17 @@ interface IDistributedTrainingBSM {
         uint8 maxOperators;
         /// Consecutive epochs without quorum after which a job fails.
         uint8 maxFailedEpochs;
+        /// Must be at least 4 x (startGrace + minEpochDuration): an epoch spans at most a
+        /// quarter of it (`maxEpochDuration`), so stake queued while it backs an epoch stays
+        /// slashable for three quarters of the period after that epoch's deadline.
         uint64 unbondingPeriod;
+        /// Shortest epoch a job may ask for, in seconds.
+        uint64 minEpochDuration;
+        /// Seconds between an epoch's start condition (enough joins, or the previous epoch
+        /// finalized) and the start of its `epochDuration`.
+        uint64 startGrace;
+        /// Cap, in wei, on a finalizer's reward from one epoch's slashes.
+        uint96 maxReporterBounty;
         uint256 minStake;
         address treasury;
         address developer;
@@ -165,8 +168,11 @@ interface IDistributedTrainingBSM {
     error InvalidSchedule(uint256 totalEpochs, uint256 stepsPerEpoch, uint256 syncInterval);
     /// @notice invalid compression: top-k `topkPerChunk`, `quantBits`-bit values
     error InvalidCompression(uint256 topkPerChunk, uint256 quantBits);
-    /// @notice epoch duration `duration`s outside 1s..30 days
-    error InvalidEpochDuration(uint256 duration);
+    /// @notice epoch duration `duration`s outside `min`s..`max`s
+    /// @param max maxEpochDuration(): a quarter of the unbonding period less the start grace.
+    error InvalidEpochDuration(uint256 duration, uint256 min, uint256 max);
+    /// @notice unbonding period `unbondingPeriod`s is shorter than `needed`s (4 x (startGrace + minEpochDuration))
+    error UnbondingTooShort(uint256 unbondingPeriod, uint256 needed);
     /// @notice escrow must be exactly `expected`, got `sent`
     /// @param expected price x maxOperators x totalEpochs, in wei.
     error WrongEscrow(uint256 expected, uint256 sent);
@@ -285,7 +291,11 @@ interface IDistributedTrainingBSM {
     event Credited(address indexed account, uint256 amount);
     /// @notice `account` withdrew `amount` wei of credit.
     event Withdrawn(address indexed account, uint256 amount);
+}
 
+/// @title IDistributedTrainingBSMActions
+/// @notice Every state-changing function of the BSM (implemented by DistributedTrainingBSM).
+interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
     // ---------------------------------------------------------------- operators and stake
 
     /// @notice Registers the sender as an operator with `msg.value` as self-stake.
@@ -358,9 +368,15 @@ interface IDistributedTrainingBSM {
         external;
 
     /// @notice Settles the epoch in progress (anyone; after all members submitted or the
-    /// deadline). The sender earns `reporterBountyBps` of everything slashed from others.
+    /// deadline). Slashed stake goes to the treasury; a sender that is neither the job's caller
+    /// nor a member earns `reporterBountyBps` of it, at most `maxReporterBounty`.
     function finalizeEpoch(uint256 jobId, uint256 epoch) external;
+}
 
+/// @title IDistributedTrainingBSMViews
+/// @notice Every view of the BSM (implemented by DistributedTrainingBSMViews, reached through
+/// DistributedTrainingBSM's fallback).
+interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
     // ---------------------------------------------------------------- views
 
     function params() external view returns (Params memory);
@@ -372,7 +388,15 @@ interface IDistributedTrainingBSM {
     function sharesOf(address operator, address account) external view returns (uint256);
     /// @notice Unbonding stake (wei, after slashing so far) and its unlock time.
     function unbondingOf(address operator, address account) external view returns (uint256 amount, uint64 unlockAt);
+    /// @notice Staking rewards `account` can claim from `operator`'s pool. Stake earns from the
+    /// start of the second reward period after its deposit (see `rewardPeriod`).
     function pendingRewards(address operator, address account) external view returns (uint256);
+    /// @notice Longest `epochDuration` a job may ask for: unbondingPeriod / 4 - startGrace.
+    function maxEpochDuration() external view returns (uint256);
+    /// @notice Length of a staking reward period: unbondingPeriod / 2. A deposit earns from the
+    /// start of the second period after it, so it was present for every epoch it is paid for;
+    /// an epoch finalized more than a period after it began pays its pool share to the treasury.
+    function rewardPeriod() external view returns (uint256);
     function creditOf(address account) external view returns (uint256);
     function getJob(uint256 jobId) external view returns (JobSpec memory spec, JobState memory state);
     /// @notice Members of the epoch in progress, in participation order (join order, with
@@ -393,3 +417,16 @@ interface IDistributedTrainingBSM {
         view
         returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve);
 }
+
+/// @title IDistributedTrainingBSM
+/// @notice Membership, jobs, epochs, checkpoint commitments, fees and slashing for distributed
+/// training with DeMo. Operators stake and register permissionlessly, stakers delegate to them,
+/// callers escrow payment for training jobs, operators train each epoch together and commit the
+/// resulting checkpoint hash; anyone finalizes an epoch once every member submitted or the
+/// deadline passed. The (checkpoint, participation) pair backed by >= 2/3 of the epoch's members
+/// is the result: members that agree are paid, members that disagree, stayed silent or did not
+/// sync are slashed.
+/// @dev Money is pull-only: every payout is a credit claimed with `withdraw()`. At all times
+/// `address(this).balance == staked + unbonding + escrow + credits + rewardReserve` (see
+/// `accounting()`).
+interface IDistributedTrainingBSM is IDistributedTrainingBSMActions, IDistributedTrainingBSMViews {}

@@ -3,7 +3,7 @@ pragma solidity ^0.8.28;
 
 import {Test, Vm} from "../utils/Test.sol";
 import {IBSM} from "../utils/IBSM.sol";
-import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
 /// Drives random sequences of every state-changing call across several actors and keeps
 /// running totals of the ether that entered and left, plus per-epoch settlement checks.

@@ -2,7 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
-import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {IBlueprintServiceManager} from "../../src/interfaces/IBlueprintServiceManager.sol";
 import {IBSM} from "../utils/IBSM.sol";
 

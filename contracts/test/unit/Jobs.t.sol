@@ -2,7 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
-import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
 contract CreateJobTest is BaseTest {
     function test_escrowsAndStoresSpec() public {
@@ -66,9 +66,14 @@ contract CreateJobTest is BaseTest {
 
     function test_revert_InvalidEpochDuration() public {
         I.JobSpec memory s = spec(1, 2, 1);
-        s.epochDuration = 0;
+        s.epochDuration = MIN_EPOCH - 1;
+        uint256 max = UNBONDING / 4 - GRACE;
         vm.prank(caller);
-        vm.expectRevert(abi.encodeWithSelector(I.InvalidEpochDuration.selector, 0));
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidEpochDuration.selector, MIN_EPOCH - 1, MIN_EPOCH, max));
+        bsm.createJob(s);
+        s.epochDuration = uint64(max + 1);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidEpochDuration.selector, max + 1, MIN_EPOCH, max));
         bsm.createJob(s);
     }
 
@@ -137,7 +142,7 @@ contract JoinJobTest is BaseTest {
         vm.assertEq(m.length, 2);
         vm.assertEq(m[0], ops[0]);
         vm.assertEq(m[1], ops[1]);
-        vm.assertEq(bsm.epochDeadline(jobId), block.timestamp + EPOCH);
+        vm.assertEq(bsm.epochDeadline(jobId), block.timestamp + GRACE + EPOCH);
         // A third operator waits for the boundary.
         vm.prank(ops[2]);
         bsm.joinJob(jobId);

@@ -3,7 +3,7 @@ pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
 import {IBSM} from "../utils/IBSM.sol";
-import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
 contract ConstructorTest is BaseTest {
     function test_setsParams() public view {

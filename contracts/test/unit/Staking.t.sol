@@ -3,7 +3,7 @@ pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
 import {IBSM} from "../utils/IBSM.sol";
-import {IDistributedTrainingBSM as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
 contract StakeTest is BaseTest {
     function test_addsStake() public {
@@ -89,7 +89,7 @@ contract DelegateTest is BaseTest {
 
     function test_afterSlashGetsMoreShares() public {
         (uint256 jobId, address[] memory ops) = runningJob(3, 2);
-        vm.warp(block.timestamp + EPOCH + 1);
+        vm.warp(block.timestamp + GRACE + EPOCH + 1);
         finalize(jobId); // all three dropped out: 5% slashed each
         uint256 before = bsm.getPool(ops[0]).totalShares;
         vm.prank(staker);
@@ -224,9 +224,11 @@ contract WithdrawUnbondedTest is BaseTest {
 
 contract ClaimRewardsTest is BaseTest {
     function test_stakersSharePoolReward() public {
-        (uint256 jobId, address[] memory ops) = runningJob(1, 2);
+        address[] memory ops = registerN(1);
         vm.prank(staker);
         bsm.delegate{value: 3 ether}(ops[0]); // pool: 1 ether self + 3 ether delegated
+        uint256 jobId = createJob(spec(1, 1, 2));
+        joinAll(jobId, ops);
         submitAll(jobId, keccak256("ckpt0"));
         finalize(jobId);
         uint256 pool = PRICE * 2000 / 10000;

@@ -31,6 +31,11 @@ interface Vm {
     function assertFalse(bool condition) external pure;
     function assertLe(uint256 left, uint256 right, string calldata err) external pure;
     function assertGe(uint256 left, uint256 right, string calldata err) external pure;
+    function assertGe(uint256 left, uint256 right) external pure;
+    function assertLe(uint256 left, uint256 right) external pure;
+    function assertLt(uint256 left, uint256 right, string calldata err) external pure;
+    function sign(uint256 privateKey, bytes32 digest) external pure returns (uint8 v, bytes32 r, bytes32 s);
+    function toString(uint256 value) external pure returns (string memory);
     function assertApproxEqAbs(uint256 left, uint256 right, uint256 maxDelta, string calldata err) external pure;
     function recordLogs() external;
     function getRecordedLogs() external returns (Log[] memory);

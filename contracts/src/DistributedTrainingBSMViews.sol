@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
+import {BSMStorage} from "./BSMStorage.sol";
+
+/// @title DistributedTrainingBSMViews
+/// @notice The read-only half of the BSM. `DistributedTrainingBSM` deploys it in its
+/// constructor and delegates every call it does not implement to it, so these functions run
+/// on the BSM's storage; called directly, it reads its own empty state.
+contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews {
+    function params() external view returns (Params memory) {
+        return _params;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function nextJobId() external view returns (uint256) {
+        return _nextJobId;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function getOperator(address operator) external view returns (OperatorInfo memory info) {
+        Operator storage o = _operators[operator];
+        info = OperatorInfo({
+            registered: o.registered,
+            activeJobs: o.activeJobs,
+            minPricePerEpoch: o.minPricePerEpoch,
+            peerKey: o.peerKey,
+            multiaddrs: o.multiaddrs,
+            hardware: o.hardware,
+            attestationReport: o.attestationReport,
+            teeType: o.teeType,
+            attestationVerifier: o.attestationVerifier
+        });
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function getPool(address operator) external view returns (PoolInfo memory) {
+        Pool storage p = _pools[operator];
+        return
+            PoolInfo(
+                p.totalShares, p.totalAssets, p.unbondingShares, p.unbondingAssets, p.rewardPerShare, p.rewardReserve
+            );
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function stakeOf(address operator, address account) external view returns (uint256) {
+        return _assetsOf(operator, account);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function sharesOf(address operator, address account) external view returns (uint256) {
+        return _positions[operator][account].shares;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function unbondingOf(address operator, address account) external view returns (uint256 amount, uint64 unlockAt) {
+        Position storage pos = _positions[operator][account];
+        Pool storage p = _pools[operator];
+        if (pos.unbondingShares > 0) {
+            amount = uint256(pos.unbondingShares) * p.unbondingAssets / p.unbondingShares;
+        }
+        unlockAt = pos.unlockAt;
+    }
+
+    function pendingRewards(address operator, address account) external view returns (uint256 earned) {
+        Position storage pos = _positions[operator][account];
+        Pool storage p = _pools[operator];
+        uint256 rps = p.rewardPerShare;
+        uint256 fresh = pos.freshShares;
+        earned = (pos.shares - fresh) * (rps - pos.rewardPerSharePaid) / _ACC;
+        uint64 fp = pos.freshPeriod;
+        if (fresh > 0 && fp <= _period()) {
+            // Matured: earns from the rate recorded when its slot rolled (now, if not yet).
+            bool rolled = !(p.periodA == fp && p.freshA > 0) && !(p.periodB == fp && p.freshB > 0);
+            earned += fresh * (rps - (rolled ? _maturedRps[operator][fp] : rps)) / _ACC;
+        }
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function maxEpochDuration() external view returns (uint256) {
+        return _maxEpochDuration();
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function rewardPeriod() external view returns (uint256) {
+        return _rewardPeriod();
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function creditOf(address account) external view returns (uint256) {
+        return _credits[account];
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function getJob(uint256 jobId) external view returns (JobSpec memory spec, JobState memory state) {
+        return (_specs[jobId], _jobs[jobId]);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function getMembers(uint256 jobId) external view returns (address[] memory) {
+        return _members[jobId];
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function getPendingJoins(uint256 jobId) external view returns (address[] memory) {
+        return _pending[jobId];
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function isLeaving(uint256 jobId, address operator) external view returns (bool) {
+        return _membership[jobId][operator] == Membership.Leaving;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function epochCheckpoint(uint256 jobId, uint256 epoch) external view returns (bytes32) {
+        return _epochCheckpoints[jobId][epoch];
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function submissionOf(uint256 jobId, address operator) external view returns (bytes32 checkpoint, bytes32 voteKey) {
+        JobState storage j = _jobs[jobId];
+        if (j.status != JobStatus.Running) return (bytes32(0), bytes32(0));
+        voteKey = _votesOf[j.attempt][operator];
+        checkpoint = _voteData[j.attempt][voteKey].checkpoint;
+        if (voteKey == bytes32(0)) checkpoint = bytes32(0);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function submittedCount(uint256 jobId) external view returns (uint256) {
+        JobState storage j = _jobs[jobId];
+        if (j.status != JobStatus.Running) return 0;
+        return _tallies[j.attempt].submitted;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function epochDeadline(uint256 jobId) external view returns (uint64) {
+        JobState storage j = _jobs[jobId];
+        if (j.status != JobStatus.Running) return 0;
+        return j.epochStart + _specs[jobId].epochDuration;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function accounting()
+        external
+        view
+        returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve)
+    {
+        return (_totalStaked, _totalUnbonding, _totalEscrow, _totalCredits, _totalRewardReserve);
+    }
+}
