@@ -61,9 +61,9 @@ class Setup:
 def setups(quick: bool) -> Setup:
     if quick:
         m = GPTConfig(d=64, n_layer=1, n_head=1, ctx=64)
-        return Setup(m, (4, 8), 4, 4, 1, 8, 48, 3e-3, 16, 400_000)
+        return Setup(m, (4, 8), 4, 4, 1, 8, 48, 2e-3, 16, 400_000)
     m = GPTConfig(d=128, n_layer=2, n_head=2, ctx=64)
-    return Setup(m, (4, 8), 4, 4, 1, 8, 160, 3e-3, 32, 1_000_000)
+    return Setup(m, (4, 8), 4, 4, 1, 8, 160, 2e-3, 64, 1_000_000)
 
 
 @torch.no_grad()
@@ -153,7 +153,7 @@ def summarize(setup: Setup, results: list[dict]) -> list[dict]:
         def pick(attack, rule, n=n):
             return [r for r in results if (r["n"], r["attack"], r["rule"]) == (n, attack, rule)]
 
-        honest = _mean(pick("honest", True), "loss")
+        honest = {r["seed"]: r["loss"] for r in pick("honest", True)}
         for attack in ("honest", "absent", *ATTACKS):
             on, off = pick(attack, True), pick(attack, False)
             loss = _mean(on, "loss")
@@ -163,12 +163,10 @@ def summarize(setup: Setup, results: list[dict]) -> list[dict]:
                     attack=attack,
                     seeds=len(on),
                     loss=loss,
-                    losses=[r["loss"] for r in on],
-                    damage_pct=100 * (loss - honest) / honest,
+                    losses=[r["loss"] for r in sorted(on, key=lambda r: r["seed"])],
+                    damage_pct=_damage(on, honest),
                     loss_without_rule=_mean(off, "loss") if off else None,
-                    damage_without_rule_pct=(
-                        100 * (_mean(off, "loss") - honest) / honest if off else None
-                    ),
+                    damage_without_rule_pct=_damage(off, honest) if off else None,
                     attacker_excluded_rounds=sum(r["excluded_rounds"] for r in on),
                     rounds=sum(r["rounds"] for r in on),
                     honest_false_exclusions=sum(r["false_exclusions"] for r in on),
@@ -178,6 +176,12 @@ def summarize(setup: Setup, results: list[dict]) -> list[dict]:
                 )
             )
     return recs
+
+
+def _damage(rs: list[dict], honest: dict[int, float]) -> float:
+    """Mean over seeds of the loss change against the all-honest run of the same seed (%):
+    paired, because the seeds' honest losses differ far more than the attacks' effects."""
+    return statistics.mean(100 * (r["loss"] - honest[r["seed"]]) / honest[r["seed"]] for r in rs)
 
 
 def _merge(ds: list[dict]) -> dict:
@@ -296,7 +300,14 @@ def report(setup: Setup, P: int, seeds: int, recs: list, times: list, wall: floa
         f"{setup.steps} steps x batch {setup.bsz} per member; seeds {seeds}; the last "
         f"member attacks every round; RobustConfig defaults; wall {wall:.0f}s.\n\n"
         + table(recs)
-        + "\n"
+        + "\nDamage is paired: per seed against the all-honest run of that seed, then averaged. "
+        + "All-honest loss per seed: "
+        + "; ".join(
+            f"N={r['members']}: " + ", ".join(f"{x:.4f}" for x in r["losses"])
+            for r in recs
+            if r["attack"] == "honest"
+        )
+        + ".\n\n"
         + verdict(recs)
         + "\nRule vs exact aggregation, one round, one node (1 thread):\n\n"
         + timing_table(times)
