@@ -61,7 +61,15 @@ def dataset(method: str, work: Path, quick: bool) -> tuple[str, bytes]:
 
 
 def run(setup: Setup, workers: int, uri: str, h: bytes) -> dict:
-    job = TrainJob(7, setup.method, "builtin:tiny", uri, h, 16 if setup.method != "cpt" else 8)
+    batch = 16 if setup.method != "cpt" else 8
+    job = TrainJob(
+        job_id=7,
+        method=setup.method,
+        model_uri="builtin:tiny",
+        dataset_uri=uri,
+        dataset_hash=h,
+        batch_size=batch,
+    )
     bs = [make_backend(job) for _ in range(workers)]
     n = bs[0].n_items()
     its = [b.batches(torch.arange(w, n, workers), job.batch_size, w) for w, b in enumerate(bs)]
