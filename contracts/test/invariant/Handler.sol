@@ -24,6 +24,16 @@ contract Handler is Test {
     uint256 public ghostPaidEpochs;
     uint256 public ghostSplitViolations;
     uint256 public ghostSettlementViolations;
+    /// Per-account checks of each settlement: who was paid, slashed, refunded, rewarded.
+    uint256 public ghostWhoViolations;
+    mapping(address account => uint256) public ghostPaidTo; // operator's 40% shares
+    mapping(address account => uint256) public ghostSlashedFrom; // from the operator's pool
+    mapping(address account => uint256) public ghostRefundedTo; // unearned escrow, to callers
+    mapping(address account => uint256) public ghostBountyTo; // finalizer rewards
+    uint256 public ghostCompletedJobs;
+    uint256 public ghostFailedRefunds; // failed jobs whose remaining escrow was refunded
+    uint256 public ghostShortEpochJobs;
+    uint256 public ghostCrossJobVotes; // votes another job had already cast in the same attempt round
     mapping(bytes4 => uint256) public calls;
 
     bytes32 private constant _PAID = keccak256("OperatorPaid(uint256,uint256,address,uint256)");
@@ -46,6 +56,7 @@ contract Handler is Test {
         actors.push(makeAddr("inv-reporter"));
         actors.push(treasury_);
         actors.push(developer_);
+        actors.push(makeAddr("inv-caller2"));
     }
 
     function _op(uint256 s) internal view returns (address) {
@@ -161,9 +172,12 @@ contract Handler is Test {
 
     // ------------------------------------------------------------ jobs
 
+    /// Two callers; specs differ in rounds per epoch (sync thresholds) and epoch length, with
+    /// the shortest epoch the protocol allows among them.
     function createJob(uint256 minOps, uint256 maxOps, uint256 epochs, uint256 price) external {
         maxOps = bound(maxOps, 1, 4);
         minOps = bound(minOps, 1, maxOps);
+        bool short = (price >> 128) & 1 == 1;
         I.JobSpec memory s = I.JobSpec({
             modelHash: keccak256("m"),
             modelUri: "",
@@ -171,21 +185,67 @@ contract Handler is Test {
             datasetUri: "",
             method: I.Method.SFT,
             totalEpochs: uint32(bound(epochs, 1, 3)),
-            stepsPerEpoch: 8,
+            stepsPerEpoch: (price >> 129) & 1 == 1 ? 80 : 8,
             syncInterval: 2,
             topkPerChunk: 4,
             quantBits: 1,
             minOperators: uint8(minOps),
             maxOperators: uint8(maxOps),
-            epochDuration: 1 hours,
+            epochDuration: short ? uint64(bsm.params().minEpochDuration) : 1 hours,
             teeRequired: false,
             pricePerOperatorEpoch: bound(price, 1, 1 ether)
         });
         uint256 escrow = s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
-        address c = actors[7];
+        address c = (price >> 130) & 1 == 1 ? actors[11] : actors[7];
         _fund(c, escrow);
         vm.prank(c);
         jobs.push(bsm.createJob{value: escrow}(s));
+        if (short) ++ghostShortEpochJobs;
+    }
+
+    function _ensureOperators(uint256 n) internal {
+        for (uint256 i; i < n; ++i) {
+            address a = operators[i];
+            if (!bsm.getOperator(a).registered) {
+                _fund(a, 2 ether);
+                string[] memory m = new string[](1);
+                m[0] = "/ip4/127.0.0.1/tcp/4001";
+                vm.prank(a);
+                bsm.registerOperator{value: 2 ether}(bytes32(uint256(uint160(a))), m, "cpu", 0);
+            } else if (bsm.stakeOf(a, a) < 1 ether) {
+                _fund(a, 1 ether);
+                vm.prank(a);
+                bsm.stake{value: 1 ether}();
+            }
+        }
+    }
+
+    /// A whole job in one step (reach): `n` operators train `epochs` epochs and agree, or
+    /// (`fail`) disagree until the job fails and the caller is refunded.
+    function wholeJob(uint256 n, uint256 epochs, bool fail, uint256 r) external {
+        n = bound(n, 2, 3);
+        _ensureOperators(n);
+        uint256 price = 0.01 ether;
+        this.createJob(n, n, epochs, price | (r & (7 << 128)));
+        uint256 id = jobs[jobs.length - 1];
+        for (uint256 i; i < n; ++i) {
+            (, I.JobState memory st0) = bsm.getJob(id);
+            if (st0.status != I.JobStatus.Open) break;
+            try this.joinAs(operators[i], id) {} catch {}
+        }
+        for (uint256 k; k < 12; ++k) {
+            (, I.JobState memory st) = bsm.getJob(id);
+            if (st.status != I.JobStatus.Running) break;
+            // Agreeing votes; to fail, the members vote three different checkpoints.
+            uint256 mode = (fail ? (uint256(1) << 17) | (uint256(1) << 18) : 0) | (r & (uint256(1) << 24));
+            this.submit(id, mode, true);
+            this.finalize(id, r + k, true);
+        }
+    }
+
+    function joinAs(address a, uint256 id) external {
+        vm.prank(a);
+        bsm.joinJob(id);
     }
 
     function cancel(uint256 j) external {
@@ -213,7 +273,10 @@ contract Handler is Test {
 
     /// Members mostly agree on one hash; `mode` picks forged hashes and low participation.
     function submit(uint256 j, uint256 mode) external {
-        uint256 id = _job(j);
+        this.submit(_job(j), mode, true);
+    }
+
+    function submit(uint256 id, uint256 mode, bool) external {
         if (id == 0) return;
         (, I.JobState memory st) = bsm.getJob(id);
         if (st.status != I.JobStatus.Running) return;
@@ -226,8 +289,11 @@ contract Handler is Test {
             if ((mode >> i) & 3 == 3) continue; // silent
             (bytes32 h,) = bsm.submissionOf(id, m[i]);
             if (h != bytes32(0)) continue;
-            bytes32 ckpt =
-                (mode >> (16 + i)) & 1 == 1 ? keccak256(abi.encode("forged", i)) : keccak256(abi.encode(id, st.epoch));
+            // Mode bit 24: every job votes the same checkpoint, so equal votes meet across jobs.
+            bytes32 ckpt = (mode >> (16 + i)) & 1 == 1
+                ? keccak256(abi.encode("forged", i))
+                : (mode >> 24) & 1 == 1 ? keccak256("shared") : keccak256(abi.encode(id, st.epoch));
+            if ((mode >> 24) & 1 == 1) ++ghostCrossJobVotes;
             vm.prank(m[i]);
             bsm.submitCheckpoint(id, st.epoch, ckpt, p);
         }
@@ -246,17 +312,55 @@ contract Handler is Test {
     }
 
     function finalize(uint256 j, uint256 r) external {
-        uint256 id = _job(j);
+        this.finalize(_job(j), r, true);
+    }
+
+    struct Who {
+        address caller;
+        address reporter;
+        uint256 callerCredit;
+        uint256 reporterCredit;
+        address[] members;
+        uint256[] memberCredit;
+        uint256[] memberPool;
+        bool reporterPending;
+    }
+
+    function _who(uint256 id, address reporter) internal view returns (Who memory w) {
+        (, I.JobState memory st) = bsm.getJob(id);
+        w.caller = st.caller;
+        w.reporter = reporter;
+        w.callerCredit = bsm.creditOf(st.caller);
+        w.reporterCredit = bsm.creditOf(reporter);
+        w.members = bsm.getMembers(id);
+        address[] memory pending = bsm.getPendingJoins(id);
+        for (uint256 i; i < pending.length; ++i) {
+            if (pending[i] == reporter) w.reporterPending = true;
+        }
+        w.memberCredit = new uint256[](w.members.length);
+        w.memberPool = new uint256[](w.members.length);
+        for (uint256 i; i < w.members.length; ++i) {
+            w.memberCredit[i] = bsm.creditOf(w.members[i]);
+            I.PoolInfo memory p = bsm.getPool(w.members[i]);
+            w.memberPool[i] = p.totalAssets + p.unbondingAssets;
+        }
+    }
+
+    function finalize(uint256 id, uint256 r, bool) external {
         if (id == 0) return;
         (I.JobSpec memory spec, I.JobState memory st) = bsm.getJob(id);
         if (st.status != I.JobStatus.Running) return;
         if (bsm.submittedCount(id) < bsm.getMembers(id).length) vm.warp(bsm.epochDeadline(id) + 1);
         Books memory b0 = _books();
-        vm.recordLogs();
         // The finalizer earns slash bounties, so it is never the developer (checked below).
-        vm.prank(actors[r % 9]);
+        // It may be the job's caller, a member, a staker or an outsider.
+        address reporter = actors[r % 9];
+        Who memory w = _who(id, reporter);
+        vm.recordLogs();
+        vm.prank(reporter);
         bsm.finalizeEpoch(id, st.epoch);
-        (uint256 paid, uint256 slashed) = _settledFromLogs(vm.getRecordedLogs());
+        Vm.Log[] memory logs = vm.getRecordedLogs();
+        (uint256 paid, uint256 slashed) = _settledFromLogs(logs);
         Books memory b1 = _books();
         (, st) = bsm.getJob(id);
         uint256 price = spec.pricePerOperatorEpoch;
@@ -271,6 +375,55 @@ contract Handler is Test {
         if (b1.developer - b0.developer != paid * devCut) ++ghostSplitViolations;
         ghostPaidEpochs += paid;
         ghostSlashed += slashed;
+        _checkWho(w, logs, price, refund, slashed);
+        if (st.status == I.JobStatus.Completed) ++ghostCompletedJobs;
+        if (st.status == I.JobStatus.Failed && refund > 0) ++ghostFailedRefunds;
+    }
+
+    /// Each member got exactly its 40% if paid and nothing else (no bounty); a slashed member's
+    /// pool lost exactly its logged slash and an unslashed one nothing; the caller got only the
+    /// refund; the finalizer at most `maxReporterBounty`, and nothing if it is caller or member.
+    function _checkWho(Who memory w, Vm.Log[] memory logs, uint256 price, uint256 refund, uint256 slashed) internal {
+        uint256 opCut = price * bsm.params().operatorBps / 10000;
+        bool reporterInside = w.reporter == w.caller || w.reporterPending;
+        for (uint256 i; i < w.members.length; ++i) {
+            address m = w.members[i];
+            if (m == w.reporter) reporterInside = true;
+            (bool paidM, uint256 slashedM) = _forMember(logs, m);
+            uint256 dc = bsm.creditOf(m) - w.memberCredit[i];
+            if (dc != (paidM ? opCut : 0) + (m == w.caller ? refund : 0)) ++ghostWhoViolations;
+            I.PoolInfo memory p = bsm.getPool(m);
+            if (w.memberPool[i] - (p.totalAssets + p.unbondingAssets) != slashedM) ++ghostWhoViolations;
+            if (paidM) ghostPaidTo[m] += opCut;
+            ghostSlashedFrom[m] += slashedM;
+        }
+        uint256 dCaller = bsm.creditOf(w.caller) - w.callerCredit;
+        bool callerIsMember;
+        for (uint256 i; i < w.members.length; ++i) {
+            if (w.members[i] == w.caller) callerIsMember = true;
+        }
+        if (!callerIsMember && dCaller != refund) ++ghostWhoViolations;
+        ghostRefundedTo[w.caller] += refund;
+        if (w.reporter != w.caller && w.reporter != treasury) {
+            uint256 dr = bsm.creditOf(w.reporter) - w.reporterCredit;
+            if (!reporterInside) {
+                uint256 cap = bsm.params().maxReporterBounty;
+                uint256 want = slashed * bsm.params().reporterBountyBps / 10000;
+                if (dr != (want < cap ? want : cap)) ++ghostWhoViolations;
+                ghostBountyTo[w.reporter] += dr;
+            }
+        }
+    }
+
+    function _forMember(Vm.Log[] memory logs, address m) internal view returns (bool paid, uint256 slashed) {
+        for (uint256 i; i < logs.length; ++i) {
+            if (logs[i].emitter != address(bsm) || logs[i].topics.length < 2) continue;
+            if (logs[i].topics[0] == _PAID && address(uint160(uint256(logs[i].topics[3]))) == m) paid = true;
+            if (logs[i].topics[0] == _SLASHED && address(uint160(uint256(logs[i].topics[1]))) == m) {
+                (,, uint256 amount,) = abi.decode(logs[i].data, (uint256, uint8, uint256, address));
+                slashed += amount;
+            }
+        }
     }
 
     function _settledFromLogs(Vm.Log[] memory logs) internal view returns (uint256 paid, uint256 slashed) {

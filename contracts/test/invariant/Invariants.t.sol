@@ -39,6 +39,12 @@ contract InvariantsTest is BaseTest {
         vm.assertEq(handler.ghostSettlementViolations(), 0, "settlement");
     }
 
+    /// Who, not only totals: every settlement paid, slashed, refunded and rewarded exactly the
+    /// accounts it should (see Handler._checkWho), across jobs sharing operators and votes.
+    function invariant_perAccountSettlement() public view {
+        vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
+    }
+
     /// Pending staker rewards never exceed what the pool holds for them.
     function invariant_rewardsCovered() public view {
         for (uint256 o; o < 4; ++o) {
@@ -50,6 +56,41 @@ contract InvariantsTest is BaseTest {
             vm.assertLe(owed, bsm.getPool(op_).rewardReserve, "rewards exceed reserve");
         }
     }
+}
+
+/// How much of the protocol the handler reaches: its own campaign (one invariant, so its runs
+/// are sequential) adds each run's counts to totals kept in environment variables, which
+/// survive between runs. `forge test --mc ReachTest -vv` prints the totals after the last run.
+contract ReachTest is BaseTest {
+    Handler internal handler;
+
+    function setUp() public override {
+        super.setUp();
+        handler = new Handler(bsm, core, treasury, developer);
+        targetContract(address(handler));
+    }
+
+    function invariant_reach() public view {
+        vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
+    }
+
+    function afterInvariant() public {
+        _add("runs", 1);
+        _add("completed jobs", handler.ghostCompletedJobs());
+        _add("failed-job refunds", handler.ghostFailedRefunds());
+        _add("short-epoch jobs", handler.ghostShortEpochJobs());
+        _add("cross-job shared votes", handler.ghostCrossJobVotes());
+        _add("paid operator-epochs", handler.ghostPaidEpochs());
+    }
+
+    function _add(string memory key, uint256 n) internal {
+        string memory env = string.concat("DTRAIN_REACH_", vm.toString(uint256(keccak256(bytes(key)))));
+        uint256 total = vm.envOr(env, uint256(0)) + n;
+        vm.setEnv(env, vm.toString(total));
+        emit log_named_uint(string.concat("reach: ", key), total);
+    }
+
+    event log_named_uint(string key, uint256 val);
 }
 
 /// The handler's settlement path really settles: a fixed sequence pays and slashes.

@@ -36,6 +36,8 @@ interface Vm {
     function assertLt(uint256 left, uint256 right, string calldata err) external pure;
     function sign(uint256 privateKey, bytes32 digest) external pure returns (uint8 v, bytes32 r, bytes32 s);
     function toString(uint256 value) external pure returns (string memory);
+    function envOr(string calldata name, uint256 defaultValue) external view returns (uint256);
+    function setEnv(string calldata name, string calldata value) external;
     function assertApproxEqAbs(uint256 left, uint256 right, uint256 maxDelta, string calldata err) external pure;
     function recordLogs() external;
     function getRecordedLogs() external returns (Log[] memory);
