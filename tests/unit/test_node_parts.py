@@ -10,7 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtrain_node.errors import CheckpointInvalid
-from dtrain_node.operator.faults import Faults
+from dtrain_node.operator.faults import Faults, RoundContext
+from dtrain_node.optim import codec
+from dtrain_node.optim.attacks import Attack
+from dtrain_node.optim.compress import EXP_MAX
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.train import checkpoint, corpus, shard
 from dtrain_node.train import models as hf
 from dtrain_node.train.backend import BackendUnavailable, TrainJob, make_backend
@@ -118,6 +122,65 @@ def test_fault_wrappers_replace_honest_behaviour_only_when_active() -> None:
     assert seen == [("fault_offline", {"round": 2}), ("fault_offline", {"round": 3})]
     scoped = Faults.parse(["fabricate", "epoch=1"])
     assert scoped.active(0).digest(digest, "0xa1", 0) == digest
+
+
+def test_faults_parse_attacks() -> None:
+    assert Faults.parse(["attack=poison"]).attack == Attack("poison")
+    assert Faults.parse(["attack=scale=100", "epoch=3"]) == Faults(
+        attack=Attack("scale", 100.0), epoch=3
+    )
+    for kind in ("signflip", "noise", "stale", "copy"):
+        assert Faults.parse([f"attack={kind}"]).attack == Attack(kind)
+    for bad in ("attack", "attack=", "attack=explode", "attack=scale", "attack=scale=x"):
+        with pytest.raises(ValueError, match=r"attack|unknown fault") as err:
+            Faults.parse([bad])
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="attack=KIND"):
+        Faults.parse(["epoch=-1"])
+
+
+def honest_packets(n: int) -> tuple[codec.Spec, list[bytes]]:
+    """One round's honest packets of `n` DeMo members on a small random model."""
+    g = torch.Generator().manual_seed(0)
+    init = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g)}
+    cfg = DeMoConfig(mode="local", sync_interval=1, lr=1.0, inner_lr=0.01)
+    out = []
+    for w in range(n):
+        opt = DeMo([(k, torch.nn.Parameter(t.clone())) for k, t in init.items()], cfg, sender=w)
+        sum((p * torch.randn(p.shape, generator=g)).sum() for p in opt.params).backward()
+        opt.inner_step()
+        out.append(opt.prepare())
+    return opt.spec, out
+
+
+def test_attack_fault_replaces_the_packet_with_a_valid_attack_packet() -> None:
+    spec, (mine, theirs, old) = honest_packets(3)
+    first = RoundContext(spec, "0xa1")
+    later = RoundContext(spec, "0xa1", old, [("0xA1", old), ("0xb2", theirs)])
+    poison = Faults.parse(["attack=poison"])
+    bad = poison.packet(0, mine, first)
+    assert bad != mine and all(s.exp == EXP_MAX for s in codec.decode(spec, bad))
+    assert Faults.parse(["attack=stale"]).packet(0, mine, first) == mine  # nothing to re-send
+    assert Faults.parse(["attack=stale"]).packet(1, mine, later) == old
+    assert Faults.parse(["attack=copy"]).packet(0, mine, first) == mine
+    assert Faults.parse(["attack=copy"]).packet(1, mine, later) == theirs  # not our own
+    for kind in ("scale=100", "signflip", "noise"):
+        out = Faults.parse([f"attack={kind}"]).packet(1, mine, later)
+        assert out != mine and len(codec.decode(spec, out)) == len(codec.decode(spec, mine))
+    assert Faults().packet(1, mine, later) == mine
+    assert Faults.parse(["attack=poison", "epoch=3"]).active(2).packet(0, mine, first) == mine
+    with pytest.raises(ValueError, match="context"):
+        poison.packet(0, mine)
+
+
+def test_bad_fault_option_is_a_one_line_error(tmp_path, capsys) -> None:
+    from dtrain.cli import main
+
+    for bad in ("explode", "attack=explode", "attack=scale=-1"):
+        args = ["node", "run", "--data-dir", str(tmp_path), "--job", "1", "--fault", bad]
+        assert main(args) != 0
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --fault:") and "\n" not in err, err
 
 
 def test_train_job_from_chain_job() -> None:

@@ -54,7 +54,11 @@ def node() -> None:
     "--fault",
     "faults",
     multiple=True,
-    help="Misbehave on purpose: fabricate, garbage, stop-sync=N, offline=N.",
+    help=(
+        "Misbehave on purpose (repeatable): fabricate, garbage, stop-sync=N, offline=N, "
+        "attack=KIND with KIND poison, scale=X, signflip, noise, stale or copy (copy re-sends "
+        "another member's packet of the previous round), scoped by epoch=E and once."
+    ),
 )
 @click.option(
     "--linger",
@@ -87,14 +91,14 @@ def node_run(
     from dtrain_node.operator.faults import Faults
     from dtrain_node.operator.node import Node, NodeConfig
 
+    try:
+        parsed = Faults.parse(list(faults))
+    except ValueError as exc:
+        raise ConfigError(f"--fault: {exc}") from None
     if not (ctx.rpc_url and ctx.contract and ctx.key):
         raise ConfigError("node run needs --rpc-url, --contract and --key")
     if (job_id is None) == (not auto):
         raise click.UsageError("give exactly one of --job ID or --auto")
-    try:
-        parsed = Faults.parse(list(faults))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--fault") from None
     _logging(data_dir)
     cfg = NodeConfig(
         key=ctx.key,

@@ -5,7 +5,9 @@ Per round: K inner AdamW steps on our deterministic shard, `DeMo.prepare()`, `co
 over the transport, `DeMo.apply()` of the members' packets; the round state is saved after
 every round so a restarted node resumes at the next one. The result is the checkpoint digest
 and the participation vote, which the node submits. Faults wrap the honest behaviour
-(`Faults.before_round`, `.packet`, `.digest`); the honest run never looks at them otherwise.
+(`Faults.before_round`, `.packet`, `.digest`); the honest run never looks at them otherwise
+(it only keeps the `RoundContext` an attack packet is built from: the packet spec, our honest
+packet and the packets collected in the previous round).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dtrain_node.operator import roundstate
 from dtrain_node.operator.build import backend_for
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import round_deadline
-from dtrain_node.operator.faults import Faults
+from dtrain_node.operator.faults import Faults, RoundContext
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
@@ -78,6 +80,7 @@ class EpochTrainer:
         self.batches: Iterator[Any]
         self.first = 0
         self.participation: dict[str, int] = {}
+        self.context: RoundContext  # what the previous round left for `Faults.packet`
 
     def run(self) -> tuple[bytes, list[int]]:
         """Train every round left; returns (checkpoint digest, participation vote)."""
@@ -93,6 +96,7 @@ class EpochTrainer:
         model = self.backend.model
         model.load_state_dict(env.checkpoints.start_state(job, model))
         self.opt = DeMo(model.named_parameters(), demo_config(env.cfg, job), sender=env.me.lower())
+        self.context = RoundContext(self.opt.spec, env.me)
         resume = roundstate.load(self.state_path, self.opt)
         if resume is not None:
             env.metric("resumed", job=job.id, attempt=job.state.attempt, round=resume["round"])
@@ -144,7 +148,8 @@ class EpochTrainer:
         tokens, loss_sum = self._inner_steps()
         compute_s = time.perf_counter() - t0
         t_sync = time.perf_counter()
-        packet = self.faults.packet(r, opt.prepare())
+        honest = opt.prepare()
+        packet = self.faults.packet(r, honest, self.context)
         deadline = round_deadline(
             env.cfg.round_deadline_s,
             first=r == self.first,
@@ -155,6 +160,7 @@ class EpochTrainer:
         )
         res = env.transport.collect_round(r, packet, deadline)
         stats = opt.apply(res.packets)
+        self.context = RoundContext(opt.spec, env.me, honest, res.packets)
         sync_s = time.perf_counter() - t_sync
         self._count(stats.applied)
         roundstate.save(self.state_path, opt, r + 1, self.participation)
@@ -168,6 +174,7 @@ class EpochTrainer:
             tokens_per_s=round(tokens / max(compute_s, 1e-9), 1),
             bytes_out=len(packet),
             applied=len(stats.applied),
+            excluded=sorted(str(s) for s in stats.excluded),
             missing=len(res.missing),
             latency_s=round(res.latency_s, 3),
             bytes_gossip_out=res.bytes_out,

@@ -2,25 +2,68 @@
 
 Each one is something the chain must catch: a fabricated checkpoint hash (fabrication slash),
 no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
-that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver).
+that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver),
+a codec-valid attack packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members'
+robust aggregation rule excludes it, so they do not count us as participating and the quorum's
+participation slashes us for sync failure).
 
 The epoch trainer runs the honest behaviour and passes its results through the active `Faults`
 (`before_round`, `packet`, `digest`), which replace them when a fault applies; `Faults()` passes
-everything through unchanged.
+everything through unchanged. `packet` also gets the round's `RoundContext` (the optimizer's
+packet spec, our honest packet and the packets collected in the previous round), which the
+attacks need.
+
+`attack=copy` re-sends another member's packet: the transport publishes our packet before it
+delivers the round's packets, so the copy is taken from the previous round's collected packets
+(the first other member's, in canonical order), published under our own signature like any
+packet of ours; round 0 of an attempt (and the first round after a restart) has none and
+sends the honest packet. `attack=stale` likewise re-sends our honest packet of the previous
+round.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from web3 import Web3
 
+from dtrain_node.optim.attacks import KINDS, Attack
+from dtrain_node.optim.codec import Spec
+
+USAGE = (
+    "fabricate, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, scale=X, "
+    "signflip, noise, stale, copy), epoch=E, once"
+)
+
 
 def _vanish(code: int) -> NoReturn:
     os._exit(code)  # like a crashed machine: no cleanup, no goodbye
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What an attack packet may be built from in one round (the trainer fills it in
+    honestly every round; only `Faults.packet` reads it)."""
+
+    spec: Spec  # the optimizer's packet spec
+    me: str  # our address
+    prev_honest: bytes | None = None  # our honest packet of the previous round
+    prev_packets: Sequence[tuple[Any, bytes]] = ()  # the previous round's collected packets
+
+    def other(self) -> bytes | None:
+        """Another member's packet of the previous round (the first in canonical order)."""
+        me = self.me.lower()
+        return next((p for s, p in self.prev_packets if str(s).lower() != me and p), None)
+
+
+def _attack(value: str) -> Attack:
+    try:
+        return Attack.parse(value)
+    except ValueError as exc:
+        raise ValueError(f"bad attack {value!r}: {exc}; use one of {', '.join(KINDS)}") from None
 
 
 @dataclass(frozen=True)
@@ -31,6 +74,7 @@ class Faults:
     stop_sync_at_round: int | None = None
     offline_at_round: int | None = None
     garbage_packets: bool = False
+    attack: Attack | None = None  # send this codec-valid attack packet instead of ours
     epoch: int | None = None
     first_attempt_only: bool = False  # a retried epoch (no quorum) runs honestly
 
@@ -48,11 +92,14 @@ class Faults:
 
     @classmethod
     def parse(cls, items: list[str]) -> Faults:
-        """From CLI words: fabricate, garbage, stop-sync=N, offline=N, epoch=E, once."""
+        """From CLI words: fabricate, garbage, stop-sync=N, offline=N, attack=KIND, epoch=E,
+        once (`attack=scale=100`: everything after the first `=` is the attack)."""
         kw: dict[str, object] = {}
         for item in items:
             name, _, value = item.partition("=")
-            if name == "fabricate" and not value:
+            if name == "attack" and value:
+                kw["attack"] = _attack(value)
+            elif name == "fabricate" and not value:
                 kw["fabricate_checkpoint"] = True
             elif name == "garbage" and not value:
                 kw["garbage_packets"] = True
@@ -66,10 +113,7 @@ class Faults:
                 }[name]
                 kw[field_name] = int(value)
             else:
-                raise ValueError(
-                    f"unknown fault {item!r}; use fabricate, garbage, stop-sync=N, offline=N, "
-                    "epoch=E, once"
-                )
+                raise ValueError(f"unknown fault {item!r}; use {USAGE}")
         return cls(**kw)  # type: ignore[arg-type]
 
     @property
@@ -89,10 +133,17 @@ class Faults:
             metric("fault_offline", round=rnd)
             vanish(3)
 
-    def packet(self, rnd: int, honest: bytes) -> bytes:
+    def packet(self, rnd: int, honest: bytes, ctx: RoundContext | None = None) -> bytes:
         """The packet published in round `rnd`: `stop-sync=N` publishes nothing from round N,
-        `garbage` publishes random bytes of the honest packet's length."""
+        `garbage` publishes random bytes of the honest packet's length, `attack=KIND` the
+        attack packet built from the honest one and `ctx`."""
         packet = honest
+        if self.attack is not None:
+            if ctx is None:
+                raise ValueError("an attack needs the round's context")
+            packet = self.attack(
+                ctx.spec, honest, prev=ctx.prev_honest, other=ctx.other(), seed=rnd
+            )
         if self.stop_sync_at_round is not None and rnd >= self.stop_sync_at_round:
             packet = b""  # publish nothing; keep training on our own
         if self.garbage_packets:
