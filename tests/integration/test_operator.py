@@ -14,6 +14,7 @@ from harness.loopback import LoopbackHub
 
 from dtrain import JobSpec, Method
 from dtrain.client import BSM
+from dtrain.models import SlashReason
 from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.node import Node, NodeConfig
 from dtrain_node.train import checkpoint, corpus
@@ -147,6 +148,42 @@ def test_fabricating_node_is_slashed(chain, bsm, accounts, dataset, tmp_path) ->
     assert [e.args["operator"] for e in slashed] == [liar]
     paid = {e.args["operator"] for e in events(bsm, job_id, "OperatorPaid")}
     assert paid == {accounts[i].address for i in OPERATORS[:2]}
+
+
+@pytest.mark.timeout(180)
+def test_poisoning_node_is_excluded_every_round_and_slashed_for_sync_failure(
+    chain, bsm, accounts, dataset, tmp_path
+) -> None:
+    from safetensors.torch import load_file
+
+    job_id = submit_tiny_job(bsm.with_account(accounts[CALLER].key), dataset, operators=3)
+    honest, bad = OPERATORS[:2], OPERATORS[2]
+    attacker = accounts[bad].address
+    poison = Faults.parse(["attack=poison"])
+    results = Operators(chain, bsm, accounts, job_id, tmp_path).run(3, {bad: poison})
+    job = bsm.job(job_id)
+    assert job.state.status.name == "COMPLETED"
+    assert [r["status"] for r in results[:2]] == ["completed", "completed"]
+    for i in honest:  # the attacker's packet was valid but left out of every round
+        m = metrics(tmp_path / f"op{i}")
+        rounds = [x for x in m if x["kind"] == "round"]
+        assert [(x["applied"], x["missing"]) for x in rounds] == [(2, 0), (2, 0)]
+        assert all([e.lower() for e in x["excluded"]] == [attacker.lower()] for x in rounds)
+        [trained] = [x for x in m if x["kind"] == "epoch_trained"]
+        assert sorted(trained["participation"]) == [0, 2, 2]  # the attacker's 0: see the slash
+    submitted = {
+        e.args["operator"]: bytes(e.args["checkpoint"])
+        for e in events(bsm, job_id, "CheckpointSubmitted")
+    }
+    assert {submitted[accounts[i].address] for i in honest} == {job.state.checkpoint}
+    for r in results[:2]:  # the honest members' shared state stayed finite
+        tensors = load_file(str(Path(r["export"]) / "model.safetensors"))
+        assert all(bool(t.float().isfinite().all()) for t in tensors.values())
+    [slash] = events(bsm, job_id, "Slashed")
+    assert slash.args["operator"] == attacker
+    assert slash.args["reason"] == SlashReason.SYNC_FAILURE
+    paid = {e.args["operator"] for e in events(bsm, job_id, "OperatorPaid")}
+    assert paid == {accounts[i].address for i in honest}
 
 
 @pytest.mark.timeout(180)
