@@ -16,16 +16,25 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.timeout(900)
 def test_devnet_story(tmp_path) -> None:
-    """3 operators, a 4th joins at a boundary, one fabricates, one goes offline; exact money."""
+    """4 operators, a 5th joins at a boundary, one fabricates (epoch 1), one goes offline
+    (epoch 2), one poisons its packets (epoch 3); exact money."""
     code = devnet.main(["--run-dir", str(tmp_path), "--timeout", "700"])
     result = json.loads((tmp_path / "demo-result.json").read_text())
     failed = [c for c in result["checks"] if not c["ok"]]
     assert code == 0 and not failed, failed
-    epochs = result["epochs"]
-    assert len(epochs[0]["members"]) == 3 and len(epochs[0]["paid"]) == 3
-    assert len(epochs[1]["members"]) == 4  # the late operator joined at the boundary
+    epochs, names = result["epochs"], {}
+    for b in result["balances"]:
+        names[b["address"]] = b["account"]
+    assert len(epochs[0]["members"]) == 4 and len(epochs[0]["paid"]) == 4
+    assert len(epochs[1]["members"]) == 5  # the late operator joined at the boundary
     assert [s["reason"] for s in epochs[1]["slashed"]] == ["fabricated checkpoint"]
     assert [s["reason"] for s in epochs[2]["slashed"]] == ["offline mid-epoch"]
+    poisoned = epochs[3]
+    assert [(names[s["address"]], s["reason"]) for s in poisoned["slashed"]] == [
+        ("op4", "failed to sync")
+    ]
+    honest = sorted(names[m] for m in poisoned["members"] if names[m] != "op4")
+    assert honest == ["op1", "op5"] and sorted(names[m] for m in poisoned["paid"]) == honest
     assert all(b["ok"] for b in result["balances"])
     assert result["heldout_loss_after"] < result["heldout_loss_before"]
     assert result["final_checkpoint"] != "0x" + "00" * 32

@@ -1,4 +1,5 @@
-"""The money check, from hand-made event records and hand-computed credits."""
+"""The money check, from hand-made event records and hand-computed credits (the contract's
+rules: slashed stake to the treasury, a capped bounty only to a finalizer outside the job)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ S, T, D, K = "0x5", "0x7", "0xD", "0xCA"  # staker, treasury, developer, caller
 ROSTER = Roster([A, B, C], [S], T, D, K, delegations={S: (A, 2 * ETH)})
 
 
-def ev(name: str, **args: object) -> Event:
-    return Event(name, dict(args), 0, "0x", 0)
+def ev(name: str, block: int = 0, tx: str = "0x", **args: object) -> Event:
+    return Event(name, dict(args), block, tx, 0)
 
 
 EVENTS = [
@@ -27,13 +28,13 @@ EVENTS = [
 # Pool of A: 1 ETH self-stake + 2 ETH from S; 20% of P per paid epoch, per share rounded down.
 RPS_A = 2 * (2 * 10**15 * ETH // (3 * ETH))
 EXPECTED = {
-    A: 2 * 4 * 10**15 + RPS_A + 10**16,  # 40% twice, its pool share, 10% bounty on C's slash
+    A: 2 * 4 * 10**15 + RPS_A,  # 40% twice, its pool share; no bounty: it is a member
     B: 2 * 4 * 10**15 + 2 * 2 * 10**15,  # alone in its pool
     C: 4 * 10**15 + 2 * 10**15,
     S: 2 * RPS_A,
-    T: 5 * 2 * 10**15,
+    T: 5 * 2 * 10**15 + ETH // 10,  # 20% of each paid epoch and all of C's slash
     D: 5 * 2 * 10**15,
-    K: 9 * 10**16 + (12 - 5) * P,  # 90% of the slash, the unearned escrow back
+    K: (12 - 5) * P,  # the unearned escrow back
 }
 
 
@@ -41,7 +42,7 @@ def test_epoch_records() -> None:
     eps = money.epoch_records(EVENTS, 3, {0: [A, B, C], 1: [A, B, C]})
     assert [e.paid for e in eps] == [[A, B, C], [A, B], []]
     assert eps[0].quorum_hash == "0x" + "11" * 32 and eps[2].quorum_hash is None
-    assert eps[1].slashed == [Slash(C, "fabricated checkpoint", ETH // 10, A)]
+    assert eps[1].slashed == [Slash(C, "fabricated checkpoint", ETH // 10, A, "0x")]
     assert eps[2].members == [] and eps[0].members == [A, B, C]
 
 
@@ -50,20 +51,62 @@ def test_expected_credits_match_the_split() -> None:
     assert RPS_A == 1333333333333332
     assert money.expected_credits(eps, ROSTER, P, refund_escrow=12 * P) == EXPECTED
     running = money.expected_credits(eps, ROSTER, P)  # not ended: nothing refunded yet
-    assert running[K] == 9 * 10**16
+    assert running[K] == 0 and running[T] == EXPECTED[T]
 
 
-def test_reporter_gets_no_bounty_on_its_own_slash() -> None:
-    eps = money.epoch_records(
-        [
-            ev("Slashed", epoch=0, operator=B, reason=1, amount=100, reporter=B),
-            ev("Slashed", epoch=0, operator=C, reason=1, amount=50, reporter=B),
-        ],
-        1,
-        {},
-    )
-    got = money.expected_credits(eps, ROSTER, P)
-    assert got[B] == 5 and got[K] == 145
+def slashes(reporter: str, *amounts: int, tx: str = "0xf1") -> list[Event]:
+    return [
+        ev("Slashed", tx=tx, epoch=0, operator=o, reason=1, amount=a, reporter=reporter)
+        for o, a in zip((B, C), amounts, strict=False)
+    ]
+
+
+def credits(events: list[Event], members: list[str] | None = None) -> dict[str, int]:
+    eps = money.epoch_records(events, 1, {0: members if members is not None else [A, B, C]})
+    return money.expected_credits(eps, ROSTER, P)
+
+
+def test_outside_finalizer_gets_a_capped_bounty_the_rest_goes_to_the_treasury() -> None:
+    X = "0xE"  # neither the caller nor in the job
+    got = credits(slashes(X, 100, 50))
+    assert got[X] == 15 and got[T] == 135 and got[K] == 0
+    big = credits(slashes(X, ETH, ETH // 2))  # 10% would be 0.15 ETH: capped at 0.01 ETH
+    assert big[X] == 10**16 and big[T] == 3 * ETH // 2 - 10**16
+    twice = credits([*slashes(X, ETH), *slashes(X, 0, ETH, tx="0xf2")])  # two finalizes
+    assert twice[X] == 2 * 10**16 and twice[T] == 2 * ETH - 2 * 10**16
+
+
+def test_no_bounty_to_the_caller_a_member_or_a_pending_joiner() -> None:
+    for reporter in (K, A, B):  # B is slashed in that very finalize
+        got = credits(slashes(reporter, 100, 50))
+        assert got.get(reporter, 0) == 0 and got[T] == 150
+    assert credits(slashes(B, 100, 50), members=[])[T] == 150  # slashed: a member
+    joining = ev("JoinRequested", operator="0xE", effectiveEpoch=1)
+    got = credits([joining, *slashes("0xE", 100, 50)])
+    assert got.get("0xE", 0) == 0 and got[T] == 150
+
+
+def test_pool_share_of_an_epoch_finalized_too_late_goes_to_the_treasury() -> None:
+    events = [
+        ev("EpochStarted", block=5, epoch=0),
+        ev("OperatorPaid", block=9, epoch=0, operator=B),
+        ev("EpochFinalized", block=9, epoch=0, checkpoint=b"\x11" * 32),
+    ]
+    for finalized_at, late in ((1000 + 1800, False), (1000 + 1801, True)):
+        eps = money.epoch_records(events, 1, {}, {5: 1000, 9: finalized_at}, 1800)
+        assert eps[0].stakers_late is late
+        got = money.expected_credits(eps, ROSTER, P)
+        assert got[B] == 4 * 10**15 + (0 if late else 2 * 10**15)
+        assert got[T] == 2 * 10**15 + (2 * 10**15 if late else 0)
+
+
+def test_rules_from_deploy_params() -> None:
+    from dtrain import Params
+
+    rules = money.Rules.from_params(Params(treasury=T, developer=D, unbonding_period=3600))
+    assert rules == money.Rules(reward_period=1800)
+    assert rules.cuts(P) == (4 * 10**15, 2 * 10**15, 2 * 10**15, 2 * 10**15)
+    assert money.Rules().cuts(7) == (2, 1, 1, 3)  # rounding remainders to the treasury
 
 
 def test_a_credit_off_by_one_wei_is_flagged() -> None:

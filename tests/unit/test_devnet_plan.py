@@ -1,6 +1,9 @@
-"""The demo's plan, from the parsed options: who starts, joins late, fabricates, goes offline."""
+"""The demo's plan, from the parsed options: who starts, joins late, fabricates, goes offline,
+poisons its packets."""
 
 from __future__ import annotations
+
+import pytest
 
 from dtrain_node.devnet.__main__ import parse_args
 from dtrain_node.devnet.plan import Plan
@@ -12,31 +15,47 @@ def plan(*argv: str) -> Plan:
 
 def test_default_story() -> None:
     p = plan()
-    assert p.starters == (0, 1, 2)
-    assert p.late == 3 and p.operators == (0, 1, 2, 3)
-    assert p.fabricator == 1 and p.offline == 2
+    assert p.starters == (0, 1, 2, 3)
+    assert p.late == 4 and p.operators == (0, 1, 2, 3, 4)
+    assert p.fabricator == 1 and p.offline == 2 and p.poisoner == 3
     assert p.faults(1) == ["fabricate", "epoch=1"]
     assert p.faults(2) == ["offline=2", "epoch=2"]  # 12 steps / sync 4: before the last round
-    assert p.faults(0) == [] and p.faults(3) == []  # the late joiner is honest
+    assert p.faults(3) == ["attack=poison", "epoch=3"]  # the last of the 4 epochs
+    assert p.faults(0) == [] and p.faults(4) == []  # the late joiner is honest
 
 
-def test_four_operators_without_late_join_have_no_late_joiner() -> None:
-    p = plan("--operators", "4", "--no-late-join")
-    assert p.late is None
-    assert p.starters == p.operators == (0, 1, 2, 3)
+def test_three_operators_without_late_join_have_no_late_joiner_and_no_poisoner() -> None:
+    p = plan("--operators", "3", "--no-late-join")
+    assert p.late is None and p.poisoner is None
+    assert p.starters == p.operators == (0, 1, 2)
     assert (p.fabricator, p.offline) == (1, 2)
-    assert p.faults(3) == []
 
 
-def test_four_operators_with_late_join() -> None:
-    p = plan("--operators", "4")
-    assert p.starters == (0, 1, 2, 3) and p.late == 4
+def test_three_operators_with_late_join() -> None:
+    p = plan("--operators", "3")
+    assert p.starters == (0, 1, 2) and p.late == 3 and p.faults(3) == []
+
+
+def test_poisoner_only_when_the_job_has_its_epoch() -> None:
+    assert plan("--epochs", "3").poisoner is None
+    assert plan("--epochs", "3").fabricator == 1
+    assert plan("--epochs", "5").faults(3) == ["attack=poison", "epoch=3"]
 
 
 def test_no_faults_everyone_honest() -> None:
     p = plan("--no-faults", "--no-late-join")
     assert p.fabricator is None and p.offline is None and p.late is None
+    assert p.poisoner is None
     assert all(p.faults(i) == [] for i in p.operators)
+
+
+def test_epoch_duration_follows_the_contract(capsys) -> None:
+    assert parse_args(["--epoch-duration", "60"]).epoch_duration == 60
+    assert parse_args(["--epoch-duration", "870"]).epoch_duration == 870  # 3600 / 4 - 30
+    for bad in ("59", "871"):
+        with pytest.raises(SystemExit):
+            parse_args(["--epoch-duration", bad])
+        assert "--epoch-duration must be 60..870" in capsys.readouterr().err
 
 
 def test_faults_only_among_starters() -> None:

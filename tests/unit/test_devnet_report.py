@@ -31,9 +31,9 @@ EVENTS = [
 
 
 def observed(**changes: object) -> Observed:
-    plan = make_plan(3, 3, faults=True, late_join=True)
+    plan = make_plan(3, 3, faults=True, late_join=True, epochs=2)  # no offline, no poisoner
     obs = Observed(
-        plan=dataclasses.replace(plan, offline=None),  # this story has no offline operator
+        plan=plan,
         roster=ROSTER,
         job_id=7,
         status="completed",
@@ -117,7 +117,7 @@ def test_late_joiner_in_the_first_epoch_fails() -> None:
 
 def test_no_late_joiner_planned_no_late_check() -> None:
     """--operators 4 --no-late-join: op4 starts with the job; nobody is checked as late."""
-    plan = make_plan(4, 3, faults=True, late_join=False)
+    plan = make_plan(4, 3, faults=True, late_join=False, epochs=3)  # no poisoner
     checks = Checks()
     build(observed(plan=plan, members_by_epoch={0: OPS, 1: OPS}), checks)
     names = [n for n, _, _ in checks.items]
@@ -133,4 +133,48 @@ def test_failed_job_and_missing_slash_and_dense_upload_are_flagged() -> None:
         "job completed",
         "fabricated checkpoint slashed",
         "DeMo upload far below dense bf16",
+    ]
+
+
+def poison_story(paid_in_3: list[str], slashed_in_3: list[Event]) -> Observed:
+    """4 operators from the start, 4 epochs: op4 poisons in epoch 3 (no other fault)."""
+    plan = make_plan(4, 3, faults=True, late_join=False, epochs=4)
+    plan = dataclasses.replace(plan, fabricator=None, offline=None)
+    events = [
+        *(ev("OperatorPaid", e, operator=o) for e in range(3) for o in OPS),
+        *(ev("EpochFinalized", e, checkpoint=CKPT) for e in range(4)),
+        *(ev("OperatorPaid", 3, operator=o) for o in paid_in_3),
+        *slashed_in_3,
+    ]
+    members = dict.fromkeys(range(4), OPS)
+    return observed(plan=plan, events=events, total_epochs=4, members_by_epoch=members)
+
+
+def test_poisoner_slashed_for_sync_failure_and_honest_members_paid(capsys) -> None:
+    slash = ev("Slashed", 3, operator=OPS[3], reason=2, amount=ETH // 50, reporter=OPS[0])
+    checks = Checks()
+    result = build(poison_story(OPS[:3], [slash]), checks)
+    assert checks.ok, checks.failed()
+    names = [n for n, _, _ in checks.items]
+    assert "poisoning operator slashed for sync failure" in names
+    assert "every honest member paid in the poisoned epoch" in names
+    treasury = next(b for b in result.balances if b.account == "treasury")
+    assert treasury.expected == 15 * P // 5 + ETH // 50  # its 20% of 15 paid epochs + the slash
+    result.print_table()
+    assert "op4 (failed to sync, 0.02 ETH)" in capsys.readouterr().out
+
+
+def test_poisoner_not_slashed_or_honest_member_unpaid_is_flagged() -> None:
+    checks = Checks()
+    build(poison_story(OPS, []), checks)  # the poisoner got paid
+    assert checks.failed() == [
+        "poisoning operator slashed for sync failure",
+        "every honest member paid in the poisoned epoch",
+    ]
+    wrong = ev("Slashed", 3, operator=OPS[3], reason=0, amount=ETH // 10, reporter=OPS[0])
+    checks = Checks()
+    build(poison_story(OPS[:2], [wrong]), checks)  # wrong reason, op3 unpaid
+    assert checks.failed() == [
+        "poisoning operator slashed for sync failure",
+        "every honest member paid in the poisoned epoch",
     ]

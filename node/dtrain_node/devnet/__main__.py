@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from .job import MIN_EPOCH_DURATION, max_epoch_duration
 from .plan import Plan
 from .report import Checks
 
@@ -21,11 +22,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m dtrain_node.devnet", description=(__doc__ or "").splitlines()[0]
     )
-    ap.add_argument("--operators", type=int, default=3, help="operators at the start")
+    ap.add_argument("--operators", type=int, default=4, help="operators at the start")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=12, help="training steps per epoch")
     ap.add_argument("--sync", type=int, default=4, help="DeMo sync every K steps")
-    ap.add_argument("--epoch-duration", type=int, default=150, help="seconds per epoch deadline")
+    ap.add_argument(
+        "--epoch-duration",
+        type=int,
+        default=150,
+        help=f"seconds per epoch deadline ({MIN_EPOCH_DURATION}..{max_epoch_duration()})",
+    )
     ap.add_argument("--round-deadline", type=float, default=30.0)
     ap.add_argument(
         "--method",
@@ -37,7 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-late-join", action="store_true", help="no operator joins later")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--run-dir", type=Path, default=None)
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if not MIN_EPOCH_DURATION <= a.epoch_duration <= max_epoch_duration():
+        ap.error(
+            f"--epoch-duration must be {MIN_EPOCH_DURATION}..{max_epoch_duration()} seconds "
+            "(the contract's minimum, and a quarter of the unbonding period less the start grace)"
+        )
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,29 @@ if TYPE_CHECKING:
 
 PRICE = ETH // 100  # per operator and epoch
 CORPUS_BYTES = 600_000
+# The devnet's deploy parameters for epochs: the contract wants the unbonding period at least
+# 4 x (START_GRACE + MIN_EPOCH_DURATION) and every epoch within max_epoch_duration().
+UNBONDING_PERIOD = 3600
+START_GRACE = 30  # seconds between an epoch's start condition and its epochDuration
+MIN_EPOCH_DURATION = 60
+
+
+def max_epoch_duration() -> int:
+    """The longest `epochDuration` the devnet's contract accepts (its `maxEpochDuration()`)."""
+    return UNBONDING_PERIOD // 4 - START_GRACE
+
+
+def deploy_params(treasury: str, developer: str) -> Any:
+    """The devnet's `dtrain.Params`: SDK defaults but for the epoch timing above."""
+    from dtrain import Params
+
+    return Params(
+        treasury=treasury,
+        developer=developer,
+        unbonding_period=UNBONDING_PERIOD,
+        min_epoch_duration=MIN_EPOCH_DURATION,
+        start_grace=START_GRACE,
+    )
 
 
 def make_dataset(

@@ -1,25 +1,62 @@
-"""The money check: every account's credit recomputed from the job's events alone.
+"""The money check: every account's credit recomputed from the job's events alone, by the
+contract's rules (`DistributedTrainingBSM._finalize`, `_pay`, `_payShared`).
 
-Per paid operator-epoch at price P: 40% to the operator, 20% to its stake pool (split by
-shares through a reward per share, rounded down as the contract does), 20% to the treasury,
-20% to the developer. One finalize settles an epoch's slashes: 10% of what it slashed from
-others goes to its sender (the reporter), the rest to the caller. When the job has ended,
-the escrow it did not earn goes back to the caller. Pure functions over event data.
+Per paid operator-epoch at price P: `operatorBps` of P to the operator, `stakerBps` to its
+stake pool (split by shares through a reward per share, rounded down as the contract does; to
+the treasury instead when the epoch was finalized more than a reward period after it began),
+`developerBps` to the developer and the rest to the treasury. One finalize settles an epoch
+attempt's slashes: the finalizer earns `reporterBountyBps` of what that finalize slashed, at
+most `maxReporterBounty`, unless it is the job's caller or in the job (a member of the epoch or
+a pending joiner); the rest goes to the treasury. When the job has ended, the escrow it did not
+earn goes back to the caller. Every stake of the roster was deposited while its operator was
+in no job, so all shares earn from the start. Pure functions over event data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dtrain.models import Event
 
 ETH = 10**18
+BPS = 10_000
 REASONS = ["fabricated checkpoint", "offline mid-epoch", "failed to sync", "external"]
-OPERATOR_PCT, POOL_PCT, TREASURY_PCT, DEVELOPER_PCT = 40, 20, 20, 20
-BOUNTY_PCT = 10
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The deployed parameters the check needs (defaults: the SDK's `Params` defaults)."""
+
+    operator_bps: int = 4000
+    staker_bps: int = 2000
+    developer_bps: int = 2000
+    reporter_bounty_bps: int = 1000
+    max_reporter_bounty: int = 10**16
+    reward_period: int = 7 * 86400 // 2  # unbondingPeriod / 2
+
+    @classmethod
+    def from_params(cls, p: Any) -> Rules:
+        """From a `dtrain.Params`."""
+        return cls(
+            operator_bps=p.operator_bps,
+            staker_bps=p.staker_bps,
+            developer_bps=p.developer_bps,
+            reporter_bounty_bps=p.reporter_bounty_bps,
+            max_reporter_bounty=p.max_reporter_bounty,
+            reward_period=p.unbonding_period // 2,
+        )
+
+    def cuts(self, price: int) -> tuple[int, int, int, int]:
+        """(operator, stake pool, developer, treasury) of one paid operator-epoch."""
+        op, pool = price * self.operator_bps // BPS, price * self.staker_bps // BPS
+        dev = price * self.developer_bps // BPS
+        return op, pool, dev, price - op - pool - dev
+
+    def bounty(self, slashed: int) -> int:
+        return min(slashed * self.reporter_bounty_bps // BPS, self.max_reporter_bounty)
 
 
 @dataclass(frozen=True)
@@ -28,6 +65,7 @@ class Slash:
     reason: str
     amount: int
     reporter: str
+    tx: str = ""  # the finalize transaction: one bounty per finalize
 
 
 @dataclass(frozen=True)
@@ -37,6 +75,8 @@ class EpochRecord:
     quorum_hash: str | None
     paid: list[str]
     slashed: list[Slash]
+    joining: list[str] = field(default_factory=list)  # pending joiners while it ran
+    stakers_late: bool = False  # finalized over a reward period after it began
 
 
 @dataclass(frozen=True)
@@ -70,20 +110,46 @@ class Balance:
     wallet_before: int | None
 
 
+def _late(mine: Sequence[Event], block_time: Mapping[int, int], reward_period: int) -> bool:
+    """Was the epoch's quorum finalize more than a reward period after its attempt began?"""
+    fin = [x for x in mine if x.name == "EpochFinalized"]
+    if not fin or not block_time:
+        return False
+    starts = [x for x in mine if x.name == "EpochStarted" and x.block <= fin[0].block]
+    if not starts:
+        return False
+    return block_time[fin[0].block] > block_time[starts[-1].block] + reward_period
+
+
 def epoch_records(
-    events: Sequence[Event], total_epochs: int, members_by_epoch: dict[int, list[str]]
+    events: Sequence[Event],
+    total_epochs: int,
+    members_by_epoch: dict[int, list[str]],
+    block_time: Mapping[int, int] | None = None,
+    reward_period: int = 0,
 ) -> list[EpochRecord]:
-    """Per epoch: its members (as seen while it ran), quorum hash, who was paid, who slashed."""
+    """Per epoch: its members (as seen while it ran), quorum hash, who was paid, who slashed.
+    `block_time` (block number: timestamp of the EpochStarted and EpochFinalized blocks) tells
+    whether the stake pools' share went to the treasury (finalized too late)."""
     out = []
     for e in range(total_epochs):
         mine = [x for x in events if x.args.get("epoch") == e]
         fin = [x for x in mine if x.name == "EpochFinalized"]
         slashed = [
             Slash(
-                x.args["operator"], REASONS[x.args["reason"]], x.args["amount"], x.args["reporter"]
+                x.args["operator"],
+                REASONS[x.args["reason"]],
+                x.args["amount"],
+                x.args["reporter"],
+                x.tx_hash,
             )
             for x in mine
             if x.name == "Slashed"
+        ]
+        joining = [
+            x.args["operator"]
+            for x in events
+            if x.name == "JoinRequested" and x.args.get("effectiveEpoch") == e + 1
         ]
         out.append(
             EpochRecord(
@@ -92,36 +158,56 @@ def epoch_records(
                 quorum_hash="0x" + fin[0].args["checkpoint"].hex() if fin else None,
                 paid=[x.args["operator"] for x in mine if x.name == "OperatorPaid"],
                 slashed=slashed,
+                joining=joining,
+                stakers_late=_late(mine, block_time or {}, reward_period),
             )
         )
     return out
 
 
+def _slashes(ep: EpochRecord, roster: Roster, rules: Rules, expected: dict[str, int]) -> None:
+    """Each finalize of the epoch: the bounty to an outside finalizer, the rest to the
+    treasury."""
+    by_tx: dict[str, list[Slash]] = {}
+    for s in ep.slashed:
+        by_tx.setdefault(s.tx, []).append(s)
+    # Everyone paid or slashed in the epoch was a member of it, whatever was observed.
+    in_job = {roster.caller, *ep.members, *ep.joining, *ep.paid, *(s.address for s in ep.slashed)}
+    for group in by_tx.values():
+        reporter, total = group[0].reporter, sum(s.amount for s in group)
+        bounty = 0 if reporter in in_job else rules.bounty(total)
+        expected[reporter] = expected.get(reporter, 0) + bounty
+        expected[roster.treasury] += total - bounty
+
+
 def expected_credits(
-    epochs: Sequence[EpochRecord], roster: Roster, price: int, refund_escrow: int = 0
+    epochs: Sequence[EpochRecord],
+    roster: Roster,
+    price: int,
+    refund_escrow: int = 0,
+    rules: Rules | None = None,
 ) -> dict[str, int]:
     """What every account should have been credited. `refund_escrow` is the job's escrow once
     it has ended (what was not paid out goes back to the caller), 0 while it runs."""
+    rules = rules or Rules()
     expected = dict.fromkeys(roster.names(), 0)
     shares = {o: {o: roster.self_stake} for o in roster.operators}
     for staker, (op, amount) in roster.delegations.items():
         shares[op][staker] = amount
     reward_per_share = dict.fromkeys(shares, 0)
+    op_cut, pool_cut, dev_cut, treasury_cut = rules.cuts(price)
     n_paid = 0
     for ep in epochs:
         for op in ep.paid:
             n_paid += 1
-            expected[op] += price * OPERATOR_PCT // 100
-            reward_per_share[op] += (price * POOL_PCT // 100) * ETH // sum(shares[op].values())
-            expected[roster.treasury] += price * TREASURY_PCT // 100
-            expected[roster.developer] += price * DEVELOPER_PCT // 100
-        if ep.slashed:
-            reporter = ep.slashed[0].reporter
-            total = sum(s.amount for s in ep.slashed)
-            others = sum(s.amount for s in ep.slashed if s.address != reporter)
-            bounty = others * BOUNTY_PCT // 100
-            expected[reporter] = expected.get(reporter, 0) + bounty
-            expected[roster.caller] += total - bounty
+            expected[op] += op_cut
+            if ep.stakers_late:
+                expected[roster.treasury] += pool_cut
+            else:
+                reward_per_share[op] += pool_cut * ETH // sum(shares[op].values())
+            expected[roster.treasury] += treasury_cut
+            expected[roster.developer] += dev_cut
+        _slashes(ep, roster, rules, expected)
     for op, holders in shares.items():
         for who, sh in holders.items():
             expected[who] += sh * reward_per_share[op] // ETH

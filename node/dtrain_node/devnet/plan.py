@@ -3,8 +3,10 @@
 Operators are numbered by their index `i` (node name `op{i+1}`, account `i + 1` of the
 devnet): the first `--operators` start with the job, one more joins at the first epoch
 boundary unless `--no-late-join`; unless `--no-faults`, op2 fabricates its checkpoint hash in
-epoch 1 and op3 goes offline before the last round of epoch 2 (each only if it starts with
-the job).
+epoch 1, op3 goes offline before the last round of epoch 2 and op4 sends poisoned packets
+(`--fault attack=poison`) in epoch 3, so the others' robust aggregation excludes it every round
+and the quorum's participation slashes it for sync failure (each only if it starts with the
+job and the job has that epoch).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 FABRICATE_EPOCH = 1
 OFFLINE_EPOCH = 2
+POISON_EPOCH = 3
 
 
 def node_name(i: int) -> str:
@@ -27,11 +30,16 @@ class Plan:
     fabricator: int | None = None  # submits a fabricated checkpoint hash
     offline: int | None = None  # vanishes mid-epoch
     offline_round: int = 0  # the round it vanishes before
+    poisoner: int | None = None  # sends poisoned packets in POISON_EPOCH
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> Plan:
         return make_plan(
-            a.operators, a.steps // a.sync, faults=not a.no_faults, late_join=not a.no_late_join
+            a.operators,
+            a.steps // a.sync,
+            faults=not a.no_faults,
+            late_join=not a.no_late_join,
+            epochs=a.epochs,
         )
 
     @property
@@ -45,20 +53,31 @@ class Plan:
             return ["fabricate", f"epoch={FABRICATE_EPOCH}"]
         if i == self.offline:
             return [f"offline={self.offline_round}", f"epoch={OFFLINE_EPOCH}"]
+        if i == self.poisoner:
+            return ["attack=poison", f"epoch={POISON_EPOCH}"]
         return []
 
 
 def make_plan(
-    operators: int, rounds_per_epoch: int, faults: bool = True, late_join: bool = True
+    operators: int,
+    rounds_per_epoch: int,
+    faults: bool = True,
+    late_join: bool = True,
+    epochs: int = POISON_EPOCH + 1,
 ) -> Plan:
     starters = tuple(range(operators))
     late = operators if late_join else None
     if not faults:
         return Plan(starters, late)
+
+    def role(i: int, epoch: int) -> int | None:
+        return i if operators > i and epochs > epoch else None
+
     return Plan(
         starters,
         late,
-        fabricator=1 if operators > 1 else None,
-        offline=2 if operators > 2 else None,
+        fabricator=role(1, FABRICATE_EPOCH),
+        offline=role(2, OFFLINE_EPOCH),
         offline_round=rounds_per_epoch - 1,
+        poisoner=role(3, POISON_EPOCH),
     )

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import money
-from .money import ETH, Balance, EpochRecord, Roster
-from .plan import Plan
+from .money import ETH, Balance, EpochRecord, Roster, Rules
+from .plan import POISON_EPOCH, Plan
 
 if TYPE_CHECKING:
     from dtrain.models import Event
@@ -44,7 +44,8 @@ class Checks:
 @dataclass(frozen=True)
 class Observed:
     """What the story saw: the job on-chain, its events, every named account's credit
-    (claimable plus pending pool rewards), the nodes' upload bytes per sync round."""
+    (claimable plus pending pool rewards), the nodes' upload bytes per sync round, the deployed
+    money rules and the timestamps of the blocks where epochs started and were finalized."""
 
     plan: Plan
     roster: Roster
@@ -61,6 +62,8 @@ class Observed:
     wallets_before: dict[str, int]
     bytes_out: list[int]  # per node and sync round
     n_params: int
+    rules: Rules = field(default_factory=Rules)
+    block_time: dict[int, int] = field(default_factory=dict)  # block: timestamp
 
 
 @dataclass
@@ -110,9 +113,15 @@ def communication(bytes_out: list[int], n_params: int, members: int) -> dict[str
 def build(obs: Observed, checks: Checks) -> DemoResult:
     """The result and its checks, in the order they are printed."""
     checks.add("job completed", obs.status == "completed", obs.status)
-    epochs = money.epoch_records(obs.events, obs.total_epochs, obs.members_by_epoch)
+    epochs = money.epoch_records(
+        obs.events,
+        obs.total_epochs,
+        obs.members_by_epoch,
+        obs.block_time,
+        obs.rules.reward_period,
+    )
     refund = obs.escrow if obs.ended else 0
-    expected = money.expected_credits(epochs, obs.roster, obs.price, refund)
+    expected = money.expected_credits(epochs, obs.roster, obs.price, refund, obs.rules)
     balances = money.balances(obs.roster, expected, obs.credited, obs.wallets_before)
     checks.add(
         "every account's credit matches 40/20/20/20 and the slashes",
@@ -149,6 +158,8 @@ def story_checks(obs: Observed, epochs: list[EpochRecord], checks: Checks) -> No
         checks.add("fabricated checkpoint slashed", "fabricated checkpoint" in slashed_reasons)
     if plan.offline is not None:
         checks.add("offline operator slashed", "offline mid-epoch" in slashed_reasons)
+    if plan.poisoner is not None:
+        poison_checks(obs.roster.operators[plan.poisoner], epochs, checks)
     if plan.late is not None:
         late = obs.roster.operators[plan.late]
         joined = any(late in ep.members for ep in epochs[1:])
@@ -156,6 +167,25 @@ def story_checks(obs: Observed, epochs: list[EpochRecord], checks: Checks) -> No
         checks.add("late operator joined at a boundary", joined and late not in first)
     checks.add(
         "final checkpoint on-chain", any(obs.final_checkpoint), "0x" + obs.final_checkpoint.hex()
+    )
+
+
+def poison_checks(poisoner: str, epochs: list[EpochRecord], checks: Checks) -> None:
+    """The member that poisoned its packets in POISON_EPOCH was slashed for sync failure there,
+    and every other member of that epoch was paid."""
+    if len(epochs) <= POISON_EPOCH:
+        checks.add("poisoning operator slashed for sync failure", False, "no such epoch")
+        return
+    ep = epochs[POISON_EPOCH]
+    slashes = [(s.address, s.reason) for s in ep.slashed]
+    checks.add(
+        "poisoning operator slashed for sync failure", (poisoner, "failed to sync") in slashes
+    )
+    honest = sorted(m for m in ep.members if m != poisoner)
+    checks.add(
+        "every honest member paid in the poisoned epoch",
+        honest and sorted(ep.paid) == honest,
+        f"members {ep.members}, paid {ep.paid}",
     )
 
 

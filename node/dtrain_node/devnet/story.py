@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from . import report
 from .cluster import NodeConfig, Proc, read_metrics, spawn_node, stop_all
 from .final_model import fetch_and_evaluate
-from .job import JobOptions, tiny_job
-from .money import ETH, Roster
+from .job import JobOptions, deploy_params, tiny_job
+from .money import ETH, Roster, Rules
 from .plan import Plan, node_name
 from .report import Checks, DemoResult, Observed
 
@@ -24,7 +24,6 @@ ACCOUNTS = 14  # dev accounts: 0 deploys, 1.. operators, then these roles
 CALLER, TREASURY, DEVELOPER, STAKERS = 9, 10, 11, (12, 13)
 DELEGATIONS = (2 * ETH, ETH)  # staker1 delegates to op1, staker2 to op2
 LINGER = 60.0  # seconds a node keeps serving its checkpoint after the job ended
-UNBONDING_PERIOD = 3600
 POLL = 0.5
 
 
@@ -83,13 +82,11 @@ class Story:
     def set_up(self) -> None:
         """Deploys the BSM; operators register up front so stakers can delegate (nodes then
         publish their libp2p addresses when they start); submits the job."""
-        from dtrain import BSM, Params
+        from dtrain import BSM
 
         r = self.roster
-        params = Params(
-            treasury=r.treasury, developer=r.developer, unbonding_period=UNBONDING_PERIOD
-        )
-        self.bsm = BSM.deploy(self.chain.url, self.chain.accounts[0].key, params)
+        self.params = deploy_params(r.treasury, r.developer)
+        self.bsm = BSM.deploy(self.chain.url, self.chain.accounts[0].key, self.params)
         print(f"chain {self.chain.url}  contract {self.bsm.address}")
         for o in self.ops:
             self.bsm.with_account(o.key).register_operator(r.self_stake, b"\0" * 32, [], "cpu", 0)
@@ -142,6 +139,11 @@ class Story:
                 break
             time.sleep(POLL)
 
+    def block_times(self, events: list) -> dict[int, int]:
+        """Timestamps of the blocks where an epoch started or was finalized."""
+        blocks = {e.block for e in events if e.name in ("EpochStarted", "EpochFinalized")}
+        return {b: self.bsm.w3.eth.get_block(b)["timestamp"] for b in blocks}
+
     def failed(self, p: Proc) -> bool:
         """Exited with an error, unless the plan has it go offline."""
         offline = self.plan.offline
@@ -179,4 +181,6 @@ class Story:
             wallets_before=self.wallets_before,
             bytes_out=bytes_out,
             n_params=self.n_params,
+            rules=Rules.from_params(self.params),
+            block_time=self.block_times(events),
         )
