@@ -96,3 +96,37 @@ def test_outsider_forgeries_never_relayed_genuine_late_ones_are(
     # to the injector's mesh peers only, and before the mesh forms, to nobody)
     assert sum(d.get("bad_signature", 0) for d in dropped) >= 100, dropped
     assert sum(d.get("finished", 0) for d in dropped) >= 1  # the replays: authentic, late
+
+
+@pytest.mark.timeout(240)
+def test_two_phase_attacks_rejected_everywhere_and_rounds_agree(cluster: Any) -> None:
+    """A member publishes a packet without a commitment, a packet that does not match its
+    commitment, and a late commitment to a copy of another member's packet: every honest node
+    rejects each, applies the same set without it, and no round stalls."""
+    from harness import commit_attack_hook as hook
+
+    rounds, attacker, deadline, settle = 10, 3, 3.0, 2.0
+    c = cluster(
+        4,
+        rounds=rounds,
+        payload_bytes=20_000,
+        gossip={"round_deadline_s": deadline, "settle_s": settle},
+        hooks={attacker: "harness.commit_attack_hook"},
+    )
+    c.start()
+    results = c.wait_done(timeout=200)
+    honest = results[:attacker]
+    assert_identical_rounds(honest, range(rounds))
+    bad = c.members[attacker]
+    attacked = {hook.NO_COMMIT, hook.MISMATCH, hook.LATE}
+    for res in honest:
+        for r in res["rounds"]:
+            want = [m for m in sorted(c.members) if m != bad or r["round"] not in attacked]
+            assert r["senders"] == want, f"round {r['round']}: {r['senders']}"
+            assert r["latency_s"] < deadline + settle + 1.5, r  # nobody stalls
+        dropped = res["metrics"]["dropped"]
+        print(f"\nhonest {res['address'][:8]}: {dropped}")
+        for reason in ("no_commit", "commit_mismatch", "late_commit"):
+            assert dropped.get(reason, 0) >= 1, f"{reason} not counted: {dropped}"
+    lat = {r["round"]: round(r["latency_s"], 2) for r in honest[0]["rounds"]}
+    print(f"honest node 0 round latencies: {lat}")

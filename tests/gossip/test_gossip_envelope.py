@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from eth_account import Account
+from harness.commit_store import AutoCommitStore
 from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
 from harness.gossip_worker import synthetic_packet, synthetic_spec
 from hypothesis import given, settings
@@ -37,7 +38,7 @@ def seal(i: int = 0, rnd: int = 0, payload: bytes | None = None, **kw: object) -
 
 def store(validate: bool = True, max_payload: int = 1 << 20) -> RoundStore:
     limits = StoreLimits(max_payload, window_back=2, window_ahead=1)
-    s = RoundStore(CHAIN_ID, CONTRACT, JOB_ID, limits)
+    s = AutoCommitStore(CHAIN_ID, CONTRACT, JOB_ID, limits)
     s.set_epoch(0, MEMBERS, (lambda p: codec.decode(SPEC, p) and None) if validate else None)
     return s
 
@@ -165,7 +166,7 @@ def test_multi_chunk_packet_validated_when_complete() -> None:
 
 def test_store_takes_members_and_validator_from_each_set_epoch() -> None:
     limits = StoreLimits(1 << 20, window_back=2, window_ahead=1)
-    s = RoundStore(CHAIN_ID, CONTRACT, JOB_ID, limits)
+    s = AutoCommitStore(CHAIN_ID, CONTRACT, JOB_ID, limits)
     assert reason(s, seal(0, 0)[0]) == "wrong_epoch"  # no epoch yet: everything is dropped
     with pytest.raises(ValueError, match="duplicate members"):
         s.set_epoch(0, [MEMBERS[0], MEMBERS[0].lower()], None)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from eth_account import Account
+from harness.commit_store import AutoCommitStore
 from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
 
 from dtrain_node.p2p import envelope
@@ -15,7 +16,7 @@ from dtrain_node.p2p import identity as ident
 from dtrain_node.p2p.envelope import EnvelopeError
 from dtrain_node.p2p.host import GossipConfig
 from dtrain_node.p2p.intake import Intake
-from dtrain_node.p2p.rounds import RoundStore, StoreLimits
+from dtrain_node.p2p.rounds import StoreLimits
 from dtrain_node.p2p.state import HostState
 
 MEMBERS = [account(i).address for i in range(3)]
@@ -42,7 +43,7 @@ def tampered(env: envelope.Envelope) -> envelope.Envelope:
 def intake(tmp_path: Path) -> Intake:
     """An Intake over a store in round 5 (rounds 2-4 finished, 6-7 accepted ahead)."""
     cfg = GossipConfig(tmp_path, CHAIN_ID, CONTRACT, JOB_ID)
-    store = RoundStore(CHAIN_ID, CONTRACT, JOB_ID, StoreLimits(1 << 20, 4, 2))
+    store = AutoCommitStore(CHAIN_ID, CONTRACT, JOB_ID, StoreLimits(1 << 20, 4, 2))
     store.set_epoch(0, MEMBERS, None)
     for r in range(5):
         store.begin(r)
@@ -127,7 +128,7 @@ def test_fault_hook_forwards_only_authentic_envelopes(tmp_path: Path) -> None:
 
 
 def test_store_checks_signature_before_round_state() -> None:
-    s = RoundStore(CHAIN_ID, CONTRACT, JOB_ID, StoreLimits(1 << 20, 4, 2))
+    s = AutoCommitStore(CHAIN_ID, CONTRACT, JOB_ID, StoreLimits(1 << 20, 4, 2))
     s.set_epoch(0, MEMBERS, None)
     s.begin(0)
     s.finish(0)

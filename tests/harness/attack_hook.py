@@ -2,9 +2,10 @@
 
 The attacker runs honest rounds, and before ATTACK_ROUND it publishes on the job topic: a
 non-member's packet, a replay of its own round-0 packet, a forged signature, a packet for
-another job, a 10 MiB payload (in 512 KiB chunks), random bytes and a signed packet that fails
-codec validation; and it sends a 10 MiB frame and a garbage frame to every peer's sync
-protocol and a corrupt RPC to every peer's pubsub protocol.
+another job, a 10 MiB payload (in 512 KiB chunks) and random bytes, and it sends a 10 MiB
+frame and a garbage frame to every peer's sync protocol and a corrupt RPC to every peer's
+pubsub protocol. Before its last round it publishes a committed, signed packet that fails codec
+validation.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def before_round(node: Any, r: int, ctx: dict[str, Any]) -> None:
     if r == 1:
         me = node.account.address
         ctx["old"] = [e.encode() for e in node.store.envelopes_for(0, set()) if e.sender == me]
+    if r == int(ctx["conf"]["rounds"]) - 1:
+        _invalid_packet(node, r, ctx)
     if r != ATTACK_ROUND:
         return
     assert node._call(_wait_mesh, node, len(ctx["members"]) - 1, 15.0), "mesh never formed"
@@ -60,20 +63,24 @@ def before_round(node: Any, r: int, ctx: dict[str, Any]) -> None:
         for e in envelope.seal(node.account, job_id=conf["job_id"], round=r, payload=huge, **common)
     ]
     msgs.append(os.urandom(2000))
-    # Right header, body cut short: always fails decode (a random body of the right length can
-    # decode as a valid packet: every 12-bit index and every 1-bit value is legal).
-    junk = good[:-7]
-    # For the next round: honest nodes cannot have finished it (they wait for our packet), so
-    # the payload is validated rather than dropped as late.
-    msgs += [
-        e.encode()
-        for e in envelope.seal(
-            node.account, job_id=conf["job_id"], round=r + 1, payload=junk, **common
-        )
-    ]
     for m in msgs:
         node._call(node._state.pubsub.publish, node.topic, m)
     node._call(_stream_attacks, node)
+
+
+def _invalid_packet(node: Any, r: int, ctx: dict[str, Any]) -> None:
+    """A committed, signed packet that fails codec validation, for round r + 1: a round this
+    member never runs (its commitment there would otherwise equivocate with its real one)."""
+    conf = ctx["conf"]
+    args = {"chain_id": conf["chain_id"], "contract": conf["contract"], "epoch": 0}
+    args.update(job_id=conf["job_id"], round=r + 1)
+    # Right header, body cut short: always fails decode (a random body of the right length can
+    # decode as a valid packet: every 12-bit index and every 1-bit value is legal).
+    junk = synthetic_packet(ctx["spec"], 999)[:-7]
+    chunks = envelope.seal(node.account, payload=junk, **args)
+    envs = [envelope.commitment(node.account, chunks), *chunks]
+    for e in envs:
+        node._call(node._state.pubsub.publish, node.topic, e.encode())
 
 
 async def _wait_mesh(node: Any, n: int, timeout: float) -> bool:

@@ -11,8 +11,8 @@ and exits.
 - inject: watches the topic and, on the first envelope of each new round `cur`, publishes
   forgeries naming a member (signed with its own key, or a genuine envelope with its bytes
   changed) for rounds cur-2, cur-1 (finished at honest nodes), cur and cur+1, cur+2 (future),
-  and replays a genuine envelope of round cur-2 byte for byte (authentic but late). A forgery's
-  chunk (or, for an empty chunk, its text) starts with b"FORGED:" and its kind.
+  and replays a genuine envelope of round cur-2 byte for byte (authentic but late). A forged
+  chunk starts with b"FORGED:" and its kind (a forged commitment has no chunk: "other").
 - observe: counts what it receives and from which forwarder: envelopes that fail
   authentication (by forgery kind), authentic ones, and authentic envelopes that arrived as
   two or more distinct gossip messages (the injector's replays, relayed by someone).
@@ -47,7 +47,9 @@ def forged(env: Envelope, kind: str, rnd: int, signer: Any) -> list[Envelope]:
     copy = dataclasses.replace(env, round=rnd, chunk=changed)
     if not body:
         copy = dataclasses.replace(copy, payload_sha256=bytes(32))
-    fresh = dataclasses.replace(env, round=rnd, chunk=tag + b"\0" * 64, payload_len=len(tag) + 64)
+    fresh = dataclasses.replace(
+        env, round=rnd, chunk=tag + b"\0" * 64, payload_len=len(tag) + 64, kind=envelope.CHUNK
+    )
     sig = signer.unsafe_sign_hash(fresh.signing_digest()).signature
     return [copy, dataclasses.replace(fresh, signature=bytes(sig))]
 

@@ -121,7 +121,11 @@ def main(argv: list[str]) -> int:
         for r in range(rounds):
             if hook is not None:
                 hook.before_round(node, r, ctx)
-            res = node.collect_round(r, payloads[r % len(payloads)])
+            payload = payloads[r % len(payloads)]
+            if hook is not None and hasattr(hook, "collect_round"):
+                res = hook.collect_round(node, r, payload, ctx)  # an attacker's own round
+            else:
+                res = node.collect_round(r, payload)
             out.append(
                 {
                     "round": r,

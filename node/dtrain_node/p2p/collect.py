@@ -1,11 +1,14 @@
-"""One sync round (docs/protocol.md 4.2): publish our packet, collect every member's packet until
-all are in or the deadline passes, pulling missing ones from peers, then settle with the peers
-so that honest nodes apply the same set (4.4 states the guarantee and its limits).
+"""One sync round (docs/protocol.md 4.2), in two phases: publish a commitment to our packet and
+collect every member's commitment (until all are in, or the commit deadline passed and the peers
+agree on them); then reveal our packet and collect every committed member's packet until all
+are in or the deadline passes, pulling missing ones from peers, then settle with the peers so
+that honest nodes apply the same set (4.4 states the guarantee and its limits).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -14,7 +17,7 @@ from dtrain_node.errors import GossipError
 from dtrain_node.p2p import envelope as envmod
 from dtrain_node.p2p.rounds import Phase
 from dtrain_node.p2p.state import HostState
-from dtrain_node.p2p.sync import SyncClient
+from dtrain_node.p2p.sync import PeerView, SyncClient
 
 
 @dataclass(frozen=True)
@@ -41,34 +44,63 @@ class RoundCollector:
         t0 = time.monotonic()
         m = st.metrics
         before = (m.total_in, m.total_out, m.re_requests)
+        budget = cfg.round_deadline_s if deadline_s is None else deadline_s
+        deadline = t0 + budget
         store.begin(rnd)
-        await self._publish(rnd, payload)
+        chunks = await self._commit(rnd, payload, t0, t0 + budget * cfg.commit_share, deadline)
+        t_reveal = time.monotonic()
+        store.reveal(rnd)
+        await self._publish(chunks)
         st.notify()
-        deadline = t0 + (cfg.round_deadline_s if deadline_s is None else deadline_s)
-        await self._wait_for_packets(rnd, t0, deadline)
+        await self._wait(rnd, t_reveal, deadline, lambda: bool(store.awaited(rnd)))
         settled = True
-        if store.missing(rnd):
+        if store.awaited(rnd):
+            store.close(rnd)
             settled = await self._settle(rnd, deadline + cfg.settle_s)
         return self._finish(rnd, t0, before, settled)
 
-    async def _publish(self, rnd: int, payload: bytes) -> None:
+    async def _commit(
+        self, rnd: int, payload: bytes, t0: float, commit_deadline: float, deadline: float
+    ) -> list[envmod.Envelope]:
+        """Phase 1: publish our commitment, then wait until every member committed, or the
+        commit deadline passed (or someone revealed) and the peers agree on the commitments.
+        Returns the packet chunks to reveal ([] when we only collect, or committed too late)."""
+        st, store = self._state, self._state.store
+        chunks: list[envmod.Envelope] = []
+        if payload and store.commit_open(rnd):
+            commit, chunks = self._seal(rnd, payload)
+            store.offer(commit, relayed=True)
+            await self._publish([commit])
+            st.notify()
+        # a member that will not commit (ourselves when only collecting) is not waited for
+        me = st.account.address if not chunks else None
+
+        def pending() -> bool:
+            return any(m != me for m in store.uncommitted(rnd))
+
+        await self._wait(rnd, t0, commit_deadline, lambda: pending() and store.commit_open(rnd))
+        if pending():
+            store.close_commits(rnd)
+            await self._agree_commits(
+                rnd, min(commit_deadline + st.config.settle_s, deadline), pending
+            )
+        return chunks
+
+    def _seal(self, rnd: int, payload: bytes) -> tuple[envmod.Envelope, list[envmod.Envelope]]:
         st, cfg, store = self._state, self._state.config, self._state.store
-        assert st.pubsub is not None and store.epoch is not None
-        if not payload:
-            return  # this node only collects this round (it will be missing)
-        envs = envmod.seal(
-            st.account,
-            chain_id=cfg.chain_id,
-            contract=cfg.contract,
-            job_id=cfg.job_id,
-            epoch=store.epoch,
-            round=rnd,
-            payload=payload,
-            chunk_size=cfg.chunk_bytes,
-        )
+        assert store.epoch is not None
+        args = {"chain_id": cfg.chain_id, "contract": cfg.contract, "job_id": cfg.job_id}
+        args.update(epoch=store.epoch, round=rnd, payload=payload, chunk_size=cfg.chunk_bytes)
+        chunks = envmod.seal(st.account, **args)
+        return envmod.commitment(st.account, chunks), chunks
+
+    async def _publish(self, envs: list[envmod.Envelope]) -> None:
+        st, store = self._state, self._state.store
+        assert st.pubsub is not None
         for e in envs:
             # our own packet goes through the same rules: a bad payload is a caller bug
-            store.offer(e, relayed=True)
+            if e.kind == envmod.CHUNK:
+                store.offer(e, relayed=True)
         # gossip bytes sent are estimated as size x mesh peers (py-libp2p does not report them)
         n_mesh = len(st.gossipsub.mesh.get(st.topic, ())) if st.gossipsub is not None else 0
         for e in envs:
@@ -76,13 +108,16 @@ class RoundCollector:
             await st.pubsub.publish(st.topic, data)
             st.metrics.add_out("gossip", len(data) * max(1, n_mesh))
 
-    async def _wait_for_packets(self, rnd: int, t0: float, deadline: float) -> None:
-        st, store, base = self._state, self._state.store, self._state.config.re_request_s
+    async def _wait(
+        self, rnd: int, t0: float, deadline: float, pending: Callable[[], bool]
+    ) -> None:
+        """Wait while pending() and before the deadline, pulling from peers meanwhile."""
+        st, base = self._state, self._state.config.re_request_s
         # pull interval doubles while we wait (a slow member is the common case, not loss),
         # capped at 8x so a lost packet still comes back within ~2 s by default
         interval = base
         next_pull = t0 + interval
-        while store.missing(rnd) and time.monotonic() < deadline:
+        while pending() and time.monotonic() < deadline:
             if time.monotonic() >= next_pull:
                 await self._sync.ask_all(rnd)
                 next_pull = time.monotonic() + interval
@@ -95,18 +130,39 @@ class RoundCollector:
                 interval = base
                 next_pull = min(next_pull, time.monotonic() + interval)
 
+    async def _agree_commits(self, rnd: int, hard: float, pending: Callable[[], bool]) -> bool:
+        """After the commit deadline: take relayed commitments, and reveal once every reachable
+        peer closed its commit phase holding no commitment we lack (or at `hard`). A peer's own
+        commitment is not compared: we could not take it from that peer any more."""
+
+        def agreed(v: PeerView, mine: set[tuple[str, bytes]]) -> bool:
+            own = {c for c in v.commits if c[0] == v.signer}
+            return v.phase >= Phase.COMMIT_CLOSED and v.commits - own <= mine
+
+        return await self._agree(
+            rnd, hard, pending, lambda v: agreed(v, set(self._state.store.commitments(rnd)))
+        )
+
     async def _settle(self, rnd: int, hard: float) -> bool:
         """After the deadline: accept only relays, and finish once every reachable peer has
         closed the round and we hold every packet any of them holds (or at `hard`)."""
-        st, store = self._state, self._state.store
-        store.close(rnd)
+        store = self._state.store
+
+        def agreed(v: PeerView) -> bool:
+            return v.phase >= Phase.CLOSED and v.have <= set(store.have(rnd))
+
+        return await self._agree(rnd, hard, lambda: bool(store.awaited(rnd)), agreed)
+
+    async def _agree(
+        self, rnd: int, hard: float, pending: Callable[[], bool], agreed: Callable[[PeerView], bool]
+    ) -> bool:
+        st = self._state
         while True:
             views = await self._sync.ask_all(rnd)
-            mine = set(store.have(rnd))
-            if not store.missing(rnd):
+            if not pending():
                 return True
             live = [v for v in views.values() if v is None or v.reachable]
-            if all(v is not None and v.phase >= Phase.CLOSED and v.have <= mine for v in live):
+            if all(v is not None and agreed(v) for v in live):
                 return True
             if time.monotonic() >= hard:
                 return False

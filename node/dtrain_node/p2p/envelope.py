@@ -1,9 +1,11 @@
-"""Signed gossip envelope: one chunk of one member's DeMo packet for one sync round.
+"""Signed gossip envelope: one chunk of one member's DeMo packet for one sync round, or that
+member's commitment to the packet (its sha256, sent before the packet: docs/protocol.md 4.2).
 
-Wire layout (version 1, big-endian integers), specified in docs/protocol.md:
+Wire layout (version 2, big-endian integers), specified in docs/protocol.md:
 
     magic        4  b"DTGE"
-    version      1  1
+    version      1  2
+    kind         1  0 = packet chunk, 1 = commitment (no chunk bytes, chunk_index 0)
     chain_id     8  uint64
     contract    20  address
     job_id      32  uint256
@@ -18,7 +20,7 @@ Wire layout (version 1, big-endian integers), specified in docs/protocol.md:
     chunk        chunk_len bytes
     signature   65  r || s || v over signing_digest()
 
-The signature covers keccak256(DOMAIN || every field above from chain_id to chunk_len ||
+The signature covers keccak256(DOMAIN || every field above from kind to chunk_len ||
 keccak256(chunk)), signed as a raw 32-byte hash (no EIP-191 prefix): the domain prefix keeps the
 digest from ever being a transaction or personal-message hash.
 """
@@ -37,9 +39,10 @@ from eth_utils import keccak, to_checksum_address
 from dtrain_node.errors import EnvelopeError
 
 MAGIC = b"DTGE"
-VERSION = 1
-DOMAIN = b"dtrain/gossip-packet/v1"
-_FIELDS = struct.Struct(">Q20s32sQQ20sI32sHHI")
+VERSION = 2
+DOMAIN = b"dtrain/gossip-packet/v2"
+CHUNK, COMMIT = 0, 1  # envelope kinds
+_FIELDS = struct.Struct(">BQ20s32sQQ20sI32sHHI")
 HEADER_LEN = len(MAGIC) + 1 + _FIELDS.size
 SIG_LEN = 65
 OVERHEAD = HEADER_LEN + SIG_LEN
@@ -61,8 +64,13 @@ class Envelope:
     chunk_count: int
     chunk: bytes
     signature: bytes = b""
+    kind: int = CHUNK
 
     def __post_init__(self) -> None:
+        if self.kind not in (CHUNK, COMMIT):
+            raise EnvelopeError("field", f"kind={self.kind} not in (0, 1)")
+        if self.kind == COMMIT and (self.chunk or self.chunk_index):
+            raise EnvelopeError("field", "a commitment carries no chunk (chunk_index 0, no bytes)")
         for name, value, bits in (
             ("chain_id", self.chain_id, 64),
             ("job_id", self.job_id, 256),
@@ -87,6 +95,7 @@ class Envelope:
 
     def _fields(self) -> bytes:
         return _FIELDS.pack(
+            self.kind,
             self.chain_id,
             _addr_bytes(self.contract),
             self.job_id.to_bytes(32, "big"),
@@ -143,24 +152,28 @@ def decode(data: bytes) -> Envelope:
         raise EnvelopeError("malformed", f"bad magic {data[:4]!r}")
     if data[4] != VERSION:
         raise EnvelopeError("malformed", f"version {data[4]}, this node speaks {VERSION}")
-    f = _FIELDS.unpack_from(data, 5)
+    kind, *f = _FIELDS.unpack_from(data, 5)
     chunk_len = f[10]
     if len(data) != OVERHEAD + chunk_len:
         raise EnvelopeError("malformed", f"{len(data)} bytes, header says {OVERHEAD + chunk_len}")
-    return Envelope(
-        chain_id=f[0],
-        contract=to_checksum_address(f[1]),
-        job_id=int.from_bytes(f[2], "big"),
-        epoch=f[3],
-        round=f[4],
-        sender=to_checksum_address(f[5]),
-        payload_len=f[6],
-        payload_sha256=f[7],
-        chunk_index=f[8],
-        chunk_count=f[9],
-        chunk=data[HEADER_LEN : HEADER_LEN + chunk_len],
-        signature=data[HEADER_LEN + chunk_len :],
-    )
+    try:
+        return Envelope(
+            chain_id=f[0],
+            contract=to_checksum_address(f[1]),
+            job_id=int.from_bytes(f[2], "big"),
+            epoch=f[3],
+            round=f[4],
+            sender=to_checksum_address(f[5]),
+            payload_len=f[6],
+            payload_sha256=f[7],
+            chunk_index=f[8],
+            chunk_count=f[9],
+            chunk=data[HEADER_LEN : HEADER_LEN + chunk_len],
+            signature=data[HEADER_LEN + chunk_len :],
+            kind=kind,
+        )
+    except EnvelopeError as e:
+        raise EnvelopeError("malformed", str(e)) from None
 
 
 def seal(
@@ -175,30 +188,50 @@ def seal(
     chunk_size: int = MAX_CHUNK,
 ) -> list[Envelope]:
     """Split `payload` into chunks of at most chunk_size bytes and sign each chunk envelope."""
+    head = _head(account, chain_id, contract, job_id, epoch, round, payload, chunk_size)
+    count = head.chunk_count
+    chunks = [
+        dataclasses.replace(
+            head, chunk_index=i, chunk=payload[i * chunk_size : (i + 1) * chunk_size]
+        )
+        for i in range(count)
+    ]
+    return [_signed(account, env) for env in chunks]
+
+
+def commitment(account: LocalAccount, chunks: list[Envelope]) -> Envelope:
+    """The signed commitment to the packet whose chunks seal() returned."""
+    head = dataclasses.replace(chunks[0], kind=COMMIT, chunk=b"", chunk_index=0, signature=b"")
+    return _signed(account, head)
+
+
+def _head(
+    account: LocalAccount, chain_id: int, contract: str, job_id: int, epoch: int, round: int,
+    payload: bytes, chunk_size: int,
+) -> Envelope:  # fmt: skip
     if not 1 <= chunk_size <= MAX_CHUNK:
         raise ValueError(f"chunk_size={chunk_size} not in [1, {MAX_CHUNK}]")
     count = max(1, -(-len(payload) // chunk_size))
     if count > MAX_CHUNKS:
         raise ValueError(f"payload of {len(payload)} bytes needs {count} > {MAX_CHUNKS} chunks")
-    digest = hashlib.sha256(payload).digest()
-    out = []
-    for i in range(count):
-        env = Envelope(
-            chain_id=chain_id,
-            contract=to_checksum_address(contract),
-            job_id=job_id,
-            epoch=epoch,
-            round=round,
-            sender=account.address,
-            payload_len=len(payload),
-            payload_sha256=digest,
-            chunk_index=i,
-            chunk_count=count,
-            chunk=payload[i * chunk_size : (i + 1) * chunk_size],
-        )
-        sig = account.unsafe_sign_hash(env.signing_digest()).signature
-        out.append(_with_signature(env, bytes(sig)))
-    return out
+    return Envelope(
+        chain_id=chain_id,
+        contract=to_checksum_address(contract),
+        job_id=job_id,
+        epoch=epoch,
+        round=round,
+        sender=account.address,
+        payload_len=len(payload),
+        payload_sha256=hashlib.sha256(payload).digest(),
+        chunk_index=0,
+        chunk_count=count,
+        chunk=b"",
+    )
+
+
+def _signed(account: LocalAccount, env: Envelope) -> Envelope:
+    sig = account.unsafe_sign_hash(env.signing_digest()).signature
+    return _with_signature(env, bytes(sig))
 
 
 def _with_signature(env: Envelope, sig: bytes) -> Envelope:

@@ -48,7 +48,7 @@ PeerSpec = tuple[bytes, list[str]]  # (32-byte peer key, multiaddrs) as stored o
 
 
 def topic_name(chain_id: int, contract: str, job_id: int) -> str:
-    return f"/dtrain/{chain_id}/{to_checksum_address(contract)}/job/{job_id}/packets/1"
+    return f"/dtrain/{chain_id}/{to_checksum_address(contract)}/job/{job_id}/packets/2"
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class GossipConfig:
     job_id: int
     listen: str = "/ip4/127.0.0.1/tcp/0"
     round_deadline_s: float = 10.0  # wait this long for all members' packets
+    commit_share: float = 0.75  # the commit phase ends this share of the deadline in, at latest
     settle_s: float = 5.0  # at most this long after the deadline to agree with peers
     re_request_s: float = 0.25  # ask peers for missing packets this often
     relay_rounds: int = 4  # finished rounds kept (and served) for slow peers
@@ -96,6 +97,8 @@ class GossipConfig:
                 f"max_payload_bytes {self.max_payload_bytes}, max_file_bytes "
                 f"{self.max_file_bytes} must be >= 1"
             )
+        if not 0.0 < self.commit_share < 1.0:
+            raise ValueError(f"commit_share {self.commit_share} not in (0, 1)")
         if not 0.0 <= self.drop_incoming_fraction < 1.0:
             raise ValueError(f"drop_incoming_fraction {self.drop_incoming_fraction} not in [0, 1)")
         if self.serve_rate_per_s <= 0 or self.gossip_rate_per_s <= 0 or self.gossip_degree < 1:

@@ -21,7 +21,7 @@ class Intake:
         self._state = state
         self._rng = random.Random(state.config.fault_seed)
 
-    def accept(self, data: bytes, relayed: bool) -> bool:
+    def accept(self, data: bytes, relayed: bool, relayer: str | None = None) -> bool:
         """Store one incoming envelope. True if gossip should forward it.
 
         Authentic envelopes we do not store (already held, round closed or finished, or lost to
@@ -34,7 +34,7 @@ class Intake:
             st.store.dropped["fault_injected"] += 1
             return self._authentic(data)
         try:
-            st.store.offer(envmod.decode(data), relayed=relayed)
+            st.store.offer(envmod.decode(data), relayed=relayed, relayer=relayer)
         except EnvelopeError as e:
             st.store.dropped[e.reason] += 1
             return e.reason in _FORWARD_ANYWAY

@@ -1,5 +1,5 @@
-"""Round bookkeeping for gossip sync, with no networking: validation rules, packet assembly,
-have-lists for re-requests, equivocation detection and participation.
+"""Round bookkeeping for gossip sync, with no networking: validation rules, commitments and
+packet assembly, have-lists for re-requests, equivocation detection and participation.
 
 Everything here runs on the host's trio thread only, so it needs no locks.
 """
@@ -25,10 +25,12 @@ PayloadValidator = Callable[[bytes], None]  # raises on a payload that must not 
 class Phase(IntEnum):
     """Where this node is in a round. Reported to peers in sync replies (docs/protocol.md)."""
 
-    NOT_STARTED = 0  # own packet not published yet; may hold packets that arrived early
-    OPEN = 1  # collecting: accepts packets from gossip and from relays
-    CLOSED = 2  # deadline passed: accepts packets only from relays (sync replies)
-    FINISHED = 3  # result returned to the caller: the set is frozen, only served
+    NOT_STARTED = 0  # round not begun; may hold commitments and packets that arrived early
+    COMMIT = 1  # own commitment published, collecting the members' commitments
+    COMMIT_CLOSED = 2  # commit deadline passed (or a reveal seen): agreeing on commitments
+    OPEN = 3  # own packet revealed: collecting packets (no new commitments)
+    CLOSED = 4  # deadline passed: accepts packets only from relays (sync replies)
+    FINISHED = 5  # result returned to the caller: the set is frozen, only served
 
 
 @dataclass
@@ -46,6 +48,11 @@ class _Round:
     packets: dict[str, dict[bytes, _Packet]] = field(default_factory=dict)
     applied: list[str] | None = None
     first_seen: dict[str, float] = field(default_factory=dict)
+    # sender -> payload sha256 -> signed commitment; a second one is equivocation evidence
+    commits: dict[str, dict[bytes, Envelope]] = field(default_factory=dict)
+    # True until this node revealed, passed its commit deadline or saw someone's reveal: until
+    # then a first commitment is accepted from anyone (docs/protocol.md 4.2)
+    commit_open: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,24 @@ class RoundStore:
         for r in [r for r in self.rounds if r < rnd - self.limits.window_back]:
             del self.rounds[r]
         st = self.rounds.setdefault(rnd, _Round())
-        st.phase = Phase.OPEN
+        st.phase = Phase.COMMIT
         return st
+
+    def commit_open(self, rnd: int) -> bool:
+        st = self.rounds.get(rnd)
+        return st is None or st.commit_open
+
+    def close_commits(self, rnd: int) -> None:
+        """Commit deadline passed: first commitments now only by relay from a third member."""
+        st = self.rounds.setdefault(rnd, _Round())
+        st.commit_open = False
+        st.phase = max(st.phase, Phase.COMMIT_CLOSED)
+
+    def reveal(self, rnd: int) -> None:
+        """Our packet goes out: the set of commitments of this round is frozen here."""
+        st = self.rounds.setdefault(rnd, _Round())
+        st.commit_open = False
+        st.phase = max(st.phase, Phase.OPEN)
 
     def in_window(self, rnd: int) -> bool:
         lo = 0 if self.current is None else self.current - self.limits.window_back
@@ -159,18 +182,25 @@ class RoundStore:
         if len(self._verified) > VERIFIED_CACHE:
             self._verified.popitem(last=False)
 
-    def offer(self, env: Envelope, relayed: bool, now: float | None = None) -> bool:
-        """Validate and store one chunk. True if it was new and valid (worth forwarding).
+    def offer(
+        self, env: Envelope, relayed: bool, now: float | None = None, relayer: str | None = None
+    ) -> bool:
+        """Validate and store one chunk or commitment. True if new and valid (worth forwarding).
 
-        relayed: it came from a sync reply (allowed after the deadline) rather than gossip.
-        Raises EnvelopeError with the drop reason; the caller counts it. Header, membership and
-        signature come first, whatever the round's state: every reason raised after them
-        (finished, late, duplicate, ...) is about an authentic envelope.
+        relayed: it came from a sync reply (allowed after the deadline) rather than gossip;
+        relayer: the member who signed that reply, if known. Raises EnvelopeError with the drop
+        reason; the caller counts it. Header, membership and signature come first, whatever the
+        round's state: every reason raised after them (finished, late, duplicate, ...) is about
+        an authentic envelope.
         """
         self.authenticate(env)
         st = self.rounds.setdefault(env.round, _Round())
         if st.phase == Phase.FINISHED:
+            if env.kind == envmod.COMMIT and env.sender not in st.commits:
+                raise EnvelopeError("late_commit", f"round {env.round} {env.sender} (finished)")
             raise EnvelopeError("finished", f"round {env.round} already finished")
+        if env.kind == envmod.COMMIT:
+            return self._offer_commit(st, env, relayed, relayer)
         if st.phase == Phase.CLOSED and not relayed:
             raise EnvelopeError("late", f"round {env.round} closed; only relays accepted")
         by_digest = st.packets.get(env.sender, {})
@@ -182,6 +212,7 @@ class RoundStore:
             raise EnvelopeError("equivocation", f"round {env.round} {env.sender}")
         if pkt is not None and (pkt.count, pkt.length) != (env.chunk_count, env.payload_len):
             raise EnvelopeError("malformed", "chunk header disagrees with earlier chunks")
+        _check_committed(st, env)
         if pkt is None:
             pkt = _Packet(env.chunk_count, env.payload_len)
         pkt.chunks[env.chunk_index] = env
@@ -190,7 +221,31 @@ class RoundStore:
         new_sender = env.sender not in st.packets
         st.packets.setdefault(env.sender, {})[env.payload_sha256] = pkt
         if not new_sender and len(st.packets[env.sender]) == 2 and len(pkt.chunks) == 1:
+            self._equivocated(env)
+        st.commit_open = False  # someone revealed: a first commitment now would be late
+        return True
+
+    def _equivocated(self, env: Envelope) -> None:
+        if (env.round, env.sender) not in self.equivocations:
             self.equivocations.append((env.round, env.sender))
+
+    def _offer_commit(self, st: _Round, env: Envelope, relayed: bool, relayer: str | None) -> bool:
+        held = st.commits.get(env.sender, {})
+        if env.payload_sha256 in held:
+            raise EnvelopeError("duplicate", f"round {env.round} commitment of {env.sender}")
+        if len(held) >= 2:
+            raise EnvelopeError("equivocation", f"round {env.round} {env.sender}")
+        if held:
+            # a second commitment proves equivocation whenever it comes: kept and served, so
+            # every node excludes the sender (it can only remove a member, never add one)
+            held[env.payload_sha256] = env
+            self._equivocated(env)
+            return True
+        third_party = relayer is not None and relayer != env.sender and relayer in self.members
+        timely = st.commit_open and st.phase <= Phase.COMMIT
+        if not (timely or (relayed and third_party and st.phase <= Phase.COMMIT_CLOSED)):
+            raise EnvelopeError("late_commit", f"round {env.round} {env.sender}")
+        st.commits[env.sender] = {env.payload_sha256: env}
         return True
 
     def _complete(self, st: _Round, env: Envelope, pkt: _Packet, now: float | None) -> None:
@@ -219,6 +274,36 @@ class RoundStore:
             (s, d) for s, by in st.packets.items() for d, p in by.items() if p.payload is not None
         )
 
+    def commitments(self, rnd: int) -> list[tuple[str, bytes]]:
+        """Commitments held for a round (two for an equivocating sender): (sender, sha256)."""
+        st = self.rounds.get(rnd)
+        return [] if st is None else sorted((s, d) for s, by in st.commits.items() for d in by)
+
+    def commits_for(self, rnd: int, exclude: set[tuple[str, bytes]]) -> list[Envelope]:
+        """The commitment envelopes of a round that the asker does not hold."""
+        st = self.rounds.get(rnd)
+        if st is None:
+            return []
+        return [
+            e
+            for s, by in sorted(st.commits.items())
+            for d, e in by.items()
+            if (s, d) not in exclude
+        ]
+
+    def uncommitted(self, rnd: int) -> list[str]:
+        """Members without a commitment for this round."""
+        st = self.rounds.get(rnd)
+        return [m for m in self.members if st is None or m not in st.commits]
+
+    def awaited(self, rnd: int) -> list[str]:
+        """Members with one commitment and no usable packet yet: the packets still to come."""
+        st = self.rounds.get(rnd)
+        if st is None:
+            return []
+        got = self.usable(rnd)
+        return [m for m in self.members if len(st.commits.get(m, ())) == 1 and m not in got]
+
     def envelopes_for(self, rnd: int, exclude: set[tuple[str, bytes]]) -> list[Envelope]:
         """All chunks of complete packets of a round that the asker does not hold."""
         st = self.rounds.get(rnd)
@@ -232,14 +317,16 @@ class RoundStore:
         return out
 
     def usable(self, rnd: int) -> dict[str, bytes]:
-        """sender -> payload for senders with exactly one complete packet (no equivocation)."""
+        """sender -> payload for senders with exactly one commitment and one complete packet
+        (no equivocation)."""
         st = self.rounds.get(rnd)
         if st is None:
             return {}
         out = {}
         for s, by in st.packets.items():
             done = [p for p in by.values() if p.payload is not None]
-            if len(by) == 1 and len(done) == 1 and done[0].payload is not None:
+            one_commit = len(st.commits.get(s, ())) == 1
+            if one_commit and len(by) == 1 and len(done) == 1 and done[0].payload is not None:
                 out[s] = done[0].payload
         return out
 
@@ -263,3 +350,13 @@ class RoundStore:
                 self.participation[s] += 1
         assert st.applied is not None
         return [(s, got[s]) for s in st.applied]
+
+
+def _check_committed(st: _Round, env: Envelope) -> None:
+    """A packet chunk needs its sender's commitment to exactly this packet."""
+    held = st.commits.get(env.sender)
+    if not held:
+        raise EnvelopeError("no_commit", f"round {env.round} {env.sender}: no commitment")
+    c = held.get(env.payload_sha256)
+    if c is None or (c.chunk_count, c.payload_len) != (env.chunk_count, env.payload_len):
+        raise EnvelopeError("commit_mismatch", f"round {env.round} {env.sender}")

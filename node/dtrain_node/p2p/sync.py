@@ -7,7 +7,9 @@ Gossip drops silently, so these requests are what makes a round complete.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,7 +26,8 @@ from dtrain_node.p2p.state import HostState
 
 log = logging.getLogger(__name__)
 
-Accept = Callable[[bytes, bool], bool]  # (encoded envelope, relayed) -> forward it?
+# (encoded envelope, relayed, the member who signed the sync reply or None) -> forward it?
+Accept = Callable[[bytes, bool, str | None], bool]
 
 
 @dataclass
@@ -33,7 +36,9 @@ class PeerView:
 
     reachable: bool
     phase: Phase = Phase.NOT_STARTED
-    have: frozenset[tuple[str, bytes]] = frozenset()
+    have: frozenset[tuple[str, bytes]] = frozenset()  # complete packets it holds
+    commits: frozenset[tuple[str, bytes]] = frozenset()  # commitments it holds
+    signer: str | None = None  # who signed the reply
 
 
 @contextlib.contextmanager
@@ -114,20 +119,24 @@ class SyncClient:
     async def _exchange(self, stream: Any, peer: str, rnd: int) -> PeerView | None:
         st, store = self._state, self._state.store
         assert store.epoch is not None
-        body = wire.SyncRequest(st.config.job_id, store.epoch, rnd, tuple(store.have(rnd))).encode()
+        nonce = secrets.token_bytes(16)
+        held, commits = tuple(store.have(rnd)), tuple(store.commitments(rnd))
+        body = wire.SyncRequest(st.config.job_id, store.epoch, rnd, held, commits, nonce).encode()
         await wire.write_frame(stream, body)
         st.metrics.add_out(peer, len(body) + 4)
-        max_head = 64 + 52 * 4 * max(1, len(store.members))
+        max_head = 128 + 52 * 8 * max(1, len(store.members))
         raw = await wire.read_frame(stream, max_head)
         st.metrics.add_in(peer, len(raw) + 4)
         head = wire.decode_sync_reply(raw)
         if head.status != wire.SYNC_OK:
             return None if head.status == wire.SYNC_BUSY else PeerView(reachable=False)
+        signer = head.signer(nonce)
         for _ in range(head.count):
             data = await wire.read_frame(stream, envmod.OVERHEAD + envmod.MAX_CHUNK)
             st.metrics.add_in(peer, len(data) + 4)
-            self._accept(data, True)
-        return PeerView(True, Phase(head.phase), frozenset(head.have))
+            self._accept(data, True, signer)
+        views = (frozenset(head.have), frozenset(head.commits))
+        return PeerView(True, Phase(head.phase), *views, signer=signer)
 
 
 class TokenBuckets:
@@ -173,15 +182,19 @@ class SyncServer:
         req = wire.decode_sync_request(data)
         if not self._buckets.take(pid):
             st.metrics.rate_limited += 1
-            await wire.write_frame(stream, wire.SyncReply(wire.SYNC_BUSY, 0, (), 0).encode())
+            await wire.write_frame(
+                stream, self._signed(wire.SyncReply(wire.SYNC_BUSY, 0, (), 0), req)
+            )
             return
         if req.job_id != st.config.job_id or req.epoch != store.epoch:
-            await wire.write_frame(stream, wire.SyncReply(wire.SYNC_WRONG_JOB, 0, (), 0).encode())
+            reply = wire.SyncReply(wire.SYNC_WRONG_JOB, 0, (), 0)
+            await wire.write_frame(stream, self._signed(reply, req))
             return
-        envs = store.envelopes_for(req.round, set(req.have))
-        phase = store.phase(req.round)
-        have = tuple(store.have(req.round))
-        head = wire.SyncReply(wire.SYNC_OK, int(phase), have, len(envs)).encode()
+        rnd = req.round
+        envs = store.commits_for(rnd, set(req.commits)) + store.envelopes_for(rnd, set(req.have))
+        have, commits = tuple(store.have(rnd)), tuple(store.commitments(rnd))
+        reply = wire.SyncReply(wire.SYNC_OK, int(store.phase(rnd)), have, len(envs), commits)
+        head = self._signed(reply, req)
         await wire.write_frame(stream, head)
         sent = len(head) + 4
         for e in envs:
@@ -190,3 +203,8 @@ class SyncServer:
             sent += len(data) + 4
         st.metrics.add_out(peer, sent)
         st.metrics.relayed += len(envs)
+
+    def _signed(self, reply: wire.SyncReply, req: wire.SyncRequest) -> bytes:
+        """The reply, signed by this node's operator key (so relays name their relayer)."""
+        sig = self._state.account.unsafe_sign_hash(reply.signing_digest(req.nonce)).signature
+        return dataclasses.replace(reply, signature=bytes(sig)).encode()

@@ -12,13 +12,16 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from eth_utils import to_checksum_address
+from eth_account import Account
+from eth_utils import keccak, to_checksum_address
 
 from dtrain_node.errors import WireError
 
-SYNC_PROTOCOL = "/dtrain/sync/1.0.0"
+SYNC_PROTOCOL = "/dtrain/sync/2.0.0"
 CKPT_PROTOCOL = "/dtrain/ckpt/1.0.0"
-VERSION = 1
+VERSION = 1  # checkpoint messages
+SYNC_VERSION = 2  # sync messages (2: commitments, signed replies)
+MAX_PHASE = 5  # rounds.Phase.FINISHED
 MAX_REQUEST = 64 * 1024  # a sync request lists at most a few hundred (sender, digest) pairs
 CKPT_CHUNK = 256 * 1024
 
@@ -62,9 +65,13 @@ async def close_quietly(stream: Any) -> None:
 
 
 # -- sync: "send me what you hold for round r that I do not" ---------------------------------
-_SQ = struct.Struct(">4sB32sQQH")
-_SR = struct.Struct(">4sBBBHI")
+_SQ = struct.Struct(">4sB32sQQ16sHH")
+_SR = struct.Struct(">4sBBBHHI")
 _HAVE = struct.Struct(">20s32s")
+SIG_LEN = 65
+REPLY_DOMAIN = b"dtrain/sync-reply/v2"
+
+Have = tuple[tuple[str, bytes], ...]  # (sender, payload sha256) pairs
 
 
 @dataclass(frozen=True)
@@ -72,56 +79,91 @@ class SyncRequest:
     job_id: int
     epoch: int
     round: int
-    have: tuple[tuple[str, bytes], ...]
+    have: Have  # complete packets the asker holds
+    commits: Have = ()  # commitments the asker holds
+    nonce: bytes = bytes(16)  # random; the reply's signature covers it
 
     def encode(self) -> bytes:
         head = _SQ.pack(
             b"DTSQ",
-            VERSION,
+            SYNC_VERSION,
             self.job_id.to_bytes(32, "big"),
             self.epoch,
             self.round,
+            self.nonce,
             len(self.have),
+            len(self.commits),
         )
-        return head + b"".join(_HAVE.pack(bytes.fromhex(s[2:]), d) for s, d in self.have)
+        return head + _pack_have(self.have) + _pack_have(self.commits)
 
 
 def decode_sync_request(data: bytes) -> SyncRequest:
     if len(data) < _SQ.size:
         raise WireError("malformed", f"sync request of {len(data)} bytes")
-    magic, ver, job, epoch, rnd, n = _SQ.unpack_from(data)
-    if magic != b"DTSQ" or ver != VERSION:
+    magic, ver, job, epoch, rnd, nonce, n, m = _SQ.unpack_from(data)
+    if magic != b"DTSQ" or ver != SYNC_VERSION:
         raise WireError("malformed", f"sync request magic {magic!r} version {ver}")
-    if len(data) != _SQ.size + n * _HAVE.size:
-        raise WireError("malformed", f"sync request length {len(data)} for {n} entries")
+    if len(data) != _SQ.size + (n + m) * _HAVE.size:
+        raise WireError("malformed", f"sync request length {len(data)} for {n}+{m} entries")
     have = _unpack_have(data, _SQ.size, n)
-    return SyncRequest(int.from_bytes(job, "big"), epoch, rnd, have)
+    commits = _unpack_have(data, _SQ.size + n * _HAVE.size, m)
+    return SyncRequest(int.from_bytes(job, "big"), epoch, rnd, have, commits, nonce)
 
 
 @dataclass(frozen=True)
 class SyncReply:
     status: int
     phase: int
-    have: tuple[tuple[str, bytes], ...]
-    count: int  # envelope frames that follow
+    have: Have
+    count: int  # envelope frames that follow (commitments first, then packet chunks)
+    commits: Have = ()
+    signature: bytes = b""  # the responder's, over signing_digest(nonce)
+
+    def body(self) -> bytes:
+        head = _SR.pack(
+            b"DTSR",
+            SYNC_VERSION,
+            self.status,
+            self.phase,
+            len(self.have),
+            len(self.commits),
+            self.count,
+        )
+        return head + _pack_have(self.have) + _pack_have(self.commits)
+
+    def signing_digest(self, nonce: bytes) -> bytes:
+        return keccak(REPLY_DOMAIN + nonce + self.body())
 
     def encode(self) -> bytes:
-        head = _SR.pack(b"DTSR", VERSION, self.status, self.phase, len(self.have), self.count)
-        return head + b"".join(_HAVE.pack(bytes.fromhex(s[2:]), d) for s, d in self.have)
+        return self.body() + (self.signature or bytes(SIG_LEN))
+
+    def signer(self, nonce: bytes) -> str | None:
+        """The address that signed this reply to the request with this nonce (None: none)."""
+        try:
+            return Account._recover_hash(self.signing_digest(nonce), signature=self.signature)
+        except Exception:  # eth-keys raises several types for malformed r, s, v
+            return None
 
 
 def decode_sync_reply(data: bytes) -> SyncReply:
-    if len(data) < _SR.size:
+    if len(data) < _SR.size + SIG_LEN:
         raise WireError("malformed", f"sync reply of {len(data)} bytes")
-    magic, ver, status, phase, n, count = _SR.unpack_from(data)
-    if magic != b"DTSR" or ver != VERSION or phase > 3:
+    magic, ver, status, phase, n, m, count = _SR.unpack_from(data)
+    if magic != b"DTSR" or ver != SYNC_VERSION or phase > MAX_PHASE:
         raise WireError("malformed", f"sync reply magic {magic!r} version {ver} phase {phase}")
-    if len(data) != _SR.size + n * _HAVE.size:
-        raise WireError("malformed", f"sync reply length {len(data)} for {n} entries")
-    return SyncReply(status, phase, _unpack_have(data, _SR.size, n), count)
+    if len(data) != _SR.size + (n + m) * _HAVE.size + SIG_LEN:
+        raise WireError("malformed", f"sync reply length {len(data)} for {n}+{m} entries")
+    have = _unpack_have(data, _SR.size, n)
+    commits = _unpack_have(data, _SR.size + n * _HAVE.size, m)
+    sig = data[-SIG_LEN:]
+    return SyncReply(status, phase, have, count, commits, b"" if sig == bytes(SIG_LEN) else sig)
 
 
-def _unpack_have(data: bytes, off: int, n: int) -> tuple[tuple[str, bytes], ...]:
+def _pack_have(have: Have) -> bytes:
+    return b"".join(_HAVE.pack(bytes.fromhex(s[2:]), d) for s, d in have)
+
+
+def _unpack_have(data: bytes, off: int, n: int) -> Have:
     out = []
     for i in range(n):
         s, d = _HAVE.unpack_from(data, off + i * _HAVE.size)

@@ -1,0 +1,213 @@
+"""Two-phase rounds, in process: commitments, what a packet needs to be accepted, what a late
+commitment is, equivocation evidence; and codec fuzzing of both envelope kinds."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dtrain_node.p2p import envelope, wire
+from dtrain_node.p2p import identity as ident
+from dtrain_node.p2p.envelope import EnvelopeError
+from dtrain_node.p2p.host import GossipConfig
+from dtrain_node.p2p.intake import Intake
+from dtrain_node.p2p.rounds import Phase, RoundStore, StoreLimits
+from dtrain_node.p2p.state import HostState
+
+MEMBERS = [account(i).address for i in range(4)]
+ARGS = {"chain_id": CHAIN_ID, "contract": CONTRACT, "job_id": JOB_ID, "epoch": 0}
+
+
+def packet(i: int, rnd: int, payload: bytes | None = None, chunk: int = 1000) -> tuple:
+    data = payload if payload is not None else bytes([i, rnd]) * 1500
+    kw = {**ARGS, "round": rnd, "payload": data, "chunk_size": chunk}
+    chunks = envelope.seal(account(i), **kw)
+    return envelope.commitment(account(i), chunks), chunks
+
+
+def store() -> RoundStore:
+    s = RoundStore(CHAIN_ID, CONTRACT, JOB_ID, StoreLimits(1 << 20, 4, 2))
+    s.set_epoch(0, MEMBERS, None)
+    return s
+
+
+def reason(s: RoundStore, env: envelope.Envelope, relayed: bool = False, **kw: object) -> str:
+    with pytest.raises(EnvelopeError) as e:
+        s.offer(env, relayed, **kw)  # type: ignore[arg-type]
+    return e.value.reason
+
+
+def test_packet_needs_its_senders_matching_commitment() -> None:
+    s = store()
+    s.begin(0)
+    c1, p1 = packet(1, 0)
+    assert reason(s, p1[0]) == "no_commit"
+    assert s.offer(c1, relayed=False)
+    _, p_other = packet(1, 0, payload=b"another packet")
+    assert reason(s, p_other[0]) == "commit_mismatch"
+    _, p_rechunked = packet(1, 0, chunk=500)  # same payload, other chunking
+    assert reason(s, p_rechunked[0]) == "commit_mismatch"
+    for e in p1:
+        assert s.offer(e, relayed=False)
+    assert list(s.usable(0)) == [MEMBERS[1]]
+    assert s.awaited(0) == [] and s.uncommitted(0) == sorted(MEMBERS[:1] + MEMBERS[2:])
+
+
+def test_commitments_are_taken_until_a_reveal_then_late() -> None:
+    s = store()
+    s.begin(0)
+    c1, p1 = packet(1, 0)
+    c2, _ = packet(2, 0)
+    c3, _ = packet(3, 0)
+    s.offer(c1, relayed=False)
+    assert s.commit_open(0)
+    s.offer(p1[0], relayed=False)  # someone revealed: a first commitment now is late
+    assert not s.commit_open(0)
+    assert reason(s, c2) == "late_commit"
+    assert reason(s, c2, relayed=True, relayer=MEMBERS[2]) == "late_commit"  # from itself
+    assert reason(s, c2, relayed=True, relayer=None) == "late_commit"  # unsigned reply
+    # relayed by a third member while we still agree on commitments: that member took it in time
+    s.close_commits(0)
+    assert s.phase(0) == Phase.COMMIT_CLOSED
+    assert s.offer(c2, relayed=True, relayer=MEMBERS[1])
+    s.reveal(0)
+    assert reason(s, c3, relayed=True, relayer=MEMBERS[1]) == "late_commit"
+    assert s.commitments(0) == sorted(
+        [(MEMBERS[1], c1.payload_sha256), (MEMBERS[2], c2.payload_sha256)]
+    )
+    assert s.awaited(0) == sorted(MEMBERS[1:3])  # committed, packets not (all) in yet
+
+
+def test_future_round_commitment_buffered_and_closed_by_an_early_reveal() -> None:
+    s = store()
+    s.begin(0)
+    c1, p1 = packet(1, 1)
+    c2, _ = packet(2, 1)
+    assert s.offer(c1, relayed=False) and s.offer(p1[0], relayed=False)
+    assert reason(s, c2) == "late_commit"  # round 1 already has a reveal
+    s.finish(0)
+    s.begin(1)
+    assert not s.commit_open(1) and s.uncommitted(1) == sorted(MEMBERS[:1] + MEMBERS[2:])
+
+
+def test_second_commitment_is_evidence_and_excludes_the_sender() -> None:
+    s = store()
+    s.begin(0)
+    c1, p1 = packet(1, 0)
+    c1b, p1b = packet(1, 0, payload=b"the other version")
+    s.offer(c1, relayed=False)
+    for e in p1:
+        s.offer(e, relayed=False)
+    s.reveal(0)
+    assert list(s.usable(0)) == [MEMBERS[1]]
+    assert s.offer(c1b, relayed=False)  # after the reveal too: it can only remove a member
+    assert s.usable(0) == {} and s.equivocations == [(0, MEMBERS[1])]
+    assert s.offer(p1b[0], relayed=True)  # its packet is evidence too, kept and served
+    assert reason(s, packet(1, 0, payload=b"third")[0]) == "equivocation"
+    assert len(s.commits_for(0, set())) == 2
+    assert s.commits_for(0, {(MEMBERS[1], c1.payload_sha256)}) == [c1b]
+
+
+def test_late_commitment_and_unmatched_packets_are_not_relayed(tmp_path: Path) -> None:
+    s = store()
+    key = ident.peer_key_of(ident.key_pair(b"\2" * 32))
+    cfg = GossipConfig(tmp_path, CHAIN_ID, CONTRACT, JOB_ID)
+    intake = Intake(HostState(cfg, account(0), key, ident.peer_id_from_key(key), "t", s))
+    s.begin(0)
+    c1, p1 = packet(1, 0)
+    c2, p2 = packet(2, 0)
+    assert not intake.accept(p1[0].encode(), relayed=False)  # no commitment: not relayed
+    assert intake.accept(c1.encode(), relayed=False)
+    s.reveal(0)
+    assert not intake.accept(c2.encode(), relayed=False)  # late commitment: not relayed
+    assert not intake.accept(p2[0].encode(), relayed=False)
+    assert intake.accept(p1[0].encode(), relayed=False)
+    assert intake.accept(c1.encode(), relayed=False)  # duplicate: authentic, relayed
+    assert dict(s.dropped) == {"no_commit": 2, "late_commit": 1, "duplicate": 1}
+
+
+def test_commitment_layout_and_signature() -> None:
+    c, chunks = packet(2, 7)
+    raw = c.encode()
+    assert raw[:6] == b"DTGE\x02\x01" and len(raw) == envelope.OVERHEAD
+    assert envelope.decode(raw) == c and c.recover_signer() == MEMBERS[2]
+    assert (c.payload_sha256, c.chunk_count, c.payload_len) == (
+        chunks[0].payload_sha256,
+        len(chunks),
+        3000,
+    )
+    # the kind is signed: a chunk cannot pass as a commitment or the other way round
+    as_chunk = dataclasses.replace(c, kind=envelope.CHUNK)
+    assert as_chunk.recover_signer() != MEMBERS[2]
+    with pytest.raises(EnvelopeError):
+        dataclasses.replace(c, chunk=b"x")
+    bad = bytearray(raw)
+    bad[5] = 2
+    with pytest.raises(EnvelopeError, match="malformed"):
+        envelope.decode(bytes(bad))
+
+
+u64 = st.integers(0, (1 << 64) - 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    u64, st.integers(0, (1 << 256) - 1), u64, u64, st.binary(max_size=3000), st.integers(1, 4000)
+)
+def test_commitment_roundtrip_any_fields(
+    chain: int, job: int, epoch: int, rnd: int, payload: bytes, chunk: int
+) -> None:
+    kw = {"chain_id": chain, "contract": CONTRACT, "job_id": job, "epoch": epoch, "round": rnd}
+    chunks = envelope.seal(account(1), payload=payload, chunk_size=chunk, **kw)
+    c = envelope.commitment(account(1), chunks)
+    back = envelope.decode(c.encode())
+    assert back == c and back.kind == envelope.COMMIT and back.recover_signer() == MEMBERS[1]
+    assert (back.chunk_count, back.payload_len) == (len(chunks), len(payload))
+    assert back.payload_sha256 == hashlib.sha256(payload).digest()
+
+
+_SAMPLES = [packet(1, 3)[0].encode(), packet(1, 3)[1][0].encode()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(_SAMPLES),
+    st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
+    st.integers(-3, 3),
+)
+def test_mutated_envelopes_raise_only_envelope_error(raw: bytes, flips: list, cut: int) -> None:
+    data = bytearray(raw)
+    for pos, val in flips:
+        data[pos % len(data)] = val
+    data = data[:cut] if cut < 0 else data + bytes(cut)
+    try:
+        env = envelope.decode(bytes(data))
+    except EnvelopeError:
+        return
+    assert env.encode() == bytes(data)  # whatever decodes re-encodes to the same bytes
+    assert env.kind in (envelope.CHUNK, envelope.COMMIT)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(MEMBERS), st.binary(min_size=32, max_size=32)), max_size=5),
+    st.lists(st.tuples(st.sampled_from(MEMBERS), st.binary(min_size=32, max_size=32)), max_size=5),
+    st.binary(min_size=16, max_size=16),
+    st.integers(0, 5),
+)
+def test_sync_messages_with_commitments_roundtrip(
+    have: list, commits: list, nonce: bytes, phase: int
+) -> None:
+    req = wire.SyncRequest(JOB_ID, 1, 2, tuple(have), tuple(commits), nonce)
+    assert wire.decode_sync_request(req.encode()) == req
+    rep = wire.SyncReply(wire.SYNC_OK, phase, tuple(have), 3, tuple(commits))
+    sig = account(2).unsafe_sign_hash(rep.signing_digest(nonce)).signature
+    back = wire.decode_sync_reply(dataclasses.replace(rep, signature=bytes(sig)).encode())
+    assert back.signer(nonce) == MEMBERS[2] and back.signer(bytes(16 - 1) + b"x") != MEMBERS[2]
+    assert dataclasses.replace(back, signature=b"") == rep
