@@ -4,7 +4,8 @@ For each (nodes, params) it starts that many harness.gossip_worker processes (ea
 host with the gossip sync layer), runs `rounds` sync rounds with real DeMo codec packets of a
 synthetic model with `params` parameters at the default compression (4 of 4096 coefficients
 per 64x64 chunk, ~0.1% density, 1-bit levels), and records per-round latency as seen by each
-node (publish to "all members' packets in hand"), lost rounds and memory.
+node (start of the round, i.e. publishing its commitment, to "all members' packets in hand"),
+lost rounds and memory.
 
     python scripts/bench_gossip.py [--quick] [--out DIR]
 
