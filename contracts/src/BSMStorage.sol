@@ -71,6 +71,14 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         uint256 syncFailures;
     }
 
+    /// An epoch settled in pieces (through the hooks): members settled so far and totals.
+    struct Progress {
+        uint8 cursor;
+        uint8 paid;
+        uint96 bounty;
+        uint128 slashed;
+    }
+
     Params internal _params;
     uint256 internal _nextJobId;
     uint64 internal _nextAttempt;
@@ -98,6 +106,9 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(uint64 attempt => mapping(bytes32 voteKey => uint8)) internal _voteCounts;
     mapping(uint64 attempt => mapping(bytes32 voteKey => Vote)) internal _voteData;
     mapping(address operator => mapping(uint64 period => uint256)) internal _maturedRps;
+    mapping(uint256 jobId => Progress) internal _progress;
+    /// Next nonce of each operator's EIP-712 signed hook calls.
+    mapping(address operator => uint256) internal _nonces;
 
     function _assetsOf(address operator, address account) internal view returns (uint256) {
         Pool storage p = _pools[operator];

@@ -4,9 +4,9 @@ pragma solidity ^0.8.28;
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 
 import {IDistributedTrainingBSMActions} from "./interfaces/IDistributedTrainingBSM.sol";
-import {IBlueprintServiceManager} from "./interfaces/IBlueprintServiceManager.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 import {DistributedTrainingBSMViews} from "./DistributedTrainingBSMViews.sol";
 
@@ -15,21 +15,25 @@ import {DistributedTrainingBSMViews} from "./DistributedTrainingBSMViews.sol";
 /// @dev Stake pools are share based: slashing scales a pool's assets, never iterates stakers.
 /// Staker rewards use a reward-per-share accumulator settled on every share change.
 /// Every loop runs over one job's members or pending joins, bounded by `MAX_OPERATORS_CAP`.
-contract DistributedTrainingBSM is
-    BSMStorage,
-    IDistributedTrainingBSMActions,
-    IBlueprintServiceManager,
-    ReentrancyGuard
-{
+contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, ReentrancyGuard {
     using SafeCast for uint256;
 
     uint256 public constant MAX_OPERATORS_CAP = _MAX_OPERATORS_CAP;
     uint256 public constant MAX_SLASH_BPS = _MAX_SLASH_BPS;
-    uint8 public constant SUBMIT_JOB = 0;
+    /// Job ids of `onJobCall` / `onJobResult` (0 is reserved: jobs are created with `createJob`).
     uint8 public constant JOIN = 1;
     uint8 public constant LEAVE = 2;
     uint8 public constant SUBMIT_CHECKPOINT = 3;
     uint8 public constant FINALIZE = 4;
+
+    /// Members an epoch's settlement covers per hook call, under the core's 500k gas cap.
+    uint256 public constant HOOK_SETTLE_BATCH = 3;
+
+    bytes32 private constant _DOMAIN_TYPEHASH =
+        keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
+    bytes32 private constant _NAME_HASH = keccak256("DistributedTrainingBSM");
+    bytes32 private constant _VERSION_HASH = keccak256("1");
+    bytes32 private constant _CALL_TYPEHASH = keccak256("OperatorCall(uint8 job,bytes args,uint256 nonce)");
 
     /// The read-only extension every unknown selector is delegated to.
     address private immutable _VIEWS;
@@ -85,7 +89,7 @@ contract DistributedTrainingBSM is
         string calldata hardware,
         uint256 minPricePerEpoch
     ) external payable {
-        _register(msg.sender, peerKey, multiaddrs, hardware, minPricePerEpoch, msg.value);
+        _register(msg.sender, peerKey, multiaddrs, hardware, minPricePerEpoch, msg.value, true);
     }
 
     /// @inheritdoc IDistributedTrainingBSMActions
@@ -219,86 +223,97 @@ contract DistributedTrainingBSM is
 
     /// @inheritdoc IDistributedTrainingBSMActions
     function finalizeEpoch(uint256 jobId, uint256 epoch) external {
-        _finalize(jobId, epoch, msg.sender);
+        _finalize(jobId, epoch, msg.sender, _MAX_OPERATORS_CAP);
     }
 
     // ================================================================ Tangle hooks
+    // tnt-core's IBlueprintServiceManager (see the interface for the pinned commit and how the
+    // core calls). The hooks that need no state are in the views extension. None needs ether,
+    // each stays under the core's 500k gas cap at 32 members, and operator identity comes only
+    // from an `operator` argument the core vouches for or an EIP-712 signature by the operator.
 
-    /// @inheritdoc IBlueprintServiceManager
+    function onBlueprintCreated(uint64, address, address) external onlyCore {}
+
+    /// `registrationInputs` = `abi.encode(bytes32 peerKey, string[] multiaddrs, string hardware,
+    /// uint256 minPricePerEpoch)`. The core forwards no stake: the operator adds it with `stake()`.
     function onRegister(address operator, bytes calldata registrationInputs) external payable onlyCore {
         (bytes32 peerKey, string[] memory multiaddrs, string memory hardware, uint256 price) =
             abi.decode(registrationInputs, (bytes32, string[], string, uint256));
-        _register(operator, peerKey, multiaddrs, hardware, price, msg.value);
+        _register(operator, peerKey, multiaddrs, hardware, price, msg.value, false);
     }
 
-    /// @inheritdoc IBlueprintServiceManager
     function onUnregister(address operator) external onlyCore {
         _deregister(operator);
     }
 
-    /// @inheritdoc IBlueprintServiceManager
-    function onRequest(
-        uint64,
-        address requester,
-        address[] calldata operators,
-        bytes calldata requestInputs,
-        uint64,
-        address paymentAsset,
-        uint256 paymentAmount
-    ) external payable onlyCore {
-        require(paymentAsset == address(0), UnsupportedPaymentAsset(paymentAsset));
-        require(msg.value == paymentAmount, PaymentMismatch(paymentAmount, msg.value));
-        JobSpec memory spec = abi.decode(requestInputs, (JobSpec));
-        uint256 jobId = _createJob(requester, spec, msg.value);
-        for (uint256 i; i < operators.length; ++i) {
-            _join(jobId, operators[i]);
-        }
-    }
-
-    /// @inheritdoc IBlueprintServiceManager
-    function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs) external payable onlyCore {
-        (address actor, bytes memory args) = abi.decode(inputs, (address, bytes));
-        if (job == SUBMIT_JOB) {
-            _createJob(actor, abi.decode(args, (JobSpec)), msg.value);
-            return;
-        }
-        require(msg.value == 0, PaymentMismatch(0, msg.value));
-        if (job == FINALIZE) {
-            (uint256 jobId, uint256 epoch) = abi.decode(args, (uint256, uint256));
-            _finalize(jobId, epoch, actor);
-        } else {
-            _operatorCall(job, actor, args);
-        }
-    }
-
-    /// @inheritdoc IBlueprintServiceManager
-    function onJobResult(uint64, uint8 job, uint64, address operator, bytes32, bytes calldata outputs)
+    /// A service request must carry a valid `abi.encode(JobSpec)`. It creates no job and joins
+    /// nobody: the core holds the request's payment, and listed operators have not agreed to
+    /// anything. Jobs are created and escrowed with `createJob`.
+    function onRequest(uint64, address, address[] calldata, bytes calldata requestInputs, uint64, address, uint256)
         external
+        payable
         onlyCore
     {
-        _operatorCall(job, operator, outputs);
+        _checkSpec(abi.decode(requestInputs, (JobSpec)));
     }
 
-    /// @inheritdoc IBlueprintServiceManager
+    /// JOIN, LEAVE, SUBMIT_CHECKPOINT: `inputs` = `abi.encode(address operator, bytes args,
+    /// bytes signature)`, signed by `operator` over EIP-712
+    /// `OperatorCall(uint8 job,bytes args,uint256 nonce)` with its next `operatorNonce`.
+    /// FINALIZE: `inputs` = `abi.encode(uint256 jobId, uint256 epoch)`; settles the next
+    /// `HOOK_SETTLE_BATCH` members (call again until `EpochFinalized`); bounties go to the treasury.
+    function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs) external payable onlyCore {
+        if (job == FINALIZE) {
+            (uint256 jobId, uint256 epoch) = abi.decode(inputs, (uint256, uint256));
+            _finalize(jobId, epoch, _params.treasury, HOOK_SETTLE_BATCH);
+            return;
+        }
+        (address operator, bytes memory args, bytes memory signature) = abi.decode(inputs, (address, bytes, bytes));
+        uint256 nonce = _nonces[operator]++;
+        bytes32 digest = keccak256(
+            abi.encodePacked(
+                "\x19\x01",
+                keccak256(abi.encode(_DOMAIN_TYPEHASH, _NAME_HASH, _VERSION_HASH, block.chainid, address(this))),
+                keccak256(abi.encode(_CALL_TYPEHASH, job, keccak256(args), nonce))
+            )
+        );
+        (address signer, ECDSA.RecoverError err,) = ECDSA.tryRecover(digest, signature);
+        require(err == ECDSA.RecoverError.NoError && signer == operator, InvalidOperatorSignature(operator, nonce));
+        _operatorCall(job, operator, args);
+    }
+
+    /// JOIN, LEAVE, SUBMIT_CHECKPOINT and FINALIZE as the result-sending `operator` (which the
+    /// core vouches for), with `outputs` = the call's args.
+    function onJobResult(uint64, uint8 job, uint64, address operator, bytes32, bytes calldata outputs)
+        external
+        payable
+        onlyCore
+    {
+        if (job == FINALIZE) {
+            (uint256 jobId, uint256 epoch) = abi.decode(outputs, (uint256, uint256));
+            _finalize(jobId, epoch, operator, HOOK_SETTLE_BATCH);
+        } else {
+            _operatorCall(job, operator, outputs);
+        }
+    }
+
+    /// `offender` = `abi.encodePacked(operator)` as the core sends it (an abi-encoded address is
+    /// accepted too); proceeds go to the treasury.
     function onSlash(uint64, bytes calldata offender, uint8 slashPercent) external onlyCore {
         require(slashPercent > 0 && slashPercent <= MAX_SLASH_BPS / 100, InvalidSlashPercent(slashPercent));
-        // The core passes the offender as 20 packed bytes; an abi-encoded address is accepted too.
         address operator = offender.length == 20 ? address(bytes20(offender)) : abi.decode(offender, (address));
         uint256 amount = _slash(operator, uint256(slashPercent) * 100, 0, 0, SlashReason.External, msg.sender);
         if (amount > 0) _credit(_params.treasury, amount);
     }
 
-    /// @inheritdoc IBlueprintServiceManager
     function querySlashingOrigin(uint64) external view returns (address) {
         return address(this);
     }
 
-    /// @inheritdoc IBlueprintServiceManager
     function queryDeveloperPaymentAddress(uint64) external view returns (address payable) {
         return payable(_params.developer);
     }
 
-    /// @inheritdoc IBlueprintServiceManager
     function queryIsPaymentAssetAllowed(uint64, address asset) external pure returns (bool) {
         return asset == address(0);
     }
@@ -311,14 +326,17 @@ contract DistributedTrainingBSM is
         string[] memory multiaddrs,
         string memory hardware,
         uint256 minPricePerEpoch,
-        uint256 amount
+        uint256 amount,
+        bool stakeRequired
     ) internal {
         Operator storage o = _operators[operator];
         require(!o.registered, AlreadyRegistered(operator));
-        require(amount >= _params.minStake, StakeBelowMinimum(amount, _params.minStake));
+        require(
+            amount >= _params.minStake || (!stakeRequired && amount == 0), StakeBelowMinimum(amount, _params.minStake)
+        );
         o.registered = true;
         _setNetwork(o, peerKey, multiaddrs, hardware, minPricePerEpoch);
-        _mint(operator, operator, amount);
+        if (amount > 0) _mint(operator, operator, amount);
         emit OperatorRegistered(operator, peerKey, amount);
     }
 
@@ -511,6 +529,22 @@ contract DistributedTrainingBSM is
     }
 
     function _createJob(address caller, JobSpec memory spec, uint256 value) internal returns (uint256 jobId) {
+        _checkSpec(spec);
+        uint256 escrow = spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
+        require(value == escrow, WrongEscrow(escrow, value));
+
+        jobId = _nextJobId++;
+        _specs[jobId] = spec;
+        JobState storage j = _jobs[jobId];
+        j.caller = caller;
+        j.status = JobStatus.Open;
+        j.escrow = escrow;
+        j.checkpoint = spec.modelHash;
+        _totalEscrow += escrow;
+        emit JobCreated(jobId, caller, spec.method, escrow);
+    }
+
+    function _checkSpec(JobSpec memory spec) internal view {
         require(
             spec.minOperators > 0 && spec.minOperators <= spec.maxOperators
                 && spec.maxOperators <= _params.maxOperators,
@@ -530,18 +564,6 @@ contract DistributedTrainingBSM is
             InvalidEpochDuration(spec.epochDuration, _params.minEpochDuration, maxDuration)
         );
         require(spec.pricePerOperatorEpoch > 0, ZeroValue());
-        uint256 escrow = spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
-        require(value == escrow, WrongEscrow(escrow, value));
-
-        jobId = _nextJobId++;
-        _specs[jobId] = spec;
-        JobState storage j = _jobs[jobId];
-        j.caller = caller;
-        j.status = JobStatus.Open;
-        j.escrow = escrow;
-        j.checkpoint = spec.modelHash;
-        _totalEscrow += escrow;
-        emit JobCreated(jobId, caller, spec.method, escrow);
     }
 
     function _operatorCall(uint8 job, address operator, bytes memory args) internal {
@@ -671,7 +693,9 @@ contract DistributedTrainingBSM is
         bool stakersLate; // finalized more than a reward period after the epoch began
     }
 
-    function _finalize(uint256 jobId, uint256 epoch, address reporter) internal {
+    /// Settles members `[cursor, cursor + maxMembers)` of the epoch; the call that settles the
+    /// last one also ends the epoch. A hook settles in pieces to stay under the core's gas cap.
+    function _finalize(uint256 jobId, uint256 epoch, address reporter, uint256 maxMembers) internal {
         JobState storage j = _job(jobId);
         require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
         require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
@@ -694,20 +718,34 @@ contract DistributedTrainingBSM is
         c.stakersLate = block.timestamp > j.epochStart - _params.startGrace + _rewardPeriod();
         Vote memory v = c.quorum ? _voteData[c.attempt][t.leaderKey] : Vote(bytes32(0), 0);
         c.syncFailures = v.syncFailures;
-        for (uint256 i; i < members.length; ++i) {
+        Progress memory g = _progress[jobId];
+        uint256 to = Math.min(members.length, g.cursor + maxMembers);
+        for (uint256 i = g.cursor; i < to; ++i) {
             _settleMember(c, members[i], i);
         }
         if (c.paid > 0) _payShared(c.paid, c.price, j);
         if (c.slashed > 0) {
             // Slashed stake goes to the treasury; the finalizer earns a small bounded reward
-            // unless it is the job's caller or a member of the job.
+            // (capped per epoch) unless it is the job's caller or a member of the job.
             uint256 bounty;
             if (reporter != j.caller && _membership[jobId][reporter] == Membership.None) {
-                bounty = Math.min(c.slashed * _params.reporterBountyBps / _BPS, _params.maxReporterBounty);
+                uint256 due =
+                    Math.min((g.slashed + c.slashed) * _params.reporterBountyBps / _BPS, _params.maxReporterBounty);
+                bounty = Math.min(due - Math.min(due, g.bounty), c.slashed * _params.reporterBountyBps / _BPS);
                 if (bounty > 0) _credit(reporter, bounty);
             }
             _credit(_params.treasury, c.slashed - bounty);
+            g.slashed += c.slashed.toUint128();
+            g.bounty += bounty.toUint96();
         }
+        c.paid += g.paid;
+        if (to < members.length) {
+            (g.cursor, g.paid) = (uint8(to), uint8(c.paid));
+            _progress[jobId] = g;
+            emit EpochSettling(jobId, epoch, to, members.length);
+            return;
+        }
+        if (g.cursor > 0) delete _progress[jobId];
 
         if (c.quorum) {
             _epochCheckpoints[jobId][epoch] = v.checkpoint;

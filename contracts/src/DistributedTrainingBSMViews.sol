@@ -3,6 +3,7 @@ pragma solidity ^0.8.28;
 
 import {IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
 import {BSMStorage} from "./BSMStorage.sol";
+import {TangleTypes} from "./interfaces/IBlueprintServiceManager.sol";
 
 /// @title DistributedTrainingBSMViews
 /// @notice The read-only half of the BSM. `DistributedTrainingBSM` deploys it in its
@@ -147,5 +148,105 @@ contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews
         returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve)
     {
         return (_totalStaked, _totalUnbonding, _totalEscrow, _totalCredits, _totalRewardReserve);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function operatorNonce(address operator) external view returns (uint256) {
+        return _nonces[operator];
+    }
+
+    // ---------------------------------------------------------------- Tangle hooks with no state
+    // The rest of tnt-core's IBlueprintServiceManager: the core calls these best effort (or reads
+    // them with a fallback to its defaults); this blueprint keeps no state for them.
+
+    function onUpdatePreferences(address, bytes calldata) external payable {}
+
+    function onApprove(address, uint64, uint8) external payable {}
+
+    function onReject(address, uint64) external {}
+
+    function onServiceInitialized(uint64, uint64, uint64, address, address[] calldata, uint64) external {}
+
+    function onServiceTermination(uint64, address) external {}
+
+    function onOperatorJoined(uint64, address, uint16) external {}
+
+    function onOperatorLeft(uint64, address) external {}
+
+    function onExitScheduled(uint64, address, uint64) external {}
+
+    function onExitCanceled(uint64, address) external {}
+
+    function onUnappliedSlash(uint64, bytes calldata, uint8) external {}
+
+    function onAggregatedResult(
+        uint64,
+        uint8,
+        uint64,
+        bytes calldata,
+        uint256,
+        uint256[2] calldata,
+        uint256[4] calldata
+    ) external {}
+
+    function onBinaryVersionPublished(uint64, TangleTypes.BinaryVersion calldata, string calldata) external {}
+
+    function onOperatorBinaryAcked(uint64, uint64, address) external {}
+
+    function getHeartbeatInterval(uint64) external pure returns (bool, uint64) {
+        return (true, 0);
+    }
+
+    function getHeartbeatThreshold(uint64) external pure returns (bool, uint8) {
+        return (true, 0);
+    }
+
+    function getSlashingWindow(uint64) external pure returns (bool, uint64) {
+        return (true, 0);
+    }
+
+    function getExitConfig(uint64) external pure returns (bool, uint64, uint64, bool) {
+        return (true, 0, 0, false);
+    }
+
+    function getNonPaymentTerminationPolicy(uint64) external pure returns (bool, uint64) {
+        return (true, 0);
+    }
+
+    function forceRemoveAllowsBelowMin(uint64) external pure returns (bool) {
+        return false;
+    }
+
+    function computeBillAdjustmentBps(uint64, uint64, uint64) external pure returns (uint16) {
+        return 10_000;
+    }
+
+    function canJoin(uint64, address) external pure returns (bool) {
+        return true;
+    }
+
+    function canLeave(uint64, address) external pure returns (bool) {
+        return true;
+    }
+
+    /// Disputes and slashes for this blueprint are raised by the BSM itself.
+    function queryDisputeOrigin(uint64) external view returns (address) {
+        return address(this);
+    }
+
+    function getRequiredResultCount(uint64, uint8) external pure returns (uint32) {
+        return 1;
+    }
+
+    function requiresAggregation(uint64, uint8) external pure returns (bool) {
+        return false;
+    }
+
+    function getAggregationThreshold(uint64, uint8) external pure returns (uint16, uint8) {
+        return (6700, 0);
+    }
+
+    function getMinOperatorStake() external view returns (bool, uint256) {
+        return (false, _params.minStake);
     }
 }

@@ -203,7 +203,34 @@ def chain_up(ctx: Ctx, accounts: int, balance: int) -> None:
 @click.option("--developer", help="Blueprint developer (default: the deployer).")
 @click.option("--core", default="0x" + "00" * 20, help="Tangle core allowed to call the hooks.")
 @click.option("--min-stake", type=AMOUNT, default="1ether", show_default=True)
-@click.option("--unbonding", type=DURATION, default="7d", show_default=True)
+@click.option(
+    "--unbonding",
+    type=DURATION,
+    default="7d",
+    show_default=True,
+    help="Unbonding period; an epoch spans at most a quarter of it (grace + duration).",
+)
+@click.option(
+    "--min-epoch",
+    type=DURATION,
+    default="60s",
+    show_default=True,
+    help="Shortest epoch duration a job may ask for.",
+)
+@click.option(
+    "--start-grace",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="Time between an epoch's start condition and the start of its duration.",
+)
+@click.option(
+    "--max-bounty",
+    type=AMOUNT,
+    default="0.01ether",
+    show_default=True,
+    help="Cap on a finalizer's reward from one epoch's slashes (the rest goes to the treasury).",
+)
 @click.option("--max-operators", default=32, show_default=True)
 @click.option(
     "--split",
@@ -225,6 +252,9 @@ def deploy(
     core: str,
     min_stake: int,
     unbonding: int,
+    min_epoch: int,
+    start_grace: int,
+    max_bounty: int,
     max_operators: int,
     split: str,
     slash: str,
@@ -248,6 +278,9 @@ def deploy(
         sync_fail_slash_bps=sync,
         min_stake=min_stake,
         unbonding_period=unbonding,
+        min_epoch_duration=min_epoch,
+        start_grace=start_grace,
+        max_reporter_bounty=max_bounty,
         max_operators=max_operators,
     )
     bsm = BSM.deploy(ctx.rpc_url, account, params)

@@ -13,6 +13,7 @@ from harness.chain import ETH, peer_key
 from web3 import Web3
 
 from dtrain.cli import main
+from dtrain.client import BSM
 
 DTRAIN = [sys.executable, "-m", "dtrain.cli"]
 
@@ -55,12 +56,33 @@ def test_help_lists_all_commands(run) -> None:
 
 def test_deploy_prints_address(run, chain, accounts) -> None:
     code, out, err = run(
-        "--json", "deploy", "--min-stake", "2ether", "--unbonding", "1d", key=accounts[0].key
+        "--json",
+        "deploy",
+        "--min-stake",
+        "2ether",
+        "--unbonding",
+        "1d",
+        "--min-epoch",
+        "2m",
+        "--start-grace",
+        "10s",
+        "--max-bounty",
+        "0.001ether",
+        key=accounts[0].key,
     )
     assert code == 0, err
     address = json.loads(out)["address"]
     w3 = Web3(Web3.HTTPProvider(chain.url))
     assert len(w3.eth.get_code(address)) > 0
+    p = BSM.attach(chain.url, address).params()
+    assert (p.min_epoch_duration, p.start_grace, p.max_reporter_bounty) == (120, 10, 10**15)
+
+
+def test_deploy_rejects_short_unbonding(run, accounts) -> None:
+    """Epochs must fit in a quarter of the unbonding period: the constructor says why not."""
+    code, _, err = run("deploy", "--unbonding", "100s", "--min-epoch", "60s", key=accounts[0].key)
+    assert code != 0
+    assert "unbonding period 100s is shorter than 360s" in err, err
 
 
 def test_operator_staker_caller_session(run, bsm, accounts) -> None:

@@ -214,14 +214,13 @@ interface IDistributedTrainingBSMTypes {
     /// @notice job `jobId`: `submitted` of `members` members submitted and the deadline `deadline` has not passed
     error EpochNotFinalizable(uint256 jobId, uint256 submitted, uint256 members, uint256 deadline);
     /// @notice unknown job kind `job`
-    /// @param job the `onJobCall` job id (0..4, see IBlueprintServiceManager).
+    /// @param job the `onJobCall` / `onJobResult` job id (JOIN=1, LEAVE=2, SUBMIT_CHECKPOINT=3, FINALIZE=4).
     error UnknownJobKind(uint8 job);
-    /// @notice payment asset `asset` is not supported (native only)
-    error UnsupportedPaymentAsset(address asset);
-    /// @notice declared payment `declared` but sent `sent`
-    error PaymentMismatch(uint256 declared, uint256 sent);
     /// @notice slash percent `percent` outside 1..50
     error InvalidSlashPercent(uint256 percent);
+    /// @notice the hook call is not signed by operator `operator` with its nonce `nonce`
+    /// @param nonce the operator's next nonce (`operatorNonce`), which the signature must cover.
+    error InvalidOperatorSignature(address operator, uint256 nonce);
 
     // ---------------------------------------------------------------- events
 
@@ -267,6 +266,9 @@ interface IDistributedTrainingBSMTypes {
     );
     /// @notice Epoch `epoch` of job `jobId` reached quorum on `checkpoint`; `paidMembers` members were paid.
     event EpochFinalized(uint256 indexed jobId, uint256 indexed epoch, bytes32 checkpoint, uint256 paidMembers);
+    /// @notice Epoch `epoch` of job `jobId` is being settled in pieces: `settled` of `members`
+    /// members so far (a hook settles `HOOK_SETTLE_BATCH` per call).
+    event EpochSettling(uint256 indexed jobId, uint256 indexed epoch, uint256 settled, uint256 members);
     /// @notice Epoch `epoch` of job `jobId` ended without quorum (`failedEpochs` in a row).
     event EpochFailed(uint256 indexed jobId, uint256 indexed epoch, uint256 failedEpochs);
     /// @notice `operator` earned `price` wei for epoch `epoch` of job `jobId`, split among operator,
@@ -411,6 +413,8 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
     function submissionOf(uint256 jobId, address operator) external view returns (bytes32 checkpoint, bytes32 voteKey);
     function submittedCount(uint256 jobId) external view returns (uint256);
     function epochDeadline(uint256 jobId) external view returns (uint64);
+    /// @notice Next nonce `operator` must sign into an EIP-712 `OperatorCall` sent through `onJobCall`.
+    function operatorNonce(address operator) external view returns (uint256);
     /// @notice Running totals whose sum equals the contract balance.
     function accounting()
         external

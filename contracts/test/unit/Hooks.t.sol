@@ -4,99 +4,232 @@ pragma solidity ^0.8.28;
 import {BaseTest} from "../Base.t.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {IBlueprintServiceManager} from "../../src/interfaces/IBlueprintServiceManager.sol";
-import {IBSM} from "../utils/IBSM.sol";
 
-/// Plays the Tangle core and drives a whole job through the hooks.
-contract HooksTest is BaseTest {
-    uint8 internal constant SUBMIT_JOB = 0;
+/// Calls the hooks exactly as tnt-core (8a2b24c1) does: `manager.call{gas: 500_000}(data)`
+/// with no ether, the caller's own address as the `operator` it vouches for, the slash offender
+/// as `abi.encodePacked(operator)`. A failed hook reverts here (the core's `_callManager`).
+contract TangleCoreHarness {
+    uint256 public constant HOOK_GAS = 500_000;
+    address public manager;
+    uint64 public nextCallId = 1;
+    uint256 public lastGas;
+    uint256 public maxGas;
+
+    function setManager(address m) external {
+        manager = m;
+    }
+
+    function _call(bytes memory data) internal {
+        uint256 g = gasleft();
+        (bool ok, bytes memory ret) = manager.call{gas: HOOK_GAS}(data);
+        lastGas = g - gasleft();
+        if (lastGas > maxGas) maxGas = lastGas;
+        if (!ok) {
+            assembly ("memory-safe") {
+                revert(add(ret, 32), mload(ret))
+            }
+        }
+    }
+
+    function createBlueprint(uint64 blueprintId) external {
+        _call(abi.encodeCall(IBlueprintServiceManager.onBlueprintCreated, (blueprintId, msg.sender, address(this))));
+    }
+
+    /// The sender registers itself (Operators.registerOperator in the core).
+    function registerOperator(bytes calldata payload) external {
+        _call(abi.encodeCall(IBlueprintServiceManager.onRegister, (msg.sender, payload)));
+    }
+
+    function unregisterOperator() external {
+        _call(abi.encodeCall(IBlueprintServiceManager.onUnregister, (msg.sender)));
+    }
+
+    function requestService(address[] calldata operators, bytes calldata config, uint256 payment) external {
+        _call(
+            abi.encodeCall(
+                IBlueprintServiceManager.onRequest, (1, msg.sender, operators, config, 0, address(0), payment)
+            )
+        );
+    }
+
+    /// Any permitted caller submits a job call; nothing in `inputs` is vouched for.
+    function submitJob(uint8 job, bytes calldata inputs) external {
+        _call(abi.encodeCall(IBlueprintServiceManager.onJobCall, (7, job, nextCallId++, inputs)));
+    }
+
+    /// The sender, an operator of the service, submits a result.
+    function submitResult(uint8 job, bytes calldata outputs) external {
+        _call(
+            abi.encodeCall(
+                IBlueprintServiceManager.onJobResult, (7, job, nextCallId++, msg.sender, keccak256(outputs), outputs)
+            )
+        );
+    }
+
+    function slash(address operator, uint8 percent) external {
+        _call(abi.encodeCall(IBlueprintServiceManager.onSlash, (7, abi.encodePacked(operator), percent)));
+    }
+}
+
+abstract contract HooksBase is BaseTest {
     uint8 internal constant JOIN = 1;
     uint8 internal constant LEAVE = 2;
     uint8 internal constant SUBMIT_CHECKPOINT = 3;
     uint8 internal constant FINALIZE = 4;
 
-    function coreRegister(address a) internal {
-        vm.deal(core, core.balance + MIN_STAKE);
-        vm.prank(core);
-        bsm.onRegister{value: MIN_STAKE}(a, abi.encode(peerKeyOf(a), addrsOf(1), "cpu:2", uint256(0)));
+    TangleCoreHarness internal tangle;
+
+    function setUp() public virtual override {
+        tangle = new TangleCoreHarness();
+        core = address(tangle);
+        super.setUp();
+        tangle.setManager(address(bsm));
     }
 
+    function keyOf(uint256 i) internal pure returns (uint256) {
+        return uint256(keccak256(bytes(string.concat("operator", vm_toString(i)))));
+    }
+
+    function coreRegister(address a) internal {
+        vm.prank(a);
+        tangle.registerOperator(abi.encode(peerKeyOf(a), addrsOf(1), "cpu:2", uint256(0)));
+    }
+
+    function signed(uint256 key, uint8 job, bytes memory args) internal view returns (bytes memory) {
+        address a = vm.addr(key);
+        bytes32 domain = keccak256(
+            abi.encode(
+                keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"),
+                keccak256("DistributedTrainingBSM"),
+                keccak256("1"),
+                block.chainid,
+                address(bsm)
+            )
+        );
+        bytes32 structHash = keccak256(
+            abi.encode(
+                keccak256("OperatorCall(uint8 job,bytes args,uint256 nonce)"),
+                job,
+                keccak256(args),
+                bsm.operatorNonce(a)
+            )
+        );
+        (uint8 v, bytes32 r, bytes32 s) = vm.sign(key, keccak256(abi.encodePacked("\x19\x01", domain, structHash)));
+        return abi.encode(a, args, abi.encodePacked(r, s, v));
+    }
+
+    /// Finalizes through the hooks in pieces until the epoch ends; returns the calls made.
+    function hookFinalize(uint256 jobId) internal returns (uint256 calls) {
+        uint256 epoch = state(jobId).epoch;
+        uint64 attempt = state(jobId).attempt;
+        while (state(jobId).epoch == epoch && state(jobId).attempt == attempt && status(jobId) == I.JobStatus.Running) {
+            tangle.submitJob(FINALIZE, abi.encode(jobId, epoch));
+            vm.assertLe(tangle.lastGas(), tangle.HOOK_GAS(), "hook over the core's gas cap");
+            ++calls;
+        }
+    }
+}
+
+/// A whole job driven through the hooks as the core calls them.
+contract HooksTest is HooksBase {
     function test_wholeJobThroughHooks() public {
+        tangle.createBlueprint(1);
         address[] memory ops = new address[](3);
         for (uint256 i; i < 3; ++i) {
             ops[i] = op(i + 1);
             coreRegister(ops[i]);
             vm.assertTrue(bsm.getOperator(ops[i]).registered);
+            // The core forwards no ether: the operator stakes directly.
+            vm.deal(ops[i], MIN_STAKE);
+            vm.prank(ops[i]);
+            bsm.stake{value: MIN_STAKE}();
         }
-        // Request creates the job and joins the first two listed operators.
-        I.JobSpec memory s = spec(3, 3, 1);
-        address[] memory first = new address[](2);
-        (first[0], first[1]) = (ops[0], ops[1]);
-        vm.deal(core, escrowOf(s));
-        vm.prank(core);
-        bsm.onRequest{value: escrowOf(s)}(9, caller, first, abi.encode(s), 0, address(0), escrowOf(s));
-        uint256 jobId = 1;
-        vm.assertEq(bsm.getMembers(jobId).length, 2);
-        // The third joins through a job call.
-        vm.prank(core);
-        bsm.onJobCall(0, JOIN, 1, abi.encode(ops[2], abi.encode(jobId)));
+        // A request is checked, creates nothing and joins nobody.
+        I.JobSpec memory s = spec(3, 3, 2);
+        vm.prank(caller);
+        tangle.requestService(ops, abi.encode(s), escrowOf(s));
+        vm.assertEq(bsm.nextJobId(), 1);
+        uint256 jobId = createJob(s);
+        // One operator joins by sending a result (the core vouches for the sender), the
+        // others through job calls they signed.
+        vm.prank(ops[0]);
+        tangle.submitResult(JOIN, abi.encode(jobId));
+        tangle.submitJob(JOIN, signed(keyOf(2), JOIN, abi.encode(jobId)));
+        tangle.submitJob(JOIN, signed(keyOf(3), JOIN, abi.encode(jobId)));
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
-        // Checkpoints arrive as job results.
-        uint32[] memory p = fullParticipation(jobId);
-        address[] memory m = bsm.getMembers(jobId);
-        for (uint256 i; i < 3; ++i) {
-            vm.prank(core);
-            bsm.onJobResult(0, SUBMIT_CHECKPOINT, 2, m[i], bytes32(0), abi.encode(jobId, uint256(0), keccak256("w"), p));
+        for (uint256 e; e < 2; ++e) {
+            uint32[] memory p = fullParticipation(jobId);
+            address[] memory m = bsm.getMembers(jobId);
+            for (uint256 i; i < 3; ++i) {
+                vm.prank(m[i]);
+                tangle.submitResult(SUBMIT_CHECKPOINT, abi.encode(jobId, e, keccak256(abi.encode(e)), p));
+            }
+            hookFinalize(jobId);
         }
-        vm.prank(core);
-        bsm.onJobCall(0, FINALIZE, 3, abi.encode(reporter, abi.encode(jobId, uint256(0))));
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
-        vm.assertEq(state(jobId).checkpoint, keccak256("w"));
-        vm.assertEq(bsm.creditOf(m[0]), PRICE * 40 / 100);
-        vm.assertEq(bsm.creditOf(developer), 3 * PRICE * 20 / 100);
-        // Unregister through the core: stake starts unbonding.
-        vm.prank(core);
-        bsm.onUnregister(ops[0]);
+        vm.assertEq(state(jobId).checkpoint, keccak256(abi.encode(uint256(1))));
+        vm.assertEq(bsm.creditOf(ops[0]), 2 * PRICE * 40 / 100);
+        vm.assertEq(bsm.creditOf(developer), 6 * PRICE * 20 / 100);
+        vm.prank(ops[0]);
+        tangle.unregisterOperator();
         vm.assertFalse(bsm.getOperator(ops[0]).registered);
         assertConserved();
     }
 
-    function test_submitJobThroughJobCall() public {
-        I.JobSpec memory s = spec(1, 2, 1);
-        vm.deal(core, escrowOf(s));
-        vm.prank(core);
-        bsm.onJobCall{value: escrowOf(s)}(0, SUBMIT_JOB, 1, abi.encode(caller, abi.encode(s)));
-        vm.assertEq(state(1).caller, caller);
-        vm.assertEq(state(1).escrow, escrowOf(s));
-    }
-
     function test_leaveThroughJobResult() public {
         address a = op(1);
-        coreRegister(a);
+        register(a, MIN_STAKE);
         uint256 jobId = createJob(spec(2, 2, 1));
-        vm.prank(core);
-        bsm.onJobResult(0, JOIN, 1, a, bytes32(0), abi.encode(jobId));
-        vm.prank(core);
-        bsm.onJobResult(0, LEAVE, 2, a, bytes32(0), abi.encode(jobId));
-        vm.assertEq(bsm.getPendingJoins(jobId).length, 0);
+        vm.prank(a);
+        tangle.submitResult(JOIN, abi.encode(jobId));
+        vm.assertEq(bsm.getMembers(jobId).length, 1);
+        vm.prank(a);
+        tangle.submitResult(LEAVE, abi.encode(jobId));
+        vm.assertEq(bsm.getMembers(jobId).length, 0);
     }
 
-    function test_onSlashSlashesPool() public {
+    /// The core passes the offender as 20 packed bytes.
+    function test_onSlashTakesPackedOffender() public {
         address a = op(1);
-        coreRegister(a);
+        register(a, MIN_STAKE);
         vm.prank(staker);
         bsm.delegate{value: 1 ether}(a);
-        vm.prank(core);
-        bsm.onSlash(0, abi.encode(a), 20);
+        tangle.slash(a, 20);
         vm.assertEq(bsm.stakeOf(a, staker), 0.8 ether);
         vm.assertEq(bsm.creditOf(treasury), 0.4 ether);
         assertConserved();
     }
 
-    function test_queries() public view {
-        vm.assertEq(bsm.querySlashingOrigin(1), address(bsm));
-        vm.assertEq(bsm.queryDeveloperPaymentAddress(1), developer);
-        vm.assertTrue(bsm.queryIsPaymentAssetAllowed(1, address(0)));
-        vm.assertFalse(bsm.queryIsPaymentAssetAllowed(1, address(0xE20)));
+    /// Every hook of tnt-core's interface exists and succeeds when called as the core does.
+    function test_everyHookExists() public {
+        IBlueprintServiceManager m = IBlueprintServiceManager(address(bsm));
+        vm.startPrank(core);
+        m.onUpdatePreferences(op(1), "");
+        m.onApprove(op(1), 1, 50);
+        m.onReject(op(1), 1);
+        m.onServiceInitialized(1, 1, 7, caller, new address[](0), 0);
+        m.onServiceTermination(7, caller);
+        m.onOperatorJoined(7, op(1), 10_000);
+        m.onOperatorLeft(7, op(1));
+        m.onExitScheduled(7, op(1), 0);
+        m.onExitCanceled(7, op(1));
+        m.onUnappliedSlash(7, abi.encodePacked(op(1)), 10);
+        m.onOperatorBinaryAcked(7, 1, op(1));
+        vm.stopPrank();
+        (bool useDefault,) = m.getHeartbeatInterval(7);
+        vm.assertTrue(useDefault);
+        vm.assertTrue(m.canJoin(7, op(1)));
+        vm.assertTrue(m.canLeave(7, op(1)));
+        vm.assertEq(m.getRequiredResultCount(7, JOIN), 1);
+        vm.assertFalse(m.requiresAggregation(7, JOIN));
+        vm.assertEq(m.computeBillAdjustmentBps(7, 0, 1), 10_000);
+        (, uint256 minStake) = m.getMinOperatorStake();
+        vm.assertEq(minStake, MIN_STAKE);
+        vm.assertEq(m.querySlashingOrigin(1), address(bsm));
+        vm.assertEq(m.queryDisputeOrigin(1), address(bsm));
+        vm.assertEq(m.queryDeveloperPaymentAddress(1), developer);
+        vm.assertTrue(m.queryIsPaymentAssetAllowed(1, address(0)));
+        vm.assertFalse(m.queryIsPaymentAssetAllowed(1, address(0xE20)));
     }
 
     function test_revert_NotCore() public {
@@ -105,7 +238,7 @@ contract HooksTest is BaseTest {
         bsm.onRegister(staker, "");
         vm.prank(staker);
         vm.expectRevert(abi.encodeWithSelector(I.NotCore.selector, staker, core));
-        bsm.onSlash(0, abi.encode(staker), 1);
+        bsm.onSlash(0, abi.encodePacked(staker), 1);
     }
 
     function test_revert_NotCore_whenNoCoreSet() public {
@@ -118,33 +251,105 @@ contract HooksTest is BaseTest {
     }
 
     function test_revert_UnknownJobKind() public {
-        vm.prank(core);
+        address a = op(1);
+        vm.prank(a);
         vm.expectRevert(abi.encodeWithSelector(I.UnknownJobKind.selector, 9));
-        bsm.onJobCall(0, 9, 1, abi.encode(staker, bytes("")));
-        vm.prank(core);
-        vm.expectRevert(abi.encodeWithSelector(I.UnknownJobKind.selector, FINALIZE));
-        bsm.onJobResult(0, FINALIZE, 1, staker, bytes32(0), "");
-    }
-
-    function test_revert_UnsupportedPaymentAsset() public {
-        vm.prank(core);
-        vm.expectRevert(abi.encodeWithSelector(I.UnsupportedPaymentAsset.selector, address(0xE20)));
-        bsm.onRequest(1, caller, new address[](0), "", 0, address(0xE20), 1);
-    }
-
-    function test_revert_PaymentMismatch() public {
-        vm.deal(core, 1 ether);
-        vm.prank(core);
-        vm.expectRevert(abi.encodeWithSelector(I.PaymentMismatch.selector, 2 ether, 1 ether));
-        bsm.onRequest{value: 1 ether}(1, caller, new address[](0), "", 0, address(0), 2 ether);
-        vm.prank(core);
-        vm.expectRevert(abi.encodeWithSelector(I.PaymentMismatch.selector, 0, 1 ether));
-        bsm.onJobCall{value: 1 ether}(0, JOIN, 1, abi.encode(staker, abi.encode(uint256(1))));
+        tangle.submitResult(9, "");
+        bytes memory call_ = signed(keyOf(1), 0, "");
+        vm.expectRevert(abi.encodeWithSelector(I.UnknownJobKind.selector, 0));
+        tangle.submitJob(0, call_);
     }
 
     function test_revert_InvalidSlashPercent() public {
-        vm.prank(core);
         vm.expectRevert(abi.encodeWithSelector(I.InvalidSlashPercent.selector, 51));
-        bsm.onSlash(0, abi.encode(staker), 51);
+        tangle.slash(staker, 51);
+    }
+
+    function test_revert_InvalidOperatorSignature() public {
+        address a = op(1);
+        register(a, MIN_STAKE);
+        uint256 jobId = createJob(spec(2, 2, 1));
+        bytes memory args = abi.encode(jobId);
+        // Signed by someone else.
+        (, bytes memory wrongArgs, bytes memory sig) = abi.decode(signed(keyOf(2), JOIN, args), (address, bytes, bytes));
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, a, 0));
+        tangle.submitJob(JOIN, abi.encode(a, wrongArgs, sig));
+    }
+}
+
+/// Attack 4: the hooks trusted an `actor` from caller-supplied inputs, so any permitted caller
+/// could act as any operator, e.g. force a victim into a job and collect its dropout slash.
+/// Now identity is the core-vouched `operator` argument or the operator's EIP-712 signature.
+contract HookActorSpoofingTest is HooksBase {
+    function test_hookActorSpoofing_cannotActAsOperator() public {
+        address victim = op(1);
+        register(victim, MIN_STAKE);
+        uint256 jobId = createJob(spec(1, 1, 1));
+        // The old encoding: `abi.encode(actor, args)` naming the victim.
+        vm.expectRevert();
+        tangle.submitJob(JOIN, abi.encode(victim, abi.encode(jobId)));
+        // A signature by the attacker over the victim's name.
+        bytes memory forged = signed(keyOf(2), JOIN, abi.encode(jobId));
+        (, bytes memory args, bytes memory sig) = abi.decode(forged, (address, bytes, bytes));
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, victim, 0));
+        tangle.submitJob(JOIN, abi.encode(victim, args, sig));
+        // A result sent by the attacker acts as the attacker, never as the victim.
+        address attacker = op(2);
+        vm.prank(attacker);
+        vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, attacker));
+        tangle.submitResult(JOIN, abi.encode(jobId));
+        vm.assertEq(uint8(bsm.getOperator(victim).activeJobs), 0, "victim forced into a job");
+    }
+
+    /// A signed call cannot be replayed: the nonce moves on.
+    function test_hookActorSpoofing_noReplay() public {
+        address a = op(1);
+        register(a, MIN_STAKE);
+        uint256 jobId = createJob(spec(2, 2, 1));
+        bytes memory call_ = signed(keyOf(1), JOIN, abi.encode(jobId));
+        tangle.submitJob(JOIN, call_);
+        vm.prank(a);
+        bsm.leaveJob(jobId);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, a, 1));
+        tangle.submitJob(JOIN, call_);
+    }
+}
+
+/// Attack 4 (gas): finalizing through a hook exceeded the core's 500k cap at 12 members. Now a
+/// hook settles `HOOK_SETTLE_BATCH` members per call and every call fits, at the 32-member cap.
+contract HookGasCapTest is HooksBase {
+    event log_named_uint(string key, uint256 val);
+
+    function test_hookGasCap_finalizeAtCapInPieces() public {
+        address[] memory ops = registerN(32);
+        for (uint256 i; i < 32; ++i) {
+            vm.prank(staker);
+            bsm.delegate{value: 1 ether}(ops[i]);
+        }
+        uint256 jobId = createJob(spec(32, 32, 2));
+        for (uint256 i; i < 32; ++i) {
+            vm.prank(ops[i]);
+            tangle.submitResult(JOIN, abi.encode(jobId));
+        }
+        // Epoch 0: all paid; epoch 1: a third drop out and are slashed, then the job completes.
+        submitAll(jobId, keccak256("c0"));
+        uint256 calls = hookFinalize(jobId);
+        vm.assertEq(state(jobId).epoch, 1);
+        vm.assertEq(bsm.creditOf(ops[31]), PRICE * 40 / 100);
+        address[] memory m = bsm.getMembers(jobId);
+        uint32[] memory p = fullParticipation(jobId);
+        for (uint256 i; i < m.length; ++i) {
+            if (i % 3 == 2) continue;
+            vm.prank(m[i]);
+            tangle.submitResult(SUBMIT_CHECKPOINT, abi.encode(jobId, uint256(1), keccak256("c1"), p));
+        }
+        vm.warp(bsm.epochDeadline(jobId) + 1);
+        calls += hookFinalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
+        vm.assertLe(tangle.maxGas(), tangle.HOOK_GAS());
+        emit log_named_uint("max gas of one hook call", tangle.maxGas());
+        emit log_named_uint("finalize hook calls for 2 epochs", calls);
+        vm.assertGe(calls, 2 * uint256(32) / 3); // 3 members per call
+        assertConserved();
     }
 }
