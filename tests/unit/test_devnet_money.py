@@ -72,7 +72,13 @@ def test_outside_finalizer_gets_a_capped_bounty_the_rest_goes_to_the_treasury() 
     assert got[X] == 15 and got[T] == 135 and got[K] == 0
     big = credits(slashes(X, ETH, ETH // 2))  # 10% would be 0.15 ETH: capped at 0.01 ETH
     assert big[X] == 10**16 and big[T] == 3 * ETH // 2 - 10**16
-    twice = credits([*slashes(X, ETH), *slashes(X, 0, ETH, tx="0xf2")])  # two finalizes
+    batches = credits([*slashes(X, 100), *slashes(X, 0, 50, tx="0xf2")])  # one attempt, 2 calls
+    assert batches[X] == 10 + 5 and batches[T] == 135
+    capped = credits([*slashes(X, ETH), *slashes(X, 0, ETH, tx="0xf2")])  # the cap is per attempt
+    assert capped[X] == 10**16 and capped[T] == 2 * ETH - 10**16
+    started = [ev("EpochStarted", epoch=0, attempt=a) for a in (7, 8)]
+    retried = [started[0], *slashes(X, ETH), started[1], *slashes(X, 0, ETH, tx="0xf2")]
+    twice = credits(retried)  # two attempts of epoch 0: a capped bounty each
     assert twice[X] == 2 * 10**16 and twice[T] == 2 * ETH - 2 * 10**16
 
 

@@ -4,10 +4,11 @@ contract's rules (`DistributedTrainingBSM._finalize`, `_pay`, `_payShared`).
 Per paid operator-epoch at price P: `operatorBps` of P to the operator, `stakerBps` to its
 stake pool (split by shares through a reward per share, rounded down as the contract does; to
 the treasury instead when the epoch was finalized more than a reward period after it began),
-`developerBps` to the developer and the rest to the treasury. One finalize settles an epoch
-attempt's slashes: the finalizer earns `reporterBountyBps` of what that finalize slashed, at
-most `maxReporterBounty`, unless it is the job's caller or in the job (a member of the epoch or
-a pending joiner); the rest goes to the treasury. When the job has ended, the escrow it did not
+`developerBps` to the developer and the rest to the treasury. Slashed stake goes to the
+treasury, less a finalizer's bounty: `reporterBountyBps` of what its call slashed, the
+attempt's bounties together at most `maxReporterBounty` (a hook finalize settles the members
+in batches, one call each), and nothing to the job's caller or anyone in the job (a member of
+the epoch or a pending joiner). When the job has ended, the escrow it did not
 earn goes back to the caller. Every stake of the roster was deposited while its operator was
 in no job, so all shares earn from the start. Pure functions over event data.
 """
@@ -65,7 +66,8 @@ class Slash:
     reason: str
     amount: int
     reporter: str
-    tx: str = ""  # the finalize transaction: one bounty per finalize
+    tx: str = ""  # the finalize call that slashed it
+    attempt: int = 0  # the epoch attempt it was slashed in (0: not observed)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,19 @@ def _late(mine: Sequence[Event], block_time: Mapping[int, int], reward_period: i
     return block_time[fin[0].block] > block_time[starts[-1].block] + reward_period
 
 
+def _slashed(mine: Sequence[Event]) -> list[Slash]:
+    """The epoch's slashes, each with its finalize call and attempt (events in block order)."""
+    out, attempt = [], 0
+    for x in mine:
+        if x.name == "EpochStarted":
+            attempt = x.args.get("attempt", 0)
+        elif x.name == "Slashed":
+            a = x.args
+            reason = REASONS[a["reason"]]
+            out.append(Slash(a["operator"], reason, a["amount"], a["reporter"], x.tx_hash, attempt))
+    return out
+
+
 def epoch_records(
     events: Sequence[Event],
     total_epochs: int,
@@ -135,17 +150,6 @@ def epoch_records(
     for e in range(total_epochs):
         mine = [x for x in events if x.args.get("epoch") == e]
         fin = [x for x in mine if x.name == "EpochFinalized"]
-        slashed = [
-            Slash(
-                x.args["operator"],
-                REASONS[x.args["reason"]],
-                x.args["amount"],
-                x.args["reporter"],
-                x.tx_hash,
-            )
-            for x in mine
-            if x.name == "Slashed"
-        ]
         joining = [
             x.args["operator"]
             for x in events
@@ -157,7 +161,7 @@ def epoch_records(
                 members=members_by_epoch.get(e, []),
                 quorum_hash="0x" + fin[0].args["checkpoint"].hex() if fin else None,
                 paid=[x.args["operator"] for x in mine if x.name == "OperatorPaid"],
-                slashed=slashed,
+                slashed=_slashed(mine),
                 joining=joining,
                 stakers_late=_late(mine, block_time or {}, reward_period),
             )
@@ -166,16 +170,22 @@ def epoch_records(
 
 
 def _slashes(ep: EpochRecord, roster: Roster, rules: Rules, expected: dict[str, int]) -> None:
-    """Each finalize of the epoch: the bounty to an outside finalizer, the rest to the
-    treasury."""
-    by_tx: dict[str, list[Slash]] = {}
+    """Each finalize call of the epoch: the bounty to an outside finalizer (capped per attempt,
+    as `_finalize` does), the rest to the treasury."""
+    calls: dict[tuple[int, str], list[Slash]] = {}
     for s in ep.slashed:
-        by_tx.setdefault(s.tx, []).append(s)
+        calls.setdefault((s.attempt, s.tx), []).append(s)
     # Everyone paid or slashed in the epoch was a member of it, whatever was observed.
     in_job = {roster.caller, *ep.members, *ep.joining, *ep.paid, *(s.address for s in ep.slashed)}
-    for group in by_tx.values():
+    so_far: dict[int, tuple[int, int]] = {}  # attempt: (slashed, bounty) of its earlier calls
+    for (attempt, _), group in calls.items():
         reporter, total = group[0].reporter, sum(s.amount for s in group)
-        bounty = 0 if reporter in in_job else rules.bounty(total)
+        before, paid = so_far.get(attempt, (0, 0))
+        bounty = 0
+        if reporter not in in_job:
+            due = rules.bounty(before + total)
+            bounty = min(due - min(due, paid), total * rules.reporter_bounty_bps // BPS)
+        so_far[attempt] = (before + total, paid + bounty)
         expected[reporter] = expected.get(reporter, 0) + bounty
         expected[roster.treasury] += total - bounty
 
