@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,46 @@ def test_collect_before_set_epoch_is_an_error(tmp_path: Path) -> None:
     with GossipNode(cfg, account(0)) as n, pytest.raises(GossipError):
         assert n.settle_s == 2.5
         n.collect_round(0, b"x")
+
+
+@pytest.mark.timeout(90)
+def test_member_starting_after_the_commit_phase_is_missing_everywhere(tmp_path: Path) -> None:
+    """Two-phase rounds: a member that begins round 0 after the others' commit deadline (and
+    after their reveals reached it) does not commit; all three apply the same set, without it,
+    in every round until it has caught up, and then with it."""
+    members = [account(i).address for i in range(3)]
+    cfg = {"round_deadline_s": 1.0, "settle_s": 1.0, "request_timeout_s": 1.0}
+    nodes = [
+        GossipNode(GossipConfig(tmp_path / f"n{i}", CHAIN_ID, CONTRACT, JOB_ID, **cfg), account(i))
+        for i in range(3)
+    ]
+    for n in nodes:
+        n.start()
+    try:
+        for n in nodes:
+            n.connect([(o.peer_key, o.listen_addrs) for o in nodes if o is not n])
+            n.set_epoch(0, members, None)
+        results: dict[int, list[RoundResult]] = {i: [] for i in range(3)}
+
+        def run(i: int, node: GossipNode) -> None:
+            if i == 2:
+                time.sleep(2.5)  # still training: the others revealed round 0 by now
+            for r in range(4):
+                results[i].append(node.collect_round(r, b"round %d from %d" % (r, i)))
+
+        threads = [threading.Thread(target=run, args=(i, n)) for i, n in enumerate(nodes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        first = [[s for s, _ in results[i][0].packets] for i in range(3)]
+        assert first == [sorted(members[:2])] * 3, first
+        assert all(results[i][0].missing == [members[2]] for i in range(3))
+        assert all(results[i][0].latency_s < 1.0 + 1.0 + 1.0 for i in range(2))  # no stall
+        for r in range(4):  # every round: the same set everywhere
+            assert len({tuple(results[i][r].packets) for i in range(3)}) == 1, r
+        last = [[s for s, _ in results[i][3].packets] for i in range(3)]
+        assert last == [sorted(members)] * 3, last
+    finally:
+        for n in nodes:
+            n.stop()

@@ -47,24 +47,25 @@ class RoundCollector:
         budget = cfg.round_deadline_s if deadline_s is None else deadline_s
         deadline = t0 + budget
         store.begin(rnd)
-        chunks = await self._commit(rnd, payload, t0, t0 + budget * cfg.commit_share, deadline)
+        commit_deadline = t0 + budget * cfg.commit_share
+        chunks, settled = await self._commit(rnd, payload, t0, commit_deadline, deadline)
         t_reveal = time.monotonic()
         store.reveal(rnd)
         await self._publish(chunks)
         st.notify()
         await self._wait(rnd, t_reveal, deadline, lambda: bool(store.awaited(rnd)))
-        settled = True
         if store.awaited(rnd):
             store.close(rnd)
-            settled = await self._settle(rnd, deadline + cfg.settle_s)
+            settled = await self._settle(rnd, deadline + cfg.settle_s) and settled
         return self._finish(rnd, t0, before, settled)
 
     async def _commit(
         self, rnd: int, payload: bytes, t0: float, commit_deadline: float, deadline: float
-    ) -> list[envmod.Envelope]:
+    ) -> tuple[list[envmod.Envelope], bool]:
         """Phase 1: publish our commitment, then wait until every member committed, or the
         commit deadline passed (or someone revealed) and the peers agree on the commitments.
-        Returns the packet chunks to reveal ([] when we only collect, or committed too late)."""
+        Returns the packet chunks to reveal ([] when we only collect, or committed too late)
+        and False if the peers did not agree on the commitments in time."""
         st, store = self._state, self._state.store
         chunks: list[envmod.Envelope] = []
         if payload and store.commit_open(rnd):
@@ -79,12 +80,13 @@ class RoundCollector:
             return any(m != me for m in store.uncommitted(rnd))
 
         await self._wait(rnd, t0, commit_deadline, lambda: pending() and store.commit_open(rnd))
+        agreed = True
         if pending():
             store.close_commits(rnd)
-            await self._agree_commits(
-                rnd, min(commit_deadline + st.config.settle_s, deadline), pending
-            )
-        return chunks
+            hard = min(commit_deadline + st.config.settle_s, deadline)
+            agreed = await self._agree_commits(rnd, hard, pending)
+            st.metrics.commit_timeouts += not agreed
+        return chunks, agreed
 
     def _seal(self, rnd: int, payload: bytes) -> tuple[envmod.Envelope, list[envmod.Envelope]]:
         st, cfg, store = self._state, self._state.config, self._state.store

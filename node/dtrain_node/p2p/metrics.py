@@ -28,6 +28,7 @@ class Metrics:
     re_requests: int = 0
     rate_limited: int = 0
     settle_timeouts: int = 0
+    commit_timeouts: int = 0  # rounds revealed before the peers agreed on the commitments
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
     def add_in(self, peer: str, n: int) -> None:
@@ -56,6 +57,7 @@ class Metrics:
             "re_requests": self.re_requests,
             "rate_limited": self.rate_limited,
             "settle_timeouts": self.settle_timeouts,
+            "commit_timeouts": self.commit_timeouts,
             "dropped": dict(store.dropped),
             "signatures": dict(store.signatures),
             "pubsub_rpc_errors": dict(pubsub.rpc_errors) if pubsub is not None else {},
