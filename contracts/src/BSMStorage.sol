@@ -51,11 +51,11 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
 
     struct Position {
         uint128 shares; // all shares, fresh included
-        uint128 unbondingShares;
+        uint128 freshShares; // not yet earning
         uint256 rewardPerSharePaid; // for the mature shares
+        uint128 unbondingShares;
         uint64 unlockAt;
         uint64 freshPeriod; // period from which `freshShares` earn
-        uint128 freshShares;
     }
 
     struct Tally {

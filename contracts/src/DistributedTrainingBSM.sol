@@ -392,6 +392,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
             return;
         }
         // New shares earn from the start of period k + 2; unmatured older ones wait with them.
+        _roll(operator);
         uint64 target = _period() + 2;
         uint256 fresh = pos.freshShares;
         if (fresh > 0 && pos.freshPeriod != target) {
@@ -480,13 +481,14 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     function _settle(address operator, address account) internal {
-        _roll(operator);
         Pool storage p = _pools[operator];
         Position storage pos = _positions[operator][account];
         uint256 rps = p.rewardPerShare;
         uint256 fresh = pos.freshShares;
         uint256 earned = (pos.shares - fresh) * (rps - pos.rewardPerSharePaid) / _ACC;
         if (fresh > 0 && pos.freshPeriod <= _period()) {
+            // Matured: its slot rolls (if it has not) so the pool counts these shares as earning.
+            _roll(operator);
             earned += fresh * (rps - _maturedRps[operator][pos.freshPeriod]) / _ACC;
             pos.freshShares = 0;
         }

@@ -77,6 +77,18 @@ contract GasAtCapTest is BaseTest {
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
     }
 
+    /// A delegation to an operator that is in a job is fresh (earns from the period after next):
+    /// it writes the pool's fresh slot and the position's fresh shares.
+    function test_gas_delegate_whileInJob() public {
+        address st2 = makeAddr("staker2");
+        vm.deal(st2, 10 ether);
+        vm.prank(st2);
+        bsm.delegate{value: 1 ether}(ops[0]);
+        vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "delegate");
+        vm.prank(st2);
+        bsm.undelegate(ops[0], 0.5 ether);
+    }
+
     function test_gas_withdraw() public {
         submitAll(jobId, keccak256("c"));
         finalize(jobId);
