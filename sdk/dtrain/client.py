@@ -420,6 +420,19 @@ class BSM:
     def params(self) -> Params:
         return Params.from_struct(self._read("params"))
 
+    def max_epoch_duration(self) -> int:
+        """Longest `epoch_duration` a job may ask for: unbonding_period / 4 - start_grace."""
+        return int(self._read("maxEpochDuration"))
+
+    def reward_period(self) -> int:
+        """Staking reward period (unbonding_period / 2): a deposit made while the operator is in
+        a job earns from the start of the second period after it."""
+        return int(self._read("rewardPeriod"))
+
+    def operator_nonce(self, operator: str) -> int:
+        """Next nonce `operator` signs into an EIP-712 `OperatorCall` sent through the core."""
+        return int(self._read("operatorNonce", _addr(operator)))
+
     def next_job_id(self) -> int:
         return int(self._call(self.contract.functions.nextJobId()))
 

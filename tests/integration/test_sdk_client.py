@@ -356,3 +356,37 @@ def test_nonces_are_per_endpoint() -> None:
             params = Params(treasury=a[1].address, developer=a[2].address)
             b = BSM.deploy(c.url, a[0].key, params)
             assert b.params().treasury == a[1].address
+
+
+def test_epoch_bounds_and_slash_to_treasury(bsm: BSM, as_account, accounts) -> None:
+    """Epochs are bounded by the deploy parameters; a dropout's slash goes to the treasury, a
+    capped bounty to an outside finalizer, nothing to the job's caller."""
+    p = bsm.params()
+    assert bsm.max_epoch_duration() == p.unbonding_period // 4 - p.start_grace
+    assert bsm.reward_period() == p.unbonding_period // 2
+    assert bsm.operator_nonce(accounts[1].address) == 0
+    caller = as_account(4)
+    with pytest.raises(errors.InvalidEpochDuration, match=r"epoch duration 1s outside 60s\.\."):
+        caller.create_job(spec(epoch_duration=1))
+    ops = [as_account(i) for i in (1, 2, 3)]
+    for i, op in enumerate(ops):
+        register(op, i)
+    job_id = caller.create_job(spec(total_epochs=1))
+    for op in ops:
+        op.join_job(job_id)
+    members = bsm.members(job_id)
+    ckpt = Web3.keccak(text="c")
+    for op in ops[:2]:
+        op.submit_checkpoint(job_id, 0, ckpt, [4] * len(members))
+    advance(bsm.w3, p.start_grace + 3601)
+    treasury = accounts[10].address
+    before = bsm.credit_of(treasury)
+    finalizer = as_account(7)
+    rc = finalizer.finalize_epoch(job_id, 0)
+    slashed = sum(e.args["amount"] for e in rc.events if e.name == "Slashed")
+    assert slashed > 0
+    bounty = min(slashed * p.reporter_bounty_bps // 10000, p.max_reporter_bounty)
+    assert bsm.credit_of(finalizer.sender) == bounty
+    paid = 2 * spec().price_per_operator_epoch
+    assert bsm.credit_of(treasury) - before == slashed - bounty + paid * 20 // 100
+    assert bsm.credit_of(caller.sender) == spec().price_per_operator_epoch  # only the unearned slot
