@@ -98,6 +98,36 @@ contract LastMinuteDelegationTest is BaseTest {
         vm.assertEq(bsm.pendingRewards(ops[0], ops[0]), PRICE * 20 / 100);
         assertConserved();
     }
+
+    /// Whenever in an epoch a delegation lands, that epoch pays it nothing; once it has been
+    /// present for whole epochs (from the second reward period after it) it earns its share.
+    function testFuzz_lastMinuteDelegation_onlyWholeEpochs(uint256 dt, uint256 amount) public {
+        amount = bound(amount, 1, 1000 ether);
+        (uint256 jobId, address[] memory ops) = runningJob(1, 3);
+        dt = bound(dt, 0, GRACE + EPOCH);
+        vm.warp(block.timestamp + dt);
+        vm.prank(staker);
+        bsm.delegate{value: amount}(ops[0]);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.assertEq(bsm.pendingRewards(ops[0], staker), 0, "paid for an epoch it missed");
+        // Two reward periods later the stake has matured; an epoch that starts then pays it
+        // pro rata.
+        vm.warp(block.timestamp + 2 * bsm.rewardPeriod());
+        uint256 job2 = createJob(spec(1, 1, 1));
+        vm.prank(ops[0]);
+        bsm.joinJob(job2);
+        submitAll(job2, keccak256("c1"));
+        finalize(job2);
+        uint256 pool = PRICE * 20 / 100;
+        vm.assertApproxEqAbs(
+            bsm.pendingRewards(ops[0], staker),
+            pool * amount / (amount + MIN_STAKE),
+            amount / 1e18 + 2, // reward-per-share rounding
+            "matured stake unpaid"
+        );
+        assertConserved();
+    }
 }
 
 /// Attack 2: a caller creates a job whose epoch nobody can finish, lets the operator's own

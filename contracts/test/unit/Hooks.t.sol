@@ -3,7 +3,7 @@ pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
-import {IBlueprintServiceManager} from "../../src/interfaces/IBlueprintServiceManager.sol";
+import {IBlueprintServiceManager, TangleTypes} from "../../src/interfaces/IBlueprintServiceManager.sol";
 
 /// Calls the hooks exactly as tnt-core (8a2b24c1) does: `manager.call{gas: 500_000}(data)`
 /// with no ether, the caller's own address as the `operator` it vouches for, the slash offender
@@ -215,7 +215,17 @@ contract HooksTest is HooksBase {
         m.onExitCanceled(7, op(1));
         m.onUnappliedSlash(7, abi.encodePacked(op(1)), 10);
         m.onOperatorBinaryAcked(7, 1, op(1));
+        m.onBinaryVersionPublished(1, TangleTypes.BinaryVersion(1, 0, false, bytes32(0), bytes32(0)), "uri");
+        m.onAggregatedResult(7, JOIN, 1, "", 0, [uint256(0), 0], [uint256(0), 0, 0, 0]);
         vm.stopPrank();
+        (bool d1,,,) = m.getExitConfig(7);
+        (bool d2,) = m.getSlashingWindow(7);
+        (bool d3,) = m.getHeartbeatThreshold(7);
+        (bool d4,) = m.getNonPaymentTerminationPolicy(7);
+        vm.assertTrue(d1 && d2 && d3 && d4);
+        vm.assertFalse(m.forceRemoveAllowsBelowMin(7));
+        (uint16 bps,) = m.getAggregationThreshold(7, JOIN);
+        vm.assertEq(bps, 6700);
         (bool useDefault,) = m.getHeartbeatInterval(7);
         vm.assertTrue(useDefault);
         vm.assertTrue(m.canJoin(7, op(1)));
