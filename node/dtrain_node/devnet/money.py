@@ -31,9 +31,7 @@ REASONS = ["fabricated checkpoint", "offline mid-epoch", "failed to sync", "exte
 class Rules:
     """The deployed parameters the check needs (defaults: the SDK's `Params` defaults)."""
 
-    operator_bps: int = 4000
-    staker_bps: int = 2000
-    developer_bps: int = 2000
+    split_bps: tuple[int, int, int] = (4000, 2000, 2000)  # operator, stake pool, developer
     reporter_bounty_bps: int = 1000
     max_reporter_bounty: int = 10**16
     reward_period: int = 7 * 86400 // 2  # unbondingPeriod / 2
@@ -42,9 +40,7 @@ class Rules:
     def from_params(cls, p: Any) -> Rules:
         """From a `dtrain.Params`."""
         return cls(
-            operator_bps=p.operator_bps,
-            staker_bps=p.staker_bps,
-            developer_bps=p.developer_bps,
+            split_bps=(p.operator_bps, p.staker_bps, p.developer_bps),
             reporter_bounty_bps=p.reporter_bounty_bps,
             max_reporter_bounty=p.max_reporter_bounty,
             reward_period=p.unbonding_period // 2,
@@ -52,8 +48,7 @@ class Rules:
 
     def cuts(self, price: int) -> tuple[int, int, int, int]:
         """(operator, stake pool, developer, treasury) of one paid operator-epoch."""
-        op, pool = price * self.operator_bps // BPS, price * self.staker_bps // BPS
-        dev = price * self.developer_bps // BPS
+        op, pool, dev = (price * bps // BPS for bps in self.split_bps)
         return op, pool, dev, price - op - pool - dev
 
     def bounty(self, slashed: int) -> int:
