@@ -28,6 +28,7 @@ from web3.exceptions import (
 from web3.types import TxReceipt
 
 from . import artifacts
+from . import models as m
 from .errors import (
     CONTRACT_ERRORS,
     ConfigError,
@@ -39,18 +40,6 @@ from .errors import (
     TransactionFailed,
     WrongChain,
     decode_revert,
-)
-from .models import (
-    Accounting,
-    Balances,
-    Event,
-    Job,
-    JobSpec,
-    JobState,
-    JobStatus,
-    Operator,
-    Params,
-    Pool,
 )
 
 JOB_EVENTS = (
@@ -132,15 +121,15 @@ class Receipt:
     block: int
     gas_used: int
     fee: int  # wei paid for gas
-    events: tuple[Event, ...]
+    events: tuple[m.Event, ...]
 
-    def first(self, name: str) -> Event:
+    def first(self, name: str) -> m.Event:
         for e in self.events:
             if e.name == name:
                 return e
         raise KeyError(name)
 
-    def all(self, name: str) -> list[Event]:
+    def all(self, name: str) -> list[m.Event]:
         return [e for e in self.events if e.name == name]
 
 
@@ -181,7 +170,7 @@ class BSM:
         return bsm
 
     @classmethod
-    def deploy(cls, rpc_url_or_w3: str | Web3, key: str | LocalAccount, params: Params) -> BSM:
+    def deploy(cls, rpc_url_or_w3: str | Web3, key: str | LocalAccount, params: m.Params) -> BSM:
         """Deploys a new BSM with `params` from the shipped artifact."""
         w3 = connect(rpc_url_or_w3) if isinstance(rpc_url_or_w3, str) else rpc_url_or_w3
         account = load_key(key) if isinstance(key, str) else key
@@ -305,7 +294,7 @@ class BSM:
             return _named(outputs[0], result)
         return {o["name"]: _named(o, v) for o, v in zip(outputs, result, strict=True)}
 
-    def _decode_logs(self, logs: Iterable[Any]) -> Iterator[Event]:
+    def _decode_logs(self, logs: Iterable[Any]) -> Iterator[m.Event]:
         by_topic = self._event_topics()
         for log in logs:
             if Web3.to_checksum_address(log["address"]) != self.address or not log["topics"]:
@@ -314,7 +303,7 @@ class BSM:
             if name is None:
                 continue
             decoded = getattr(self.contract.events, name)().process_log(log)
-            yield Event(
+            yield m.Event(
                 name=name,
                 args=dict(decoded["args"]),
                 block=log["blockNumber"],
@@ -385,7 +374,7 @@ class BSM:
 
     # ------------------------------------------------------------------ jobs
 
-    def create_job(self, spec: JobSpec) -> int:
+    def create_job(self, spec: m.JobSpec) -> int:
         """Creates a job escrowing `spec.escrow`; returns its id."""
         rc = self._transact(self.contract.functions.createJob(spec.as_tuple()), spec.escrow)
         return int(rc.first("JobCreated").args["jobId"])
@@ -417,8 +406,8 @@ class BSM:
 
     # ------------------------------------------------------------------ reads
 
-    def params(self) -> Params:
-        return Params.from_struct(self._read("params"))
+    def params(self) -> m.Params:
+        return m.Params.from_struct(self._read("params"))
 
     def max_epoch_duration(self) -> int:
         """Longest `epoch_duration` a job may ask for: unbonding_period / 4 - start_grace."""
@@ -436,13 +425,13 @@ class BSM:
     def next_job_id(self) -> int:
         return int(self._call(self.contract.functions.nextJobId()))
 
-    def operator(self, address: str) -> Operator:
+    def operator(self, address: str) -> m.Operator:
         a = _addr(address)
         info = self._read("getOperator", a)
-        return Operator.from_struct(info, a, self_stake=self.stake_of(a, a), pool=self.pool(a))
+        return m.Operator.from_struct(info, a, self_stake=self.stake_of(a, a), pool=self.pool(a))
 
-    def pool(self, operator: str) -> Pool:
-        return Pool.from_struct(self._read("getPool", _addr(operator)))
+    def pool(self, operator: str) -> m.Pool:
+        return m.Pool.from_struct(self._read("getPool", _addr(operator)))
 
     def stake_of(self, operator: str, account: str) -> int:
         return int(self._call(self.contract.functions.stakeOf(_addr(operator), _addr(account))))
@@ -458,27 +447,27 @@ class BSM:
     def credit_of(self, account: str) -> int:
         return int(self._call(self.contract.functions.creditOf(_addr(account))))
 
-    def balances(self, account: str, operators: Iterable[str] = ()) -> Balances:
+    def balances(self, account: str, operators: Iterable[str] = ()) -> m.Balances:
         a = _addr(account)
-        return Balances(
+        return m.Balances(
             address=a,
             wallet=self.w3.eth.get_balance(a),
             credit=self.credit_of(a),
             pending_rewards={_addr(o): self.pending_rewards(o, a) for o in operators},
         )
 
-    def job(self, job_id: int) -> Job:
+    def job(self, job_id: int) -> m.Job:
         """A consistent snapshot: every read at one block, so state and members cannot come
         from the two sides of an epoch boundary."""
         f = self.contract.functions
         at = self.w3.eth.block_number
         got = self._read("getJob", job_id, block=at)
-        state = JobState.from_struct(got["state"])
-        if state.status == JobStatus.NONE:
+        state = m.JobState.from_struct(got["state"])
+        if state.status == m.JobStatus.NONE:
             raise CONTRACT_ERRORS["UnknownJob"](job_id)
-        return Job(
+        return m.Job(
             id=job_id,
-            spec=JobSpec.from_struct(got["spec"]),
+            spec=m.JobSpec.from_struct(got["spec"]),
             state=state,
             members=tuple(self._call(f.getMembers(job_id), at)),
             pending_joins=tuple(self._call(f.getPendingJoins(job_id), at)),
@@ -492,7 +481,7 @@ class BSM:
         lags the wall clock until the next transaction."""
         return int(self.w3.eth.get_block("latest")["timestamp"])
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[m.Job]:
         return [self.job(i) for i in range(1, self.next_job_id())]
 
     def members(self, job_id: int) -> list[str]:
@@ -510,8 +499,8 @@ class BSM:
         out = self._read("submissionOf", job_id, _addr(operator), block=block)
         return bytes(out["checkpoint"]), bytes(out["voteKey"])
 
-    def accounting(self) -> Accounting:
-        return Accounting.from_struct(self._read("accounting"))
+    def accounting(self) -> m.Accounting:
+        return m.Accounting.from_struct(self._read("accounting"))
 
     def contract_balance(self) -> int:
         return self.w3.eth.get_balance(self.address)
@@ -524,7 +513,7 @@ class BSM:
         to_block: int | str = "latest",
         names: Iterable[str] | None = None,
         job_id: int | None = None,
-    ) -> list[Event]:
+    ) -> list[m.Event]:
         """Decoded contract events in block order, optionally of one job."""
         logs = self.w3.eth.get_logs(
             {"address": self.address, "fromBlock": from_block, "toBlock": to_block}
@@ -546,7 +535,7 @@ class BSM:
         job_id: int | None = None,
         poll_interval: float = 0.5,
         stop: Callable[[], bool] | None = None,
-    ) -> Iterator[Event]:
+    ) -> Iterator[m.Event]:
         """Yields events as blocks arrive (polling), from `from_block` (default: next block)."""
         wanted = list(names) if names is not None else None
         next_block = self.w3.eth.block_number + 1 if from_block is None else from_block
