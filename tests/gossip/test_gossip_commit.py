@@ -59,41 +59,40 @@ def test_packet_needs_its_senders_matching_commitment() -> None:
     assert s.awaited(0) == [] and s.uncommitted(0) == sorted(MEMBERS[:1] + MEMBERS[2:])
 
 
-def test_commitments_are_taken_until_a_reveal_then_late() -> None:
+def test_commitments_are_taken_until_the_commit_phase_closes_then_late() -> None:
     s = store()
     s.begin(0)
     c1, p1 = packet(1, 0)
     c2, _ = packet(2, 0)
     c3, _ = packet(3, 0)
     s.offer(c1, relayed=False)
-    assert s.commit_open(0)
-    s.offer(p1[0], relayed=False)  # someone revealed: a first commitment now is late
-    assert not s.commit_open(0)
+    s.offer(p1[0], relayed=False)  # someone revealed: our commit phase still runs to its end
+    assert s.seen_reveal(0) and s.phase(0) == Phase.COMMIT
+    # commit deadline: first commitments now only from a third member's signed sync reply
+    s.close_commits(0)
+    assert s.phase(0) == Phase.COMMIT_CLOSED
     assert reason(s, c2) == "late_commit"
     assert reason(s, c2, relayed=True, relayer=MEMBERS[2]) == "late_commit"  # from itself
     assert reason(s, c2, relayed=True, relayer=None) == "late_commit"  # unsigned reply
-    # relayed by a third member while we still agree on commitments: that member took it in time
-    s.close_commits(0)
-    assert s.phase(0) == Phase.COMMIT_CLOSED
-    assert s.offer(c2, relayed=True, relayer=MEMBERS[1])
+    assert s.offer(c2, relayed=True, relayer=MEMBERS[1])  # that member took it in time
     s.reveal(0)
     assert reason(s, c3, relayed=True, relayer=MEMBERS[1]) == "late_commit"
-    assert s.commitments(0) == sorted(
-        [(MEMBERS[1], c1.payload_sha256), (MEMBERS[2], c2.payload_sha256)]
-    )
+    held = [(MEMBERS[1], c1.payload_sha256), (MEMBERS[2], c2.payload_sha256)]
+    assert s.commitments(0) == sorted(held)
     assert s.awaited(0) == sorted(MEMBERS[1:3])  # committed, packets not (all) in yet
 
 
-def test_future_round_commitment_buffered_and_closed_by_an_early_reveal() -> None:
+def test_future_round_commitments_buffered_and_an_early_reveal_noted() -> None:
     s = store()
     s.begin(0)
     c1, p1 = packet(1, 1)
     c2, _ = packet(2, 1)
     assert s.offer(c1, relayed=False) and s.offer(p1[0], relayed=False)
-    assert reason(s, c2) == "late_commit"  # round 1 already has a reveal
+    assert s.offer(c2, relayed=False)  # round 1 not begun here: its commit phase is open
     s.finish(0)
     s.begin(1)
-    assert not s.commit_open(1) and s.uncommitted(1) == sorted(MEMBERS[:1] + MEMBERS[2:])
+    assert s.seen_reveal(1)  # a packet of round 1 is out: we will not commit (collect only)
+    assert s.uncommitted(1) == sorted([MEMBERS[0], MEMBERS[3]])
 
 
 def test_second_commitment_is_evidence_and_excludes_the_sender() -> None:

@@ -48,7 +48,7 @@ class RoundCollector:
         deadline = t0 + budget
         store.begin(rnd)
         commit_deadline = t0 + budget * cfg.commit_share
-        chunks, settled = await self._commit(rnd, payload, t0, commit_deadline, deadline)
+        chunks, settled = await self._commit(rnd, payload, t0, commit_deadline)
         t_reveal = time.monotonic()
         store.reveal(rnd)
         await self._publish(chunks)
@@ -60,15 +60,17 @@ class RoundCollector:
         return self._finish(rnd, t0, before, settled)
 
     async def _commit(
-        self, rnd: int, payload: bytes, t0: float, commit_deadline: float, deadline: float
+        self, rnd: int, payload: bytes, t0: float, commit_deadline: float
     ) -> tuple[list[envmod.Envelope], bool]:
         """Phase 1: publish our commitment, then wait until every member committed, or the
-        commit deadline passed (or someone revealed) and the peers agree on the commitments.
+        commit deadline passed and the peers agree on the commitments.
         Returns the packet chunks to reveal ([] when we only collect, or committed too late)
         and False if the peers did not agree on the commitments in time."""
         st, store = self._state, self._state.store
         chunks: list[envmod.Envelope] = []
-        if payload and store.commit_open(rnd):
+        # a packet of this round is out before we began: our commitment would be late at the
+        # node that revealed it, so we only collect (docs/protocol.md 4.2, step 1)
+        if payload and not store.seen_reveal(rnd):
             commit, chunks = self._seal(rnd, payload)
             store.offer(commit, relayed=True)
             await self._publish([commit])
@@ -79,11 +81,13 @@ class RoundCollector:
         def pending() -> bool:
             return any(m != me for m in store.uncommitted(rnd))
 
-        await self._wait(rnd, t0, commit_deadline, lambda: pending() and store.commit_open(rnd))
+        await self._wait(rnd, t0, commit_deadline, pending)
         agreed = True
         if pending():
             store.close_commits(rnd)
-            hard = min(commit_deadline + st.config.settle_s, deadline)
+            # may run past D (a peer that began the round late): the round still ends by
+            # D + settle_s, since the packet phase then goes straight to its settle
+            hard = commit_deadline + st.config.settle_s
             agreed = await self._agree_commits(rnd, hard, pending)
             st.metrics.commit_timeouts += not agreed
         return chunks, agreed

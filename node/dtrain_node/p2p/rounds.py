@@ -27,7 +27,7 @@ class Phase(IntEnum):
 
     NOT_STARTED = 0  # round not begun; may hold commitments and packets that arrived early
     COMMIT = 1  # own commitment published, collecting the members' commitments
-    COMMIT_CLOSED = 2  # commit deadline passed (or a reveal seen): agreeing on commitments
+    COMMIT_CLOSED = 2  # commit deadline passed: agreeing on commitments with the peers
     OPEN = 3  # own packet revealed: collecting packets (no new commitments)
     CLOSED = 4  # deadline passed: accepts packets only from relays (sync replies)
     FINISHED = 5  # result returned to the caller: the set is frozen, only served
@@ -50,9 +50,8 @@ class _Round:
     first_seen: dict[str, float] = field(default_factory=dict)
     # sender -> payload sha256 -> signed commitment; a second one is equivocation evidence
     commits: dict[str, dict[bytes, Envelope]] = field(default_factory=dict)
-    # True until this node revealed, passed its commit deadline or saw someone's reveal: until
-    # then a first commitment is accepted from anyone (docs/protocol.md 4.2)
-    commit_open: bool = True
+    # a packet chunk of this round was stored: someone revealed (docs/protocol.md 4.2, step 1)
+    seen_reveal: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,20 +112,18 @@ class RoundStore:
         st.phase = Phase.COMMIT
         return st
 
-    def commit_open(self, rnd: int) -> bool:
+    def seen_reveal(self, rnd: int) -> bool:
         st = self.rounds.get(rnd)
-        return st is None or st.commit_open
+        return st is not None and st.seen_reveal
 
     def close_commits(self, rnd: int) -> None:
         """Commit deadline passed: first commitments now only by relay from a third member."""
         st = self.rounds.setdefault(rnd, _Round())
-        st.commit_open = False
         st.phase = max(st.phase, Phase.COMMIT_CLOSED)
 
     def reveal(self, rnd: int) -> None:
         """Our packet goes out: the set of commitments of this round is frozen here."""
         st = self.rounds.setdefault(rnd, _Round())
-        st.commit_open = False
         st.phase = max(st.phase, Phase.OPEN)
 
     def in_window(self, rnd: int) -> bool:
@@ -222,7 +219,7 @@ class RoundStore:
         st.packets.setdefault(env.sender, {})[env.payload_sha256] = pkt
         if not new_sender and len(st.packets[env.sender]) == 2 and len(pkt.chunks) == 1:
             self._equivocated(env)
-        st.commit_open = False  # someone revealed: a first commitment now would be late
+        st.seen_reveal = True
         return True
 
     def _equivocated(self, env: Envelope) -> None:
@@ -242,7 +239,7 @@ class RoundStore:
             self._equivocated(env)
             return True
         third_party = relayer is not None and relayer != env.sender and relayer in self.members
-        timely = st.commit_open and st.phase <= Phase.COMMIT
+        timely = st.phase <= Phase.COMMIT
         if not (timely or (relayed and third_party and st.phase <= Phase.COMMIT_CLOSED)):
             raise EnvelopeError("late_commit", f"round {env.round} {env.sender}")
         st.commits[env.sender] = {env.payload_sha256: env}
