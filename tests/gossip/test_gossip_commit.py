@@ -210,3 +210,28 @@ def test_sync_messages_with_commitments_roundtrip(
     back = wire.decode_sync_reply(dataclasses.replace(rep, signature=bytes(sig)).encode())
     assert back.signer(nonce) == MEMBERS[2] and back.signer(bytes(16 - 1) + b"x") != MEMBERS[2]
     assert dataclasses.replace(back, signature=b"") == rep
+
+
+_REPLY = wire.SyncReply(
+    wire.SYNC_OK, 2, ((MEMBERS[0], b"\1" * 32),), 2, ((MEMBERS[1], b"\2" * 32),)
+)
+_REQUEST = wire.SyncRequest(JOB_ID, 1, 2, ((MEMBERS[0], b"\1" * 32),), ((MEMBERS[1], b"\2" * 32),))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([_REPLY.encode(), _REQUEST.encode()]),
+    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4),
+    st.integers(-3, 3),
+)
+def test_mutated_sync_messages_raise_only_wire_error(raw: bytes, flips: list, cut: int) -> None:
+    data = bytearray(raw)
+    for pos, val in flips:
+        data[pos % len(data)] = val
+    data = data[:cut] if cut < 0 else data + bytes(cut)
+    decode = wire.decode_sync_reply if raw[:4] == b"DTSR" else wire.decode_sync_request
+    try:
+        msg = decode(bytes(data))
+    except wire.WireError:
+        return
+    assert msg.encode() == bytes(data)  # whatever decodes re-encodes to the same bytes
