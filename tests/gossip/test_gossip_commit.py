@@ -172,24 +172,27 @@ def test_commitment_roundtrip_any_fields(
 
 
 _SAMPLES = [packet(1, 3)[0].encode(), packet(1, 3)[1][0].encode()]
+# byte overwrites (position, value) and a cut (< 0) or zero padding (> 0)
+_FLIPS = st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4)
+_CUT = st.integers(-3, 3)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.sampled_from(_SAMPLES),
-    st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
-    st.integers(-3, 3),
-)
-def test_mutated_envelopes_raise_only_envelope_error(raw: bytes, flips: list, cut: int) -> None:
+def mutated(raw: bytes, flips: list[tuple[int, int]], cut: int) -> bytes:
     data = bytearray(raw)
     for pos, val in flips:
         data[pos % len(data)] = val
-    data = data[:cut] if cut < 0 else data + bytes(cut)
+    return bytes(data[:cut] if cut < 0 else data + bytes(cut))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_SAMPLES), _FLIPS, _CUT)
+def test_mutated_envelopes_raise_only_envelope_error(raw: bytes, flips: list, cut: int) -> None:
+    data = mutated(raw, flips, cut)
     try:
-        env = envelope.decode(bytes(data))
+        env = envelope.decode(data)
     except EnvelopeError:
         return
-    assert env.encode() == bytes(data)  # whatever decodes re-encodes to the same bytes
+    assert env.encode() == data  # whatever decodes re-encodes to the same bytes
     assert env.kind in (envelope.CHUNK, envelope.COMMIT)
 
 
@@ -219,19 +222,12 @@ _REQUEST = wire.SyncRequest(JOB_ID, 1, 2, ((MEMBERS[0], b"\1" * 32),), ((MEMBERS
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.sampled_from([_REPLY.encode(), _REQUEST.encode()]),
-    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4),
-    st.integers(-3, 3),
-)
+@given(st.sampled_from([_REPLY.encode(), _REQUEST.encode()]), _FLIPS, _CUT)
 def test_mutated_sync_messages_raise_only_wire_error(raw: bytes, flips: list, cut: int) -> None:
-    data = bytearray(raw)
-    for pos, val in flips:
-        data[pos % len(data)] = val
-    data = data[:cut] if cut < 0 else data + bytes(cut)
+    data = mutated(raw, flips, cut)
     decode = wire.decode_sync_reply if raw[:4] == b"DTSR" else wire.decode_sync_request
     try:
-        msg = decode(bytes(data))
+        msg = decode(data)
     except wire.WireError:
         return
-    assert msg.encode() == bytes(data)  # whatever decodes re-encodes to the same bytes
+    assert msg.encode() == data  # whatever decodes re-encodes to the same bytes
