@@ -62,7 +62,10 @@ def test_outsider_forgeries_never_relayed_genuine_late_ones_are(
     observer connected only to honest nodes receives none of them, but does receive the genuine
     late envelopes the injector replays (authentic, so honest nodes relay them)."""
     rounds = 40
-    c = cluster(3, rounds=rounds, payload_bytes=20_000, gossip={"round_deadline_s": 20.0})
+    pace = {i: "harness.pace_hook" for i in range(3)}  # rounds as long as training makes them
+    c = cluster(
+        3, rounds=rounds, payload_bytes=20_000, gossip={"round_deadline_s": 20.0}, hooks=pace
+    )
     inj = spawn_peer(tmp_path, 1000, "inject", c.members)
     obs = spawn_peer(tmp_path, 1001, "observe", c.members)
     outsiders = [inj, obs]

@@ -11,8 +11,9 @@ and exits.
 - inject: watches the topic and, on the first envelope of each new round `cur`, publishes
   forgeries naming a member (signed with its own key, or a genuine envelope with its bytes
   changed) for rounds cur-2, cur-1 (finished at honest nodes), cur and cur+1, cur+2 (future),
-  and replays a genuine envelope of round cur-2 byte for byte (authentic but late). A forged
-  chunk starts with b"FORGED:" and its kind (a forged commitment has no chunk: "other").
+  and replays a genuine envelope of rounds cur-2 and cur-1 byte for byte (authentic, late).
+  A forged chunk starts with b"FORGED:" and its kind (a forged commitment has no chunk:
+  "other").
 - observe: counts what it receives and from which forwarder: envelopes that fail
   authentication (by forgery kind), authentic ones, and authentic envelopes that arrived as
   two or more distinct gossip messages (the injector's replays, relayed by someone).
@@ -91,8 +92,7 @@ class Injector:
         for rnd in (cur + 1, cur + 2):
             out += [("future", e) for e in forged(env, "future", rnd, self.account)]
         msgs = [(k, e.encode()) for k, e in out]
-        if cur - 2 in self.seen:
-            msgs.append(("replay", self.seen[cur - 2]))
+        msgs += [("replay", self.seen[r]) for r in (cur - 2, cur - 1) if r in self.seen]
         ps = self.node._state.pubsub
         assert ps is not None
         for kind, data in msgs:
