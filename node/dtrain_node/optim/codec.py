@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from dtrain_node.errors import PacketError
+from dtrain_node.framing import Frame
 from dtrain_node.optim import dct
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse
 
@@ -131,17 +132,7 @@ def encode(spec: Spec, tensors: Sequence[Sparse]) -> bytes:
 
 def decode(spec: Spec, data: bytes, max_bytes: int = MAX_BYTES) -> list[Sparse]:
     """Parse and validate a packet; raise PacketError (never anything else) if it is not valid."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise PacketError("type", f"expected bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if len(data) > max_bytes:
-        raise PacketError("oversized", f"{len(data)} bytes > limit {max_bytes}")
-    if len(data) < HEADER:
-        raise PacketError("truncated", f"{len(data)} bytes < header {HEADER}")
-    if data[:4] != MAGIC:
-        raise PacketError("magic", f"bad magic {data[:4]!r}")
-    if data[4] != VERSION:
-        raise PacketError("version", f"version {data[4]}, this node speaks {VERSION}")
+    data = Frame(MAGIC, VERSION, HEADER, max_bytes).open(data, PacketError)
     if data[5:HEADER] != spec.signature:
         raise PacketError("signature", "packet is for a different model or compression config")
     if len(data) < spec.packet_bytes:

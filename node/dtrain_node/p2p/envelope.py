@@ -37,6 +37,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
 
 from dtrain_node.errors import EnvelopeError
+from dtrain_node.framing import Frame
 
 MAGIC = b"DTGE"
 VERSION = 2
@@ -46,6 +47,7 @@ _FIELDS = struct.Struct(">BQ20s32sQQ20sI32sHHI")
 HEADER_LEN = len(MAGIC) + 1 + _FIELDS.size
 SIG_LEN = 65
 OVERHEAD = HEADER_LEN + SIG_LEN
+_FRAME = Frame(MAGIC, VERSION, OVERHEAD)
 MAX_CHUNK = 512 * 1024  # every gossip message stays well under py-libp2p's silent 1 MiB limit
 MAX_CHUNKS = 0xFFFF
 
@@ -141,17 +143,13 @@ def _addr_bytes(addr: str) -> bytes:
     return raw
 
 
+def _malformed(_reason: str, msg: str) -> EnvelopeError:
+    return EnvelopeError("malformed", msg)  # one reason for every framing fault: metrics stay small
+
+
 def decode(data: bytes) -> Envelope:
     """Parse an encoded envelope; raise EnvelopeError (never anything else) if malformed."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise EnvelopeError("malformed", f"expected bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if len(data) < OVERHEAD:
-        raise EnvelopeError("malformed", f"{len(data)} bytes < minimum {OVERHEAD}")
-    if data[:4] != MAGIC:
-        raise EnvelopeError("malformed", f"bad magic {data[:4]!r}")
-    if data[4] != VERSION:
-        raise EnvelopeError("malformed", f"version {data[4]}, this node speaks {VERSION}")
+    data = _FRAME.open(data, _malformed)
     kind, *f = _FIELDS.unpack_from(data, 5)
     chunk_len = f[10]
     if len(data) != OVERHEAD + chunk_len:
