@@ -10,6 +10,7 @@ import pytest
 from harness.gossip_cluster import assert_identical_rounds, latency_summary
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_four_nodes_fifty_rounds_identical(cluster: Any, tmp_path: Path) -> None:
     rounds = 50
@@ -30,6 +31,7 @@ def test_four_nodes_fifty_rounds_identical(cluster: Any, tmp_path: Path) -> None
     assert summary["median_s"] < 5.0
 
 
+@pytest.mark.slow  # many rounds under loss; the fast tier keeps the attack and kill tests
 @pytest.mark.timeout(180)
 def test_loss_recovery_through_re_requests(cluster: Any) -> None:
     rounds = 15
