@@ -219,9 +219,7 @@ class DPOBackend(RecordBackend):
         ids, labels, mask = batch
         pol = losses.sequence_logps(self.model(input_ids=ids, attention_mask=mask).logits, labels)
         with torch.no_grad():
-            ref = losses.sequence_logps(
-                self.ref(input_ids=ids, attention_mask=mask).logits, labels
-            )
+            ref = losses.sequence_logps(self.ref(input_ids=ids, attention_mask=mask).logits, labels)
         b = ids.size(0) // 2
         return losses.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], self.opts.dpo_beta)
 
