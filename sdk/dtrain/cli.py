@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from enum import Enum
 from importlib.metadata import entry_points
@@ -63,28 +64,22 @@ class Ctx:
         return BSM.attach(self.rpc_url, self.contract, self.key if self.key else None)
 
 
-class Amount(click.ParamType):
-    name = "amount"
+class Parsed(click.ParamType):
+    """A value read by one of `dtrain.units`' parsers; a bad value is a one-line usage error."""
+
+    def __init__(self, name: str, parse: Callable[[Any], int]) -> None:
+        self.name = name
+        self._parse = parse
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
         try:
-            return parse_amount(value)
+            return self._parse(value)
         except DtrainError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class Duration(click.ParamType):
-    name = "duration"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        try:
-            return parse_duration(value)
-        except DtrainError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-AMOUNT = Amount()
-DURATION = Duration()
+AMOUNT = Parsed("amount", parse_amount)
+DURATION = Parsed("duration", parse_duration)
 
 
 def _jsonable(value: Any) -> Any:
@@ -318,50 +313,6 @@ def operator_register(
     emit(ctx, {"tx": rc.tx_hash}, f"registered with {format_eth(amount)} stake (tx {rc.tx_hash})")
 
 
-@operator.command("stake")
-@click.argument("amount", type=AMOUNT)
-@pass_ctx
-def operator_stake(ctx: Ctx, amount: int) -> None:
-    """Add AMOUNT to the operator's self-stake. Example: dtrain operator stake 1ether"""
-    rc = ctx.bsm().stake(amount)
-    emit(ctx, {"tx": rc.tx_hash}, f"staked {format_eth(amount)}")
-
-
-@operator.command("unstake")
-@click.argument("amount", type=AMOUNT)
-@pass_ctx
-def operator_unstake(ctx: Ctx, amount: int) -> None:
-    """Queue AMOUNT of self-stake for unbonding. Example: dtrain operator unstake 0.5ether"""
-    rc = ctx.bsm().unstake(amount)
-    emit(ctx, {"tx": rc.tx_hash}, f"unbonding {format_eth(amount)}")
-
-
-@operator.command("deregister")
-@pass_ctx
-def operator_deregister(ctx: Ctx) -> None:
-    """Deregister (no active jobs) and queue all self-stake for unbonding."""
-    rc = ctx.bsm().deregister()
-    emit(ctx, {"tx": rc.tx_hash}, "deregistered; stake is unbonding")
-
-
-@operator.command("join")
-@click.argument("job_id", type=int)
-@pass_ctx
-def operator_join(ctx: Ctx, job_id: int) -> None:
-    """Join JOB_ID at the next epoch boundary. Example: dtrain operator join 1"""
-    rc = ctx.bsm().join_job(job_id)
-    emit(ctx, {"tx": rc.tx_hash}, f"joined job {job_id}")
-
-
-@operator.command("leave")
-@click.argument("job_id", type=int)
-@pass_ctx
-def operator_leave(ctx: Ctx, job_id: int) -> None:
-    """Leave JOB_ID at the next epoch boundary. Example: dtrain operator leave 1"""
-    rc = ctx.bsm().leave_job(job_id)
-    emit(ctx, {"tx": rc.tx_hash}, f"leaving job {job_id}")
-
-
 @operator.command("info")
 @click.argument("address", required=False)
 @pass_ctx
@@ -394,36 +345,47 @@ def stake_group() -> None:
     """Delegate stake to operators."""
 
 
-@stake_group.command("delegate")
-@click.argument("operator_address")
-@click.argument("amount", type=AMOUNT)
-@pass_ctx
-def stake_delegate(ctx: Ctx, operator_address: str, amount: int) -> None:
-    """Delegate AMOUNT to OPERATOR. Example: dtrain stake delegate 0xabc... 5ether"""
-    rc = ctx.bsm().delegate(operator_address, amount)
-    emit(ctx, {"tx": rc.tx_hash}, f"delegated {format_eth(amount)} to {operator_address}")
+@dataclass(frozen=True)
+class TxCommand:
+    """`dtrain GROUP NAME ARGS...`: one transaction, `BSM.<method>(*args)`, then one line."""
+
+    group: click.Group
+    name: str
+    args: str  # argument names in order, from TX_ARGS
+    done: str  # printed, formatted with the arguments (amounts in ETH)
+    method: str = ""  # the BSM method; default: the command's name
+
+    def register(self) -> None:
+        def send(ctx: Ctx, **kw: Any) -> None:
+            values = [kw[a] for a in self.args.split()]
+            rc = getattr(ctx.bsm(), self.method or self.name)(*values)
+            shown = {k: format_eth(v) if k == "amount" else v for k, v in kw.items()}
+            emit(ctx, {"tx": rc.tx_hash}, self.done.format(**shown))
+
+        command = pass_ctx(send)
+        for a in reversed(self.args.split()):
+            command = TX_ARGS[a](command)
+        self.group.command(self.name, help=TX_HELP[self.name])(command)
 
 
-@stake_group.command("undelegate")
-@click.argument("operator_address")
-@click.argument("amount", type=AMOUNT)
-@pass_ctx
-def stake_undelegate(ctx: Ctx, operator_address: str, amount: int) -> None:
-    """Queue AMOUNT of a delegation for unbonding.
-
-    Example: dtrain stake undelegate 0xabc... 1ether
-    """
-    rc = ctx.bsm().undelegate(operator_address, amount)
-    emit(ctx, {"tx": rc.tx_hash}, f"unbonding {format_eth(amount)} from {operator_address}")
-
-
-@stake_group.command("withdraw")
-@click.argument("operator_address")
-@pass_ctx
-def stake_withdraw(ctx: Ctx, operator_address: str) -> None:
-    """Credit unbonded stake once unlocked (then `dtrain rewards withdraw`)."""
-    rc = ctx.bsm().withdraw_unbonded(operator_address)
-    emit(ctx, {"tx": rc.tx_hash}, "unbonded stake credited")
+TX_ARGS = {
+    "amount": click.argument("amount", type=AMOUNT),
+    "job": click.argument("job", type=int, metavar="JOB_ID"),
+    "op": click.argument("op", metavar="OPERATOR_ADDRESS"),
+}
+TX_HELP = {
+    "stake": "Add AMOUNT to the operator's self-stake. Example: dtrain operator stake 1ether",
+    "unstake": "Queue AMOUNT of self-stake for unbonding. "
+    "Example: dtrain operator unstake 0.5ether",
+    "deregister": "Deregister (no active jobs) and queue all self-stake for unbonding.",
+    "join": "Join JOB_ID at the next epoch boundary. Example: dtrain operator join 1",
+    "leave": "Leave JOB_ID at the next epoch boundary. Example: dtrain operator leave 1",
+    "delegate": "Delegate AMOUNT to OPERATOR. Example: dtrain stake delegate 0xabc... 5ether",
+    "undelegate": "Queue AMOUNT of a delegation for unbonding.\n\n"
+    "Example: dtrain stake undelegate 0xabc... 1ether",
+    "withdraw": "Credit unbonded stake once unlocked (then `dtrain rewards withdraw`).",
+    "cancel": "Cancel an open job and credit its escrow back. Example: dtrain job cancel 1",
+}
 
 
 # ---------------------------------------------------------------------- job
@@ -549,13 +511,20 @@ def job_list(ctx: Ctx) -> None:
     emit(ctx, jobs, human or "no jobs")
 
 
-@job.command("cancel")
-@click.argument("job_id", type=int)
-@pass_ctx
-def job_cancel(ctx: Ctx, job_id: int) -> None:
-    """Cancel an open job and credit its escrow back. Example: dtrain job cancel 1"""
-    rc = ctx.bsm().cancel_job(job_id)
-    emit(ctx, {"tx": rc.tx_hash}, f"job {job_id} cancelled; escrow credited, see rewards")
+for _tx in (
+    TxCommand(operator, "stake", "amount", "staked {amount}"),
+    TxCommand(operator, "unstake", "amount", "unbonding {amount}"),
+    TxCommand(operator, "deregister", "", "deregistered; stake is unbonding"),
+    TxCommand(operator, "join", "job", "joined job {job}", "join_job"),
+    TxCommand(operator, "leave", "job", "leaving job {job}", "leave_job"),
+    TxCommand(stake_group, "delegate", "op amount", "delegated {amount} to {op}"),
+    TxCommand(stake_group, "undelegate", "op amount", "unbonding {amount} from {op}"),
+    TxCommand(stake_group, "withdraw", "op", "unbonded stake credited", "withdraw_unbonded"),
+    TxCommand(
+        job, "cancel", "job", "job {job} cancelled; escrow credited, see rewards", "cancel_job"
+    ),
+):
+    _tx.register()
 
 
 @job.command("finalize")

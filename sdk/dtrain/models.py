@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import astuple, dataclass, field, fields
 from enum import IntEnum
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 ZERO32 = b"\0" * 32
 T = TypeVar("T")
@@ -72,6 +72,18 @@ def to_struct(model: Any, struct: str) -> tuple:
     return tuple(int(v) if isinstance(v, IntEnum) else v for v in values)
 
 
+class Decoded:
+    """A read model decoded from a contract struct by component name (`from_struct`).
+
+    `CONVERT` maps a field to the type its raw value becomes (enums, bytes)."""
+
+    CONVERT: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+
+    @classmethod
+    def from_struct(cls, struct: Mapping[str, Any]) -> Self:
+        return from_struct(cls, struct, cls.CONVERT)
+
+
 class Method(IntEnum):
     CPT = 0
     SFT = 1
@@ -101,7 +113,7 @@ class SlashReason(IntEnum):
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(Decoded):
     """Deploy-time parameters (basis points sum to 10000; slash bps at most 5000)."""
 
     treasury: str
@@ -129,14 +141,12 @@ class Params:
         """The constructor's `Params` argument."""
         return to_struct(self, "Params")
 
-    @classmethod
-    def from_struct(cls, struct: Mapping[str, Any]) -> Params:
-        return from_struct(cls, struct)
-
 
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec(Decoded):
     """What a caller pays for. Escrow = price x max_operators x total_epochs."""
+
+    CONVERT: ClassVar = {"method": Method, "model_hash": bytes, "dataset_hash": bytes}
 
     price_per_operator_epoch: int
     total_epochs: int = 1
@@ -166,14 +176,11 @@ class JobSpec:
         """The `createJob` argument."""
         return to_struct(self, "JobSpec")
 
-    @classmethod
-    def from_struct(cls, struct: Mapping[str, Any]) -> JobSpec:
-        conv = {"method": Method, "model_hash": bytes, "dataset_hash": bytes}
-        return from_struct(cls, struct, conv)
-
 
 @dataclass(frozen=True)
-class JobState:
+class JobState(Decoded):
+    CONVERT: ClassVar = {"status": JobStatus, "checkpoint": bytes}
+
     caller: str
     status: JobStatus
     epoch: int
@@ -182,10 +189,6 @@ class JobState:
     epoch_start: int
     escrow: int
     checkpoint: bytes
-
-    @classmethod
-    def from_struct(cls, struct: Mapping[str, Any]) -> JobState:
-        return from_struct(cls, struct, {"status": JobStatus, "checkpoint": bytes})
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,7 @@ class Operator:
 
 
 @dataclass(frozen=True)
-class Pool:
+class Pool(Decoded):
     total_shares: int
     total_assets: int
     unbonding_shares: int
@@ -238,13 +241,9 @@ class Pool:
     reward_per_share: int
     reward_reserve: int
 
-    @classmethod
-    def from_struct(cls, struct: Mapping[str, Any]) -> Pool:
-        return from_struct(cls, struct)
-
 
 @dataclass(frozen=True)
-class Accounting:
+class Accounting(Decoded):
     """Running totals whose sum equals the contract balance."""
 
     staked: int
@@ -252,11 +251,6 @@ class Accounting:
     escrow: int
     credits: int
     reward_reserve: int
-
-    @classmethod
-    def from_struct(cls, outputs: Mapping[str, Any]) -> Accounting:
-        """From `accounting()`'s outputs by name."""
-        return from_struct(cls, outputs)
 
     @property
     def total(self) -> int:

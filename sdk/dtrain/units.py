@@ -22,15 +22,23 @@ _DURATION = re.compile(r"^\s*([0-9]+)\s*([smhdw]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_amount(text: str | int) -> int:
-    """Wei from "1.5ether", "200 gwei", "7wei" or a bare integer number of wei."""
+def _read(text: str | int, what: str, pattern: re.Pattern[str], examples: str) -> int | re.Match:
+    """A plain non-negative int as it is, else the match of `pattern` on the text."""
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
-            raise InvalidAmount(f"amount {text} is negative")
+            raise InvalidAmount(f"{what} {text} is negative")
         return text
-    m = _AMOUNT.match(str(text))
+    m = pattern.match(str(text))
     if not m:
-        raise InvalidAmount(f"cannot read amount {text!r}: use e.g. 1.5ether, 200gwei or 42 (wei)")
+        raise InvalidAmount(f"cannot read {what} {text!r}: use e.g. {examples}")
+    return m
+
+
+def parse_amount(text: str | int) -> int:
+    """Wei from "1.5ether", "200 gwei", "7wei" or a bare integer number of wei."""
+    m = _read(text, "amount", _AMOUNT, "1.5ether, 200gwei or 42 (wei)")
+    if isinstance(m, int):
+        return m
     number, unit = m.group(1), m.group(2).lower() or "wei"
     if unit not in UNITS:
         raise InvalidAmount(f"unknown unit {unit!r} in {text!r}; known: {', '.join(UNITS)}")
@@ -49,13 +57,9 @@ def parse_amount(text: str | int) -> int:
 
 def parse_duration(text: str | int) -> int:
     """Seconds from "90", "90s", "15m", "2h", "7d" or "1w"."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise InvalidAmount(f"duration {text} is negative")
-        return text
-    m = _DURATION.match(str(text))
-    if not m:
-        raise InvalidAmount(f"cannot read duration {text!r}: use e.g. 90s, 15m, 2h or 7d")
+    m = _read(text, "duration", _DURATION, "90s, 15m, 2h or 7d")
+    if isinstance(m, int):
+        return m
     return int(m.group(1)) * _SECONDS[m.group(2)]
 
 
