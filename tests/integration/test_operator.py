@@ -30,7 +30,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
     return path, corpus.build_stdlib_corpus(path, max_bytes=60_000)
 
 
-def submit_tiny_job(bsm: BSM, dataset: tuple[Path, bytes], operators: int, steps: int = 4) -> int:
+def submit_tiny_job(
+    bsm: BSM, dataset: tuple[Path, bytes], operators: int, steps: int = 4, epoch_s: int = 600
+) -> int:
     """A 1-epoch CPT job of the built-in tiny model: sync rounds of 2 steps."""
     path, digest = dataset
     init = hf.build(hf.PRESETS["tiny"], seed=bsm.next_job_id())
@@ -46,7 +48,7 @@ def submit_tiny_job(bsm: BSM, dataset: tuple[Path, bytes], operators: int, steps
         model_uri="builtin:tiny",
         dataset_hash=digest,
         dataset_uri=str(path),
-        epoch_duration=600,
+        epoch_duration=epoch_s,
     )
     return bsm.create_job(spec)
 
@@ -219,3 +221,25 @@ def test_node_stopped_mid_epoch_resumes_from_its_round_state(
     ]
     [fin] = events(bsm, job_id, "EpochFinalized")
     assert fin.args["paidMembers"] == 2 and not events(bsm, job_id, "Slashed")
+
+
+def test_auto_skips_a_job_whose_epochs_are_too_short_to_finish(
+    chain, bsm, accounts, dataset, tmp_path
+) -> None:
+    """A caller's job with 3,000 steps in a 60 s epoch would get every member slashed for
+    dropping out; --auto joins the job it can finish instead, though it was created later."""
+    caller = bsm.with_account(accounts[CALLER].key)
+    short = submit_tiny_job(caller, dataset, operators=1, steps=3000, epoch_s=60)
+    fine = submit_tiny_job(caller, dataset, operators=1, steps=4, epoch_s=600)
+    cfg = NodeConfig(
+        key=accounts[1].key,
+        rpc_url=chain.url,
+        contract=bsm.address,
+        data_dir=tmp_path / "auto",
+        auto=True,
+        step_s=0.5,
+        poll_s=0.1,
+    )
+    node = Node(cfg, transport_factory=LoopbackHub().factory)
+    assert short < fine
+    assert node._pick_job() == fine

@@ -10,6 +10,7 @@ from dtrain_node.operator.deadlines import (
     FIRST_ROUND_FACTOR,
     MIN_ROUND_S,
     SUBMIT_MARGIN_S,
+    epoch_seconds_needed,
     round_deadline,
 )
 
@@ -60,3 +61,21 @@ def test_bounds(base: float, first: bool, left: float, rounds: int, settle: floa
     # a round past the minimum fits the rounds left (and their settle) before the margin
     if got > MIN_ROUND_S:
         assert (got + settle) * rounds <= left - SUBMIT_MARGIN_S + 1e-6 * max(1.0, abs(left))
+
+
+def test_epoch_seconds_needed_counts_steps_rounds_and_the_submit_margin() -> None:
+    # 3000 steps at 0.5 s, 300 rounds of at least MIN_ROUND_S, a longer first round, the margin
+    want = 3000 * 0.5 + (300 + FIRST_ROUND_FACTOR) * MIN_ROUND_S + SUBMIT_MARGIN_S
+    assert epoch_seconds_needed(3000, 10, 0.5) == want
+    assert epoch_seconds_needed(3000, 10, 0.5) > 5  # the 5 s epoch of a caller's broken job
+
+
+@given(st.integers(1, 10_000), st.integers(1, 100), st.floats(0, 10))
+def test_epoch_seconds_needed_grows_with_steps(steps: int, k: int, step_s: float) -> None:
+    assert epoch_seconds_needed(steps + k, k, step_s) >= epoch_seconds_needed(steps, k, step_s)
+
+
+@pytest.mark.parametrize("args", [(0, 1, 0.5), (10, 0, 0.5), (10, 2, -1.0), (10, 2, float("nan"))])
+def test_epoch_seconds_needed_rejects_bad_input(args: tuple) -> None:
+    with pytest.raises(ValueError):
+        epoch_seconds_needed(*args)

@@ -37,11 +37,22 @@ def node() -> None:
     "--listen", default="/ip4/127.0.0.1/tcp/0", show_default=True, help="libp2p listen multiaddr."
 )
 @click.option("--job", "job_id", type=int, help="Job to join.")
-@click.option("--auto", is_flag=True, help="Join the first open job that pays our ask.")
+@click.option(
+    "--auto",
+    is_flag=True,
+    help="Join the first open job that pays our ask and that we can finish in time.",
+)
 @click.option(
     "--stake", type=AMOUNT, default="1ether", show_default=True, help="Self-stake when registering."
 )
 @click.option("--min-price", type=AMOUNT, default="0", help="Lowest price per epoch accepted.")
+@click.option(
+    "--step-seconds",
+    type=click.FloatRange(min=0),
+    default=0.5,
+    show_default=True,
+    help="Our seconds per training step: --auto skips jobs whose epochs are too short for it.",
+)
 @click.option("--batch-size", default=8, show_default=True)
 @click.option(
     "--round-deadline",
@@ -76,6 +87,7 @@ def node_run(
     auto: bool,
     stake: int,
     min_price: int,
+    step_seconds: float,
     batch_size: int,
     round_deadline: float,
     faults: tuple[str, ...],
@@ -110,6 +122,7 @@ def node_run(
         auto=auto,
         stake=stake,
         min_price=min_price,
+        step_s=step_seconds,
         batch_size=batch_size,
         round_deadline_s=round_deadline,
         faults=parsed,

@@ -35,3 +35,14 @@ def round_deadline(
     left = epoch_deadline - now - SUBMIT_MARGIN_S
     share = left / rounds_left - settle_s
     return max(MIN_ROUND_S, min(wanted, share))
+
+
+def epoch_seconds_needed(steps: int, sync_interval: int, step_s: float) -> float:
+    """Least epoch duration in which this node can finish an epoch: every inner step at
+    `step_s` seconds, every sync round at least `MIN_ROUND_S`, the first round its longer
+    start, and the margin to save and submit. An epoch shorter than this would get us slashed
+    for dropping out, so `--auto` does not join such a job."""
+    if steps < 1 or sync_interval < 1 or not step_s >= 0:
+        raise ValueError(f"steps {steps}, sync_interval {sync_interval} >= 1, step_s {step_s} >= 0")
+    rounds = steps // sync_interval
+    return steps * step_s + (rounds + FIRST_ROUND_FACTOR) * MIN_ROUND_S + SUBMIT_MARGIN_S

@@ -34,6 +34,7 @@ from dtrain.errors import ContractError, TransactionFailed
 from dtrain.models import Job, JobStatus
 from dtrain_node.errors import StopRequested
 from dtrain_node.operator.checkpoints import Checkpoints
+from dtrain_node.operator.deadlines import epoch_seconds_needed
 from dtrain_node.operator.epoch import EpochEnv, EpochTrainer
 from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.transport import (
@@ -60,6 +61,7 @@ class NodeConfig:
     auto: bool = False
     stake: int = 10**18
     min_price: int = 0
+    step_s: float = 0.5  # --auto: our expected seconds per inner step (epoch-length check)
     hardware: str = "cpu"
     batch_size: int = 8
     # Outer-step hyper-parameters are part of the protocol: every node of a job must use the
@@ -80,6 +82,8 @@ class NodeConfig:
             raise ValueError("give a job id or auto=True")
         if self.batch_size < 1 or self.round_deadline_s <= 0 or self.poll_s <= 0:
             raise ValueError("batch_size >= 1, round_deadline_s > 0 and poll_s > 0 required")
+        if not self.step_s >= 0:
+            raise ValueError(f"step_s must be >= 0, got {self.step_s}")
 
 
 class Node:
@@ -185,15 +189,25 @@ class Node:
             self._metric("joined", job=job_id)
 
     def _pick_job(self) -> int:
-        """--auto: the first open or running job with room that pays at least our ask."""
-        ask = self.cfg.min_price
+        """--auto: the first open or running job with room that pays at least our ask and whose
+        epochs are long enough for us to finish them."""
         while True:
             for j in self.bsm.jobs():
-                room = len(j.members) + len(j.pending_joins) < j.spec.max_operators
-                live = j.state.status in (JobStatus.OPEN, JobStatus.RUNNING)
-                if live and room and j.spec.price_per_operator_epoch >= ask:
+                if self._acceptable(j):
                     return j.id
             self._sleep()
+
+    def _acceptable(self, j: Job) -> bool:
+        s = j.spec
+        room = len(j.members) + len(j.pending_joins) < s.max_operators
+        live = j.state.status in (JobStatus.OPEN, JobStatus.RUNNING)
+        need = epoch_seconds_needed(s.steps_per_epoch, s.sync_interval, self.cfg.step_s)
+        return (
+            live
+            and room
+            and s.price_per_operator_epoch >= self.cfg.min_price
+            and (s.epoch_duration >= need)
+        )
 
     # ------------------------------------------------------------------ epochs
 
