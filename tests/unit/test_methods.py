@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from harness.jobs import tiny_job
 
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
 from dtrain_node.train import backend, corpus, finetune, losses, tasks
@@ -131,27 +132,13 @@ def test_exact_match_reward():
 def job_for(tmp_path, method: str, problems: list[tasks.Problem], seed: int = 1) -> TrainJob:
     path = tmp_path / f"{method}.jsonl"
     h = tasks.make_dataset(path, method, problems)
-    return TrainJob(
-        job_id=seed,
-        method=method,
-        model_uri="builtin:tiny",
-        dataset_uri=str(path),
-        dataset_hash=h,
-        batch_size=16,
-    )
+    return tiny_job(method, path, h, 16, job_id=seed)
 
 
 def cpt_job(tmp_path) -> TrainJob:
     path = tmp_path / "cpt.txt"
     h = corpus.build_stdlib_corpus(path, max_bytes=150_000)
-    return TrainJob(
-        job_id=1,
-        method="cpt",
-        model_uri="builtin:tiny",
-        dataset_uri=str(path),
-        dataset_hash=h,
-        batch_size=8,
-    )
+    return tiny_job("cpt", path, h)
 
 
 # method -> (problems, held-out metric, direction (+1: higher is better), inner lr, steps)
@@ -186,13 +173,7 @@ def test_make_backend_builds_each_method(tmp_path, method):
 
 
 def test_make_backend_rejects_unknown_method(tmp_path):
-    job = TrainJob(
-        job_id=1,
-        method="rlhf",
-        model_uri="builtin:tiny",
-        dataset_uri=str(tmp_path / "x"),
-        dataset_hash=b"\0" * 32,
-    )
+    job = tiny_job("rlhf", tmp_path / "x")
     with pytest.raises(ValueError, match="unknown method 'rlhf'"):
         make_backend(job)
 
@@ -200,13 +181,7 @@ def test_make_backend_rejects_unknown_method(tmp_path):
 @pytest.mark.parametrize("name", ["torchtune", "axolotl", "unsloth"])
 def test_unavailable_backend_names_package_and_install(monkeypatch, tmp_path, name):
     monkeypatch.setattr(backend.importlib.util, "find_spec", lambda _pkg: None)
-    job = TrainJob(
-        job_id=1,
-        method="sft",
-        model_uri="builtin:tiny",
-        dataset_uri=str(tmp_path / "x"),
-        dataset_hash=b"\0" * 32,
-    )
+    job = tiny_job("sft", tmp_path / "x")
     with pytest.raises(BackendUnavailable, match=f"needs the {name} package.*pip install {name}"):
         make_backend(job, name)
 
@@ -328,14 +303,7 @@ def test_runner_sequence_round_trips_through_state_dict_and_export(tmp_path, met
 def test_grpo_iterations_reuse_the_rollout_with_ratio_off_one(tmp_path):
     path = tmp_path / "grpo.jsonl"
     h = tasks.make_dataset(path, "grpo", tasks.last_letter(100, length=4, seed=0))
-    job = TrainJob(
-        job_id=1,
-        method="grpo",
-        model_uri="builtin:tiny",
-        dataset_uri=str(path),
-        dataset_hash=h,
-        batch_size=8,
-    )
+    job = tiny_job("grpo", path, h)
     b = make_backend(job, options=finetune.MethodOptions(grpo_iterations=2))
     it = b.batches(torch.arange(b.n_items()), 8, seed=0)
     first, again, third = next(it), next(it), next(it)

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 import torch
+from harness.jobs import tiny_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -243,13 +244,7 @@ def test_corpus_hash_is_checked(tmp_path) -> None:
 
 
 def test_external_backend_missing_names_the_install_command(tmp_path) -> None:
-    job = TrainJob(
-        job_id=1,
-        method="cpt",
-        model_uri="builtin:tiny",
-        dataset_uri=str(tmp_path / "x"),
-        dataset_hash=b"\0" * 32,
-    )
+    job = tiny_job("cpt", tmp_path / "x")
     with pytest.raises(BackendUnavailable, match="pip install torchtune"):
         make_backend(job, "torchtune")
     with pytest.raises(ValueError, match="unknown backend"):

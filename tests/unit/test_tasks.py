@@ -6,12 +6,13 @@ import hashlib
 import json
 
 import pytest
+from harness.jobs import tiny_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtrain_node.errors import DatasetError
 from dtrain_node.train import tasks
-from dtrain_node.train.backend import TrainJob, make_backend
+from dtrain_node.train.backend import make_backend
 
 
 def test_addition_answers_are_correct_distinct_and_bounded():
@@ -118,13 +119,7 @@ def test_split_holds_out_last_tenth():
 
 def test_backend_rejects_bad_dataset_before_training(tmp_path):
     path = write_lines(tmp_path, [GOOD] * 10 + ['{"prompt": "1+2=", "response": 3}'])
-    job = TrainJob(
-        job_id=1,
-        method="sft",
-        model_uri="builtin:tiny",
-        dataset_uri=str(path),
-        dataset_hash=b"\0" * 32,
-    )
+    job = tiny_job("sft", path)
     with pytest.raises(DatasetError, match=r"^record 11: "):
         make_backend(job)
 
@@ -133,15 +128,7 @@ def test_grpo_backend_requires_one_answer_width(tmp_path):
     path = tmp_path / "g.jsonl"
     h = tasks.make_dataset(path, "grpo", tasks.addition(50, digits=1, seed=0))  # 1 and 2 wide
     with pytest.raises(DatasetError, match="one width"):
-        make_backend(
-            TrainJob(
-                job_id=1,
-                method="grpo",
-                model_uri="builtin:tiny",
-                dataset_uri=str(path),
-                dataset_hash=h,
-            )
-        )
+        make_backend(tiny_job("grpo", path, h))
 
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=10)
