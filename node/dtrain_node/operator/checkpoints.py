@@ -18,9 +18,9 @@ import torch
 from dtrain.errors import DtrainError
 from dtrain.models import Job
 from dtrain_node.errors import CheckpointInvalid
-from dtrain_node.operator.build import backend_for
 from dtrain_node.operator.transport import PeerSpec, Transport
 from dtrain_node.train import checkpoint
+from dtrain_node.train.backend import TrainJob, make_backend
 
 
 def export_final(job: Job, stream: Path, out: Path) -> Path:
@@ -28,7 +28,7 @@ def export_final(job: Job, stream: Path, out: Path) -> Path:
     exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it."""
     digest = job.state.checkpoint
     tensors = checkpoint.from_stream(stream.read_bytes(), digest)
-    backend = backend_for(job)
+    backend = make_backend(TrainJob.from_job(job))
     backend.model.load_state_dict(tensors)
     path = backend.export(out)
     (path / "CHECKPOINT_SHA256").write_text(digest.hex() + "\n")

@@ -22,7 +22,6 @@ from web3 import Web3
 
 from dtrain.models import Job
 from dtrain_node.operator import roundstate
-from dtrain_node.operator.build import backend_for
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import round_deadline
 from dtrain_node.operator.faults import Faults, RoundContext
@@ -31,7 +30,7 @@ from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.train import checkpoint, shard
-from dtrain_node.train.backend import Backend
+from dtrain_node.train.backend import Backend, TrainJob, make_backend
 
 if TYPE_CHECKING:
     from dtrain_node.operator.node import NodeConfig
@@ -92,7 +91,7 @@ class EpochTrainer:
 
     def _build(self) -> None:
         env, job = self.env, self.job
-        self.backend = backend_for(job, env.cfg.batch_size)
+        self.backend = make_backend(TrainJob.from_job(job, env.cfg.batch_size))
         model = self.backend.model
         model.load_state_dict(env.checkpoints.start_state(job, model))
         self.opt = DeMo(model.named_parameters(), demo_config(env.cfg, job), sender=env.me.lower())

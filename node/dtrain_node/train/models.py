@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,9 @@ def tokenizer():
     )
 
 
+_GLOBAL_RNG = threading.Lock()
+
+
 def build(cfg: ModelConfig, seed: int):
     """A LlamaForCausalLM initialised deterministically on the CPU from `seed`."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -95,12 +99,15 @@ def build(cfg: ModelConfig, seed: int):
         eos_token_id=256 + SPECIALS.index(EOS),
         pad_token_id=256 + SPECIALS.index(PAD),
     )
-    state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(hf)
-    finally:
-        torch.random.set_rng_state(state)
+    # transformers initialises from torch's global RNG: builds in other threads (nodes in threads,
+    # as in the operator tests) must not interleave their draws with ours.
+    with _GLOBAL_RNG:
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(hf)
+        finally:
+            torch.random.set_rng_state(state)
     return model
 
 
