@@ -14,8 +14,10 @@ interface IDistributedTrainingBSMTypes {
         GRPO
     }
 
-    /// @notice Lifecycle of a job. `Open`: waiting for `minOperators` members before the first
-    /// epoch, or for any member after a boundary left none. `Running`: an epoch is in progress.
+    /// @notice Lifecycle of a job. `Open`: waiting for `max(2, minOperators)` members before an
+    /// epoch can start (the first, or any later one after a boundary left fewer). `Running`: an
+    /// epoch is in progress. `Failed`: no quorum `maxFailedEpochs` times in a row, voted
+    /// unworkable, or left `Open` for `openTimeout` after it started.
     enum JobStatus {
         None,
         Open,
@@ -48,22 +50,34 @@ interface IDistributedTrainingBSMTypes {
         uint16 reporterBountyBps;
         /// Minimum share of an epoch's sync rounds a member must have contributed to.
         uint16 syncThresholdBps;
+        /// Paid from the escrow, in bps of the job's price, to each member that voted an epoch
+        /// `UNWORKABLE` when that vote reached quorum (the job is then aborted, nobody slashed).
+        /// Below `operatorBps`, so training an epoch always pays a member more.
+        uint16 unworkableCompBps;
         /// Hard cap on members per job; every loop in the contract is bounded by it.
         uint8 maxOperators;
         /// Consecutive epochs without quorum after which a job fails.
         uint8 maxFailedEpochs;
-        /// Must be at least 4 x (startGrace + minEpochDuration): an epoch spans at most a
-        /// quarter of it (`maxEpochDuration`), so stake queued while it backs an epoch stays
-        /// slashable for three quarters of the period after that epoch's deadline.
+        /// Must be at least 4 x (startGrace + minEpochDuration + revealWindow): an epoch with its
+        /// reveal window spans at most a quarter of it (`maxEpochDuration`), so stake queued
+        /// while it backs an epoch stays slashable for three quarters of the period after the
+        /// epoch's reveal deadline.
         uint64 unbondingPeriod;
         /// Shortest epoch a job may ask for, in seconds.
         uint64 minEpochDuration;
         /// Seconds between an epoch's start condition (enough joins, or the previous epoch
         /// finalized) and the start of its `epochDuration`.
         uint64 startGrace;
+        /// Seconds after an epoch's commit deadline in which members reveal their votes.
+        uint64 revealWindow;
+        /// Seconds a job that has started may wait `Open` for members before anyone may fail it
+        /// (full refund of the remaining escrow) with `cancelJob`.
+        uint64 openTimeout;
         /// Cap, in wei, on a finalizer's reward from one epoch's slashes.
         uint96 maxReporterBounty;
         uint256 minStake;
+        /// Least `seatBond` a job may ask for, in wei.
+        uint256 minSeatBond;
         address treasury;
         address developer;
         /// Tangle core allowed to call the hooks; address(0) disables them.
@@ -82,11 +96,14 @@ interface IDistributedTrainingBSMTypes {
         uint32 syncInterval; // K inner steps between DeMo syncs
         uint16 topkPerChunk;
         uint8 quantBits; // 1 or 2
-        uint8 minOperators;
+        uint8 minOperators; // at least 2: an epoch starts only with max(2, minOperators) members
         uint8 maxOperators;
-        uint64 epochDuration; // seconds from epoch start to its submission deadline
+        uint64 epochDuration; // seconds from epoch start to its commit deadline
         bool teeRequired;
         uint256 pricePerOperatorEpoch;
+        /// Self-stake each member bonds for its seat while in the job (>= `minSeatBond`); bonded
+        /// stake backs no other seat and cannot be unstaked until the member leaves.
+        uint256 seatBond;
     }
 
     /// @notice Mutable state of a job.
@@ -95,8 +112,8 @@ interface IDistributedTrainingBSMTypes {
         JobStatus status;
         uint32 epoch; // index of the epoch in progress (== number of finalized epochs)
         uint8 failedEpochs; // consecutive epochs without quorum
-        uint64 attempt; // global attempt counter of the epoch in progress; keys submissions
-        uint64 epochStart;
+        uint64 attempt; // global attempt counter of the epoch in progress; keys votes
+        uint64 epochStart; // Running: start of the epoch's duration; Open after a boundary: since when
         uint256 escrow; // not yet earned
         bytes32 checkpoint; // latest finalized checkpoint (start state of `epoch`)
     }
@@ -162,16 +179,16 @@ interface IDistributedTrainingBSMTypes {
     error NothingToWithdraw(address account);
     /// @notice sending `amount` to `to` failed
     error TransferFailed(address to, uint256 amount);
-    /// @notice operators min `minOperators` / max `maxOperators` outside 1..`cap`
+    /// @notice operators min `minOperators` / max `maxOperators`: need 2 <= min <= max <= `cap`
     error InvalidOperatorRange(uint256 minOperators, uint256 maxOperators, uint256 cap);
     /// @notice invalid schedule: `totalEpochs` epochs of `stepsPerEpoch` steps, sync every `syncInterval`
     error InvalidSchedule(uint256 totalEpochs, uint256 stepsPerEpoch, uint256 syncInterval);
     /// @notice invalid compression: top-k `topkPerChunk`, `quantBits`-bit values
     error InvalidCompression(uint256 topkPerChunk, uint256 quantBits);
     /// @notice epoch duration `duration`s outside `min`s..`max`s
-    /// @param max maxEpochDuration(): a quarter of the unbonding period less the start grace.
+    /// @param max maxEpochDuration(): a quarter of the unbonding period less the start grace and the reveal window.
     error InvalidEpochDuration(uint256 duration, uint256 min, uint256 max);
-    /// @notice unbonding period `unbondingPeriod`s is shorter than `needed`s (4 x (startGrace + minEpochDuration))
+    /// @notice unbonding period `unbondingPeriod`s is shorter than `needed`s (4 x (startGrace + minEpochDuration + revealWindow))
     error UnbondingTooShort(uint256 unbondingPeriod, uint256 needed);
     /// @notice escrow must be exactly `expected`, got `sent`
     /// @param expected price x maxOperators x totalEpochs, in wei.
@@ -202,19 +219,43 @@ interface IDistributedTrainingBSMTypes {
     /// @param deadline unix time (seconds) after which submissions are refused.
     /// @param nowTs timestamp of the block that reverted.
     error DeadlinePassed(uint256 deadline, uint256 nowTs);
-    /// @notice `operator` already submitted for job `jobId` epoch `epoch`
-    error AlreadySubmitted(uint256 jobId, uint256 epoch, address operator);
-    /// @notice checkpoint hash must not be zero
+    /// @notice `operator` already committed for job `jobId` epoch `epoch`
+    error AlreadyCommitted(uint256 jobId, uint256 epoch, address operator);
+    /// @notice `operator` already revealed for job `jobId` epoch `epoch`
+    error AlreadyRevealed(uint256 jobId, uint256 epoch, address operator);
+    /// @notice `operator` has no commitment to reveal for job `jobId` epoch `epoch`
+    error NotCommitted(uint256 jobId, uint256 epoch, address operator);
+    /// @notice the revealed vote of `operator` does not match its commitment in job `jobId`
+    error CommitmentMismatch(uint256 jobId, address operator);
+    /// @notice reveals open after `opensAfter` or once every member committed (now `nowTs`)
+    /// @param opensAfter the epoch's commit deadline (unix seconds).
+    error RevealNotOpen(uint256 opensAfter, uint256 nowTs);
+    /// @notice the reveal window closed at `closedAt` (now `nowTs`)
+    error RevealClosed(uint256 closedAt, uint256 nowTs);
+    /// @notice checkpoint hash and commitment must not be zero
     error ZeroCheckpoint();
+    /// @notice self-stake `selfStake` cannot bond this seat: `needed` needed (minimum stake and every seat bond)
+    error InsufficientFreeStake(uint256 selfStake, uint256 needed);
+    /// @notice `remaining` of self-stake would be left, below the `needed` bonded in jobs or the minimum stake
+    error StakeBonded(uint256 remaining, uint256 needed);
+    /// @notice seat bond `seatBond` below the minimum `minSeatBond`
+    error SeatBondTooLow(uint256 seatBond, uint256 minSeatBond);
+    /// @notice unworkable compensation `bps` bps must be below the operator share `operatorBps`
+    error InvalidUnworkableComp(uint256 bps, uint256 operatorBps);
+    /// @notice job `jobId` may be failed by anyone only after `timeoutAt` (now `nowTs`)
+    /// @param timeoutAt unix seconds: when the job has waited `openTimeout` for members.
+    error OpenTimeoutPending(uint256 jobId, uint256 timeoutAt, uint256 nowTs);
+    /// @notice only the BSM's own hooks extension may call this (caller `caller`)
+    error OnlySelf(address caller);
     /// @notice participation has `given` entries, the epoch has `expected` members
     error ParticipationLength(uint256 given, uint256 expected);
     /// @notice participation[`index`] = `rounds` exceeds `maxRounds` rounds
     /// @param maxRounds sync rounds in an epoch (stepsPerEpoch / syncInterval).
     error ParticipationTooHigh(uint256 index, uint256 rounds, uint256 maxRounds);
-    /// @notice job `jobId`: `submitted` of `members` members submitted and the deadline `deadline` has not passed
-    error EpochNotFinalizable(uint256 jobId, uint256 submitted, uint256 members, uint256 deadline);
+    /// @notice job `jobId`: `revealed` of `members` members revealed and the reveal deadline `deadline` has not passed
+    error EpochNotFinalizable(uint256 jobId, uint256 revealed, uint256 members, uint256 deadline);
     /// @notice unknown job kind `job`
-    /// @param job the `onJobCall` / `onJobResult` job id (JOIN=1, LEAVE=2, SUBMIT_CHECKPOINT=3, FINALIZE=4).
+    /// @param job the `onJobCall` / `onJobResult` job id (JOIN=1, LEAVE=2, COMMIT=3, REVEAL=4, FINALIZE=5).
     error UnknownJobKind(uint8 job);
     /// @notice slash percent `percent` outside 1..50
     error InvalidSlashPercent(uint256 percent);
@@ -260,8 +301,11 @@ interface IDistributedTrainingBSMTypes {
         bytes32 startCheckpoint,
         uint64 deadline
     );
-    /// @notice `operator` committed `checkpoint` for epoch `epoch` of job `jobId`.
-    event CheckpointSubmitted(
+    /// @notice `operator` committed to a vote (hidden until revealed) for epoch `epoch` of job `jobId`.
+    event CheckpointCommitted(uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 commitment);
+    /// @notice `operator` revealed its vote `checkpoint` (`voteKey` names the vote with its
+    /// participation) for epoch `epoch` of job `jobId`.
+    event CheckpointRevealed(
         uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 checkpoint, bytes32 voteKey
     );
     /// @notice Epoch `epoch` of job `jobId` reached quorum on `checkpoint`; `paidMembers` members were paid.
@@ -289,6 +333,11 @@ interface IDistributedTrainingBSMTypes {
     event JobCompleted(uint256 indexed jobId, bytes32 finalCheckpoint, uint256 refund);
     /// @notice Job `jobId` failed; `refund` wei of remaining escrow were credited to its caller.
     event JobFailed(uint256 indexed jobId, uint256 refund);
+    /// @notice A quorum voted epoch `epoch` of job `jobId` unworkable: nobody was slashed,
+    /// `compensated` members were credited `compensation` wei each and the caller `refund` wei.
+    event JobAborted(
+        uint256 indexed jobId, uint256 indexed epoch, uint256 compensated, uint256 compensation, uint256 refund
+    );
     /// @notice `amount` wei were credited to `account`, claimable with `withdraw()`.
     event Credited(address indexed account, uint256 amount);
     /// @notice `account` withdrew `amount` wei of credit.
@@ -355,24 +404,44 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
     /// @notice Creates a job; `msg.value` must equal price x maxOperators x totalEpochs.
     function createJob(JobSpec calldata spec) external payable returns (uint256 jobId);
 
-    /// @notice Cancels an `Open` job and credits its remaining escrow to the caller.
+    /// @notice Ends an `Open` job and credits its remaining escrow to the caller: the caller
+    /// may cancel it at any time (`Cancelled`); anyone may fail it (`Failed`) once it has
+    /// started and then waited `openTimeout` for members.
     function cancelJob(uint256 jobId) external;
 
-    /// @notice Joins a job; takes effect at the next epoch boundary (or starts epoch 0).
+    /// @notice Joins a job, bonding `seatBond` of the sender's free self-stake; takes effect at
+    /// the next epoch boundary (or starts the epoch when it brings the job to max(2, minOperators)).
     function joinJob(uint256 jobId) external;
 
     /// @notice Leaves a job at the next epoch boundary (immediately while the job is `Open`).
     function leaveJob(uint256 jobId) external;
 
-    /// @notice Commits the sender's checkpoint hash for the epoch in progress.
-    /// @param participation sync rounds applied from each member, in `getMembers` order.
-    function submitCheckpoint(uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] calldata participation)
-        external;
+    /// @notice Commits the sender's hidden vote for the epoch in progress, before its deadline.
+    /// @param commitment `commitmentHash(jobId, epoch, sender, checkpoint, participation, salt)`.
+    function commitCheckpoint(uint256 jobId, uint256 epoch, bytes32 commitment) external;
 
-    /// @notice Settles the epoch in progress (anyone; after all members submitted or the
+    /// @notice Reveals the sender's committed vote. Reveals open after the commit deadline, or
+    /// as soon as every member committed, and close `revealWindow` after the deadline. A
+    /// commitment never revealed counts as no vote (dropout).
+    /// @param checkpoint the checkpoint hash, or `UNWORKABLE` (data or model unavailable or
+    /// failing its hash; participation is then ignored).
+    /// @param participation sync rounds applied from each member, in `getMembers` order.
+    function revealCheckpoint(
+        uint256 jobId,
+        uint256 epoch,
+        bytes32 checkpoint,
+        uint32[] calldata participation,
+        bytes32 salt
+    ) external;
+
+    /// @notice Settles the epoch in progress (anyone; after all members revealed or the reveal
     /// deadline). Slashed stake goes to the treasury; a sender that is neither the job's caller
     /// nor a member earns `reporterBountyBps` of it, at most `maxReporterBounty`.
     function finalizeEpoch(uint256 jobId, uint256 epoch) external;
+
+    /// @notice Runs a Tangle hook's operator action inside the BSM; only the BSM itself (its
+    /// hooks extension, after checking who the operator is) may call it.
+    function hookAction(uint8 action, address operator, bytes calldata args) external;
 }
 
 /// @title IDistributedTrainingBSMViews
@@ -409,10 +478,32 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
     function isLeaving(uint256 jobId, address operator) external view returns (bool);
     /// @notice Finalized checkpoint of `epoch` (the start state of `epoch + 1`).
     function epochCheckpoint(uint256 jobId, uint256 epoch) external view returns (bytes32);
-    /// @notice The sender's vote in the epoch in progress (zero when none).
-    function submissionOf(uint256 jobId, address operator) external view returns (bytes32 checkpoint, bytes32 voteKey);
-    function submittedCount(uint256 jobId) external view returns (uint256);
+    /// @notice `operator`'s commitment and revealed vote in the epoch in progress (zero when none).
+    function submissionOf(uint256 jobId, address operator)
+        external
+        view
+        returns (bytes32 commitment, bytes32 checkpoint, bytes32 voteKey);
+    /// @notice Members that committed and revealed in the epoch in progress.
+    function voteCounts(uint256 jobId) external view returns (uint256 committed, uint256 revealed);
+    /// @notice Commit deadline of the epoch in progress (0 when not running).
     function epochDeadline(uint256 jobId) external view returns (uint64);
+    /// @notice Reveal deadline of the epoch in progress: `epochDeadline + revealWindow`.
+    function revealDeadline(uint256 jobId) external view returns (uint64);
+    /// @notice What a member commits to: keccak256(abi.encode(jobId, epoch, operator,
+    /// checkpoint, participation, salt)). Binding the operator makes a copied commitment useless.
+    function commitmentHash(
+        uint256 jobId,
+        uint256 epoch,
+        address operator,
+        bytes32 checkpoint,
+        uint32[] calldata participation,
+        bytes32 salt
+    ) external pure returns (bytes32);
+    /// @notice The reserved vote for an epoch that cannot be done: data or model unavailable or
+    /// failing its hash ("UNWORKABLE", left aligned).
+    function UNWORKABLE() external pure returns (bytes32);
+    /// @notice Self-stake of `operator` bonded by its seats (the sum of its jobs' `seatBond`).
+    function bondedOf(address operator) external view returns (uint256);
     /// @notice Next nonce `operator` must sign into an EIP-712 `OperatorCall` sent through `onJobCall`.
     function operatorNonce(address operator) external view returns (uint256);
     /// @notice Running totals whose sum equals the contract balance.
@@ -425,11 +516,13 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
 /// @title IDistributedTrainingBSM
 /// @notice Membership, jobs, epochs, checkpoint commitments, fees and slashing for distributed
 /// training with DeMo. Operators stake and register permissionlessly, stakers delegate to them,
-/// callers escrow payment for training jobs, operators train each epoch together and commit the
-/// resulting checkpoint hash; anyone finalizes an epoch once every member submitted or the
-/// deadline passed. The (checkpoint, participation) pair backed by >= 2/3 of the epoch's members
-/// is the result: members that agree are paid, members that disagree, stayed silent or did not
-/// sync are slashed.
+/// callers escrow payment for training jobs, operators train each epoch together, commit and reveal the
+/// resulting checkpoint hash; anyone finalizes an epoch once every member revealed or the
+/// reveal deadline passed. Each member bonds `seatBond` of self-stake per seat, so every
+/// member of a job carries the same bonded stake and a 2/3 quorum of the epoch's bonded stake is
+/// the (checkpoint, participation) vote revealed by >= 2/3 of its members: members that agree
+/// are paid, members that disagree, stayed silent or did not sync are slashed. Votes are
+/// committed hidden and revealed after the deadline, so nobody can copy one.
 /// @dev Money is pull-only: every payout is a credit claimed with `withdraw()`. At all times
 /// `address(this).balance == staked + unbonding + escrow + credits + rewardReserve` (see
 /// `accounting()`).
