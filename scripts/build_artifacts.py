@@ -1,5 +1,6 @@
 """Compiles contracts/src with py-solc-x through the solc wrapper and writes the ABI, bytecode
-and NatSpec the SDK ships (sdk/dtrain/artifacts/DistributedTrainingBSM.json).
+and NatSpec the SDK ships (sdk/dtrain/artifacts/DistributedTrainingBSM.json): the BSM's with
+those of its two extensions (views, hooks) merged in, as clients see them at the BSM's address.
 
 The compiler's `userdoc` (the `@notice` of every error, event and function) and `devdoc`
 (`@dev`/`@param`) are kept: the SDK builds each contract error's message from its notice.
@@ -22,9 +23,13 @@ sys.path.insert(0, str(ROOT / "sdk"))
 from dtrain.artifacts import ARTIFACT_PATH, CONTRACT, source_hash  # noqa: E402
 
 SOLC = ROOT / "scripts" / "solc"
-# The read-only extension the BSM deploys in its constructor and delegates unknown selectors to:
-# its functions are part of the BSM's interface, so the shipped ABI and NatSpec merge both.
+# The extensions the BSM deploys in its constructor: the BSM delegates every selector it does not
+# have to the views extension, which delegates every selector it does not have to the hooks
+# extension. Their functions are part of the BSM's interface at its one address, so the shipped
+# ABI and NatSpec merge all three (the BSM's own entries first, then the views', then the hooks').
 VIEWS = f"{CONTRACT}Views"
+HOOKS = f"{CONTRACT}Hooks"
+EXTENSIONS = (VIEWS, HOOKS)
 OZ = ROOT / "scripts" / "toolchain" / "node_modules" / "@openzeppelin"
 
 
@@ -76,7 +81,7 @@ def standard_input() -> dict:
                         "evm.deployedBytecode.object",
                     ]
                 }
-                for name in (CONTRACT, VIEWS)
+                for name in (CONTRACT, *EXTENSIONS)
             },
         },
     }
@@ -86,21 +91,29 @@ def _abi_key(item: dict) -> tuple:
     return (item["type"], item.get("name"), tuple(i["type"] for i in item.get("inputs", [])))
 
 
-def merge_abi(main: list[dict], extension: list[dict]) -> list[dict]:
-    """The BSM's ABI plus the extension's entries it does not already have (not its
-    constructor): the interface a client sees at the BSM's address."""
-    seen = {_abi_key(x) for x in main}
-    extra = [x for x in extension if x["type"] != "constructor" and _abi_key(x) not in seen]
-    return main + extra
+def merge_abi(main: list[dict], *extensions: list[dict]) -> list[dict]:
+    """The BSM's ABI plus each extension's entries not already there (not its constructor or
+    fallback): the interface a client sees at the BSM's address. Earlier ABIs win."""
+    out = list(main)
+    seen = {_abi_key(x) for x in out}
+    for extension in extensions:
+        for x in extension:
+            if x["type"] in ("constructor", "fallback", "receive") or _abi_key(x) in seen:
+                continue
+            seen.add(_abi_key(x))
+            out.append(x)
+    return out
 
 
-def merge_doc(main: dict, extension: dict) -> dict:
-    """NatSpec of both; the BSM's own entries win."""
-    out = dict(extension)
-    out.update(main)
-    for kind in ("methods", "errors", "events"):
-        if kind in main or kind in extension:
-            out[kind] = {**extension.get(kind, {}), **main.get(kind, {})}
+def merge_doc(main: dict, *extensions: dict) -> dict:
+    """NatSpec of all; the BSM's own entries win, then the earlier extension's."""
+    out: dict = {}
+    for doc in (*reversed(extensions), main):
+        for key, value in doc.items():
+            if key in ("methods", "errors", "events"):
+                out[key] = {**out.get(key, {}), **value}
+            else:
+                out[key] = value
     return out
 
 
@@ -114,14 +127,14 @@ def main() -> int:
             print(e.get("formattedMessage", e), file=sys.stderr)
         return 1
     c = out["contracts"][f"contracts/src/{CONTRACT}.sol"][CONTRACT]
-    v = out["contracts"][f"contracts/src/{VIEWS}.sol"][VIEWS]
+    ext = [out["contracts"][f"contracts/src/{name}.sol"][name] for name in EXTENSIONS]
     artifact = {
         "contractName": CONTRACT,
         "sourceHash": source_hash(),
         "compiler": "solc 0.8.28 (solcjs), via-ir, optimizer 200 runs, evm cancun",
-        "abi": merge_abi(c["abi"], v["abi"]),
-        "userdoc": merge_doc(c["userdoc"], v["userdoc"]),
-        "devdoc": merge_doc(c["devdoc"], v["devdoc"]),
+        "abi": merge_abi(c["abi"], *(e["abi"] for e in ext)),
+        "userdoc": merge_doc(c["userdoc"], *(e["userdoc"] for e in ext)),
+        "devdoc": merge_doc(c["devdoc"], *(e["devdoc"] for e in ext)),
         "bytecode": "0x" + c["evm"]["bytecode"]["object"],
         "deployedBytecode": "0x" + c["evm"]["deployedBytecode"]["object"],
     }
