@@ -11,6 +11,20 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     uint256 internal constant _MAX_SLASH_BPS = 5_000;
     uint256 internal constant _BPS = 10_000;
     uint256 internal constant _ACC = 1e18;
+    /// The reserved vote for an epoch that cannot be done ("UNWORKABLE", left aligned).
+    bytes32 internal constant _UNWORKABLE = "UNWORKABLE";
+    /// Actions the hooks extension runs through `hookAction`: the Tangle job ids of
+    /// `onJobCall` / `onJobResult`, then the other hooks that change state.
+    uint8 internal constant _JOIN = 1;
+    uint8 internal constant _LEAVE = 2;
+    uint8 internal constant _COMMIT = 3;
+    uint8 internal constant _REVEAL = 4;
+    uint8 internal constant _FINALIZE = 5;
+    uint8 internal constant _REGISTER = 0xf1;
+    uint8 internal constant _DEREGISTER = 0xf2;
+    uint8 internal constant _SLASH = 0xf3;
+    /// Members an epoch's settlement covers per hook call, under the core's 500k gas cap.
+    uint256 internal constant _HOOK_SETTLE_BATCH = 3;
 
     enum Membership {
         None,
@@ -59,7 +73,8 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     }
 
     struct Tally {
-        uint8 submitted;
+        uint8 committed;
+        uint8 revealed;
         uint8 leaderVotes;
         bytes32 leaderKey;
     }
@@ -102,6 +117,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(uint256 jobId => mapping(uint256 epoch => bytes32)) internal _epochCheckpoints;
 
     mapping(uint64 attempt => Tally) internal _tallies;
+    mapping(uint64 attempt => mapping(address operator => bytes32 commitment)) internal _commitments;
     mapping(uint64 attempt => mapping(address operator => bytes32 voteKey)) internal _votesOf;
     mapping(uint64 attempt => mapping(bytes32 voteKey => uint8)) internal _voteCounts;
     mapping(uint64 attempt => mapping(bytes32 voteKey => Vote)) internal _voteData;
@@ -109,6 +125,8 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(uint256 jobId => Progress) internal _progress;
     /// Next nonce of each operator's EIP-712 signed hook calls.
     mapping(address operator => uint256) internal _nonces;
+    /// Self-stake each operator has bonded for its seats (sum of its jobs' `seatBond`).
+    mapping(address operator => uint256) internal _bonded;
 
     function _assetsOf(address operator, address account) internal view returns (uint256) {
         Pool storage p = _pools[operator];
@@ -125,6 +143,40 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     }
 
     function _maxEpochDuration() internal view returns (uint256) {
-        return _params.unbondingPeriod / 4 - _params.startGrace;
+        return _params.unbondingPeriod / 4 - _params.startGrace - _params.revealWindow;
+    }
+
+    function _commitmentHash(
+        uint256 jobId,
+        uint256 epoch,
+        address operator,
+        bytes32 checkpoint,
+        uint32[] memory participation,
+        bytes32 salt
+    ) internal pure returns (bytes32) {
+        return keccak256(abi.encode(jobId, epoch, operator, checkpoint, participation, salt));
+    }
+
+    function _checkSpec(JobSpec memory spec) internal view {
+        require(
+            spec.minOperators >= 2 && spec.minOperators <= spec.maxOperators
+                && spec.maxOperators <= _params.maxOperators,
+            InvalidOperatorRange(spec.minOperators, spec.maxOperators, _params.maxOperators)
+        );
+        require(
+            spec.totalEpochs > 0 && spec.syncInterval > 0 && spec.syncInterval <= spec.stepsPerEpoch,
+            InvalidSchedule(spec.totalEpochs, spec.stepsPerEpoch, spec.syncInterval)
+        );
+        require(
+            spec.topkPerChunk > 0 && (spec.quantBits == 1 || spec.quantBits == 2),
+            InvalidCompression(spec.topkPerChunk, spec.quantBits)
+        );
+        uint256 maxDuration = _maxEpochDuration();
+        require(
+            spec.epochDuration >= _params.minEpochDuration && spec.epochDuration <= maxDuration,
+            InvalidEpochDuration(spec.epochDuration, _params.minEpochDuration, maxDuration)
+        );
+        require(spec.pricePerOperatorEpoch > 0, ZeroValue());
+        require(spec.seatBond >= _params.minSeatBond, SeatBondTooLow(spec.seatBond, _params.minSeatBond));
     }
 }

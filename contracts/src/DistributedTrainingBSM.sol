@@ -4,11 +4,11 @@ pragma solidity ^0.8.28;
 import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
-import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 
 import {IDistributedTrainingBSMActions} from "./interfaces/IDistributedTrainingBSM.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 import {DistributedTrainingBSMViews} from "./DistributedTrainingBSMViews.sol";
+import {DistributedTrainingBSMHooks} from "./DistributedTrainingBSMHooks.sol";
 
 /// @title DistributedTrainingBSM
 /// @notice Source of truth for who trains, on what, for how much, and who gets slashed.
@@ -20,29 +20,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
 
     uint256 public constant MAX_OPERATORS_CAP = _MAX_OPERATORS_CAP;
     uint256 public constant MAX_SLASH_BPS = _MAX_SLASH_BPS;
-    /// Job ids of `onJobCall` / `onJobResult` (0 is reserved: jobs are created with `createJob`).
-    uint8 public constant JOIN = 1;
-    uint8 public constant LEAVE = 2;
-    uint8 public constant SUBMIT_CHECKPOINT = 3;
-    uint8 public constant FINALIZE = 4;
 
-    /// Members an epoch's settlement covers per hook call, under the core's 500k gas cap.
-    uint256 public constant HOOK_SETTLE_BATCH = 3;
-
-    bytes32 private constant _DOMAIN_TYPEHASH =
-        keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
-    bytes32 private constant _NAME_HASH = keccak256("DistributedTrainingBSM");
-    bytes32 private constant _VERSION_HASH = keccak256("1");
-    bytes32 private constant _CALL_TYPEHASH = keccak256("OperatorCall(uint8 job,bytes args,uint256 nonce)");
-
-    /// The read-only extension every unknown selector is delegated to.
+    /// The read-only extension every unknown selector is delegated to (it delegates the
+    /// Tangle hooks on to the hooks extension).
     address private immutable _VIEWS;
-
-    modifier onlyCore() {
-        address core = _params.core;
-        require(core != address(0) && msg.sender == core, NotCore(msg.sender, core));
-        _;
-    }
 
     constructor(Params memory p) {
         uint256 sum = uint256(p.operatorBps) + p.stakerBps + p.protocolBps + p.developerBps;
@@ -53,19 +34,24 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         require(p.reporterBountyBps <= _BPS, BpsTooHigh(p.reporterBountyBps));
         require(p.syncThresholdBps <= _BPS, BpsTooHigh(p.syncThresholdBps));
         require(
+            p.unworkableCompBps == 0 || p.unworkableCompBps < p.operatorBps,
+            InvalidUnworkableComp(p.unworkableCompBps, p.operatorBps)
+        );
+        require(
             p.maxOperators > 0 && p.maxOperators <= MAX_OPERATORS_CAP,
             InvalidMaxOperators(p.maxOperators, MAX_OPERATORS_CAP)
         );
         require(p.maxFailedEpochs > 0, ZeroValue());
         require(p.minStake > 0, ZeroValue());
-        require(p.minEpochDuration > 0, ZeroValue());
-        uint256 span = uint256(p.startGrace) + p.minEpochDuration;
+        require(p.minEpochDuration > 0 && p.revealWindow > 0 && p.openTimeout > 0, ZeroValue());
+        require(p.minSeatBond > 0, ZeroValue());
+        uint256 span = uint256(p.startGrace) + p.minEpochDuration + p.revealWindow;
         require(p.unbondingPeriod / 4 >= span, UnbondingTooShort(p.unbondingPeriod, 4 * span));
         require(p.treasury != address(0) && p.developer != address(0), ZeroAddress());
         _params = p;
         _nextJobId = 1;
         _nextAttempt = 1;
-        _VIEWS = address(new DistributedTrainingBSMViews());
+        _VIEWS = address(new DistributedTrainingBSMViews(address(new DistributedTrainingBSMHooks())));
     }
 
     /// Every view (see IDistributedTrainingBSMViews) runs in the extension on this storage.
@@ -198,10 +184,18 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     /// @inheritdoc IDistributedTrainingBSMActions
     function cancelJob(uint256 jobId) external {
         JobState storage j = _job(jobId);
-        require(msg.sender == j.caller, NotJobCaller(msg.sender, j.caller));
         require(j.status == JobStatus.Open, JobNotOpen(jobId, j.status));
-        uint256 refund = _close(jobId, JobStatus.Cancelled);
-        emit JobCancelled(jobId, refund);
+        if (msg.sender == j.caller) {
+            uint256 refund = _close(jobId, JobStatus.Cancelled);
+            emit JobCancelled(jobId, refund);
+            return;
+        }
+        // A job that started and then lost its members waits `openTimeout` (unpaid) before
+        // anyone may end it, so the escrow does not stay locked when the caller is gone.
+        require(j.attempt != 0, NotJobCaller(msg.sender, j.caller));
+        uint256 timeoutAt = uint256(j.epochStart) + _params.openTimeout;
+        require(block.timestamp > timeoutAt, OpenTimeoutPending(jobId, timeoutAt, block.timestamp));
+        emit JobFailed(jobId, _close(jobId, JobStatus.Failed));
     }
 
     /// @inheritdoc IDistributedTrainingBSMActions
@@ -215,10 +209,19 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     /// @inheritdoc IDistributedTrainingBSMActions
-    function submitCheckpoint(uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] calldata participation)
-        external
-    {
-        _submit(jobId, msg.sender, epoch, checkpoint, participation);
+    function commitCheckpoint(uint256 jobId, uint256 epoch, bytes32 commitment) external {
+        _commit(jobId, msg.sender, epoch, commitment);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMActions
+    function revealCheckpoint(
+        uint256 jobId,
+        uint256 epoch,
+        bytes32 checkpoint,
+        uint32[] calldata participation,
+        bytes32 salt
+    ) external {
+        _reveal(jobId, msg.sender, epoch, checkpoint, participation, salt);
     }
 
     /// @inheritdoc IDistributedTrainingBSMActions
@@ -226,96 +229,36 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         _finalize(jobId, epoch, msg.sender, _MAX_OPERATORS_CAP);
     }
 
-    // ================================================================ Tangle hooks
-    // tnt-core's IBlueprintServiceManager (see the interface for the pinned commit and how the
-    // core calls). The hooks that need no state are in the views extension. None needs ether,
-    // each stays under the core's 500k gas cap at 32 members, and operator identity comes only
-    // from an `operator` argument the core vouches for or an EIP-712 signature by the operator.
-
-    function onBlueprintCreated(uint64, address, address) external onlyCore {}
-
-    /// `registrationInputs` = `abi.encode(bytes32 peerKey, string[] multiaddrs, string hardware,
-    /// uint256 minPricePerEpoch)`. The core forwards no stake: the operator adds it with `stake()`.
-    function onRegister(address operator, bytes calldata registrationInputs) external payable onlyCore {
-        (bytes32 peerKey, string[] memory multiaddrs, string memory hardware, uint256 price) =
-            abi.decode(registrationInputs, (bytes32, string[], string, uint256));
-        _register(operator, peerKey, multiaddrs, hardware, price, msg.value, false);
-    }
-
-    function onUnregister(address operator) external onlyCore {
-        _deregister(operator);
-    }
-
-    /// A service request must carry a valid `abi.encode(JobSpec)`. It creates no job and joins
-    /// nobody: the core holds the request's payment, and listed operators have not agreed to
-    /// anything. Jobs are created and escrowed with `createJob`.
-    function onRequest(uint64, address, address[] calldata, bytes calldata requestInputs, uint64, address, uint256)
-        external
-        payable
-        onlyCore
-    {
-        _checkSpec(abi.decode(requestInputs, (JobSpec)));
-    }
-
-    /// JOIN, LEAVE, SUBMIT_CHECKPOINT: `inputs` = `abi.encode(address operator, bytes args,
-    /// bytes signature)`, signed by `operator` over EIP-712
-    /// `OperatorCall(uint8 job,bytes args,uint256 nonce)` with its next `operatorNonce`.
-    /// FINALIZE: `inputs` = `abi.encode(uint256 jobId, uint256 epoch)`; settles the next
-    /// `HOOK_SETTLE_BATCH` members (call again until `EpochFinalized`); bounties go to the treasury.
-    function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs) external payable onlyCore {
-        if (job == FINALIZE) {
-            (uint256 jobId, uint256 epoch) = abi.decode(inputs, (uint256, uint256));
-            _finalize(jobId, epoch, _params.treasury, HOOK_SETTLE_BATCH);
-            return;
-        }
-        (address operator, bytes memory args, bytes memory signature) = abi.decode(inputs, (address, bytes, bytes));
-        uint256 nonce = _nonces[operator]++;
-        bytes32 digest = keccak256(
-            abi.encodePacked(
-                "\x19\x01",
-                keccak256(abi.encode(_DOMAIN_TYPEHASH, _NAME_HASH, _VERSION_HASH, block.chainid, address(this))),
-                keccak256(abi.encode(_CALL_TYPEHASH, job, keccak256(args), nonce))
-            )
-        );
-        (address signer, ECDSA.RecoverError err,) = ECDSA.tryRecover(digest, signature);
-        require(err == ECDSA.RecoverError.NoError && signer == operator, InvalidOperatorSignature(operator, nonce));
-        _operatorCall(job, operator, args);
-    }
-
-    /// JOIN, LEAVE, SUBMIT_CHECKPOINT and FINALIZE as the result-sending `operator` (which the
-    /// core vouches for), with `outputs` = the call's args.
-    function onJobResult(uint64, uint8 job, uint64, address operator, bytes32, bytes calldata outputs)
-        external
-        payable
-        onlyCore
-    {
-        if (job == FINALIZE) {
-            (uint256 jobId, uint256 epoch) = abi.decode(outputs, (uint256, uint256));
-            _finalize(jobId, epoch, operator, HOOK_SETTLE_BATCH);
+    /// @inheritdoc IDistributedTrainingBSMActions
+    function hookAction(uint8 action, address operator, bytes calldata args) external {
+        // Only the hooks extension, running as this contract after checking who `operator` is.
+        require(msg.sender == address(this), OnlySelf(msg.sender));
+        if (action == _JOIN) {
+            _join(abi.decode(args, (uint256)), operator);
+        } else if (action == _LEAVE) {
+            _leave(abi.decode(args, (uint256)), operator);
+        } else if (action == _COMMIT) {
+            (uint256 jobId, uint256 epoch, bytes32 commitment) = abi.decode(args, (uint256, uint256, bytes32));
+            _commit(jobId, operator, epoch, commitment);
+        } else if (action == _REVEAL) {
+            (uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] memory participation, bytes32 salt) =
+                abi.decode(args, (uint256, uint256, bytes32, uint32[], bytes32));
+            _reveal(jobId, operator, epoch, checkpoint, participation, salt);
+        } else if (action == _FINALIZE) {
+            (uint256 jobId, uint256 epoch) = abi.decode(args, (uint256, uint256));
+            _finalize(jobId, epoch, operator, _HOOK_SETTLE_BATCH);
+        } else if (action == _REGISTER) {
+            (bytes32 peerKey, string[] memory multiaddrs, string memory hardware, uint256 price) =
+                abi.decode(args, (bytes32, string[], string, uint256));
+            _register(operator, peerKey, multiaddrs, hardware, price, 0, false);
+        } else if (action == _DEREGISTER) {
+            _deregister(operator);
+        } else if (action == _SLASH) {
+            uint256 amount = _slash(operator, abi.decode(args, (uint256)), 0, 0, SlashReason.External, _params.core);
+            if (amount > 0) _credit(_params.treasury, amount);
         } else {
-            _operatorCall(job, operator, outputs);
+            revert UnknownJobKind(action);
         }
-    }
-
-    /// `offender` = `abi.encodePacked(operator)` as the core sends it (an abi-encoded address is
-    /// accepted too); proceeds go to the treasury.
-    function onSlash(uint64, bytes calldata offender, uint8 slashPercent) external onlyCore {
-        require(slashPercent > 0 && slashPercent <= MAX_SLASH_BPS / 100, InvalidSlashPercent(slashPercent));
-        address operator = offender.length == 20 ? address(bytes20(offender)) : abi.decode(offender, (address));
-        uint256 amount = _slash(operator, uint256(slashPercent) * 100, 0, 0, SlashReason.External, msg.sender);
-        if (amount > 0) _credit(_params.treasury, amount);
-    }
-
-    function querySlashingOrigin(uint64) external view returns (address) {
-        return address(this);
-    }
-
-    function queryDeveloperPaymentAddress(uint64) external view returns (address payable) {
-        return payable(_params.developer);
-    }
-
-    function queryIsPaymentAssetAllowed(uint64, address asset) external pure returns (bool) {
-        return asset == address(0);
     }
 
     // ================================================================ internal: operators
@@ -372,6 +315,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         // Checked on what really remains after the share rounding: rounding cannot evict.
         uint256 remaining = _assetsOf(operator, operator);
         require(remaining >= _params.minStake, StakeBelowMinimum(remaining, _params.minStake));
+        require(remaining >= _bonded[operator], StakeBonded(remaining, _bonded[operator]));
     }
 
     // ================================================================ internal: pools
@@ -546,51 +490,17 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         emit JobCreated(jobId, caller, spec.method, escrow);
     }
 
-    function _checkSpec(JobSpec memory spec) internal view {
-        require(
-            spec.minOperators > 0 && spec.minOperators <= spec.maxOperators
-                && spec.maxOperators <= _params.maxOperators,
-            InvalidOperatorRange(spec.minOperators, spec.maxOperators, _params.maxOperators)
-        );
-        require(
-            spec.totalEpochs > 0 && spec.syncInterval > 0 && spec.syncInterval <= spec.stepsPerEpoch,
-            InvalidSchedule(spec.totalEpochs, spec.stepsPerEpoch, spec.syncInterval)
-        );
-        require(
-            spec.topkPerChunk > 0 && (spec.quantBits == 1 || spec.quantBits == 2),
-            InvalidCompression(spec.topkPerChunk, spec.quantBits)
-        );
-        uint256 maxDuration = _maxEpochDuration();
-        require(
-            spec.epochDuration >= _params.minEpochDuration && spec.epochDuration <= maxDuration,
-            InvalidEpochDuration(spec.epochDuration, _params.minEpochDuration, maxDuration)
-        );
-        require(spec.pricePerOperatorEpoch > 0, ZeroValue());
-    }
-
-    function _operatorCall(uint8 job, address operator, bytes memory args) internal {
-        if (job == JOIN) {
-            _join(abi.decode(args, (uint256)), operator);
-        } else if (job == LEAVE) {
-            _leave(abi.decode(args, (uint256)), operator);
-        } else if (job == SUBMIT_CHECKPOINT) {
-            (uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] memory participation) =
-                abi.decode(args, (uint256, uint256, bytes32, uint32[]));
-            _submit(jobId, operator, epoch, checkpoint, participation);
-        } else {
-            revert UnknownJobKind(job);
-        }
-    }
-
     function _join(uint256 jobId, address operator) internal {
         JobState storage j = _job(jobId);
         require(j.status == JobStatus.Open || j.status == JobStatus.Running, JobNotOpen(jobId, j.status));
         Operator storage o = _operators[operator];
         require(o.registered, NotRegistered(operator));
         require(_membership[jobId][operator] == Membership.None, AlreadyMember(jobId, operator));
-        uint256 selfStake = _assetsOf(operator, operator);
-        require(selfStake >= _params.minStake, StakeBelowMinimum(selfStake, _params.minStake));
         JobSpec storage spec = _specs[jobId];
+        // Each seat bonds its own self-stake: stake backing one seat cannot back another.
+        uint256 selfStake = _assetsOf(operator, operator);
+        uint256 needed = Math.max(_params.minStake, _bonded[operator] + spec.seatBond);
+        require(selfStake >= needed, InsufficientFreeStake(selfStake, needed));
         require(
             spec.pricePerOperatorEpoch >= o.minPricePerEpoch,
             PriceBelowAsk(spec.pricePerOperatorEpoch, o.minPricePerEpoch)
@@ -600,6 +510,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
 
         o.activeJobs += 1;
+        _bonded[operator] += spec.seatBond;
         if (j.status == JobStatus.Running) {
             _membership[jobId][operator] = Membership.Pending;
             _pending[jobId].push(operator);
@@ -609,7 +520,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
             _membership[jobId][operator] = Membership.Active;
             _members[jobId].push(operator);
             emit JoinRequested(jobId, operator, j.epoch);
-            if (count + 1 >= _needed(jobId, j)) _openAttempt(jobId, j);
+            if (count + 1 >= spec.minOperators) _openAttempt(jobId, j);
         }
     }
 
@@ -632,30 +543,65 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         }
     }
 
-    function _submit(uint256 jobId, address operator, uint256 epoch, bytes32 checkpoint, uint32[] memory participation)
-        internal
-    {
-        JobState storage j = _job(jobId);
-        require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
-        require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
+    function _commit(uint256 jobId, address operator, uint256 epoch, bytes32 commitment) internal {
+        JobState storage j = _running(jobId, epoch);
         Membership m = _membership[jobId][operator];
         require(m == Membership.Active || m == Membership.Leaving, NotMember(jobId, operator));
         uint256 deadline = j.epochStart + _specs[jobId].epochDuration;
         require(block.timestamp <= deadline, DeadlinePassed(deadline, block.timestamp));
         uint64 attempt = j.attempt;
-        require(_votesOf[attempt][operator] == bytes32(0), AlreadySubmitted(jobId, epoch, operator));
+        require(_commitments[attempt][operator] == bytes32(0), AlreadyCommitted(jobId, epoch, operator));
+        require(commitment != bytes32(0), ZeroCheckpoint());
+        _commitments[attempt][operator] = commitment;
+        _tallies[attempt].committed += 1;
+        emit CheckpointCommitted(jobId, epoch, operator, commitment);
+    }
+
+    /// Reveals open only when nobody can commit any more (deadline passed or everyone
+    /// committed), so no vote can be copied; the commitment binds the operator's address.
+    function _reveal(
+        uint256 jobId,
+        address operator,
+        uint256 epoch,
+        bytes32 checkpoint,
+        uint32[] memory participation,
+        bytes32 salt
+    ) internal {
+        JobState storage j = _running(jobId, epoch);
+        uint64 attempt = j.attempt;
+        bytes32 commitment = _commitments[attempt][operator];
+        require(commitment != bytes32(0), NotCommitted(jobId, epoch, operator));
+        require(_votesOf[attempt][operator] == bytes32(0), AlreadyRevealed(jobId, epoch, operator));
+        require(
+            _commitmentHash(jobId, epoch, operator, checkpoint, participation, salt) == commitment,
+            CommitmentMismatch(jobId, operator)
+        );
+        Tally storage t = _tallies[attempt];
+        uint256 deadline = j.epochStart + _specs[jobId].epochDuration;
+        require(
+            block.timestamp > deadline || t.committed == _members[jobId].length,
+            RevealNotOpen(deadline, block.timestamp)
+        );
+        uint256 closes = deadline + _params.revealWindow;
+        require(block.timestamp <= closes, RevealClosed(closes, block.timestamp));
         require(checkpoint != bytes32(0), ZeroCheckpoint());
 
-        bytes32 key = _storeVote(jobId, attempt, checkpoint, participation);
+        // Every UNWORKABLE vote is the same vote, whatever participation came with it.
+        bytes32 key = checkpoint == _UNWORKABLE ? _UNWORKABLE : _storeVote(jobId, attempt, checkpoint, participation);
         _votesOf[attempt][operator] = key;
         uint8 votes = ++_voteCounts[attempt][key];
-        Tally storage t = _tallies[attempt];
-        t.submitted += 1;
+        t.revealed += 1;
         if (votes > t.leaderVotes) {
             t.leaderVotes = votes;
             if (t.leaderKey != key) t.leaderKey = key;
         }
-        emit CheckpointSubmitted(jobId, epoch, operator, checkpoint, key);
+        emit CheckpointRevealed(jobId, epoch, operator, checkpoint, key);
+    }
+
+    function _running(uint256 jobId, uint256 epoch) internal view returns (JobState storage j) {
+        j = _job(jobId);
+        require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
+        require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
     }
 
     /// Validates `participation` against the member list and stores the vote on first sight
@@ -687,10 +633,11 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         address reporter;
         uint64 attempt;
         bool quorum;
+        bool unworkable; // the quorum voted UNWORKABLE: compensate its voters, slash nobody
         bytes32 leaderKey;
         uint256 syncFailures;
         uint256 price;
-        uint256 paid;
+        uint256 paid; // members paid (or compensated, when unworkable)
         uint256 slashed;
         bool stakersLate; // finalized more than a reward period after the epoch began
     }
@@ -698,16 +645,14 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     /// Settles members `[cursor, cursor + maxMembers)` of the epoch; the call that settles the
     /// last one also ends the epoch. A hook settles in pieces to stay under the core's gas cap.
     function _finalize(uint256 jobId, uint256 epoch, address reporter, uint256 maxMembers) internal {
-        JobState storage j = _job(jobId);
-        require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
-        require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
+        JobState storage j = _running(jobId, epoch);
         JobSpec storage spec = _specs[jobId];
         address[] memory members = _members[jobId];
         Tally memory t = _tallies[j.attempt];
-        uint256 deadline = j.epochStart + spec.epochDuration;
+        uint256 closes = j.epochStart + spec.epochDuration + _params.revealWindow;
         require(
-            t.submitted == members.length || block.timestamp > deadline,
-            EpochNotFinalizable(jobId, t.submitted, members.length, deadline)
+            t.revealed == members.length || block.timestamp > closes,
+            EpochNotFinalizable(jobId, t.revealed, members.length, closes)
         );
         Settlement memory c;
         c.jobId = jobId;
@@ -716,7 +661,9 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         c.attempt = j.attempt;
         c.quorum = t.leaderVotes > 0 && uint256(t.leaderVotes) * 3 >= members.length * 2;
         c.leaderKey = t.leaderKey;
-        c.price = spec.pricePerOperatorEpoch;
+        c.unworkable = c.quorum && t.leaderKey == _UNWORKABLE;
+        c.price =
+            c.unworkable ? spec.pricePerOperatorEpoch * _params.unworkableCompBps / _BPS : spec.pricePerOperatorEpoch;
         c.stakersLate = block.timestamp > j.epochStart - _params.startGrace + _rewardPeriod();
         Vote memory v = c.quorum ? _voteData[c.attempt][t.leaderKey] : Vote(bytes32(0), 0);
         c.syncFailures = v.syncFailures;
@@ -725,7 +672,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         for (uint256 i = g.cursor; i < to; ++i) {
             _settleMember(c, members[i], i);
         }
-        if (c.paid > 0) _payShared(c.paid, c.price, j);
+        if (c.paid > 0) {
+            if (c.unworkable) _fromEscrow(j, c.price * c.paid);
+            else _payShared(c.paid, c.price, j);
+        }
         if (c.slashed > 0) {
             // Slashed stake goes to the treasury; the finalizer earns a small bounded reward
             // (capped per epoch) unless it is the job's caller or a member of the job.
@@ -749,6 +699,11 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         }
         if (g.cursor > 0) delete _progress[jobId];
 
+        if (c.unworkable) {
+            uint256 refund = _close(jobId, JobStatus.Failed);
+            emit JobAborted(jobId, epoch, c.paid, c.price, refund);
+            return;
+        }
         if (c.quorum) {
             _epochCheckpoints[jobId][epoch] = v.checkpoint;
             j.checkpoint = v.checkpoint;
@@ -776,7 +731,13 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     /// is provably offline); mismatch and sync failure need a quorum to be judged against.
     function _settleMember(Settlement memory c, address op, uint256 i) internal {
         bytes32 key = _votesOf[c.attempt][op];
-        if (key == bytes32(0)) {
+        if (c.unworkable) {
+            if (key == _UNWORKABLE) {
+                _credit(op, c.price);
+                c.paid += 1;
+            }
+        } else if (key == bytes32(0) || (c.quorum && key == _UNWORKABLE)) {
+            // Silent, or could not work while a quorum could: did no work, fabricated nothing.
             c.slashed += _slashMember(c, op, _params.dropoutSlashBps, SlashReason.Dropout);
         } else if (!c.quorum) {
             return;
@@ -822,8 +783,12 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         uint256 protocolCut = price - memberCut - developerCut;
         _credit(_params.developer, developerCut * paid);
         _credit(_params.treasury, protocolCut * paid);
-        j.escrow -= price * paid;
-        _totalEscrow -= price * paid;
+        _fromEscrow(j, price * paid);
+    }
+
+    function _fromEscrow(JobState storage j, uint256 amount) internal {
+        j.escrow -= amount;
+        _totalEscrow -= amount;
     }
 
     /// Applies leaves and joins at an epoch boundary and starts the next epoch, or leaves the
@@ -837,9 +802,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         uint256 minStake = _params.minStake;
         for (uint256 i; i < current.length; ++i) {
             address op = current[i];
+            // A member stays while its self-stake still covers the minimum and every seat bond.
             if (
                 _membership[jobId][op] == Membership.Active && _operators[op].registered
-                    && _assetsOf(op, op) >= minStake
+                    && _assetsOf(op, op) >= Math.max(minStake, _bonded[op])
             ) {
                 next[n++] = op;
             } else {
@@ -853,17 +819,13 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         }
         delete _pending[jobId];
         _writeMembers(current, next, n);
-        if (n >= _needed(jobId, j)) {
+        // Every epoch needs minOperators (>= 2) members: nobody certifies its own checkpoint.
+        if (n >= _specs[jobId].minOperators) {
             _openAttempt(jobId, j);
         } else {
             j.status = JobStatus.Open;
+            j.epochStart = uint64(block.timestamp); // waiting since: `openTimeout` runs from here
         }
-    }
-
-    /// Members needed to start an epoch: `minOperators` for the first epoch; afterwards the
-    /// job goes on with whoever remains, and waits (Open) only when nobody does.
-    function _needed(uint256 jobId, JobState storage j) internal view returns (uint256) {
-        return j.epoch == 0 ? _specs[jobId].minOperators : 1;
     }
 
     function _openAttempt(uint256 jobId, JobState storage j) internal {
@@ -903,6 +865,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     function _release(uint256 jobId, address op) internal {
         _membership[jobId][op] = Membership.None;
         _operators[op].activeJobs -= 1;
+        _bonded[op] -= _specs[jobId].seatBond;
     }
 
     function _removeFrom(address[] storage list, address op) internal {

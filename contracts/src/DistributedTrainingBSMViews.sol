@@ -3,13 +3,30 @@ pragma solidity ^0.8.28;
 
 import {IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
 import {BSMStorage} from "./BSMStorage.sol";
-import {TangleTypes} from "./interfaces/IBlueprintServiceManager.sol";
 
 /// @title DistributedTrainingBSMViews
 /// @notice The read-only half of the BSM. `DistributedTrainingBSM` deploys it in its
 /// constructor and delegates every call it does not implement to it, so these functions run
-/// on the BSM's storage; called directly, it reads its own empty state.
+/// on the BSM's storage; called directly, it reads its own empty state. What it does not
+/// implement either (the Tangle hooks) it delegates on to the hooks extension.
 contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews {
+    address private immutable _HOOKS;
+
+    constructor(address hooks) {
+        _HOOKS = hooks;
+    }
+
+    fallback() external {
+        address hooks = _HOOKS;
+        assembly ("memory-safe") {
+            calldatacopy(0, 0, calldatasize())
+            let ok := delegatecall(gas(), hooks, 0, calldatasize(), 0, 0)
+            returndatacopy(0, 0, returndatasize())
+            if iszero(ok) { revert(0, returndatasize()) }
+            return(0, returndatasize())
+        }
+    }
+
     function params() external view returns (Params memory) {
         return _params;
     }
@@ -119,26 +136,60 @@ contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews
     }
 
     /// @inheritdoc IDistributedTrainingBSMViews
-    function submissionOf(uint256 jobId, address operator) external view returns (bytes32 checkpoint, bytes32 voteKey) {
+    function submissionOf(uint256 jobId, address operator)
+        external
+        view
+        returns (bytes32 commitment, bytes32 checkpoint, bytes32 voteKey)
+    {
         JobState storage j = _jobs[jobId];
-        if (j.status != JobStatus.Running) return (bytes32(0), bytes32(0));
+        if (j.status != JobStatus.Running) return (bytes32(0), bytes32(0), bytes32(0));
+        commitment = _commitments[j.attempt][operator];
         voteKey = _votesOf[j.attempt][operator];
-        checkpoint = _voteData[j.attempt][voteKey].checkpoint;
-        if (voteKey == bytes32(0)) checkpoint = bytes32(0);
+        if (voteKey == _UNWORKABLE) checkpoint = _UNWORKABLE;
+        else if (voteKey != bytes32(0)) checkpoint = _voteData[j.attempt][voteKey].checkpoint;
     }
 
     /// @inheritdoc IDistributedTrainingBSMViews
-    function submittedCount(uint256 jobId) external view returns (uint256) {
+    function voteCounts(uint256 jobId) external view returns (uint256 committed, uint256 revealed) {
         JobState storage j = _jobs[jobId];
-        if (j.status != JobStatus.Running) return 0;
-        return _tallies[j.attempt].submitted;
+        if (j.status != JobStatus.Running) return (0, 0);
+        Tally storage t = _tallies[j.attempt];
+        return (t.committed, t.revealed);
     }
 
     /// @inheritdoc IDistributedTrainingBSMViews
-    function epochDeadline(uint256 jobId) external view returns (uint64) {
+    function epochDeadline(uint256 jobId) public view returns (uint64) {
         JobState storage j = _jobs[jobId];
         if (j.status != JobStatus.Running) return 0;
         return j.epochStart + _specs[jobId].epochDuration;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function revealDeadline(uint256 jobId) external view returns (uint64) {
+        uint64 deadline = epochDeadline(jobId);
+        return deadline == 0 ? 0 : deadline + _params.revealWindow;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function commitmentHash(
+        uint256 jobId,
+        uint256 epoch,
+        address operator,
+        bytes32 checkpoint,
+        uint32[] calldata participation,
+        bytes32 salt
+    ) external pure returns (bytes32) {
+        return _commitmentHash(jobId, epoch, operator, checkpoint, participation, salt);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function UNWORKABLE() external pure returns (bytes32) {
+        return _UNWORKABLE;
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function bondedOf(address operator) external view returns (uint256) {
+        return _bonded[operator];
     }
 
     /// @inheritdoc IDistributedTrainingBSMViews
@@ -153,100 +204,5 @@ contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews
     /// @inheritdoc IDistributedTrainingBSMViews
     function operatorNonce(address operator) external view returns (uint256) {
         return _nonces[operator];
-    }
-
-    // ---------------------------------------------------------------- Tangle hooks with no state
-    // The rest of tnt-core's IBlueprintServiceManager: the core calls these best effort (or reads
-    // them with a fallback to its defaults); this blueprint keeps no state for them.
-
-    function onUpdatePreferences(address, bytes calldata) external payable {}
-
-    function onApprove(address, uint64, uint8) external payable {}
-
-    function onReject(address, uint64) external {}
-
-    function onServiceInitialized(uint64, uint64, uint64, address, address[] calldata, uint64) external {}
-
-    function onServiceTermination(uint64, address) external {}
-
-    function onOperatorJoined(uint64, address, uint16) external {}
-
-    function onOperatorLeft(uint64, address) external {}
-
-    function onExitScheduled(uint64, address, uint64) external {}
-
-    function onExitCanceled(uint64, address) external {}
-
-    function onUnappliedSlash(uint64, bytes calldata, uint8) external {}
-
-    function onAggregatedResult(
-        uint64,
-        uint8,
-        uint64,
-        bytes calldata,
-        uint256,
-        uint256[2] calldata,
-        uint256[4] calldata
-    ) external {}
-
-    function onBinaryVersionPublished(uint64, TangleTypes.BinaryVersion calldata, string calldata) external {}
-
-    function onOperatorBinaryAcked(uint64, uint64, address) external {}
-
-    function getHeartbeatInterval(uint64) external pure returns (bool, uint64) {
-        return (true, 0);
-    }
-
-    function getHeartbeatThreshold(uint64) external pure returns (bool, uint8) {
-        return (true, 0);
-    }
-
-    function getSlashingWindow(uint64) external pure returns (bool, uint64) {
-        return (true, 0);
-    }
-
-    function getExitConfig(uint64) external pure returns (bool, uint64, uint64, bool) {
-        return (true, 0, 0, false);
-    }
-
-    function getNonPaymentTerminationPolicy(uint64) external pure returns (bool, uint64) {
-        return (true, 0);
-    }
-
-    function forceRemoveAllowsBelowMin(uint64) external pure returns (bool) {
-        return false;
-    }
-
-    function computeBillAdjustmentBps(uint64, uint64, uint64) external pure returns (uint16) {
-        return 10_000;
-    }
-
-    function canJoin(uint64, address) external pure returns (bool) {
-        return true;
-    }
-
-    function canLeave(uint64, address) external pure returns (bool) {
-        return true;
-    }
-
-    /// Disputes and slashes for this blueprint are raised by the BSM itself.
-    function queryDisputeOrigin(uint64) external view returns (address) {
-        return address(this);
-    }
-
-    function getRequiredResultCount(uint64, uint8) external pure returns (uint32) {
-        return 1;
-    }
-
-    function requiresAggregation(uint64, uint8) external pure returns (bool) {
-        return false;
-    }
-
-    function getAggregationThreshold(uint64, uint8) external pure returns (uint16, uint8) {
-        return (6700, 0);
-    }
-
-    function getMinOperatorStake() external view returns (bool, uint256) {
-        return (false, _params.minStake);
     }
 }

@@ -22,6 +22,10 @@ abstract contract BaseTest is Test {
     uint64 internal constant EPOCH = 1 hours;
     uint64 internal constant MIN_EPOCH = 10 minutes;
     uint64 internal constant GRACE = 5 minutes;
+    uint64 internal constant REVEAL_WINDOW = 10 minutes;
+    uint64 internal constant OPEN_TIMEOUT = 1 days;
+    uint256 internal constant SEAT_BOND = 0.5 ether;
+    uint16 internal constant COMP_BPS = 1000;
     uint96 internal constant MAX_BOUNTY = 0.01 ether;
 
     function defaultParams() internal view returns (I.Params memory) {
@@ -35,13 +39,17 @@ abstract contract BaseTest is Test {
             syncFailSlashBps: 200,
             reporterBountyBps: 1000,
             syncThresholdBps: 5000,
+            unworkableCompBps: COMP_BPS,
             maxOperators: 32,
             maxFailedEpochs: 3,
             unbondingPeriod: UNBONDING,
             minEpochDuration: MIN_EPOCH,
             startGrace: GRACE,
+            revealWindow: REVEAL_WINDOW,
+            openTimeout: OPEN_TIMEOUT,
             maxReporterBounty: MAX_BOUNTY,
             minStake: MIN_STAKE,
+            minSeatBond: SEAT_BOND,
             treasury: treasury,
             developer: developer,
             core: core
@@ -124,7 +132,8 @@ abstract contract BaseTest is Test {
             maxOperators: maxOps,
             epochDuration: EPOCH,
             teeRequired: false,
-            pricePerOperatorEpoch: PRICE
+            pricePerOperatorEpoch: PRICE,
+            seatBond: SEAT_BOND
         });
     }
 
@@ -158,10 +167,53 @@ abstract contract BaseTest is Test {
         }
     }
 
+    /// A vote committed and not yet revealed (the helpers reveal it when reveals open).
+    struct Hidden {
+        uint256 jobId;
+        uint256 epoch;
+        address op;
+        bytes32 h;
+        uint32[] p;
+        bytes32 salt;
+    }
+
+    Hidden[] internal hidden;
+
+    function saltOf(address a, bytes32 h) internal pure returns (bytes32) {
+        return keccak256(abi.encode("salt", a, h));
+    }
+
+    /// Commits `a`'s vote (h, p); `reveal`/`finalize` reveal it once reveals are open.
     function submit(uint256 jobId, address a, bytes32 h, uint32[] memory p) internal {
         (, I.JobState memory st) = bsm.getJob(jobId);
+        bytes32 salt = saltOf(a, h);
+        bytes32 commitment = bsm.commitmentHash(jobId, st.epoch, a, h, p, salt);
         vm.prank(a);
-        bsm.submitCheckpoint(jobId, st.epoch, h, p);
+        bsm.commitCheckpoint(jobId, st.epoch, commitment);
+        hidden.push(Hidden(jobId, st.epoch, a, h, p, salt));
+    }
+
+    /// Reveals every hidden vote of the job's epoch in progress, waiting for the commit deadline
+    /// unless everyone committed.
+    function reveal(uint256 jobId) internal {
+        (, I.JobState memory st) = bsm.getJob(jobId);
+        (uint256 committed,) = bsm.voteCounts(jobId);
+        if (committed < bsm.getMembers(jobId).length && block.timestamp <= bsm.epochDeadline(jobId)) {
+            vm.warp(bsm.epochDeadline(jobId) + 1);
+        }
+        for (uint256 i; i < hidden.length;) {
+            Hidden storage v = hidden[i];
+            if (v.jobId != jobId) {
+                ++i;
+                continue;
+            }
+            if (v.epoch == st.epoch) {
+                vm.prank(v.op);
+                bsm.revealCheckpoint(jobId, v.epoch, v.h, v.p, v.salt);
+            }
+            hidden[i] = hidden[hidden.length - 1];
+            hidden.pop();
+        }
     }
 
     function submitAll(uint256 jobId, bytes32 h) internal {
@@ -170,10 +222,18 @@ abstract contract BaseTest is Test {
         for (uint256 i; i < m.length; ++i) {
             submit(jobId, m[i], h, p);
         }
+        reveal(jobId);
     }
 
+    /// Reveals what is hidden, waits for the reveal deadline unless every member revealed,
+    /// and finalizes as `reporter`.
     function finalize(uint256 jobId) internal {
+        reveal(jobId);
         (, I.JobState memory st) = bsm.getJob(jobId);
+        (, uint256 revealed) = bsm.voteCounts(jobId);
+        if (revealed < bsm.getMembers(jobId).length && block.timestamp <= bsm.revealDeadline(jobId)) {
+            vm.warp(bsm.revealDeadline(jobId) + 1);
+        }
         vm.prank(reporter);
         bsm.finalizeEpoch(jobId, st.epoch);
     }

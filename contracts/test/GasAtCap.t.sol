@@ -47,11 +47,16 @@ contract GasAtCapTest is BaseTest {
         vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Running));
     }
 
-    function test_gas_submitCheckpoint() public {
+    function test_gas_commitAndRevealCheckpoint() public {
         uint32[] memory p = fullParticipation(jobId);
         for (uint256 i; i < CAP; ++i) {
             submit(jobId, ops[i], keccak256("c"), p);
-            vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "submitCheckpoint");
+            vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "commitCheckpoint");
+        }
+        for (uint256 i; i < CAP; ++i) {
+            vm.prank(ops[i]);
+            bsm.revealCheckpoint(jobId, 0, keccak256("c"), p, saltOf(ops[i], keccak256("c")));
+            vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "revealCheckpoint");
         }
     }
 

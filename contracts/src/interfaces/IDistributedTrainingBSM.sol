@@ -302,7 +302,9 @@ interface IDistributedTrainingBSMTypes {
         uint64 deadline
     );
     /// @notice `operator` committed to a vote (hidden until revealed) for epoch `epoch` of job `jobId`.
-    event CheckpointCommitted(uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 commitment);
+    event CheckpointCommitted(
+        uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 commitment
+    );
     /// @notice `operator` revealed its vote `checkpoint` (`voteKey` names the vote with its
     /// participation) for epoch `epoch` of job `jobId`.
     event CheckpointRevealed(

@@ -34,10 +34,24 @@ contract Handler is Test {
     uint256 public ghostFailedRefunds; // failed jobs whose remaining escrow was refunded
     uint256 public ghostShortEpochJobs;
     uint256 public ghostCrossJobVotes; // votes another job had already cast in the same attempt round
+    uint256 public ghostAbortedJobs; // jobs a quorum voted UNWORKABLE
+    uint256 public ghostExpiredJobs; // started jobs failed by a stranger after the open timeout
+    uint256 public ghostWithheldReveals; // commitments never revealed
+
+    /// What each member committed to, revealed later.
+    struct Hidden {
+        bytes32 h;
+        uint32[] p;
+        bool withhold;
+    }
+
+    mapping(uint256 id => mapping(uint64 attempt => mapping(address member => Hidden))) internal _hidden;
     mapping(bytes4 => uint256) public calls;
 
     bytes32 private constant _PAID = keccak256("OperatorPaid(uint256,uint256,address,uint256)");
     bytes32 private constant _SLASHED = keccak256("Slashed(address,uint256,uint256,uint8,uint256,address)");
+    bytes32 private constant _ABORTED = keccak256("JobAborted(uint256,uint256,uint256,uint256,uint256)");
+    bytes32 private constant _UNWORKABLE = "UNWORKABLE";
 
     constructor(IBSM bsm_, address core_, address treasury_, address developer_) {
         bsm = bsm_;
@@ -102,8 +116,9 @@ contract Handler is Test {
         address a = _op(s);
         if (!bsm.getOperator(a).registered) return;
         uint256 have = bsm.stakeOf(a, a);
-        if (have <= 1 ether) return;
-        amount = bound(amount, 1, have - 1 ether);
+        uint256 keep = bsm.bondedOf(a) > 1 ether ? bsm.bondedOf(a) : 1 ether;
+        if (have <= keep) return;
+        amount = bound(amount, 1, have - keep);
         vm.prank(a);
         bsm.unstake(amount);
     }
@@ -175,8 +190,8 @@ contract Handler is Test {
     /// Two callers; specs differ in rounds per epoch (sync thresholds) and epoch length, with
     /// the shortest epoch the protocol allows among them.
     function createJob(uint256 minOps, uint256 maxOps, uint256 epochs, uint256 price) external {
-        maxOps = bound(maxOps, 1, 4);
-        minOps = bound(minOps, 1, maxOps);
+        maxOps = bound(maxOps, 2, 4);
+        minOps = bound(minOps, 2, maxOps);
         bool short = (price >> 128) & 1 == 1;
         I.JobSpec memory s = I.JobSpec({
             modelHash: keccak256("m"),
@@ -193,7 +208,8 @@ contract Handler is Test {
             maxOperators: uint8(maxOps),
             epochDuration: short ? uint64(bsm.params().minEpochDuration) : 1 hours,
             teeRequired: false,
-            pricePerOperatorEpoch: bound(price, 1, 1 ether)
+            pricePerOperatorEpoch: bound(price, 1, 1 ether),
+            seatBond: bsm.params().minSeatBond * (1 + ((price >> 131) & 1))
         });
         uint256 escrow = s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
         address c = (price >> 130) & 1 == 1 ? actors[11] : actors[7];
@@ -212,10 +228,15 @@ contract Handler is Test {
                 m[0] = "/ip4/127.0.0.1/tcp/4001";
                 vm.prank(a);
                 bsm.registerOperator{value: 2 ether}(bytes32(uint256(uint160(a))), m, "cpu", 0);
-            } else if (bsm.stakeOf(a, a) < 1 ether) {
-                _fund(a, 1 ether);
+            }
+            // Room for one more seat of the largest bond a job asks.
+            uint256 need = bsm.bondedOf(a) + 2 * bsm.params().minSeatBond;
+            uint256 have = bsm.stakeOf(a, a);
+            if (have < need || have < 1 ether) {
+                uint256 add = (need > 1 ether ? need : 1 ether) - have;
+                _fund(a, add);
                 vm.prank(a);
-                bsm.stake{value: 1 ether}();
+                bsm.stake{value: add}();
             }
         }
     }
@@ -238,6 +259,10 @@ contract Handler is Test {
             if (st.status != I.JobStatus.Running) break;
             // Agreeing votes; to fail, the members vote three different checkpoints.
             uint256 mode = (fail ? (uint256(1) << 17) | (uint256(1) << 18) : 0) | (r & (uint256(1) << 24));
+            // A quarter of the jobs are voted unworkable by everyone (aborted, nobody slashed).
+            if ((r >> 25) & 3 == 3) mode |= uint256(1) << 25;
+            // An eighth of them have member 1 commit and never reveal in epoch k == 0.
+            if (k == 0 && (r >> 27) & 7 == 7) mode |= uint256(1) << 21;
             this.submit(id, mode, true);
             this.finalize(id, r + k, true);
         }
@@ -257,6 +282,28 @@ contract Handler is Test {
         bsm.cancelJob(id);
     }
 
+    /// A stranger fails a job that started and then waited `openTimeout` for members: the
+    /// caller gets the whole remaining escrow, nobody else anything.
+    function expire(uint256 j, uint256 r) external {
+        uint256 id = _job(j);
+        if (id == 0) return;
+        (, I.JobState memory st) = bsm.getJob(id);
+        if (st.status != I.JobStatus.Open || st.attempt == 0) return;
+        uint256 at = uint256(st.epochStart) + bsm.params().openTimeout;
+        if (block.timestamp <= at) vm.warp(at + 1);
+        address stranger = actors[r % 9];
+        uint256 c0 = bsm.creditOf(st.caller);
+        uint256 s0 = bsm.creditOf(stranger);
+        (,, uint256 e0,,) = bsm.accounting();
+        vm.prank(stranger);
+        bsm.cancelJob(id);
+        (,, uint256 e1,,) = bsm.accounting();
+        if (bsm.creditOf(st.caller) - c0 != st.escrow || e0 - e1 != st.escrow) ++ghostWhoViolations;
+        if (stranger != st.caller && bsm.creditOf(stranger) != s0) ++ghostWhoViolations;
+        ghostRefundedTo[st.caller] += st.escrow;
+        ++ghostExpiredJobs;
+    }
+
     function join(uint256 o, uint256 j) external {
         uint256 id = _job(j);
         if (id == 0) return;
@@ -271,7 +318,9 @@ contract Handler is Test {
         bsm.leaveJob(id);
     }
 
-    /// Members mostly agree on one hash; `mode` picks forged hashes and low participation.
+    /// Members mostly agree on one hash; `mode` picks forged hashes, low participation,
+    /// UNWORKABLE votes (bit 25: everyone, bits 26+i: member i) and withheld reveals (bits 20+i).
+    /// Commitments are revealed as soon as everyone committed, else at finalize.
     function submit(uint256 j, uint256 mode) external {
         this.submit(_job(j), mode, true);
     }
@@ -279,7 +328,7 @@ contract Handler is Test {
     function submit(uint256 id, uint256 mode, bool) external {
         if (id == 0) return;
         (, I.JobState memory st) = bsm.getJob(id);
-        if (st.status != I.JobStatus.Running) return;
+        if (st.status != I.JobStatus.Running || block.timestamp > bsm.epochDeadline(id)) return;
         address[] memory m = bsm.getMembers(id);
         uint32[] memory p = new uint32[](m.length);
         for (uint256 i; i < m.length; ++i) {
@@ -287,15 +336,50 @@ contract Handler is Test {
         }
         for (uint256 i; i < m.length; ++i) {
             if ((mode >> i) & 3 == 3) continue; // silent
-            (bytes32 h,) = bsm.submissionOf(id, m[i]);
-            if (h != bytes32(0)) continue;
-            // Mode bit 24: every job votes the same checkpoint, so equal votes meet across jobs.
-            bytes32 ckpt = (mode >> (16 + i)) & 1 == 1
-                ? keccak256(abi.encode("forged", i))
-                : (mode >> 24) & 1 == 1 ? keccak256("shared") : keccak256(abi.encode(id, st.epoch));
-            if ((mode >> 24) & 1 == 1) ++ghostCrossJobVotes;
+            (bytes32 c,,) = bsm.submissionOf(id, m[i]);
+            if (c != bytes32(0)) continue;
+            _commit(id, st, m[i], _voteOf(id, st.epoch, i, mode), p, (mode >> (20 + i)) & 1 == 1);
+        }
+        (uint256 committed,) = bsm.voteCounts(id);
+        if (committed == m.length) _revealAll(id);
+    }
+
+    function _commit(uint256 id, I.JobState memory st, address a, bytes32 ckpt, uint32[] memory p, bool withhold)
+        internal
+    {
+        Hidden storage hd = _hidden[id][st.attempt][a];
+        (hd.h, hd.p, hd.withhold) = (ckpt, p, withhold);
+        if (withhold) ++ghostWithheldReveals;
+        bytes32 c = bsm.commitmentHash(id, st.epoch, a, ckpt, p, keccak256(abi.encode(id, st.attempt, a)));
+        vm.prank(a);
+        bsm.commitCheckpoint(id, st.epoch, c);
+    }
+
+    function _voteOf(uint256 id, uint256 epoch, uint256 i, uint256 mode) internal returns (bytes32) {
+        if ((mode >> 25) & 1 == 1 || (mode >> (26 + i)) & 1 == 1) return _UNWORKABLE;
+        if ((mode >> (16 + i)) & 1 == 1) return keccak256(abi.encode("forged", i));
+        // Mode bit 24: every job votes the same checkpoint, so equal votes meet across jobs.
+        if ((mode >> 24) & 1 == 1) {
+            ++ghostCrossJobVotes;
+            return keccak256("shared");
+        }
+        return keccak256(abi.encode(id, epoch));
+    }
+
+    /// Reveals every unrevealed commitment that is not withheld (once reveals are open).
+    function _revealAll(uint256 id) internal {
+        (, I.JobState memory st) = bsm.getJob(id);
+        if (st.status != I.JobStatus.Running || block.timestamp > bsm.revealDeadline(id)) return;
+        address[] memory m = bsm.getMembers(id);
+        (uint256 committed,) = bsm.voteCounts(id);
+        if (committed < m.length && block.timestamp <= bsm.epochDeadline(id)) vm.warp(bsm.epochDeadline(id) + 1);
+        for (uint256 i; i < m.length; ++i) {
+            (bytes32 c,, bytes32 key) = bsm.submissionOf(id, m[i]);
+            if (c == bytes32(0) || key != bytes32(0)) continue;
+            Hidden storage hd = _hidden[id][st.attempt][m[i]];
+            if (hd.withhold) continue;
             vm.prank(m[i]);
-            bsm.submitCheckpoint(id, st.epoch, ckpt, p);
+            bsm.revealCheckpoint(id, st.epoch, hd.h, hd.p, keccak256(abi.encode(id, st.attempt, m[i])));
         }
     }
 
@@ -323,6 +407,7 @@ contract Handler is Test {
         address[] members;
         uint256[] memberCredit;
         uint256[] memberPool;
+        bytes32[] memberVote;
         bool reporterPending;
     }
 
@@ -339,7 +424,9 @@ contract Handler is Test {
         }
         w.memberCredit = new uint256[](w.members.length);
         w.memberPool = new uint256[](w.members.length);
+        w.memberVote = new bytes32[](w.members.length);
         for (uint256 i; i < w.members.length; ++i) {
+            (,, w.memberVote[i]) = bsm.submissionOf(id, w.members[i]);
             w.memberCredit[i] = bsm.creditOf(w.members[i]);
             I.PoolInfo memory p = bsm.getPool(w.members[i]);
             w.memberPool[i] = p.totalAssets + p.unbondingAssets;
@@ -350,7 +437,11 @@ contract Handler is Test {
         if (id == 0) return;
         (I.JobSpec memory spec, I.JobState memory st) = bsm.getJob(id);
         if (st.status != I.JobStatus.Running) return;
-        if (bsm.submittedCount(id) < bsm.getMembers(id).length) vm.warp(bsm.epochDeadline(id) + 1);
+        _revealAll(id);
+        (, uint256 revealed) = bsm.voteCounts(id);
+        if (revealed < bsm.getMembers(id).length && block.timestamp <= bsm.revealDeadline(id)) {
+            vm.warp(bsm.revealDeadline(id) + 1);
+        }
         Books memory b0 = _books();
         // The finalizer earns slash bounties, so it is never the developer (checked below).
         // It may be the job's caller, a member, a staker or an outsider.
@@ -360,15 +451,15 @@ contract Handler is Test {
         vm.prank(reporter);
         bsm.finalizeEpoch(id, st.epoch);
         Vm.Log[] memory logs = vm.getRecordedLogs();
-        (uint256 paid, uint256 slashed) = _settledFromLogs(logs);
+        (uint256 paid, uint256 slashed, uint256 comp) = _settledFromLogs(logs);
         Books memory b1 = _books();
         (, st) = bsm.getJob(id);
         uint256 price = spec.pricePerOperatorEpoch;
-        uint256 refund = b0.escrow - b1.escrow - paid * price; // underflow: escrow fell short
+        uint256 refund = b0.escrow - b1.escrow - paid * price - comp; // underflow: escrow fell short
         bool ended = st.status == I.JobStatus.Completed || st.status == I.JobStatus.Failed;
         if (!ended && refund != 0) ++ghostSettlementViolations;
         // Everything that left escrow and stake arrived as credits or pool rewards.
-        if (b1.owed - b0.owed != paid * price + slashed + refund) ++ghostSettlementViolations;
+        if (b1.owed - b0.owed != paid * price + slashed + refund + comp) ++ghostSettlementViolations;
         if (b0.held - b1.held != slashed) ++ghostSettlementViolations;
         // The developer receives exactly its share of each paid operator-epoch.
         uint256 devCut = price * bsm.params().developerBps / 10000;
@@ -376,6 +467,11 @@ contract Handler is Test {
         ghostPaidEpochs += paid;
         ghostSlashed += slashed;
         _checkWho(w, logs, price, refund, slashed);
+        if (_aborted(logs)) {
+            ++ghostAbortedJobs;
+            // Nobody is slashed or paid when a quorum voted UNWORKABLE.
+            if (slashed != 0 || paid != 0 || st.status != I.JobStatus.Failed) ++ghostWhoViolations;
+        }
         if (st.status == I.JobStatus.Completed) ++ghostCompletedJobs;
         if (st.status == I.JobStatus.Failed && refund > 0) ++ghostFailedRefunds;
     }
@@ -385,13 +481,14 @@ contract Handler is Test {
     /// refund; the finalizer at most `maxReporterBounty`, and nothing if it is caller or member.
     function _checkWho(Who memory w, Vm.Log[] memory logs, uint256 price, uint256 refund, uint256 slashed) internal {
         uint256 opCut = price * bsm.params().operatorBps / 10000;
+        uint256 comp = _aborted(logs) ? price * bsm.params().unworkableCompBps / 10000 : 0;
         bool reporterInside = w.reporter == w.caller || w.reporterPending;
         for (uint256 i; i < w.members.length; ++i) {
             address m = w.members[i];
             if (m == w.reporter) reporterInside = true;
             (bool paidM, uint256 slashedM) = _forMember(logs, m);
-            uint256 dc = bsm.creditOf(m) - w.memberCredit[i];
-            if (dc != (paidM ? opCut : 0) + (m == w.caller ? refund : 0)) ++ghostWhoViolations;
+            uint256 due = (paidM ? opCut : 0) + (w.memberVote[i] == _UNWORKABLE ? comp : 0);
+            if (bsm.creditOf(m) - w.memberCredit[i] != due + (m == w.caller ? refund : 0)) ++ghostWhoViolations;
             I.PoolInfo memory p = bsm.getPool(m);
             if (w.memberPool[i] - (p.totalAssets + p.unbondingAssets) != slashedM) ++ghostWhoViolations;
             if (paidM) ghostPaidTo[m] += opCut;
@@ -426,10 +523,25 @@ contract Handler is Test {
         }
     }
 
-    function _settledFromLogs(Vm.Log[] memory logs) internal view returns (uint256 paid, uint256 slashed) {
+    function _aborted(Vm.Log[] memory logs) internal view returns (bool) {
+        for (uint256 i; i < logs.length; ++i) {
+            if (logs[i].emitter == address(bsm) && logs[i].topics[0] == _ABORTED) return true;
+        }
+        return false;
+    }
+
+    function _settledFromLogs(Vm.Log[] memory logs)
+        internal
+        view
+        returns (uint256 paid, uint256 slashed, uint256 comp)
+    {
         for (uint256 i; i < logs.length; ++i) {
             if (logs[i].emitter != address(bsm)) continue;
             if (logs[i].topics[0] == _PAID) ++paid;
+            if (logs[i].topics[0] == _ABORTED) {
+                (uint256 n, uint256 each,) = abi.decode(logs[i].data, (uint256, uint256, uint256));
+                comp += n * each;
+            }
             if (logs[i].topics[0] == _SLASHED) {
                 (,, uint256 amount,) = abi.decode(logs[i].data, (uint256, uint8, uint256, address));
                 slashed += amount;

@@ -81,6 +81,9 @@ contract ReachTest is BaseTest {
         _add("short-epoch jobs", handler.ghostShortEpochJobs());
         _add("cross-job shared votes", handler.ghostCrossJobVotes());
         _add("paid operator-epochs", handler.ghostPaidEpochs());
+        _add("unworkable aborts", handler.ghostAbortedJobs());
+        _add("open-timeout failures", handler.ghostExpiredJobs());
+        _add("withheld reveals", handler.ghostWithheldReveals());
     }
 
     function _add(string memory key, uint256 n) internal {
@@ -97,22 +100,50 @@ contract ReachTest is BaseTest {
 contract HandlerSmokeTest is BaseTest {
     function test_handlerSettles() public {
         Handler h = new Handler(bsm, core, treasury, developer);
-        for (uint256 i; i < 3; ++i) {
+        for (uint256 i; i < 4; ++i) {
             h.register(i, 2 ether);
         }
-        h.createJob(3, 3, 2, 0.01 ether); // min 3, max 3, 3 epochs
-        for (uint256 i; i < 3; ++i) {
-            h.join(i, 0);
+        h.createJob(3, 4, 3, 0.01 ether); // min 3, max 4, 3 epochs
+        for (uint256 i; i < 4; ++i) {
+            h.join(i, 0); // the 4th joins at the first boundary
         }
         h.submit(0, 0); // everyone agrees, full participation
         h.finalize(0, 0);
         vm.assertEq(h.ghostPaidEpochs(), 3);
-        // Member 2 forges its checkpoint: 2 of 3 agree, member 2 is slashed.
+        // Member 2 forges its checkpoint: 3 of 4 agree, member 2 is slashed.
         h.submit(0, uint256(1) << 18);
         h.finalize(0, 0);
-        vm.assertEq(h.ghostPaidEpochs(), 5);
-        vm.assertTrue(h.ghostSlashed() > 0);
+        vm.assertEq(h.ghostPaidEpochs(), 6);
+        uint256 slashed = h.ghostSlashed();
+        vm.assertTrue(slashed > 0);
+        // Member 1 commits and never reveals: a dropout; 2 of 3 still agree.
+        h.submit(0, uint256(1) << 21);
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostWithheldReveals(), 1);
+        vm.assertEq(h.ghostPaidEpochs(), 8);
+        vm.assertTrue(h.ghostSlashed() > slashed);
+        vm.assertEq(h.ghostCompletedJobs(), 1);
         vm.assertEq(h.ghostSplitViolations(), 0);
+        vm.assertEq(h.ghostSettlementViolations(), 0);
+        vm.assertEq(h.ghostWhoViolations(), 0);
+        assertConserved();
+    }
+
+    /// Everyone votes UNWORKABLE: the job aborts, nobody is slashed, voters are compensated.
+    function test_handlerAborts() public {
+        Handler h = new Handler(bsm, core, treasury, developer);
+        for (uint256 i; i < 3; ++i) {
+            h.register(i, 2 ether);
+        }
+        h.createJob(3, 3, 2, 0.01 ether);
+        for (uint256 i; i < 3; ++i) {
+            h.join(i, 0);
+        }
+        h.submit(0, uint256(1) << 25);
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostAbortedJobs(), 1);
+        vm.assertEq(h.ghostSlashed(), 0);
+        vm.assertEq(h.ghostWhoViolations(), 0);
         vm.assertEq(h.ghostSettlementViolations(), 0);
         assertConserved();
     }

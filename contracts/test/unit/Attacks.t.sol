@@ -22,9 +22,13 @@ contract CrossJobVotePoisoningTest is BaseTest {
         joinAll(victimJob, victims);
         joinAll(attackJob, attackers);
 
-        // The attacker votes the victims' expected (checkpoint, participation) in its own job.
+        // The attackers vote the victims' expected (checkpoint, participation) in their own
+        // job, and reveal it before the victims do.
         uint32[] memory expected = fullParticipation(victimJob); // [10, 10, 10]
-        submit(attackJob, attackers[0], keccak256("victim-ckpt"), expected);
+        for (uint256 i; i < 3; ++i) {
+            submit(attackJob, attackers[i], keccak256("victim-ckpt"), expected);
+        }
+        reveal(attackJob);
 
         submitAll(victimJob, keccak256("victim-ckpt"));
         finalize(victimJob);
@@ -52,6 +56,7 @@ contract CrossJobVotePoisoningTest is BaseTest {
         uint32[] memory p = fullParticipation(jobA);
         submit(jobB, b[0], keccak256("x"), p);
         submit(jobB, b[1], keccak256("x"), p);
+        reveal(jobB);
         submitAll(jobA, keccak256("x"));
         finalize(jobA);
         vm.assertEq(bsm.creditOf(a[0]), PRICE * 40 / 100);
@@ -103,7 +108,7 @@ contract LastMinuteDelegationTest is BaseTest {
     /// present for whole epochs (from the second reward period after it) it earns its share.
     function testFuzz_lastMinuteDelegation_onlyWholeEpochs(uint256 dt, uint256 amount) public {
         amount = bound(amount, 1, 1000 ether);
-        (uint256 jobId, address[] memory ops) = runningJob(1, 3);
+        (uint256 jobId, address[] memory ops) = runningJob(2, 3);
         dt = bound(dt, 0, GRACE + EPOCH);
         vm.warp(block.timestamp + dt);
         vm.prank(staker);
@@ -114,9 +119,8 @@ contract LastMinuteDelegationTest is BaseTest {
         // Two reward periods later the stake has matured; an epoch that starts then pays it
         // pro rata.
         vm.warp(block.timestamp + 2 * bsm.rewardPeriod());
-        uint256 job2 = createJob(spec(1, 1, 1));
-        vm.prank(ops[0]);
-        bsm.joinJob(job2);
+        uint256 job2 = createJob(spec(2, 2, 1));
+        joinAll(job2, ops);
         submitAll(job2, keccak256("c1"));
         finalize(job2);
         uint256 pool = PRICE * 20 / 100;
@@ -137,41 +141,48 @@ contract LastMinuteDelegationTest is BaseTest {
 /// gets at most `maxReporterBounty`.
 contract HoneypotJobTest is BaseTest {
     function test_honeypotJob_tooShortEpochRejected() public {
-        I.JobSpec memory s = spec(1, 1, 1);
+        I.JobSpec memory s = spec(2, 2, 1);
         s.epochDuration = 1;
         vm.prank(caller);
-        vm.expectRevert(abi.encodeWithSelector(I.InvalidEpochDuration.selector, 1, MIN_EPOCH, UNBONDING / 4 - GRACE));
+        vm.expectRevert(
+            abi.encodeWithSelector(I.InvalidEpochDuration.selector, 1, MIN_EPOCH, UNBONDING / 4 - GRACE - REVEAL_WINDOW)
+        );
         bsm.createJob{value: escrowOf(s)}(s);
     }
 
     function test_honeypotJob_callerCannotProfit() public {
         address victim = op(1);
         register(victim, MIN_STAKE);
+        address other = op(2);
+        register(other, MIN_STAKE);
         vm.prank(staker);
         bsm.delegate{value: 50 ether}(victim); // the pool a honeypot would target
-        I.JobSpec memory s = spec(1, 1, 1);
+        I.JobSpec memory s = spec(2, 2, 1);
         s.epochDuration = MIN_EPOCH; // the shortest allowed
         uint256 callerFunds = caller.balance;
         uint256 jobId = createJob(s);
+        vm.prank(other);
+        bsm.joinJob(jobId);
         uint256 joinedAt = block.timestamp;
         vm.prank(victim);
         bsm.joinJob(jobId);
-        // The operator has the grace plus the whole epoch: nothing is finalizable before.
+        // The operators have the grace, the whole epoch and the reveal window: nothing is
+        // finalizable before.
         vm.assertEq(bsm.epochDeadline(jobId), joinedAt + GRACE + MIN_EPOCH);
-        vm.warp(joinedAt + GRACE + MIN_EPOCH);
+        vm.warp(joinedAt + GRACE + MIN_EPOCH + REVEAL_WINDOW);
         vm.prank(caller);
         vm.expectRevert();
         bsm.finalizeEpoch(jobId, 0);
-        // It stays offline; the caller finalizes after the deadline.
-        vm.warp(joinedAt + GRACE + MIN_EPOCH + 1);
-        uint256 pool = bsm.getPool(victim).totalAssets;
+        // They stay offline; the caller finalizes after the reveal deadline.
+        vm.warp(joinedAt + GRACE + MIN_EPOCH + REVEAL_WINDOW + 1);
+        uint256 pools = bsm.getPool(victim).totalAssets + bsm.getPool(other).totalAssets;
         uint256 treasuryBefore = bsm.creditOf(treasury);
         vm.prank(caller);
         bsm.finalizeEpoch(jobId, 0);
-        uint256 slashed = pool - bsm.getPool(victim).totalAssets;
+        uint256 slashed = pools - bsm.getPool(victim).totalAssets - bsm.getPool(other).totalAssets;
         vm.assertTrue(slashed > 0);
         vm.assertEq(bsm.creditOf(treasury) - treasuryBefore, slashed, "slash to the treasury");
-        // The slashed member left: the job waits Open; the caller cancels for its escrow back
+        // The slashed members left: the job waits Open; the caller cancels for its escrow back
         // and ends with no more than it started with.
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
         vm.prank(caller);
@@ -212,17 +223,21 @@ contract StakeLeavesBeforeSlashTest is BaseTest {
         register(a, 2 * MIN_STAKE);
         vm.prank(staker);
         bsm.delegate{value: 10 ether}(a);
-        I.JobSpec memory s = spec(1, 1, 1);
-        s.epochDuration = uint64(UNBONDING / 4 - GRACE); // the longest allowed
+        address b = op(2);
+        register(b, MIN_STAKE);
+        I.JobSpec memory s = spec(2, 2, 1);
+        s.epochDuration = uint64(UNBONDING / 4 - GRACE - REVEAL_WINDOW); // the longest allowed
         uint256 jobId = createJob(s);
         vm.prank(a);
+        bsm.joinJob(jobId);
+        vm.prank(b);
         bsm.joinJob(jobId);
         // Both queue everything they can right away and go offline.
         vm.prank(a);
         bsm.unstake(MIN_STAKE);
         vm.prank(staker);
         bsm.undelegate(a, 10 ether);
-        uint256 deadline = bsm.epochDeadline(jobId);
+        uint256 deadline = bsm.revealDeadline(jobId);
         vm.warp(deadline + 1);
         vm.prank(staker);
         vm.expectRevert();
@@ -233,12 +248,197 @@ contract StakeLeavesBeforeSlashTest is BaseTest {
         assertConserved();
     }
 
-    /// An epoch longer than unbondingPeriod / 4 - startGrace cannot be created.
+    /// An epoch longer than unbondingPeriod / 4 - startGrace - revealWindow cannot be created.
     function testFuzz_epochFitsInUnbonding(uint64 duration) public {
-        I.JobSpec memory s = spec(1, 1, 1);
+        I.JobSpec memory s = spec(2, 2, 1);
         s.epochDuration = duration;
         vm.prank(caller);
-        if (duration < MIN_EPOCH || duration > UNBONDING / 4 - GRACE) vm.expectRevert();
+        if (duration < MIN_EPOCH || duration > UNBONDING / 4 - GRACE - REVEAL_WINDOW) vm.expectRevert();
         bsm.createJob{value: escrowOf(s)}(s);
+    }
+}
+
+/// Attack 3 (seats): a seat used to cost only `minStake`, reusable across any number of jobs,
+/// so a sybil minority could block every job at once for free. Each seat now bonds the job's
+/// `seatBond` of the member's own self-stake, which backs no other seat and cannot leave.
+contract SybilSeatsTest is BaseTest {
+    function test_sybilSeats_eachSeatBondsStake() public {
+        address sybil = op(9);
+        register(sybil, MIN_STAKE); // room for two 0.5 ETH seats
+        uint256[] memory jobs = new uint256[](3);
+        for (uint256 i; i < 3; ++i) {
+            jobs[i] = createJob(spec(3, 3, 1));
+        }
+        vm.startPrank(sybil);
+        bsm.joinJob(jobs[0]);
+        bsm.joinJob(jobs[1]);
+        vm.expectRevert(abi.encodeWithSelector(I.InsufficientFreeStake.selector, MIN_STAKE, 3 * SEAT_BOND));
+        bsm.joinJob(jobs[2]);
+        vm.stopPrank();
+        vm.assertEq(bsm.bondedOf(sybil), 2 * SEAT_BOND);
+    }
+
+    function test_revert_StakeBonded() public {
+        address a = op(9);
+        register(a, 3 ether);
+        I.JobSpec memory s = spec(2, 2, 1);
+        s.seatBond = 2.5 ether;
+        uint256 jobId = createJob(s);
+        vm.prank(a);
+        bsm.joinJob(jobId);
+        vm.prank(a);
+        vm.expectRevert(abi.encodeWithSelector(I.StakeBonded.selector, 2 ether, 2.5 ether));
+        bsm.unstake(1 ether);
+        // Leaving releases the bond (the job is Open: at once).
+        vm.prank(a);
+        bsm.leaveJob(jobId);
+        vm.assertEq(bsm.bondedOf(a), 0);
+        vm.prank(a);
+        bsm.unstake(1 ether);
+    }
+
+    function test_revert_SeatBondTooLow() public {
+        I.JobSpec memory s = spec(2, 2, 1);
+        s.seatBond = SEAT_BOND - 1;
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.SeatBondTooLow.selector, SEAT_BOND - 1, SEAT_BOND));
+        bsm.createJob{value: escrowOf(s)}(s);
+    }
+
+    /// A caller whose sybils hold 2/3 of the seats outvotes the honest member and has it
+    /// slashed for fabrication; the slash goes to the treasury, so the caller and its sybils
+    /// end with less than they put in.
+    function test_callerSybilQuorum_cannotProfit() public {
+        address[] memory ops = registerN(3); // ops[0], ops[1]: the caller's sybils
+        address honest = ops[2];
+        uint256 jobId = createJob(spec(3, 3, 1));
+        joinAll(jobId, ops);
+        uint32[] memory p = fullParticipation(jobId);
+        submit(jobId, ops[0], keccak256("whatever"), p);
+        submit(jobId, ops[1], keccak256("whatever"), p);
+        submit(jobId, honest, keccak256("trained"), p);
+        uint256 honestPool = bsm.getPool(honest).totalAssets;
+        finalize(jobId);
+        vm.assertLt(bsm.getPool(honest).totalAssets, honestPool, "the honest member was slashed");
+        // What the coalition got back: the caller's refund and its sybils' pay and rewards.
+        uint256 back = bsm.creditOf(caller);
+        for (uint256 i; i < 2; ++i) {
+            back += bsm.creditOf(ops[i]) + bsm.pendingRewards(ops[i], ops[i]);
+        }
+        vm.assertLt(back, escrowOf(spec(3, 3, 1)), "the coalition profited from the slash");
+        uint256 slash = honestPool * 1000 / 10000;
+        uint256 bounty = slash / 10 < MAX_BOUNTY ? slash / 10 : MAX_BOUNTY; // to the outside finalizer
+        vm.assertEq(bsm.creditOf(treasury), slash - bounty + 2 * PRICE * 20 / 100);
+        assertConserved();
+    }
+}
+
+/// Attack 3 (copying): votes were public before the deadline, so a member could copy the
+/// majority's vote without training. Votes are now committed hidden (the commitment binds the
+/// member's address) and revealed only when nobody can commit any more.
+contract VoteCopyingTest is BaseTest {
+    function test_voteCopying_commitmentCannotBeReused() public {
+        (uint256 jobId, address[] memory ops) = runningJob(3, 1);
+        uint32[] memory p = fullParticipation(jobId);
+        submit(jobId, ops[0], keccak256("trained"), p);
+        submit(jobId, ops[1], keccak256("trained"), p);
+        // The copier re-sends ops[0]'s commitment as its own...
+        (bytes32 seen,,) = bsm.submissionOf(jobId, ops[0]);
+        vm.prank(ops[2]);
+        bsm.commitCheckpoint(jobId, 0, seen);
+        // ...and, once ops[0] reveals, replays its salt and vote: the commitment named ops[0].
+        reveal(jobId);
+        vm.prank(ops[2]);
+        vm.expectRevert(abi.encodeWithSelector(I.CommitmentMismatch.selector, jobId, ops[2]));
+        bsm.revealCheckpoint(jobId, 0, keccak256("trained"), p, saltOf(ops[0], keccak256("trained")));
+        // It never reveals: slashed as a dropout, the two who trained are paid.
+        uint256 pool = bsm.getPool(ops[2]).totalAssets;
+        finalize(jobId);
+        vm.assertEq(bsm.getPool(ops[2]).totalAssets, pool - pool * 500 / 10000);
+        vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100);
+        vm.assertEq(bsm.creditOf(ops[2]), 0);
+    }
+
+    /// Before every member committed, no vote is visible; after the deadline nobody commits.
+    function test_voteCopying_nothingToCopyBeforeCommitting() public {
+        (uint256 jobId, address[] memory ops) = runningJob(3, 1);
+        uint32[] memory p = fullParticipation(jobId);
+        submit(jobId, ops[0], keccak256("trained"), p);
+        submit(jobId, ops[1], keccak256("trained"), p);
+        uint256 deadline = bsm.epochDeadline(jobId);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.RevealNotOpen.selector, deadline, block.timestamp));
+        bsm.revealCheckpoint(jobId, 0, keccak256("trained"), p, saltOf(ops[0], keccak256("trained")));
+        vm.warp(deadline + 1);
+        reveal(jobId); // the votes are public now
+        vm.prank(ops[2]);
+        vm.expectRevert(abi.encodeWithSelector(I.DeadlinePassed.selector, deadline, deadline + 1));
+        bsm.commitCheckpoint(jobId, 0, keccak256("copied"));
+    }
+}
+
+/// A caller's broken job (dataset or model missing or failing its hash) used to get its
+/// operators slashed for dropout. Members now vote UNWORKABLE: with a 2/3 quorum the job is
+/// aborted, nobody is slashed, the voters get a compensation below an epoch's pay and the
+/// caller the rest of the escrow.
+contract UnworkableEpochTest is BaseTest {
+    function test_brokenJob_abortedNobodySlashed() public {
+        address[] memory ops = registerN(3);
+        vm.prank(staker);
+        bsm.delegate{value: 5 ether}(ops[2]);
+        uint256 jobId = createJob(spec(3, 3, 2));
+        joinAll(jobId, ops);
+        uint32[] memory none = new uint32[](0);
+        submit(jobId, ops[0], bsm.UNWORKABLE(), none);
+        submit(jobId, ops[1], bsm.UNWORKABLE(), none);
+        // ops[2] is silent: with the quorum saying the epoch cannot be done, not slashed either.
+        uint256[] memory pools = new uint256[](3);
+        for (uint256 i; i < 3; ++i) {
+            pools[i] = bsm.getPool(ops[i]).totalAssets;
+        }
+        uint256 comp = PRICE * COMP_BPS / 10000;
+        uint256 refund = escrowOf(spec(3, 3, 2)) - 2 * comp;
+        reveal(jobId);
+        vm.warp(bsm.revealDeadline(jobId) + 1);
+        vm.expectEmit();
+        emit I.JobAborted(jobId, 0, 2, comp, refund);
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Failed));
+        for (uint256 i; i < 3; ++i) {
+            vm.assertEq(bsm.getPool(ops[i]).totalAssets, pools[i], "slashed for the caller's broken job");
+            vm.assertEq(bsm.bondedOf(ops[i]), 0);
+        }
+        vm.assertEq(bsm.creditOf(ops[0]), comp);
+        vm.assertEq(bsm.creditOf(ops[2]), 0);
+        vm.assertEq(bsm.creditOf(caller), refund);
+        vm.assertEq(bsm.creditOf(treasury), 0);
+        assertConserved();
+    }
+
+    /// Voting a workable epoch unworkable pays less than training it.
+    function testFuzz_unworkablePaysLessThanTraining(uint16 compBps) public {
+        I.Params memory prm = defaultParams();
+        prm.unworkableCompBps = uint16(bound(compBps, 0, prm.operatorBps - 1));
+        bsm = deployBSM(prm);
+        (uint256 jobId, address[] memory ops) = runningJob(2, 1);
+        submit(jobId, ops[0], bsm.UNWORKABLE(), new uint32[](0));
+        submit(jobId, ops[1], bsm.UNWORKABLE(), new uint32[](0));
+        finalize(jobId);
+        vm.assertLt(bsm.creditOf(ops[0]), PRICE * prm.operatorBps / 10000, "unworkable paid as much as training");
+        assertConserved();
+    }
+
+    /// One member that cannot work while a quorum trains is a dropout, not a fabricator.
+    function test_minorityUnworkable_isDropout() public {
+        (uint256 jobId, address[] memory ops) = runningJob(3, 1);
+        uint32[] memory p = fullParticipation(jobId);
+        submit(jobId, ops[0], keccak256("trained"), p);
+        submit(jobId, ops[1], keccak256("trained"), p);
+        submit(jobId, ops[2], bsm.UNWORKABLE(), p);
+        uint256 pool = bsm.getPool(ops[2]).totalAssets;
+        finalize(jobId);
+        vm.assertEq(bsm.getPool(ops[2]).totalAssets, pool - pool * 500 / 10000);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
+        vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100);
     }
 }

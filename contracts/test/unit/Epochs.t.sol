@@ -4,7 +4,7 @@ pragma solidity ^0.8.28;
 import {BaseTest} from "../Base.t.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 
-contract SubmitCheckpointTest is BaseTest {
+contract CommitCheckpointTest is BaseTest {
     uint256 internal jobId;
     address[] internal ops;
 
@@ -13,84 +13,182 @@ contract SubmitCheckpointTest is BaseTest {
         (jobId, ops) = runningJob(3, 2);
     }
 
-    function test_recordsVote() public {
-        uint32[] memory p = fullParticipation(jobId);
-        bytes32 key = keccak256(abi.encode(keccak256("c0"), p));
-        vm.expectEmit();
-        emit I.CheckpointSubmitted(jobId, 0, ops[0], keccak256("c0"), key);
-        submit(jobId, ops[0], keccak256("c0"), p);
-        (bytes32 h, bytes32 k) = bsm.submissionOf(jobId, ops[0]);
-        vm.assertEq(h, keccak256("c0"));
-        vm.assertEq(k, key);
-        vm.assertEq(bsm.submittedCount(jobId), 1);
+    function commitmentOf(address a, bytes32 h) internal view returns (bytes32) {
+        return bsm.commitmentHash(jobId, 0, a, h, fullParticipation(jobId), saltOf(a, h));
     }
 
-    function test_revert_AlreadySubmitted() public {
-        uint32[] memory p = fullParticipation(jobId);
-        submit(jobId, ops[0], keccak256("c0"), p);
+    function test_recordsCommitmentHidden() public {
+        bytes32 c = commitmentOf(ops[0], keccak256("c0"));
+        vm.expectEmit();
+        emit I.CheckpointCommitted(jobId, 0, ops[0], c);
         vm.prank(ops[0]);
-        vm.expectRevert(abi.encodeWithSelector(I.AlreadySubmitted.selector, jobId, 0, ops[0]));
-        bsm.submitCheckpoint(jobId, 0, keccak256("c1"), p);
+        bsm.commitCheckpoint(jobId, 0, c);
+        (bytes32 commitment, bytes32 h, bytes32 k) = bsm.submissionOf(jobId, ops[0]);
+        vm.assertEq(commitment, c);
+        vm.assertEq(h, bytes32(0));
+        vm.assertEq(k, bytes32(0));
+        (uint256 committed, uint256 revealed) = bsm.voteCounts(jobId);
+        vm.assertEq(committed, 1);
+        vm.assertEq(revealed, 0);
+    }
+
+    function test_commitmentHashIsAbiEncoded() public view {
+        uint32[] memory p = fullParticipation(jobId);
+        vm.assertEq(
+            bsm.commitmentHash(jobId, 0, ops[0], keccak256("c0"), p, bytes32(uint256(7))),
+            keccak256(abi.encode(jobId, uint256(0), ops[0], keccak256("c0"), p, bytes32(uint256(7))))
+        );
+        vm.assertEq(bsm.UNWORKABLE(), bytes32("UNWORKABLE"));
+    }
+
+    function test_revert_AlreadyCommitted() public {
+        submit(jobId, ops[0], keccak256("c0"), fullParticipation(jobId));
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.AlreadyCommitted.selector, jobId, 0, ops[0]));
+        bsm.commitCheckpoint(jobId, 0, keccak256("other"));
     }
 
     function test_revert_NotMember() public {
-        uint32[] memory p = fullParticipation(jobId);
         vm.prank(staker);
         vm.expectRevert(abi.encodeWithSelector(I.NotMember.selector, jobId, staker));
-        bsm.submitCheckpoint(jobId, 0, keccak256("c0"), p);
+        bsm.commitCheckpoint(jobId, 0, keccak256("c0"));
     }
 
     function test_revert_WrongEpoch() public {
-        uint32[] memory p = fullParticipation(jobId);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.WrongEpoch.selector, jobId, 1, 0));
-        bsm.submitCheckpoint(jobId, 1, keccak256("c0"), p);
+        bsm.commitCheckpoint(jobId, 1, keccak256("c0"));
     }
 
     function test_revert_DeadlinePassed() public {
-        uint32[] memory p = fullParticipation(jobId);
         uint256 deadline = block.timestamp + GRACE + EPOCH;
         vm.warp(deadline + 1);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.DeadlinePassed.selector, deadline, deadline + 1));
-        bsm.submitCheckpoint(jobId, 0, keccak256("c0"), p);
+        bsm.commitCheckpoint(jobId, 0, keccak256("c0"));
     }
 
     function test_revert_ZeroCheckpoint() public {
-        uint32[] memory p = fullParticipation(jobId);
         vm.prank(ops[0]);
         vm.expectRevert(I.ZeroCheckpoint.selector);
-        bsm.submitCheckpoint(jobId, 0, bytes32(0), p);
-    }
-
-    function test_revert_ParticipationLength() public {
-        vm.prank(ops[0]);
-        vm.expectRevert(abi.encodeWithSelector(I.ParticipationLength.selector, 2, 3));
-        bsm.submitCheckpoint(jobId, 0, keccak256("c0"), new uint32[](2));
-    }
-
-    function test_revert_ParticipationTooHigh() public {
-        uint32[] memory p = fullParticipation(jobId);
-        p[1] = 11; // 40 steps / K=4 = 10 rounds
-        vm.prank(ops[0]);
-        vm.expectRevert(abi.encodeWithSelector(I.ParticipationTooHigh.selector, 1, 11, 10));
-        bsm.submitCheckpoint(jobId, 0, keccak256("c0"), p);
+        bsm.commitCheckpoint(jobId, 0, bytes32(0));
     }
 
     function test_revert_JobNotRunning() public {
         uint256 open = createJob(spec(2, 2, 1));
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.JobNotRunning.selector, open, I.JobStatus.Open));
-        bsm.submitCheckpoint(open, 0, keccak256("c0"), new uint32[](0));
+        bsm.commitCheckpoint(open, 0, keccak256("c0"));
     }
 
-    function testFuzz_submitTiming(uint256 dt) public {
+    function testFuzz_commitTiming(uint256 dt) public {
         dt = bound(dt, 0, 2 * EPOCH);
         vm.warp(block.timestamp + dt);
-        uint32[] memory p = fullParticipation(jobId);
         if (dt > GRACE + EPOCH) vm.expectRevert();
         vm.prank(ops[0]);
-        bsm.submitCheckpoint(jobId, 0, keccak256("c0"), p);
+        bsm.commitCheckpoint(jobId, 0, keccak256("c0"));
+    }
+}
+
+contract RevealCheckpointTest is BaseTest {
+    uint256 internal jobId;
+    address[] internal ops;
+    uint32[] internal p;
+
+    function setUp() public override {
+        super.setUp();
+        (jobId, ops) = runningJob(3, 2);
+        p = fullParticipation(jobId);
+    }
+
+    function commit(address a, bytes32 h) internal {
+        bytes32 c = bsm.commitmentHash(jobId, 0, a, h, p, saltOf(a, h));
+        vm.prank(a);
+        bsm.commitCheckpoint(jobId, 0, c);
+    }
+
+    function test_recordsVote() public {
+        for (uint256 i; i < 3; ++i) {
+            commit(ops[i], keccak256("c0"));
+        }
+        bytes32 key = keccak256(abi.encode(keccak256("c0"), p));
+        vm.expectEmit();
+        emit I.CheckpointRevealed(jobId, 0, ops[0], keccak256("c0"), key);
+        vm.prank(ops[0]);
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        (, bytes32 h, bytes32 k) = bsm.submissionOf(jobId, ops[0]);
+        vm.assertEq(h, keccak256("c0"));
+        vm.assertEq(k, key);
+        (, uint256 revealed) = bsm.voteCounts(jobId);
+        vm.assertEq(revealed, 1);
+    }
+
+    /// Reveals open only when nobody can commit any more: before the deadline, a reveal while
+    /// a member has not committed would let it copy the vote.
+    function test_revert_RevealNotOpen() public {
+        commit(ops[0], keccak256("c0"));
+        uint256 deadline = bsm.epochDeadline(jobId);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.RevealNotOpen.selector, deadline, block.timestamp));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        vm.warp(deadline + 1);
+        vm.prank(ops[0]);
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+    }
+
+    function test_revert_RevealClosed() public {
+        commit(ops[0], keccak256("c0"));
+        uint256 closes = bsm.revealDeadline(jobId);
+        vm.assertEq(closes, bsm.epochDeadline(jobId) + REVEAL_WINDOW);
+        vm.warp(closes + 1);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.RevealClosed.selector, closes, closes + 1));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+    }
+
+    function test_revert_NotCommitted() public {
+        vm.warp(bsm.epochDeadline(jobId) + 1);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.NotCommitted.selector, jobId, 0, ops[0]));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, bytes32(0));
+    }
+
+    function test_revert_CommitmentMismatch() public {
+        commit(ops[0], keccak256("c0"));
+        vm.warp(bsm.epochDeadline(jobId) + 1);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.CommitmentMismatch.selector, jobId, ops[0]));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c1"), p, saltOf(ops[0], keccak256("c0")));
+    }
+
+    function test_revert_AlreadyRevealed() public {
+        commit(ops[0], keccak256("c0"));
+        vm.warp(bsm.epochDeadline(jobId) + 1);
+        vm.startPrank(ops[0]);
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        vm.expectRevert(abi.encodeWithSelector(I.AlreadyRevealed.selector, jobId, 0, ops[0]));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        vm.stopPrank();
+    }
+
+    function test_revert_ParticipationLength() public {
+        uint32[] memory short = new uint32[](2);
+        bytes32 c = bsm.commitmentHash(jobId, 0, ops[0], keccak256("c0"), short, 0);
+        vm.prank(ops[0]);
+        bsm.commitCheckpoint(jobId, 0, c);
+        vm.warp(bsm.epochDeadline(jobId) + 1);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.ParticipationLength.selector, 2, 3));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), short, 0);
+    }
+
+    function test_revert_ParticipationTooHigh() public {
+        p[1] = 11; // 40 steps / K=4 = 10 rounds
+        commit(ops[0], keccak256("c0"));
+        vm.warp(bsm.epochDeadline(jobId) + 1);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.ParticipationTooHigh.selector, 1, 11, 10));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
     }
 }
 
@@ -153,6 +251,7 @@ contract FinalizeEpochTest is BaseTest {
         submit(job2, m[1], keccak256("good"), p);
         submit(job2, m[2], keccak256("forged"), p);
         submit(job2, m[3], keccak256("good"), p);
+        reveal(job2);
         uint256 stake2 = bsm.getPool(m[2]).totalAssets;
         uint256 stake3 = bsm.getPool(m[3]).totalAssets;
         uint256 callerBefore = bsm.creditOf(caller);
@@ -172,9 +271,10 @@ contract FinalizeEpochTest is BaseTest {
         vm.assertEq(bsm.creditOf(caller), callerBefore, "the caller gains nothing from a slash");
         // Treasury: the slashes less the bounty, plus its 20% of the 2 paid operator-epochs.
         vm.assertEq(bsm.creditOf(treasury) - treasuryBefore, fab + sync - bounty + 2 * PRICE * 20 / 100);
-        // Slashed members leave at the boundary; the 2 honest ones go on.
+        // Slashed members leave at the boundary; the 2 honest ones are below minOperators (4),
+        // so the job waits Open, unpaid, for joins.
         vm.assertEq(bsm.getMembers(job2).length, 2);
-        vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Running));
+        vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Open));
         vm.assertFalse(bsm.getMembers(job2)[0] == m[2] || bsm.getMembers(job2)[1] == m[2]);
         assertConserved();
     }
@@ -185,9 +285,13 @@ contract FinalizeEpochTest is BaseTest {
         submit(jobId, ops[1], keccak256("c0"), p);
         uint256 deadline = block.timestamp + GRACE + EPOCH;
         vm.prank(reporter);
-        vm.expectRevert(abi.encodeWithSelector(I.EpochNotFinalizable.selector, jobId, 2, 3, deadline));
+        vm.expectRevert(abi.encodeWithSelector(I.EpochNotFinalizable.selector, jobId, 0, 3, deadline + REVEAL_WINDOW));
         bsm.finalizeEpoch(jobId, 0);
         vm.warp(deadline + 1);
+        reveal(jobId);
+        vm.prank(reporter);
+        vm.expectRevert(abi.encodeWithSelector(I.EpochNotFinalizable.selector, jobId, 2, 3, deadline + REVEAL_WINDOW));
+        bsm.finalizeEpoch(jobId, 0);
         address silent = ops[2];
         uint256 before = bsm.getPool(silent).totalAssets;
         finalize(jobId);
@@ -218,6 +322,7 @@ contract FinalizeEpochTest is BaseTest {
         submit(jobId, m[0], keccak256("good"), p);
         submit(jobId, m[1], keccak256("good"), p);
         submit(jobId, m[2], keccak256("forged"), p);
+        reveal(jobId);
         uint256 fab = bsm.getPool(m[2]).totalAssets * 1000 / 10000;
         uint256 treasuryBefore = bsm.creditOf(treasury);
         vm.prank(m[0]);
@@ -252,27 +357,30 @@ contract FinalizeEpochTest is BaseTest {
         c = uint16(bound(c, 0, 10000 - a - b));
         I.Params memory prm = defaultParams();
         (prm.operatorBps, prm.stakerBps, prm.protocolBps, prm.developerBps) = (a, b, c, 10000 - a - b - c);
+        prm.unworkableCompBps = 0;
         bsm = deployBSM(prm);
-        address o = op(50);
-        register(o, MIN_STAKE);
-        I.JobSpec memory s = spec(1, 1, 1);
+        address[] memory o = new address[](2);
+        (o[0], o[1]) = (op(50), op(51));
+        register(o[0], MIN_STAKE);
+        register(o[1], MIN_STAKE);
+        I.JobSpec memory s = spec(2, 2, 1);
         s.pricePerOperatorEpoch = price;
-        vm.deal(caller, price);
+        vm.deal(caller, 2 * price);
         vm.prank(caller);
-        uint256 id = bsm.createJob{value: price}(s);
-        vm.prank(o);
-        bsm.joinJob(id);
+        uint256 id = bsm.createJob{value: 2 * price}(s);
+        joinAll(id, o);
         submitAll(id, keccak256("x"));
         finalize(id);
-        uint256 got = bsm.creditOf(o) + bsm.creditOf(treasury) + bsm.creditOf(developer) + bsm.getPool(o).rewardReserve;
-        vm.assertEq(got, price, "split != price");
+        uint256 got = bsm.creditOf(o[0]) + bsm.creditOf(o[1]) + bsm.creditOf(treasury) + bsm.creditOf(developer)
+            + bsm.getPool(o[0]).rewardReserve + bsm.getPool(o[1]).rewardReserve;
+        vm.assertEq(got, 2 * price, "split != price");
         assertConserved();
     }
 
     function testFuzz_deadlineTiming(uint256 dt) public {
         dt = bound(dt, 0, 3 * EPOCH);
         vm.warp(block.timestamp + dt);
-        if (dt <= GRACE + EPOCH) vm.expectRevert();
+        if (dt <= GRACE + EPOCH + REVEAL_WINDOW) vm.expectRevert();
         bsm.finalizeEpoch(jobId, 0);
     }
 }

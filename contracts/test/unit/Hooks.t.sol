@@ -74,8 +74,9 @@ contract TangleCoreHarness {
 abstract contract HooksBase is BaseTest {
     uint8 internal constant JOIN = 1;
     uint8 internal constant LEAVE = 2;
-    uint8 internal constant SUBMIT_CHECKPOINT = 3;
-    uint8 internal constant FINALIZE = 4;
+    uint8 internal constant COMMIT = 3;
+    uint8 internal constant REVEAL = 4;
+    uint8 internal constant FINALIZE = 5;
 
     TangleCoreHarness internal tangle;
 
@@ -118,6 +119,22 @@ abstract contract HooksBase is BaseTest {
         return abi.encode(a, args, abi.encodePacked(r, s, v));
     }
 
+    /// Each of `voters` commits (h, p) by sending a result, then reveals once reveals are open.
+    function hookVote(uint256 jobId, address[] memory voters, bytes32 h, uint32[] memory p) internal {
+        uint256 e = state(jobId).epoch;
+        for (uint256 i; i < voters.length; ++i) {
+            bytes32 c = bsm.commitmentHash(jobId, e, voters[i], h, p, saltOf(voters[i], h));
+            vm.prank(voters[i]);
+            tangle.submitResult(COMMIT, abi.encode(jobId, e, c));
+        }
+        if (voters.length < bsm.getMembers(jobId).length) vm.warp(bsm.epochDeadline(jobId) + 1);
+        for (uint256 i; i < voters.length; ++i) {
+            vm.prank(voters[i]);
+            tangle.submitResult(REVEAL, abi.encode(jobId, e, h, p, saltOf(voters[i], h)));
+        }
+        if (voters.length < bsm.getMembers(jobId).length) vm.warp(bsm.revealDeadline(jobId) + 1);
+    }
+
     /// Finalizes through the hooks in pieces until the epoch ends; returns the calls made.
     function hookFinalize(uint256 jobId) internal returns (uint256 calls) {
         uint256 epoch = state(jobId).epoch;
@@ -158,12 +175,7 @@ contract HooksTest is HooksBase {
         tangle.submitJob(JOIN, signed(keyOf(3), JOIN, abi.encode(jobId)));
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
         for (uint256 e; e < 2; ++e) {
-            uint32[] memory p = fullParticipation(jobId);
-            address[] memory m = bsm.getMembers(jobId);
-            for (uint256 i; i < 3; ++i) {
-                vm.prank(m[i]);
-                tangle.submitResult(SUBMIT_CHECKPOINT, abi.encode(jobId, e, keccak256(abi.encode(e)), p));
-            }
+            hookVote(jobId, bsm.getMembers(jobId), keccak256(abi.encode(e)), fullParticipation(jobId));
             hookFinalize(jobId);
         }
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
@@ -270,6 +282,19 @@ contract HooksTest is HooksBase {
         tangle.submitJob(0, call_);
     }
 
+    /// `hookAction` runs only when the BSM calls itself from its hooks extension.
+    function test_revert_OnlySelf() public {
+        address a = op(1);
+        register(a, MIN_STAKE);
+        uint256 jobId = createJob(spec(2, 2, 1));
+        vm.prank(core);
+        vm.expectRevert(abi.encodeWithSelector(I.OnlySelf.selector, core));
+        bsm.hookAction(JOIN, a, abi.encode(jobId));
+        vm.prank(a);
+        vm.expectRevert(abi.encodeWithSelector(I.OnlySelf.selector, a));
+        bsm.hookAction(JOIN, a, abi.encode(jobId));
+    }
+
     function test_revert_InvalidSlashPercent() public {
         vm.expectRevert(abi.encodeWithSelector(I.InvalidSlashPercent.selector, 51));
         tangle.slash(staker, 51);
@@ -294,7 +319,7 @@ contract HookActorSpoofingTest is HooksBase {
     function test_hookActorSpoofing_cannotActAsOperator() public {
         address victim = op(1);
         register(victim, MIN_STAKE);
-        uint256 jobId = createJob(spec(1, 1, 1));
+        uint256 jobId = createJob(spec(2, 2, 1));
         // The old encoding: `abi.encode(actor, args)` naming the victim.
         vm.expectRevert();
         tangle.submitJob(JOIN, abi.encode(victim, abi.encode(jobId)));
@@ -347,13 +372,12 @@ contract HookGasCapTest is HooksBase {
         vm.assertEq(state(jobId).epoch, 1);
         vm.assertEq(bsm.creditOf(ops[31]), PRICE * 40 / 100);
         address[] memory m = bsm.getMembers(jobId);
-        uint32[] memory p = fullParticipation(jobId);
+        address[] memory voters = new address[](m.length - m.length / 3);
+        uint256 n;
         for (uint256 i; i < m.length; ++i) {
-            if (i % 3 == 2) continue;
-            vm.prank(m[i]);
-            tangle.submitResult(SUBMIT_CHECKPOINT, abi.encode(jobId, uint256(1), keccak256("c1"), p));
+            if (i % 3 != 2) voters[n++] = m[i];
         }
-        vm.warp(bsm.epochDeadline(jobId) + 1);
+        hookVote(jobId, voters, keccak256("c1"), fullParticipation(jobId));
         calls += hookFinalize(jobId);
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
         vm.assertLe(tangle.maxGas(), tangle.HOOK_GAS());

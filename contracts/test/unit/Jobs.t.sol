@@ -42,14 +42,19 @@ contract CreateJobTest is BaseTest {
         vm.prank(caller);
         vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorRange.selector, 3, 2, 32));
         bsm.createJob(s);
-        s = spec(1, 33, 1);
+        s = spec(2, 33, 1);
         vm.prank(caller);
-        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorRange.selector, 1, 33, 32));
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorRange.selector, 2, 33, 32));
+        bsm.createJob(s);
+        // Every epoch needs two members at least: nobody certifies its own checkpoint.
+        s = spec(1, 2, 1);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorRange.selector, 1, 2, 32));
         bsm.createJob(s);
     }
 
     function test_revert_InvalidSchedule() public {
-        I.JobSpec memory s = spec(1, 2, 1);
+        I.JobSpec memory s = spec(2, 2, 1);
         s.syncInterval = 41;
         vm.prank(caller);
         vm.expectRevert(abi.encodeWithSelector(I.InvalidSchedule.selector, 1, 40, 41));
@@ -57,7 +62,7 @@ contract CreateJobTest is BaseTest {
     }
 
     function test_revert_InvalidCompression() public {
-        I.JobSpec memory s = spec(1, 2, 1);
+        I.JobSpec memory s = spec(2, 2, 1);
         s.quantBits = 3;
         vm.prank(caller);
         vm.expectRevert(abi.encodeWithSelector(I.InvalidCompression.selector, 4, 3));
@@ -65,9 +70,9 @@ contract CreateJobTest is BaseTest {
     }
 
     function test_revert_InvalidEpochDuration() public {
-        I.JobSpec memory s = spec(1, 2, 1);
+        I.JobSpec memory s = spec(2, 2, 1);
         s.epochDuration = MIN_EPOCH - 1;
-        uint256 max = UNBONDING / 4 - GRACE;
+        uint256 max = UNBONDING / 4 - GRACE - REVEAL_WINDOW;
         vm.prank(caller);
         vm.expectRevert(abi.encodeWithSelector(I.InvalidEpochDuration.selector, MIN_EPOCH - 1, MIN_EPOCH, max));
         bsm.createJob(s);
@@ -79,9 +84,9 @@ contract CreateJobTest is BaseTest {
 
     function testFuzz_escrow(uint256 price, uint8 maxOps, uint32 epochs) public {
         price = bound(price, 1, 1e24);
-        maxOps = uint8(bound(maxOps, 1, 32));
+        maxOps = uint8(bound(maxOps, 2, 32));
         epochs = uint32(bound(epochs, 1, 1000));
-        I.JobSpec memory s = spec(1, maxOps, epochs);
+        I.JobSpec memory s = spec(2, maxOps, epochs);
         s.pricePerOperatorEpoch = price;
         uint256 escrow = price * maxOps * epochs;
         vm.deal(caller, escrow);
@@ -115,7 +120,7 @@ contract CancelJobTest is BaseTest {
     }
 
     function test_revert_JobNotOpen() public {
-        (uint256 jobId,) = runningJob(1, 2);
+        (uint256 jobId,) = runningJob(2, 2);
         vm.prank(caller);
         vm.expectRevert(abi.encodeWithSelector(I.JobNotOpen.selector, jobId, I.JobStatus.Running));
         bsm.cancelJob(jobId);
@@ -125,6 +130,43 @@ contract CancelJobTest is BaseTest {
         vm.prank(caller);
         vm.expectRevert(abi.encodeWithSelector(I.UnknownJob.selector, 99));
         bsm.cancelJob(99);
+    }
+
+    /// A job that lost its members waits `openTimeout` unpaid; then anyone may fail it, and
+    /// the caller (only the caller) gets the remaining escrow back.
+    function test_anyoneFailsAfterOpenTimeout() public {
+        (uint256 jobId, address[] memory ops) = runningJob(2, 3);
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        uint256 timeoutAt = block.timestamp + OPEN_TIMEOUT;
+        vm.prank(reporter);
+        vm.expectRevert(abi.encodeWithSelector(I.OpenTimeoutPending.selector, jobId, timeoutAt, block.timestamp));
+        bsm.cancelJob(jobId);
+        vm.warp(timeoutAt + 1);
+        uint256 escrow = state(jobId).escrow;
+        vm.assertEq(escrow, PRICE * 2 * 2, "two unpaid epochs left");
+        uint256 callerBefore = bsm.creditOf(caller);
+        vm.expectEmit();
+        emit I.JobFailed(jobId, escrow);
+        vm.prank(reporter);
+        bsm.cancelJob(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Failed));
+        vm.assertEq(bsm.creditOf(caller) - callerBefore, escrow);
+        vm.assertEq(bsm.creditOf(reporter), 0);
+        vm.assertEq(bsm.bondedOf(ops[1]), 0, "bond released");
+        assertConserved();
+    }
+
+    /// A stranger cannot end a job that never started (only its caller cancels it).
+    function test_revert_NotJobCaller_neverStarted() public {
+        uint256 jobId = createJob(spec(2, 4, 2));
+        vm.warp(block.timestamp + OPEN_TIMEOUT + 1);
+        vm.prank(reporter);
+        vm.expectRevert(abi.encodeWithSelector(I.NotJobCaller.selector, reporter, caller));
+        bsm.cancelJob(jobId);
     }
 }
 
@@ -172,7 +214,7 @@ contract JoinJobTest is BaseTest {
 
     function test_revert_JobFull() public {
         address[] memory ops = registerN(3);
-        uint256 jobId = createJob(spec(1, 2, 2));
+        uint256 jobId = createJob(spec(2, 2, 2));
         vm.prank(ops[0]);
         bsm.joinJob(jobId);
         vm.prank(ops[1]);
@@ -187,7 +229,7 @@ contract JoinJobTest is BaseTest {
         vm.deal(a, MIN_STAKE);
         vm.prank(a);
         bsm.registerOperator{value: MIN_STAKE}(peerKeyOf(a), addrsOf(1), "", 1 ether);
-        uint256 jobId = createJob(spec(1, 2, 2));
+        uint256 jobId = createJob(spec(2, 2, 2));
         vm.prank(a);
         vm.expectRevert(abi.encodeWithSelector(I.PriceBelowAsk.selector, PRICE, 1 ether));
         bsm.joinJob(jobId);
@@ -195,7 +237,7 @@ contract JoinJobTest is BaseTest {
 
     function test_revert_AttestationRequired() public {
         address[] memory ops = registerN(1);
-        I.JobSpec memory s = spec(1, 2, 2);
+        I.JobSpec memory s = spec(2, 2, 2);
         s.teeRequired = true;
         uint256 jobId = createJob(s);
         vm.prank(ops[0]);
@@ -208,24 +250,41 @@ contract JoinJobTest is BaseTest {
         vm.assertEq(bsm.getMembers(jobId).length, 1);
     }
 
-    function test_revert_StakeBelowMinimum() public {
+    function test_revert_InsufficientFreeStake() public {
         address[] memory ops = registerN(1);
         vm.prank(core);
         bsm.onSlash(0, abi.encode(ops[0]), 10);
-        uint256 jobId = createJob(spec(1, 2, 2));
+        uint256 jobId = createJob(spec(2, 2, 2));
         vm.prank(ops[0]);
-        vm.expectRevert(abi.encodeWithSelector(I.StakeBelowMinimum.selector, 0.9 ether, MIN_STAKE));
+        vm.expectRevert(abi.encodeWithSelector(I.InsufficientFreeStake.selector, 0.9 ether, MIN_STAKE));
         bsm.joinJob(jobId);
     }
 
-    function test_revert_JobNotOpen() public {
-        address[] memory ops = registerN(2);
-        uint256 jobId = createJob(spec(1, 2, 1));
+    /// Each seat bonds its own `seatBond`: 1 ETH of self-stake holds two 0.5 ETH seats, not three.
+    function test_revert_InsufficientFreeStake_seatsCostStake() public {
+        address[] memory ops = registerN(1);
+        for (uint256 i; i < 2; ++i) {
+            uint256 id = createJob(spec(2, 2, 1));
+            vm.prank(ops[0]);
+            bsm.joinJob(id);
+        }
+        vm.assertEq(bsm.bondedOf(ops[0]), 2 * SEAT_BOND);
+        uint256 third = createJob(spec(2, 2, 1));
         vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.InsufficientFreeStake.selector, MIN_STAKE, 3 * SEAT_BOND));
+        bsm.joinJob(third);
+    }
+
+    function test_revert_JobNotOpen() public {
+        address[] memory ops = registerN(3);
+        uint256 jobId = createJob(spec(2, 2, 1));
+        vm.prank(ops[0]);
+        bsm.joinJob(jobId);
+        vm.prank(ops[1]);
         bsm.joinJob(jobId);
         submitAll(jobId, keccak256("c"));
         finalize(jobId);
-        vm.prank(ops[1]);
+        vm.prank(ops[2]);
         vm.expectRevert(abi.encodeWithSelector(I.JobNotOpen.selector, jobId, I.JobStatus.Completed));
         bsm.joinJob(jobId);
     }
@@ -240,28 +299,38 @@ contract JoinJobTest is BaseTest {
 
 contract LeaveJobTest is BaseTest {
     function test_leavesAtBoundary() public {
-        (uint256 jobId, address[] memory ops) = runningJob(3, 3);
+        address[] memory ops = registerN(3);
+        uint256 jobId = createJob(spec(2, 3, 3));
+        joinAll(jobId, ops); // the second join starts epoch 0; the third waits for epoch 1
         vm.prank(ops[0]);
         bsm.leaveJob(jobId);
         vm.assertTrue(bsm.isLeaving(jobId, ops[0]));
-        vm.assertEq(bsm.getMembers(jobId).length, 3);
+        vm.assertEq(bsm.getMembers(jobId).length, 2);
         submitAll(jobId, keccak256("c0"));
         finalize(jobId);
-        // minOperators gates only the first epoch: the other two go on.
-        vm.assertEq(bsm.getMembers(jobId).length, 2);
+        // ops[0] left, ops[2] came in: still minOperators (2), the job goes on.
+        address[] memory m = bsm.getMembers(jobId);
+        vm.assertEq(m.length, 2);
+        vm.assertTrue(m[0] == ops[1] && m[1] == ops[2]);
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running));
         vm.assertEq(state(jobId).epoch, 1);
         vm.assertEq(bsm.getOperator(ops[0]).activeJobs, 0);
     }
 
-    function test_waitsOpenWhenNobodyRemains() public {
-        (uint256 jobId, address[] memory ops) = runningJob(1, 3);
+    /// Attack 3 (a lone member certifying itself): with one member left the job waits Open,
+    /// unpaid, until a second one joins.
+    function test_waitsOpenBelowMinOperators() public {
+        (uint256 jobId, address[] memory ops) = runningJob(2, 3);
         vm.prank(ops[0]);
         bsm.leaveJob(jobId);
         submitAll(jobId, keccak256("c0"));
         finalize(jobId);
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
-        // Any single operator restarts it at epoch 1.
+        vm.assertEq(bsm.getMembers(jobId).length, 1);
+        vm.prank(ops[1]);
+        vm.expectRevert(abi.encodeWithSelector(I.JobNotRunning.selector, jobId, I.JobStatus.Open));
+        bsm.commitCheckpoint(jobId, 1, keccak256("alone"));
+        // A second operator restarts it at epoch 1.
         address d = op(4);
         register(d, MIN_STAKE);
         vm.prank(d);
@@ -298,7 +367,7 @@ contract LeaveJobTest is BaseTest {
     }
 
     function test_revert_AlreadyLeaving() public {
-        (uint256 jobId, address[] memory ops) = runningJob(1, 2);
+        (uint256 jobId, address[] memory ops) = runningJob(2, 2);
         vm.prank(ops[0]);
         bsm.leaveJob(jobId);
         vm.prank(ops[0]);

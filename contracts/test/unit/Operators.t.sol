@@ -60,12 +60,28 @@ contract ConstructorTest is BaseTest {
         deployBSM(p);
     }
 
+    /// The unworkable compensation stays below what training pays the operator.
+    function test_revert_InvalidUnworkableComp() public {
+        I.Params memory p = defaultParams();
+        p.unworkableCompBps = p.operatorBps;
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidUnworkableComp.selector, p.operatorBps, p.operatorBps));
+        deployBSM(p);
+    }
+
+    function test_revert_UnbondingTooShort_revealWindow() public {
+        I.Params memory p = defaultParams();
+        p.revealWindow = UNBONDING / 4 - GRACE - MIN_EPOCH + 1;
+        vm.expectRevert(abi.encodeWithSelector(I.UnbondingTooShort.selector, UNBONDING, UNBONDING + 4));
+        deployBSM(p);
+    }
+
     function testFuzz_feeBps(uint16 a, uint16 b, uint16 c) public {
         a = uint16(bound(a, 0, 10000));
         b = uint16(bound(b, 0, 10000 - a));
         c = uint16(bound(c, 0, 10000 - a - b));
         I.Params memory p = defaultParams();
         (p.operatorBps, p.stakerBps, p.protocolBps, p.developerBps) = (a, b, c, 10000 - a - b - c);
+        p.unworkableCompBps = 0;
         IBSM d = deployBSM(p);
         vm.assertEq(d.params().developerBps, 10000 - a - b - c);
     }
@@ -173,7 +189,7 @@ contract DeregisterOperatorTest is BaseTest {
     }
 
     function test_revert_OperatorHasActiveJobs() public {
-        (, address[] memory ops) = runningJob(1, 1);
+        (, address[] memory ops) = runningJob(2, 1);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.OperatorHasActiveJobs.selector, ops[0], 1));
         bsm.deregisterOperator();

@@ -224,10 +224,10 @@ contract WithdrawUnbondedTest is BaseTest {
 
 contract ClaimRewardsTest is BaseTest {
     function test_stakersSharePoolReward() public {
-        address[] memory ops = registerN(1);
+        address[] memory ops = registerN(2);
         vm.prank(staker);
         bsm.delegate{value: 3 ether}(ops[0]); // pool: 1 ether self + 3 ether delegated
-        uint256 jobId = createJob(spec(1, 1, 2));
+        uint256 jobId = createJob(spec(2, 2, 2));
         joinAll(jobId, ops);
         submitAll(jobId, keccak256("ckpt0"));
         finalize(jobId);
