@@ -15,12 +15,15 @@ from .models import (
     Params,
     Pool,
     SlashReason,
+    Submission,
 )
+from .votes import UNWORKABLE, commitment_hash, new_salt
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BSM",
+    "UNWORKABLE",
     "Accounting",
     "Balances",
     "Event",
@@ -35,6 +38,9 @@ __all__ = [
     "Pool",
     "Receipt",
     "SlashReason",
+    "Submission",
+    "commitment_hash",
     "connect",
     "load_key",
+    "new_salt",
 ]

@@ -203,7 +203,8 @@ def chain_up(ctx: Ctx, accounts: int, balance: int) -> None:
     type=DURATION,
     default="7d",
     show_default=True,
-    help="Unbonding period; an epoch spans at most a quarter of it (grace + duration).",
+    help="Unbonding period; an epoch spans at most a quarter of it (grace + duration + "
+    "reveal window).",
 )
 @click.option(
     "--min-epoch",
@@ -220,11 +221,40 @@ def chain_up(ctx: Ctx, accounts: int, balance: int) -> None:
     help="Time between an epoch's start condition and the start of its duration.",
 )
 @click.option(
+    "--reveal-window",
+    type=DURATION,
+    default="10m",
+    show_default=True,
+    help="Time after an epoch's commit deadline in which members reveal their votes.",
+)
+@click.option(
+    "--open-timeout",
+    type=DURATION,
+    default="1d",
+    show_default=True,
+    help="How long a started job may wait for members before anyone may fail it (refund).",
+)
+@click.option(
+    "--min-seat-bond",
+    type=AMOUNT,
+    default="0.1ether",
+    show_default=True,
+    help="Least self-stake a job may ask each member to bond for its seat.",
+)
+@click.option(
     "--max-bounty",
     type=AMOUNT,
     default="0.01ether",
     show_default=True,
     help="Cap on a finalizer's reward from one epoch's slashes (the rest goes to the treasury).",
+)
+@click.option(
+    "--unworkable-comp-bps",
+    type=click.IntRange(0, 10_000),
+    default=1000,
+    show_default=True,
+    help="Paid (bps of the price) to each member whose UNWORKABLE vote reached quorum; "
+    "below the operator share.",
 )
 @click.option("--max-operators", default=32, show_default=True)
 @click.option(
@@ -249,7 +279,11 @@ def deploy(
     unbonding: int,
     min_epoch: int,
     start_grace: int,
+    reveal_window: int,
+    open_timeout: int,
+    min_seat_bond: int,
     max_bounty: int,
+    unworkable_comp_bps: int,
     max_operators: int,
     split: str,
     slash: str,
@@ -272,10 +306,14 @@ def deploy(
         dropout_slash_bps=drop,
         sync_fail_slash_bps=sync,
         min_stake=min_stake,
+        min_seat_bond=min_seat_bond,
         unbonding_period=unbonding,
         min_epoch_duration=min_epoch,
         start_grace=start_grace,
+        reveal_window=reveal_window,
+        open_timeout=open_timeout,
         max_reporter_bounty=max_bounty,
+        unworkable_comp_bps=unworkable_comp_bps,
         max_operators=max_operators,
     )
     bsm = BSM.deploy(ctx.rpc_url, account, params)
@@ -325,7 +363,7 @@ def operator_info(ctx: Ctx, address: str | None) -> None:
         [
             f"operator    {o.address}",
             f"registered  {o.registered}",
-            f"self-stake  {format_eth(o.self_stake)}",
+            f"self-stake  {format_eth(o.self_stake)} ({format_eth(o.bonded)} bonded to seats)",
             f"pool        {format_eth(o.pool.total_assets if o.pool else 0)}",
             f"active jobs {o.active_jobs}",
             f"min price   {format_eth(o.min_price_per_epoch)}",
@@ -384,7 +422,6 @@ TX_HELP = {
     "undelegate": "Queue AMOUNT of a delegation for unbonding.\n\n"
     "Example: dtrain stake undelegate 0xabc... 1ether",
     "withdraw": "Credit unbonded stake once unlocked (then `dtrain rewards withdraw`).",
-    "cancel": "Cancel an open job and credit its escrow back. Example: dtrain job cancel 1",
 }
 
 
@@ -396,11 +433,23 @@ def job() -> None:
     """Submit, inspect, watch and cancel training jobs."""
 
 
+MIN_OPERATORS = 2  # an epoch needs two members: a 2/3 quorum of one would check nothing
+
+
 def _operators(text: str) -> tuple[int, int]:
     lo, _, hi = text.partition(":")
     if not lo.isdigit() or (hi and not hi.isdigit()):
         raise click.BadParameter("use MIN:MAX, e.g. 3:4", param_hint="--operators")
-    return int(lo), int(hi or lo)
+    low, high = int(lo), int(hi or lo)
+    if low < MIN_OPERATORS:
+        raise click.BadParameter(
+            f"a job needs at least {MIN_OPERATORS} operators (votes are checked by a 2/3 "
+            f"quorum of its members), got {low}",
+            param_hint="--operators",
+        )
+    if high < low:
+        raise click.BadParameter(f"MAX {high} is below MIN {low}", param_hint="--operators")
+    return low, high
 
 
 @job.command("submit", epilog=f"Example: {EXAMPLES['submit']}")
@@ -416,9 +465,20 @@ def _operators(text: str) -> tuple[int, int]:
     "--sync", "sync_interval", default=10, show_default=True, help="DeMo sync every K steps."
 )
 @click.option(
-    "--operators", "operators_range", default="1:3", show_default=True, help="MIN:MAX operators."
+    "--operators",
+    "operators_range",
+    default="2:3",
+    show_default=True,
+    help="MIN:MAX operators (MIN at least 2).",
 )
 @click.option("--price", type=AMOUNT, required=True, help="Price per operator-epoch.")
+@click.option(
+    "--seat-bond",
+    type=AMOUNT,
+    default=None,
+    help="Self-stake each member bonds for its seat while in the job "
+    "[default: the deployment's minimum seat bond].",
+)
 @click.option("--epoch-duration", type=DURATION, default="1h", show_default=True)
 @click.option("--model-hash", default="0x" + "00" * 32, help="Model config or base checkpoint.")
 @click.option("--model-uri", default="")
@@ -436,6 +496,7 @@ def job_submit(
     sync_interval: int,
     operators_range: str,
     price: int,
+    seat_bond: int | None,
     epoch_duration: int,
     model_hash: str,
     model_uri: str,
@@ -445,8 +506,12 @@ def job_submit(
     quant_bits: str,
     tee: bool,
 ) -> None:
-    """Create a job, escrowing price x max operators x epochs."""
+    """Create a job, escrowing price x max operators x epochs.
+
+    Each member bonds --seat-bond of its self-stake while in the job.
+    """
     lo, hi = _operators(operators_range)
+    bsm = ctx.bsm()
     spec = JobSpec(
         price_per_operator_epoch=price,
         total_epochs=epochs,
@@ -463,30 +528,44 @@ def job_submit(
         quant_bits=int(quant_bits),
         epoch_duration=epoch_duration,
         tee_required=tee,
+        seat_bond=seat_bond or bsm.params().min_seat_bond,
     )
-    job_id = ctx.bsm().create_job(spec)
+    job_id = bsm.create_job(spec)
     emit(
         ctx,
-        {"job_id": job_id, "escrow": spec.escrow},
-        f"job {job_id} created, {format_eth(spec.escrow)} escrowed",
+        {"job_id": job_id, "escrow": spec.escrow, "seat_bond": spec.seat_bond},
+        f"job {job_id} created, {format_eth(spec.escrow)} escrowed, "
+        f"{format_eth(spec.seat_bond)} seat bond",
     )
 
 
 def _job_lines(j: Any) -> str:
     s, st = j.spec, j.state
+    lines = [
+        f"job {j.id}  {s.method.name}  {st.status.name.lower()}",
+        f"  caller      {st.caller}",
+        f"  epoch       {st.epoch} of {s.total_epochs}  (attempt {st.attempt}, "
+        f"failed {st.failed_epochs})",
+        f"  members     {len(j.members)} (min {s.min_operators}, max {s.max_operators}), "
+        f"{len(j.pending_joins)} joining",
+        f"  votes       {j.committed} committed, {j.revealed} revealed",
+    ]
+    if j.deadline:
+        lines.append(f"  deadlines   commit {_when(j.deadline)}, reveal {_when(j.reveal_deadline)}")
     return "\n".join(
         [
-            f"job {j.id}  {s.method.name}  {st.status.name.lower()}",
-            f"  caller      {st.caller}",
-            f"  epoch       {st.epoch} of {s.total_epochs}  (attempt {st.attempt}, "
-            f"failed {st.failed_epochs})",
-            f"  members     {len(j.members)} (min {s.min_operators}, max {s.max_operators}), "
-            f"{j.submitted} submitted, {len(j.pending_joins)} joining",
+            *lines,
             f"  price       {format_eth(s.price_per_operator_epoch)} per operator-epoch",
+            f"  seat bond   {format_eth(s.seat_bond)} of each member's self-stake",
             f"  escrow      {format_eth(st.escrow)} unearned",
             f"  checkpoint  0x{st.checkpoint.hex()}",
         ]
     )
+
+
+def _when(ts: int) -> str:
+    """A unix time as UTC and as itself (block times are compared to it)."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(ts))} UTC ({ts})"
 
 
 @job.command("status")
@@ -520,11 +599,34 @@ for _tx in (
     TxCommand(stake_group, "delegate", "op amount", "delegated {amount} to {op}"),
     TxCommand(stake_group, "undelegate", "op amount", "unbonding {amount} from {op}"),
     TxCommand(stake_group, "withdraw", "op", "unbonded stake credited", "withdraw_unbonded"),
-    TxCommand(
-        job, "cancel", "job", "job {job} cancelled; escrow credited, see rewards", "cancel_job"
-    ),
 ):
     _tx.register()
+
+
+@job.command("cancel")
+@click.argument("job_id", type=int)
+@pass_ctx
+def job_cancel(ctx: Ctx, job_id: int) -> None:
+    """End an open job; its escrow is credited back to its caller.
+
+    The caller may cancel its open job at any time. Anyone may end a job that started and has
+    since waited the deployment's open timeout for members (it then fails).
+
+    Example: dtrain job cancel 1
+    """
+    rc = ctx.bsm().cancel_job(job_id)
+    if rc.all("JobFailed"):
+        refund = rc.first("JobFailed").args["refund"]
+        human = (
+            f"job {job_id} failed: it waited the open timeout for members; "
+            f"{format_eth(refund)} of escrow credited to its caller"
+        )
+        outcome = "failed"
+    else:
+        refund = rc.first("JobCancelled").args["refund"]
+        human = f"job {job_id} cancelled; {format_eth(refund)} of escrow credited, see rewards"
+        outcome = "cancelled"
+    emit(ctx, {"tx": rc.tx_hash, "status": outcome, "refund": refund}, human)
 
 
 @job.command("finalize")
@@ -538,7 +640,8 @@ def job_finalize(ctx: Ctx, job_id: int) -> None:
     bsm = ctx.bsm()
     epoch = bsm.job(job_id).state.epoch
     rc = bsm.finalize_epoch(job_id, epoch)
-    names = [e.name for e in rc.events if e.name in ("EpochFinalized", "EpochFailed", "Slashed")]
+    shown = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted", "JobCompleted", "JobFailed")
+    names = [e.name for e in rc.events if e.name in shown]
     emit(ctx, {"tx": rc.tx_hash, "events": names}, f"epoch {epoch} settled: {', '.join(names)}")
 
 
@@ -558,7 +661,7 @@ def job_watch(ctx: Ctx, job_id: int, from_block: int, follow: bool, poll: float)
         return done["flag"]
 
     def show(e: Any) -> None:
-        if e.name in ("JobCompleted", "JobFailed", "JobCancelled"):
+        if e.name in ("JobCompleted", "JobFailed", "JobCancelled", "JobAborted"):
             done["flag"] = True
         args = {k: ("0x" + v.hex() if isinstance(v, bytes) else v) for k, v in e.args.items()}
         emit(

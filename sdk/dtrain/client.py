@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import requests
@@ -48,13 +48,15 @@ JOB_EVENTS = (
     "JoinRequested",
     "LeaveRequested",
     "EpochStarted",
-    "CheckpointSubmitted",
+    "CheckpointCommitted",
+    "CheckpointRevealed",
     "EpochFinalized",
     "EpochFailed",
     "OperatorPaid",
     "Slashed",
     "JobCompleted",
     "JobFailed",
+    "JobAborted",
 )
 
 
@@ -375,11 +377,17 @@ class BSM:
     # ------------------------------------------------------------------ jobs
 
     def create_job(self, spec: m.JobSpec) -> int:
-        """Creates a job escrowing `spec.escrow`; returns its id."""
+        """Creates a job escrowing `spec.escrow`; returns its id. A `seat_bond` of 0 asks for
+        the deployment's `min_seat_bond` (read from `params()`)."""
+        if spec.seat_bond == 0:
+            spec = replace(spec, seat_bond=self.params().min_seat_bond)
         rc = self._transact(self.contract.functions.createJob(spec.as_tuple()), spec.escrow)
         return int(rc.first("JobCreated").args["jobId"])
 
     def cancel_job(self, job_id: int) -> Receipt:
+        """Ends an `Open` job, its escrow credited to its caller: `JobCancelled` when the sender
+        is the caller; `JobFailed` when anyone else ends a job that started and has since waited
+        `open_timeout` for members (before that: `OpenTimeoutPending`)."""
         return self._transact(self.contract.functions.cancelJob(job_id))
 
     def join_job(self, job_id: int) -> Receipt:
@@ -388,13 +396,32 @@ class BSM:
     def leave_job(self, job_id: int) -> Receipt:
         return self._transact(self.contract.functions.leaveJob(job_id))
 
-    def submit_checkpoint(
-        self, job_id: int, epoch: int, checkpoint: bytes, participation: list[int]
-    ) -> Receipt:
-        f = self.contract.functions.submitCheckpoint(
-            job_id, epoch, _b32(checkpoint), list(participation)
-        )
+    def commit_checkpoint(self, job_id: int, epoch: int, commitment: bytes) -> Receipt:
+        """Commits the sender's hidden vote before the epoch's deadline; `commitment` is
+        `dtrain.commitment_hash(job_id, epoch, sender, checkpoint, participation, salt)`."""
+        f = self.contract.functions.commitCheckpoint(job_id, epoch, _b32(commitment))
         return self._transact(f)
+
+    def reveal_checkpoint(
+        self,
+        job_id: int,
+        epoch: int,
+        checkpoint: bytes,
+        participation: Sequence[int],
+        salt: bytes,
+        gas: int | None = None,
+    ) -> Receipt:
+        """Reveals the committed vote: after the commit deadline (or once every member
+        committed) and until `reveal_deadline`. `checkpoint` may be `dtrain.UNWORKABLE`.
+
+        With `gas`, the transaction is sent without estimation (see `finalize_epoch`): right
+        after the deadline, a chain that mines only on transactions would estimate against a
+        block from before it and refuse with `RevealNotOpen`.
+        """
+        f = self.contract.functions.revealCheckpoint(
+            job_id, epoch, _b32(checkpoint), [int(p) for p in participation], _b32(salt)
+        )
+        return self._transact(f, gas=gas)
 
     def finalize_epoch(self, job_id: int, epoch: int, gas: int | None = None) -> Receipt:
         """Settles the epoch; the sender earns the reporter bounty of any slash.
@@ -410,7 +437,8 @@ class BSM:
         return m.Params.from_struct(self._read("params"))
 
     def max_epoch_duration(self) -> int:
-        """Longest `epoch_duration` a job may ask for: unbonding_period / 4 - start_grace."""
+        """Longest `epoch_duration` a job may ask for: unbonding_period / 4 - start_grace -
+        reveal_window."""
         return int(self._read("maxEpochDuration"))
 
     def reward_period(self) -> int:
@@ -428,7 +456,13 @@ class BSM:
     def operator(self, address: str) -> m.Operator:
         a = _addr(address)
         info = self._read("getOperator", a)
-        return m.Operator.from_struct(info, a, self_stake=self.stake_of(a, a), pool=self.pool(a))
+        stake, pool, bonded = self.stake_of(a, a), self.pool(a), self.bonded_of(a)
+        return m.Operator.from_struct(info, a, self_stake=stake, pool=pool, bonded=bonded)
+
+    def bonded_of(self, operator: str) -> int:
+        """Self-stake `operator` has bonded to its seats (the sum of its jobs' seat bonds): it
+        cannot be unstaked (`StakeBonded`) nor bond another seat (`InsufficientFreeStake`)."""
+        return int(self._read("bondedOf", _addr(operator)))
 
     def pool(self, operator: str) -> m.Pool:
         return m.Pool.from_struct(self._read("getPool", _addr(operator)))
@@ -465,16 +499,29 @@ class BSM:
         state = m.JobState.from_struct(got["state"])
         if state.status == m.JobStatus.NONE:
             raise CONTRACT_ERRORS["UnknownJob"](job_id)
+        committed, revealed = self.vote_counts(job_id, at)
         return m.Job(
             id=job_id,
             spec=m.JobSpec.from_struct(got["spec"]),
             state=state,
             members=tuple(self._call(f.getMembers(job_id), at)),
             pending_joins=tuple(self._call(f.getPendingJoins(job_id), at)),
-            submitted=int(self._call(f.submittedCount(job_id), at)),
+            committed=committed,
+            revealed=revealed,
             deadline=int(self._call(f.epochDeadline(job_id), at)),
+            reveal_deadline=self.reveal_deadline(job_id, at),
             block=at,
         )
+
+    def vote_counts(self, job_id: int, block: int | str = "latest") -> tuple[int, int]:
+        """(committed, revealed): members that committed and revealed in the epoch in progress."""
+        out = self._read("voteCounts", job_id, block=block)
+        return int(out["committed"]), int(out["revealed"])
+
+    def reveal_deadline(self, job_id: int, block: int | str = "latest") -> int:
+        """Unix time until which reveals are accepted: the epoch's deadline + reveal_window
+        (0 when no epoch is running)."""
+        return int(self._read("revealDeadline", job_id, block=block))
 
     def latest_block_timestamp(self) -> int:
         """Unix time of the latest block. A chain that mines only on transactions (anvil)
@@ -495,9 +542,11 @@ class BSM:
 
     def submission_of(
         self, job_id: int, operator: str, block: int | str = "latest"
-    ) -> tuple[bytes, bytes]:
-        out = self._read("submissionOf", job_id, _addr(operator), block=block)
-        return bytes(out["checkpoint"]), bytes(out["voteKey"])
+    ) -> m.Submission:
+        """`operator`'s commitment and revealed vote in the epoch in progress."""
+        return m.Submission.from_struct(
+            self._read("submissionOf", job_id, _addr(operator), block=block)
+        )
 
     def accounting(self) -> m.Accounting:
         return m.Accounting.from_struct(self._read("accounting"))

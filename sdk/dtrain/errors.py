@@ -63,7 +63,7 @@ class ContractError(DtrainError):
     def describe(self) -> str:
         """The error's NatSpec notice with each `argument` replaced by its decoded value;
         arguments the notice does not mention follow in parentheses."""
-        fields = {name: _fmt(name, v) for name, v in self.args_by_name.items()}
+        fields = {name: _fmt(self.error_name, name, v) for name, v in self.args_by_name.items()}
         template = MESSAGES.get(self.error_name, "")
         if not template:
             inner = ", ".join(f"{k}={v}" for k, v in fields.items())
@@ -84,25 +84,30 @@ class ContractError(DtrainError):
 
 _ARGUMENT = re.compile(r"`(\w+)`")
 
-_AMOUNT_NAMES = {
-    "stake",
-    "minStake",
-    "requested",
-    "available",
-    "amount",
-    "price",
-    "ask",
-    "expected",
-    "sent",
-    "declared",
+# Arguments in wei, shown in ETH, per error (a name alone is ambiguous: `needed` is seconds in
+# UnbondingTooShort, `expected` a member count in ParticipationLength).
+AMOUNTS: dict[str, frozenset[str]] = {
+    "StakeBelowMinimum": frozenset({"stake", "minStake"}),
+    "InsufficientStake": frozenset({"requested", "available"}),
+    "TransferFailed": frozenset({"amount"}),
+    "PriceBelowAsk": frozenset({"price", "ask"}),
+    "WrongEscrow": frozenset({"expected", "sent"}),
+    "InsufficientFreeStake": frozenset({"selfStake", "needed"}),
+    "StakeBonded": frozenset({"remaining", "needed"}),
+    "SeatBondTooLow": frozenset({"seatBond", "minSeatBond"}),
 }
 _STATUS = ["None", "Open", "Running", "Completed", "Failed", "Cancelled"]
 
 
-def _fmt(name: str, value: Any) -> str:
+def is_amount(error: str, name: str) -> bool:
+    """Whether argument `name` of contract error `error` is an amount of wei."""
+    return name in AMOUNTS.get(error, ())
+
+
+def _fmt(error: str, name: str, value: Any) -> str:
     from .units import format_eth
 
-    if name in _AMOUNT_NAMES and isinstance(value, int):
+    if is_amount(error, name) and isinstance(value, int):
         return format_eth(value)
     if name == "status" and isinstance(value, int) and value < len(_STATUS):
         return _STATUS[value]
@@ -176,6 +181,7 @@ SELECTORS: dict[bytes, type[ContractError]] = {_selector(c): c for c in CONTRACT
 def decode_revert(data: str | bytes | None) -> DtrainError:
     """The exception for revert data: a ContractError subclass when the selector is known."""
     from eth_abi import decode
+    from eth_utils import to_checksum_address
 
     if isinstance(data, str):
         data = bytes.fromhex(data.removeprefix("0x"))
@@ -184,10 +190,15 @@ def decode_revert(data: str | bytes | None) -> DtrainError:
     cls = SELECTORS.get(data[:4])
     if cls is None:
         return TransactionFailed(f"transaction reverted with unknown data 0x{data.hex()}")
+    types = cls.abi_types  # type: ignore[attr-defined]
     try:
-        values = decode(list(cls.abi_types), data[4:])  # type: ignore[attr-defined]
+        values = decode(list(types), data[4:])
     except Exception:  # malformed revert data from a foreign contract
         return TransactionFailed(f"transaction reverted with malformed {cls.error_name} data")
+    # Addresses as web3 gives them everywhere else (events, reads): checksummed.
+    values = [
+        to_checksum_address(v) if t == "address" else v for t, v in zip(types, values, strict=True)
+    ]
     return cls(*values)
 
 

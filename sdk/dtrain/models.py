@@ -127,14 +127,19 @@ class Params(Decoded):
     sync_fail_slash_bps: int = 200
     reporter_bounty_bps: int = 1000
     sync_threshold_bps: int = 5000
+    # Paid to each member whose UNWORKABLE vote reached quorum (bps of the job's price).
+    unworkable_comp_bps: int = 1000
     max_operators: int = 32
     max_failed_epochs: int = 3
     unbonding_period: int = 7 * 86400
-    # An epoch spans at most unbonding_period / 4 (start_grace + epoch_duration).
+    # An epoch spans at most unbonding_period / 4 (start_grace + epoch_duration + reveal_window).
     min_epoch_duration: int = 60
     start_grace: int = 30
+    reveal_window: int = 600
+    open_timeout: int = 86400
     max_reporter_bounty: int = 10**16
     min_stake: int = 10**18
+    min_seat_bond: int = 10**17
     core: str = "0x0000000000000000000000000000000000000000"
 
     def as_tuple(self) -> tuple:
@@ -144,7 +149,11 @@ class Params(Decoded):
 
 @dataclass(frozen=True)
 class JobSpec(Decoded):
-    """What a caller pays for. Escrow = price x max_operators x total_epochs."""
+    """What a caller pays for. Escrow = price x max_operators x total_epochs.
+
+    `seat_bond` is the self-stake each member bonds for its seat; 0 (the default) stands for the
+    deployment's `min_seat_bond`, which `BSM.create_job` fills in from `params()` (a job read
+    back always holds the bond the contract stored)."""
 
     CONVERT: ClassVar = {"method": Method, "model_hash": bytes, "dataset_hash": bytes}
 
@@ -152,7 +161,7 @@ class JobSpec(Decoded):
     total_epochs: int = 1
     steps_per_epoch: int = 100
     sync_interval: int = 10
-    min_operators: int = 1
+    min_operators: int = 2
     max_operators: int = 3
     method: Method = Method.CPT
     model_hash: bytes = ZERO32
@@ -163,6 +172,7 @@ class JobSpec(Decoded):
     quant_bits: int = 2
     epoch_duration: int = 3600
     tee_required: bool = False
+    seat_bond: int = 0
 
     @property
     def escrow(self) -> int:
@@ -198,9 +208,31 @@ class Job:
     state: JobState
     members: tuple[str, ...] = ()
     pending_joins: tuple[str, ...] = ()
-    submitted: int = 0
-    deadline: int = 0
+    committed: int = 0  # members that committed a vote in the epoch in progress
+    revealed: int = 0  # members that revealed it
+    deadline: int = 0  # commit deadline of the epoch in progress (0 when not running)
+    reveal_deadline: int = 0  # deadline + reveal_window (0 when not running)
     block: int = 0  # the block this snapshot was read at
+
+
+@dataclass(frozen=True)
+class Submission(Decoded):
+    """A member's vote in the epoch in progress (`submissionOf`): its commitment, and once
+    revealed the checkpoint (or `UNWORKABLE`) and the vote's key; zero bytes when none."""
+
+    CONVERT: ClassVar = {"commitment": bytes, "checkpoint": bytes, "vote_key": bytes}
+
+    commitment: bytes
+    checkpoint: bytes
+    vote_key: bytes
+
+    @property
+    def is_committed(self) -> bool:
+        return self.commitment != ZERO32
+
+    @property
+    def is_revealed(self) -> bool:
+        return self.vote_key != ZERO32
 
 
 @dataclass(frozen=True)
@@ -217,14 +249,16 @@ class Operator:
     attestation_verifier: str
     self_stake: int = 0
     pool: Pool | None = None
+    bonded: int = 0  # self-stake bonded by the operator's seats (sum of its jobs' seat bonds)
 
     @classmethod
     def from_struct(
-        cls, struct: Mapping[str, Any], address: str, self_stake: int, pool: Pool
+        cls, struct: Mapping[str, Any], address: str, self_stake: int, pool: Pool, bonded: int = 0
     ) -> Operator:
         """From `getOperator`'s `OperatorInfo`, plus the stake reads it does not hold."""
         conv = {"peer_key": bytes, "multiaddrs": tuple, "attestation_report": bytes}
-        return from_struct(cls, struct, conv, address=address, self_stake=self_stake, pool=pool)
+        extra = {"address": address, "self_stake": self_stake, "pool": pool, "bonded": bonded}
+        return from_struct(cls, struct, conv, **extra)
 
     @property
     def peer_id_bytes(self) -> bytes:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 from harness.chain import ETH
 
 from dtrain.chain import DevAccount, LocalChain
-from dtrain.client import BSM, NONCES
+from dtrain.client import BSM, NONCES, Receipt
 from dtrain.models import Params
+from dtrain.votes import commitment_hash, new_salt
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +54,44 @@ def as_account(bsm: BSM, accounts: list[DevAccount]):
         return bsm.with_account(accounts[i].key)
 
     return _as
+
+
+class Votes:
+    """Commit-reveal votes as a member casts them, remembering each vote's salt."""
+
+    def __init__(self) -> None:
+        self._votes: dict[tuple[str, int, int], tuple[bytes, list[int], bytes]] = {}
+
+    def commit(
+        self, op: BSM, job_id: int, epoch: int, checkpoint: bytes, participation: Sequence[int]
+    ) -> Receipt:
+        salt = new_salt()
+        c = commitment_hash(job_id, epoch, op.sender, checkpoint, participation, salt)
+        rc = op.commit_checkpoint(job_id, epoch, c)  # a refused commitment replaces no vote
+        self._votes[(op.sender, job_id, epoch)] = (checkpoint, list(participation), salt)
+        return rc
+
+    def vote_of(self, op: BSM, job_id: int, epoch: int) -> tuple[bytes, list[int], bytes]:
+        """(checkpoint, participation, salt) `op` committed to."""
+        return self._votes[(op.sender, job_id, epoch)]
+
+    def reveal(self, op: BSM, job_id: int, epoch: int) -> Receipt:
+        return op.reveal_checkpoint(job_id, epoch, *self.vote_of(op, job_id, epoch))
+
+    def cast(
+        self,
+        ops: Sequence[BSM],
+        job_id: int,
+        epoch: int,
+        checkpoint: bytes,
+        participation: Sequence[int],
+    ) -> list[Receipt]:
+        """Every op commits, then every op reveals (reveals open once all members committed)."""
+        for op in ops:
+            self.commit(op, job_id, epoch, checkpoint, participation)
+        return [self.reveal(op, job_id, epoch) for op in ops]
+
+
+@pytest.fixture
+def votes() -> Votes:
+    return Votes()

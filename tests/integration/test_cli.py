@@ -7,13 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from harness.chain import ETH, peer_key
+from harness.chain import ETH, advance, peer_key
 from web3 import Web3
 
 from dtrain.cli import main
 from dtrain.client import BSM
+from dtrain.models import Params
 
 DTRAIN = [sys.executable, "-m", "dtrain.cli"]
 
@@ -68,6 +70,14 @@ def test_deploy_prints_address(run, chain, accounts) -> None:
         "10s",
         "--max-bounty",
         "0.001ether",
+        "--reveal-window",
+        "90s",
+        "--open-timeout",
+        "2h",
+        "--min-seat-bond",
+        "0.25ether",
+        "--unworkable-comp-bps",
+        "500",
         key=accounts[0].key,
     )
     assert code == 0, err
@@ -76,16 +86,33 @@ def test_deploy_prints_address(run, chain, accounts) -> None:
     assert len(w3.eth.get_code(address)) > 0
     p = BSM.attach(chain.url, address).params()
     assert (p.min_epoch_duration, p.start_grace, p.max_reporter_bounty) == (120, 10, 10**15)
+    assert (p.reveal_window, p.open_timeout, p.unworkable_comp_bps) == (90, 7200, 500)
+    assert p.min_seat_bond == ETH // 4
+
+
+def test_deploy_defaults_are_the_sdk_defaults(run, chain, accounts) -> None:
+    code, out, err = run("--json", "deploy", key=accounts[0].key)
+    assert code == 0, err
+    p = BSM.attach(chain.url, json.loads(out)["address"]).params()
+    defaults = Params(treasury=accounts[0].address, developer=accounts[0].address)
+    assert p == defaults
+    assert (p.reveal_window, p.open_timeout, p.min_seat_bond) == (600, 86400, ETH // 10)
+
+
+def test_deploy_rejects_a_compensation_above_the_operator_share(run, accounts) -> None:
+    code, _, err = run("deploy", "--unworkable-comp-bps", "4000", key=accounts[0].key)
+    assert code == 1
+    assert "unworkable compensation 4000 bps must be below the operator share 4000" in err, err
 
 
 def test_deploy_rejects_short_unbonding(run, accounts) -> None:
     """Epochs must fit in a quarter of the unbonding period: the constructor says why not."""
     code, _, err = run("deploy", "--unbonding", "100s", "--min-epoch", "60s", key=accounts[0].key)
     assert code != 0
-    assert "unbonding period 100s is shorter than 360s" in err, err
+    assert "unbonding period 100s is shorter than 2760s" in err, err  # 4 x (30 + 60 + 600)
 
 
-def test_operator_staker_caller_session(run, bsm, accounts) -> None:
+def test_operator_staker_caller_session(run, bsm, accounts, votes) -> None:
     op_keys = [accounts[i].key for i in (1, 2, 3)]
     for i, k in enumerate(op_keys):
         code, out, err = run(
@@ -124,21 +151,37 @@ def test_operator_staker_caller_session(run, bsm, accounts) -> None:
         "3:3",
         "--price",
         "0.01ether",
+        "--seat-bond",
+        "0.5ether",
         key=accounts[4].key,
     )
     assert code == 0, err
     job_id = json.loads(out)["job_id"]
     assert json.loads(out)["escrow"] == 3 * ETH // 100
+    assert json.loads(out)["seat_bond"] == ETH // 2
     for k in op_keys:
         assert run("operator", "join", str(job_id), key=k)[0] == 0
+    code, out, _ = run("operator", "info", accounts[1].address)
+    assert "self-stake  1.5 ETH (0.5 ETH bonded to seats)" in out
     code, out, _ = run("--json", "job", "status", str(job_id))
     status = json.loads(out)
     assert status["state"]["status"] == "running" and len(status["members"]) == 3
-    for k in op_keys:
-        bsm.with_account(k).submit_checkpoint(job_id, 0, b"\x07" * 32, [2, 2, 2])
+    assert status["spec"]["seat_bond"] == ETH // 2
+    assert (status["committed"], status["revealed"]) == (0, 0)
+    assert status["reveal_deadline"] == status["deadline"] + bsm.params().reveal_window > 0
+    ops = [bsm.with_account(k) for k in op_keys]
+    for op in ops:
+        votes.commit(op, job_id, 0, b"\x07" * 32, [2, 2, 2])
+    votes.reveal(ops[0], job_id, 0)
+    code, out, _ = run("job", "status", str(job_id))
+    assert "votes       3 committed, 1 revealed" in out
+    assert f"reveal {time.strftime('%Y-%m-%d', time.gmtime(status['reveal_deadline']))}" in out
+    assert f"({status['reveal_deadline']})" in out and "seat bond   0.5 ETH" in out
+    for op in ops[1:]:
+        votes.reveal(op, job_id, 0)
     code, out, err = run("job", "finalize", str(job_id), key=accounts[6].key)
     assert code == 0, err
-    assert "EpochFinalized" in out
+    assert "EpochFinalized" in out and "JobCompleted" in out
     code, out, _ = run("job", "list")
     assert f"{job_id:>4}  DPO   completed" in out
     code, out, _ = run("--json", "job", "watch", str(job_id), "--no-follow")
@@ -161,11 +204,16 @@ def test_operator_staker_caller_session(run, bsm, accounts) -> None:
     assert json.loads(out)["amount"] == reward
 
 
-def test_cancel_and_unstake(run, accounts) -> None:
+def test_cancel_and_unstake(run, bsm, accounts) -> None:
     code, out, _ = run("--json", "job", "submit", "--price", "1gwei", key=accounts[4].key)
     job_id = json.loads(out)["job_id"]
+    assert json.loads(out)["seat_bond"] == bsm.params().min_seat_bond  # the default
+    assert bsm.job(job_id).spec.min_operators == 2  # the default --operators 2:3
+    code, out, err = run("job", "cancel", str(job_id), key=accounts[6].key)
+    assert code == 1 and err.startswith("error: ") and "is not the caller" in err, err
     code, out, err = run("job", "cancel", str(job_id), key=accounts[4].key)
     assert code == 0, err
+    assert out.startswith(f"job {job_id} cancelled; 0.000000003 ETH of escrow credited")
     code, out, _ = run("--json", "rewards", "show", accounts[4].address)
     assert json.loads(out)["credit"] == 3 * 10**9
     run(
@@ -198,6 +246,24 @@ def test_cancel_and_unstake(run, accounts) -> None:
         ),
         (["job", "submit", "--price", "1ether", "--operators", "x"], "KEY", 2, "use MIN:MAX"),
         (
+            ["job", "submit", "--price", "1ether", "--operators", "1"],
+            "KEY",
+            2,
+            "a job needs at least 2 operators",
+        ),
+        (
+            ["job", "submit", "--price", "1ether", "--operators", "3:2"],
+            "KEY",
+            2,
+            "MAX 2 is below MIN 3",
+        ),
+        (
+            ["job", "submit", "--price", "1gwei", "--seat-bond", "1gwei"],
+            "KEY",
+            1,
+            "error: seat bond 0.000000001 ETH below the minimum 0.1 ETH",
+        ),
+        (
             ["operator", "register", "--stake", "0.5ether", "--peer-key", "0x" + "00" * 32],
             "KEY",
             1,
@@ -213,6 +279,36 @@ def test_bad_input_one_line_error(run, accounts, args, key, code, message) -> No
     assert "Traceback" not in err
     if code == 1:
         assert len(err.strip().splitlines()) == 1
+
+
+def test_cancel_after_the_open_timeout(run, bsm, accounts) -> None:
+    """A job that started and lost every member: anyone may fail it once it waited the open
+    timeout, and the CLI says so (not "cancelled")."""
+    ops = [bsm.with_account(accounts[i].key) for i in (1, 2)]
+    for i, op in enumerate(ops):
+        op.register_operator(ETH, peer_key(i), [], "")
+    code, out, err = run(
+        "--json", "job", "submit", "--price", "1gwei", "--operators", "2:2", key=accounts[4].key
+    )
+    assert code == 0, err
+    job_id = json.loads(out)["job_id"]
+    for op in ops:
+        op.join_job(job_id)
+    p = bsm.params()
+    advance(bsm.w3, p.start_grace + 3600 + p.reveal_window + 1)
+    bsm.finalize_epoch(job_id, 0)  # nobody voted: both members slashed and out, the job Open
+    code, _, err = run("job", "cancel", str(job_id), key=accounts[6].key)
+    assert code == 1 and f"error: job {job_id} may be failed by anyone only after" in err, err
+    advance(bsm.w3, p.open_timeout + 1)
+    code, out, err = run("job", "cancel", str(job_id), key=accounts[6].key)
+    assert code == 0, err
+    assert out.strip() == (
+        f"job {job_id} failed: it waited the open timeout for members; "
+        "0.000000002 ETH of escrow credited to its caller"
+    )
+    assert bsm.credit_of(accounts[4].address) == 2 * 10**9
+    code, out, _ = run("--json", "job", "status", str(job_id))
+    assert json.loads(out)["state"]["status"] == "failed"
 
 
 def test_rpc_down_and_foreign_contract(run, accounts) -> None:

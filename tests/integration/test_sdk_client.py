@@ -8,9 +8,21 @@ import pytest
 from harness.chain import ETH, advance, peer_key, spec
 from web3 import Web3
 
+import dtrain
 from dtrain import artifacts, errors
 from dtrain.client import BSM, load_key
-from dtrain.models import JobSpec, JobState, JobStatus, Method, Params, struct_components
+from dtrain.models import (
+    JobSpec,
+    JobState,
+    JobStatus,
+    Method,
+    Params,
+    SlashReason,
+    Submission,
+    struct_components,
+)
+
+ZERO = b"\0" * 32
 
 
 def register(bsm: BSM, i: int, stake: int = ETH, min_price: int = 0) -> str:
@@ -36,6 +48,8 @@ def test_deploy_sets_params(bsm: BSM, accounts) -> None:
     )
     assert p.treasury == accounts[10].address
     assert p.core == accounts[9].address
+    assert (p.unworkable_comp_bps, p.reveal_window, p.open_timeout) == (1000, 600, 86400)
+    assert p.min_seat_bond == ETH // 10
     assert bsm.next_job_id() == 1
 
 
@@ -46,9 +60,11 @@ def test_read_models_decode_by_field_name(bsm: BSM, accounts) -> None:
     assert Params.from_struct(dict(reversed(by_name.items()))) == p
     assert by_name["minStake"] == 7 and by_name["treasury"] == accounts[10].address
     # ...and written in the ABI's order whatever the dataclass order.
-    s = JobSpec(price_per_operator_epoch=5, method=Method.DPO, tee_required=True)
+    s = JobSpec(price_per_operator_epoch=5, method=Method.DPO, tee_required=True, seat_bond=9)
     spec_by_name = dict(zip(struct_components("JobSpec"), s.as_tuple(), strict=True))
     assert spec_by_name["pricePerOperatorEpoch"] == 5 and spec_by_name["teeRequired"] is True
+    assert spec_by_name["seatBond"] == 9 and by_name["minSeatBond"] == p.min_seat_bond
+    assert by_name["revealWindow"] == 600 and by_name["openTimeout"] == 86400
     assert spec_by_name["method"] == 2 and JobSpec.from_struct(spec_by_name) == s
     # A field the model does not know, or one it misses, raises instead of shifting values.
     with pytest.raises(TypeError, match="unknown \\['extra'\\]"):
@@ -158,7 +174,7 @@ def test_delegation_and_unbonding(bsm: BSM, as_account) -> None:
         staker.undelegate(op.sender, 4 * ETH)
 
 
-def test_full_lifecycle_exact_split(bsm: BSM, as_account, accounts) -> None:
+def test_full_lifecycle_exact_split(bsm: BSM, as_account, accounts, votes) -> None:
     """3 operators, 2 stakers, 2 epochs: every account's balance change is the 40/20/20/20 split."""
     ops = [as_account(i) for i in (1, 2, 3)]
     for i, op in enumerate(ops):
@@ -176,13 +192,13 @@ def test_full_lifecycle_exact_split(bsm: BSM, as_account, accounts) -> None:
     members = list(job.members)
     for epoch in range(2):
         ckpt = Web3.keccak(text=f"epoch-{epoch}")
-        for op in ops:
-            op.submit_checkpoint(job_id, epoch, ckpt, [4] * len(members))
+        votes.cast(ops, job_id, epoch, ckpt, [4] * len(members))
         bsm.finalize_epoch(job_id, epoch)
         assert bsm.epoch_checkpoint(job_id, epoch) == ckpt
     job = bsm.job(job_id)
     assert job.state.status == JobStatus.COMPLETED
     assert job.state.checkpoint == Web3.keccak(text="epoch-1")
+    assert all(bsm.bonded_of(op.sender) == 0 for op in ops)  # the seats are released
 
     paid = 2 * price  # two epochs for each operator
     pool = paid * 20 // 100
@@ -212,13 +228,15 @@ def test_full_lifecycle_exact_split(bsm: BSM, as_account, accounts) -> None:
     assert acc.total == bsm.contract_balance() == 3 * ETH + 4 * ETH
 
 
-def test_job_errors_decode(bsm: BSM, as_account) -> None:
+def test_job_errors_decode(bsm: BSM, as_account, votes) -> None:
     caller = as_account(4)
-    s = spec()
+    s = spec(seat_bond=bsm.params().min_seat_bond)
     with pytest.raises(errors.WrongEscrow, match=r"exactly 0.06 ETH, got 1 wei"):
         caller._transact(caller.contract.functions.createJob(s.as_tuple()), 1)
-    with pytest.raises(errors.InvalidOperatorRange, match="min 4 / max 3"):
+    with pytest.raises(errors.InvalidOperatorRange, match="min 4 / max 3: need 2 <= min"):
         caller.create_job(spec(min_operators=4))
+    with pytest.raises(errors.InvalidOperatorRange, match="min 1 / max 3: need 2 <= min"):
+        caller.create_job(spec(min_operators=1))
     with pytest.raises(errors.UnknownJob, match="job 42 does not exist"):
         bsm.job(42)
     job_id = caller.create_job(spec(min_operators=2, max_operators=2))
@@ -231,30 +249,42 @@ def test_job_errors_decode(bsm: BSM, as_account) -> None:
     with pytest.raises(errors.AlreadyMember):
         ops[0].join_job(job_id)
     ops[1].join_job(job_id)
+    ckpt = b"\x01" * 32
     with pytest.raises(errors.NotMember):
-        ops[2].submit_checkpoint(job_id, 0, b"\x01" * 32, [1, 1])
-    with pytest.raises(errors.ParticipationLength, match="3 entries, the epoch has 2"):
-        ops[0].submit_checkpoint(job_id, 0, b"\x01" * 32, [1, 1, 1])
+        votes.commit(ops[2], job_id, 0, ckpt, [1, 1])
     with pytest.raises(errors.WrongEpoch, match="in epoch 0, not 5"):
-        ops[0].submit_checkpoint(job_id, 5, b"\x01" * 32, [1, 1])
-    ops[0].submit_checkpoint(job_id, 0, b"\x01" * 32, [4, 4])
-    with pytest.raises(errors.AlreadySubmitted):
-        ops[0].submit_checkpoint(job_id, 0, b"\x02" * 32, [4, 4])
-    with pytest.raises(errors.EpochNotFinalizable, match="1 of 2 members submitted"):
+        votes.commit(ops[0], job_id, 5, ckpt, [1, 1])
+    with pytest.raises(errors.ZeroCheckpoint):
+        ops[0].commit_checkpoint(job_id, 0, ZERO)
+    with pytest.raises(errors.NotCommitted):
+        ops[0].reveal_checkpoint(job_id, 0, ckpt, [4, 4], b"\x09" * 32)
+    votes.commit(ops[0], job_id, 0, ckpt, [4, 4, 4])  # one entry too many: seen at the reveal
+    with pytest.raises(errors.AlreadyCommitted):
+        votes.commit(ops[0], job_id, 0, b"\x02" * 32, [4, 4])
+    with pytest.raises(errors.RevealNotOpen, match=r"reveals open after \d+ or once every member"):
+        votes.reveal(ops[0], job_id, 0)  # ops[1] has not committed and the deadline is ahead
+    assert bsm.vote_counts(job_id) == (1, 0)
+    with pytest.raises(errors.EpochNotFinalizable, match="0 of 2 members revealed"):
         bsm.finalize_epoch(job_id, 0)
     with pytest.raises(errors.JobNotOpen, match="is Running, not open"):
         caller.cancel_job(job_id)
     with pytest.raises(errors.NotCore):
         caller._transact(caller.contract.functions.onUnregister(caller.sender))
-    advance(bsm.w3, bsm.params().start_grace + 3601)  # the deadline is after the start grace
+    p = bsm.params()
+    advance(bsm.w3, p.start_grace + 3601)  # the deadline is after the start grace
     with pytest.raises(errors.DeadlinePassed, match=r"deadline \d+ has passed"):
-        ops[1].submit_checkpoint(job_id, 0, b"\x01" * 32, [4, 4])
+        votes.commit(ops[1], job_id, 0, ckpt, [4, 4])
+    with pytest.raises(errors.ParticipationLength, match="3 entries, the epoch has 2 members"):
+        votes.reveal(ops[0], job_id, 0)
+    advance(bsm.w3, p.reveal_window)
+    with pytest.raises(errors.RevealClosed, match=r"the reveal window closed at \d+"):
+        votes.reveal(ops[0], job_id, 0)
     rc = bsm.finalize_epoch(job_id, 0)
     slashed = rc.all("Slashed")
-    assert len(slashed) == 1 and slashed[0].args["reason"] == 1  # dropout
-    assert slashed[0].args["operator"] == ops[1].sender
+    assert {e.args["operator"] for e in slashed} == {ops[0].sender, ops[1].sender}
+    assert all(e.args["reason"] == SlashReason.DROPOUT for e in slashed)
     with pytest.raises(errors.JobNotRunning, match="is Open, not running"):
-        ops[0].submit_checkpoint(job_id, 1, b"\x03" * 32, [4])
+        votes.commit(ops[0], job_id, 1, b"\x03" * 32, [4])
 
 
 def test_insufficient_funds(bsm: BSM) -> None:
@@ -263,7 +293,7 @@ def test_insufficient_funds(bsm: BSM) -> None:
         poor.register_operator(ETH, peer_key(9), [], "")
 
 
-def test_events_and_watch(bsm: BSM, as_account) -> None:
+def test_events_and_watch(bsm: BSM, as_account, votes) -> None:
     start = bsm.w3.eth.block_number + 1
     ops = [as_account(i) for i in (1, 2, 3)]
     seen: list[str] = []
@@ -283,15 +313,19 @@ def test_events_and_watch(bsm: BSM, as_account) -> None:
         job_id = as_account(4).create_job(spec(total_epochs=1))
         for op in ops:
             op.join_job(job_id)
-        for op in ops:
-            op.submit_checkpoint(job_id, 0, b"\x05" * 32, [4, 4, 4])
+        votes.cast(ops, job_id, 0, b"\x05" * 32, [4, 4, 4])
         bsm.finalize_epoch(job_id, 0)
         assert done.wait(timeout=30)
     finally:
         done.set()
         t.join(timeout=10)
     assert seen[0] == "JobCreated"
-    assert seen.count("JoinRequested") == 3 and seen.count("CheckpointSubmitted") == 3
+    assert seen.count("JoinRequested") == 3
+    assert seen.count("CheckpointCommitted") == 3 and seen.count("CheckpointRevealed") == 3
+    # Every commitment is on chain before the first reveal.
+    assert max(i for i, n in enumerate(seen) if n == "CheckpointCommitted") < seen.index(
+        "CheckpointRevealed"
+    )
     assert seen.index("EpochStarted") < seen.index("EpochFinalized") < seen.index("JobCompleted")
     names = [e.name for e in bsm.events(start, names=["OperatorPaid"], job_id=job_id)]
     assert names == ["OperatorPaid"] * 3
@@ -322,7 +356,7 @@ def test_concurrent_senders(bsm: BSM, as_account) -> None:
     assert bsm.pool(op.sender).total_assets == ETH + 40 * 10**15
 
 
-def test_join_leave_and_submission_reads(bsm: BSM, as_account) -> None:
+def test_join_leave_and_submission_reads(bsm: BSM, as_account, votes) -> None:
     ops = [as_account(i) for i in (1, 2)]
     for i, op in enumerate(ops):
         register(op, i)
@@ -333,16 +367,32 @@ def test_join_leave_and_submission_reads(bsm: BSM, as_account) -> None:
     assert not bsm.is_leaving(job_id, ops[1].sender)
     ops[1].leave_job(job_id)
     assert bsm.is_leaving(job_id, ops[1].sender)
-    assert bsm.submission_of(job_id, ops[0].sender) == (b"\0" * 32, b"\0" * 32)
+    assert bsm.submission_of(job_id, ops[0].sender) == Submission(ZERO, ZERO, ZERO)
+    job = bsm.job(job_id)
+    p = bsm.params()
+    assert job.deadline == job.state.epoch_start + job.spec.epoch_duration
+    assert job.reveal_deadline == bsm.reveal_deadline(job_id) == job.deadline + p.reveal_window
+    assert (job.committed, job.revealed) == (0, 0)
     ckpt = Web3.keccak(text="e0")
     for op in ops:
-        op.submit_checkpoint(job_id, 0, ckpt, [4, 4])
-    got, key = bsm.submission_of(job_id, ops[0].sender)
-    assert got == ckpt and key != b"\0" * 32
-    assert bsm.job(job_id).submitted == 2
+        votes.commit(op, job_id, 0, ckpt, [4, 4])
+    mine = bsm.submission_of(job_id, ops[0].sender)
+    _, _, salt = votes.vote_of(ops[0], job_id, 0)
+    assert mine.commitment == dtrain.commitment_hash(job_id, 0, ops[0].sender, ckpt, [4, 4], salt)
+    assert mine.is_committed and not mine.is_revealed and mine.checkpoint == ZERO
+    assert bsm.job(job_id).committed == 2 and bsm.job(job_id).revealed == 0
+    votes.reveal(ops[0], job_id, 0)
+    mine = bsm.submission_of(job_id, ops[0].sender)
+    assert mine.checkpoint == ckpt and mine.is_revealed and mine.vote_key != ZERO
+    assert bsm.vote_counts(job_id) == (2, 1)
+    before = bsm.w3.eth.block_number
+    votes.reveal(ops[1], job_id, 0)
+    assert bsm.vote_counts(job_id, before) == (2, 1) and bsm.vote_counts(job_id) == (2, 2)
+    assert bsm.submission_of(job_id, ops[1].sender).vote_key == mine.vote_key  # the same vote
     bsm.finalize_epoch(job_id, 0)
     assert bsm.members(job_id) == [ops[0].sender]  # the leaver is out at the boundary
     assert bsm.operator(ops[1].sender).active_jobs == 0
+    assert bsm.bonded_of(ops[1].sender) == 0 and bsm.bonded_of(ops[0].sender) == p.min_seat_bond
 
 
 def test_nonces_are_per_endpoint() -> None:
@@ -358,11 +408,11 @@ def test_nonces_are_per_endpoint() -> None:
             assert b.params().treasury == a[1].address
 
 
-def test_epoch_bounds_and_slash_to_treasury(bsm: BSM, as_account, accounts) -> None:
+def test_epoch_bounds_and_slash_to_treasury(bsm: BSM, as_account, accounts, votes) -> None:
     """Epochs are bounded by the deploy parameters; a dropout's slash goes to the treasury, a
     capped bounty to an outside finalizer, nothing to the job's caller."""
     p = bsm.params()
-    assert bsm.max_epoch_duration() == p.unbonding_period // 4 - p.start_grace
+    assert bsm.max_epoch_duration() == p.unbonding_period // 4 - p.start_grace - p.reveal_window
     assert bsm.reward_period() == p.unbonding_period // 2
     assert bsm.operator_nonce(accounts[1].address) == 0
     caller = as_account(4)
@@ -377,8 +427,13 @@ def test_epoch_bounds_and_slash_to_treasury(bsm: BSM, as_account, accounts) -> N
     members = bsm.members(job_id)
     ckpt = Web3.keccak(text="c")
     for op in ops[:2]:
-        op.submit_checkpoint(job_id, 0, ckpt, [4] * len(members))
-    advance(bsm.w3, p.start_grace + 3601)
+        votes.commit(op, job_id, 0, ckpt, [4] * len(members))
+    advance(bsm.w3, p.start_grace + 3601)  # past the commit deadline: reveals open
+    for op in ops[:2]:
+        votes.reveal(op, job_id, 0)
+    with pytest.raises(errors.EpochNotFinalizable, match="2 of 3 members revealed"):
+        bsm.finalize_epoch(job_id, 0)  # not all revealed: wait for the reveal deadline
+    advance(bsm.w3, p.reveal_window)
     treasury = accounts[10].address
     before = bsm.credit_of(treasury)
     finalizer = as_account(7)
@@ -390,3 +445,162 @@ def test_epoch_bounds_and_slash_to_treasury(bsm: BSM, as_account, accounts) -> N
     paid = 2 * spec().price_per_operator_epoch
     assert bsm.credit_of(treasury) - before == slashed - bounty + paid * 20 // 100
     assert bsm.credit_of(caller.sender) == spec().price_per_operator_epoch  # only the unearned slot
+
+
+def test_copied_commitment_cannot_be_revealed(bsm: BSM, as_account, votes) -> None:
+    """Attack: a member that did no work copies another member's commitment from the mempool
+    or the chain, then replays that member's reveal (checkpoint, participation and salt are in
+    its calldata). The commitment binds the operator, so the copier's reveal is refused with a
+    typed error, and at the reveal deadline the copier is slashed as a dropout."""
+    ops = [as_account(i) for i in (1, 2, 3)]
+    for i, op in enumerate(ops):
+        register(op, i)
+    job_id = as_account(4).create_job(spec(total_epochs=1))
+    for op in ops:
+        op.join_job(job_id)
+    honest, copier, other = ops
+    ckpt = Web3.keccak(text="honest work")
+    votes.commit(honest, job_id, 0, ckpt, [4, 4, 4])
+    stolen = bsm.submission_of(job_id, honest.sender).commitment
+    with pytest.raises(errors.RevealNotOpen):  # no reveal while anyone can still commit
+        votes.reveal(honest, job_id, 0)
+    copier.commit_checkpoint(job_id, 0, stolen)
+    votes.commit(other, job_id, 0, ckpt, [4, 4, 4])
+    votes.reveal(honest, job_id, 0)  # every member committed: reveals are open
+    replay = votes.vote_of(honest, job_id, 0)
+    with pytest.raises(errors.CommitmentMismatch) as caught:
+        copier.reveal_checkpoint(job_id, 0, *replay)
+    assert caught.value.args_by_name == {"jobId": job_id, "operator": copier.sender}
+    assert str(caught.value) == (
+        f"the revealed vote of {copier.sender} does not match its commitment in job {job_id}"
+    )
+    assert isinstance(caught.value, errors.ContractError)
+    votes.reveal(other, job_id, 0)
+    assert bsm.vote_counts(job_id) == (3, 2)
+    p = bsm.params()
+    advance(bsm.w3, p.start_grace + 3600 + p.reveal_window + 1)
+    rc = bsm.finalize_epoch(job_id, 0)
+    assert [(e.args["operator"], e.args["reason"]) for e in rc.all("Slashed")] == [
+        (copier.sender, SlashReason.DROPOUT)
+    ]
+    assert {e.args["operator"] for e in rc.all("OperatorPaid")} == {honest.sender, other.sender}
+    assert rc.first("EpochFinalized").args["checkpoint"] == ckpt
+
+
+@pytest.mark.parametrize(
+    ("job_id", "epoch", "participation"),
+    [(1, 0, []), (7, 3, [0, 5, 2**32 - 1]), (2**256 - 1, 2**64, [1] * 32)],
+)
+def test_commitment_hash_matches_the_contract(bsm: BSM, accounts, job_id, epoch, participation):
+    operator = accounts[3].address
+    ckpt, salt = Web3.keccak(text=f"ckpt-{job_id}"), Web3.keccak(text=f"salt-{epoch}")
+    view = bsm.contract.functions.commitmentHash
+    args = (job_id, epoch, operator, ckpt, participation, salt)
+    assert dtrain.commitment_hash(*args) == bytes(view(*args).call())
+    # Each input is bound: the operator, the salt and the participation change the hash.
+    assert dtrain.commitment_hash(
+        job_id, epoch, accounts[4].address, ckpt, participation, salt
+    ) != (dtrain.commitment_hash(*args))
+    assert bytes(view(job_id, epoch, operator, ckpt, [*participation, 0], salt).call()) == (
+        dtrain.commitment_hash(job_id, epoch, operator, ckpt, [*participation, 0], salt)
+    )
+    assert bytes(bsm.contract.functions.UNWORKABLE().call()) == dtrain.UNWORKABLE
+
+
+def test_unworkable_quorum_aborts_the_job(bsm: BSM, as_account, accounts, votes) -> None:
+    """Two of three members vote UNWORKABLE (2/3): the job is aborted, nobody is slashed, the
+    two are compensated unworkable_comp_bps of the price, the caller gets the rest back."""
+    ops = [as_account(i) for i in (1, 2, 3)]
+    for i, op in enumerate(ops):
+        register(op, i)
+    caller = as_account(4)
+    job_id = caller.create_job(spec(total_epochs=2))
+    for op in ops:
+        op.join_job(job_id)
+    for op in ops[:2]:
+        votes.commit(op, job_id, 0, dtrain.UNWORKABLE, [0, 0, 0])
+    votes.commit(ops[2], job_id, 0, Web3.keccak(text="c"), [4, 4, 4])
+    for op in ops:  # all committed: reveals open before the deadline
+        votes.reveal(op, job_id, 0)
+    assert bsm.submission_of(job_id, ops[0].sender).checkpoint == dtrain.UNWORKABLE
+    rc = bsm.finalize_epoch(job_id, 0)
+    p = bsm.params()
+    price = spec().price_per_operator_epoch
+    compensation = price * p.unworkable_comp_bps // 10_000
+    aborted = rc.first("JobAborted").args
+    assert (aborted["epoch"], aborted["compensated"], aborted["compensation"]) == (
+        0,
+        2,
+        compensation,
+    )
+    assert aborted["refund"] == spec().escrow - 2 * compensation
+    assert not rc.all("Slashed") and not rc.all("EpochFinalized")
+    job = bsm.job(job_id)
+    assert job.state.status == JobStatus.FAILED and job.state.status.is_ended
+    assert [bsm.credit_of(op.sender) for op in ops] == [compensation, compensation, 0]
+    assert bsm.credit_of(caller.sender) == aborted["refund"]
+    assert all(bsm.bonded_of(op.sender) == 0 for op in ops)
+    assert bsm.accounting().total == bsm.contract_balance()
+
+
+def test_seat_bonds(bsm: BSM, as_account) -> None:
+    """Each seat bonds the job's seat bond of self-stake: it backs no other seat and cannot be
+    unstaked until the member leaves. A zero seat bond asks for the deployment's minimum."""
+    p = bsm.params()
+    caller = as_account(4)
+    with pytest.raises(errors.SeatBondTooLow, match=r"seat bond 0\.01 ETH below the minimum"):
+        caller.create_job(spec(seat_bond=ETH // 100))
+    default = caller.create_job(spec())
+    assert bsm.job(default).spec.seat_bond == p.min_seat_bond
+    bond = 6 * ETH // 10
+    a, b = caller.create_job(spec(seat_bond=bond)), caller.create_job(spec(seat_bond=bond))
+    op = as_account(1)
+    register(op, 1, stake=ETH)
+    op.join_job(a)
+    assert bsm.bonded_of(op.sender) == bond == bsm.operator(op.sender).bonded
+    with pytest.raises(
+        errors.InsufficientFreeStake,
+        match=r"self-stake 1 ETH cannot bond this seat: 1\.2 ETH needed",
+    ):
+        op.join_job(b)
+    op.stake(ETH)
+    op.join_job(b)  # 2 ETH of self-stake bond both seats
+    assert bsm.bonded_of(op.sender) == 2 * bond
+    with pytest.raises(
+        errors.StakeBonded, match=r"1 ETH of self-stake would be left, below the 1\.2 ETH"
+    ):
+        op.unstake(ETH)
+    op.leave_job(b)  # the job is Open: the seat is released at once
+    assert bsm.bonded_of(op.sender) == bond
+    op.unstake(ETH)
+    assert bsm.stake_of(op.sender, op.sender) == ETH
+
+
+def test_open_timeout_lets_anyone_fail_a_deserted_job(bsm: BSM, as_account, accounts) -> None:
+    """A job that started and lost its members waits open_timeout, then anyone may fail it
+    and its escrow goes back to its caller; before, only the caller may end it."""
+    ops = [as_account(i) for i in (1, 2)]
+    for i, op in enumerate(ops):
+        register(op, i)
+    caller, stranger = as_account(4), as_account(7)
+    never_started = caller.create_job(spec(min_operators=2, max_operators=2))
+    with pytest.raises(errors.NotJobCaller):
+        stranger.cancel_job(never_started)
+    job_id = caller.create_job(spec(min_operators=2, max_operators=2))
+    for op in ops:
+        op.join_job(job_id)
+    p = bsm.params()
+    advance(bsm.w3, p.start_grace + 3600 + p.reveal_window + 1)
+    rc = bsm.finalize_epoch(job_id, 0)  # nobody voted: both slashed and out
+    assert len(rc.all("Slashed")) == 2
+    job = bsm.job(job_id)
+    assert job.state.status == JobStatus.OPEN and job.members == ()
+    assert (job.deadline, job.reveal_deadline) == (0, 0)
+    with pytest.raises(errors.OpenTimeoutPending, match=f"job {job_id} may be failed by anyone"):
+        stranger.cancel_job(job_id)
+    advance(bsm.w3, p.open_timeout + 1)
+    rc = stranger.cancel_job(job_id)
+    refund = rc.first("JobFailed").args["refund"]
+    assert refund == spec(min_operators=2, max_operators=2).escrow
+    assert bsm.job(job_id).state.status == JobStatus.FAILED
+    assert bsm.credit_of(caller.sender) == refund and bsm.credit_of(stranger.sender) == 0

@@ -6,10 +6,14 @@ import re
 
 import pytest
 from eth_abi import encode
+from eth_utils import to_checksum_address
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dtrain import artifacts, errors
+from dtrain.units import format_eth
+
+OPERATOR = to_checksum_address("0x" + "ab" * 20)
 
 
 def _sample(abi_type: str, i: int):
@@ -41,8 +45,11 @@ def test_every_abi_error_decodes(item) -> None:
     assert item["name"] in errors.MESSAGES, "add a /// @notice message to this error"
     assert "{" not in message and "\n" not in message
     for name, value in exc.args_by_name.items():
-        if isinstance(value, int) and name not in errors._AMOUNT_NAMES and name != "status":
+        if errors.is_amount(item["name"], name):
+            assert format_eth(value) in message, (name, message)
+        elif isinstance(value, int) and name != "status":
             assert str(value) in message, (name, message)
+            assert f"{value} wei" not in message and " ETH" not in message, (name, message)
 
 
 def _signature(item) -> str:
@@ -72,6 +79,61 @@ def test_amounts_in_messages_are_ether() -> None:
     exc = errors.StakeBelowMinimum(5 * 10**17, 10**18)
     assert str(exc) == "stake 0.5 ETH below minimum 1 ETH"
     assert exc.args_by_name == {"stake": 5 * 10**17, "minStake": 10**18}
+
+
+def test_amount_arguments_name_real_arguments() -> None:
+    """Each error AMOUNTS formats as ether exists with those arguments: a renamed argument
+    would otherwise silently print as a bare number of wei."""
+    by_name = {e["name"]: {i["name"] for i in e["inputs"]} for e in ABI_ERRORS}
+    for error, names in errors.AMOUNTS.items():
+        assert error in by_name, error
+        assert names <= by_name[error], (error, names - by_name[error])
+
+
+@pytest.mark.parametrize(
+    ("exc", "message"),
+    [
+        (
+            errors.InsufficientFreeStake(10**18, 11 * 10**17),
+            "self-stake 1 ETH cannot bond this seat: 1.1 ETH needed "
+            "(minimum stake and every seat bond)",
+        ),
+        (
+            errors.StakeBonded(5 * 10**17, 6 * 10**17),
+            "0.5 ETH of self-stake would be left, below the 0.6 ETH bonded in jobs or the "
+            "minimum stake",
+        ),
+        (errors.SeatBondTooLow(10**16, 10**17), "seat bond 0.01 ETH below the minimum 0.1 ETH"),
+        # The same argument name is seconds in one error and wei in another...
+        (
+            errors.UnbondingTooShort(100, 2760),
+            "unbonding period 100s is shorter than 2760s "
+            "(4 x (startGrace + minEpochDuration + revealWindow))",
+        ),
+        # ...and a count, not an amount, outside WrongEscrow.
+        (errors.ParticipationLength(3, 2), "participation has 3 entries, the epoch has 2 members"),
+        (
+            errors.CommitmentMismatch(4, OPERATOR.lower()),
+            f"the revealed vote of {OPERATOR} does not match its commitment in job 4",
+        ),
+        (
+            errors.EpochNotFinalizable(1, 2, 3, 1700000000),
+            "job 1: 2 of 3 members revealed and the reveal deadline 1700000000 has not passed",
+        ),
+        (
+            errors.OpenTimeoutPending(7, 1700000000, 1699999000),
+            "job 7 may be failed by anyone only after 1700000000 (now 1699999000)",
+        ),
+        (
+            errors.RevealNotOpen(1700000000, 1699999999),
+            "reveals open after 1700000000 or once every member committed (now 1699999999)",
+        ),
+        (errors.RevealClosed(1700000600, 1700000601), "the reveal window closed at 1700000600"),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, errors.ContractError) else "",
+)
+def test_new_error_messages(exc: errors.ContractError, message: str) -> None:
+    assert str(exc).startswith(message), str(exc)
 
 
 def test_status_names() -> None:

@@ -3,11 +3,14 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from eth_utils import keccak
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtrain.errors import InvalidAmount
+import dtrain
+from dtrain.errors import ConfigError, InvalidAmount
 from dtrain.units import format_eth, parse_amount, parse_duration
+from dtrain.votes import UNWORKABLE, commitment_hash, new_salt
 
 
 @pytest.mark.parametrize(
@@ -51,3 +54,39 @@ def test_durations() -> None:
     assert parse_duration("7d") == 604800
     with pytest.raises(InvalidAmount):
         parse_duration("1y")
+
+
+# ---------------------------------------------------------------- commit-reveal votes
+
+
+def _word(n: int) -> bytes:
+    return n.to_bytes(32, "big")
+
+
+def test_commitment_hash_is_keccak_of_the_abi_encoding() -> None:
+    """Built by hand, word by word: abi.encode of (uint256, uint256, address, bytes32,
+    uint32[], bytes32), the dynamic array's offset in the head and its length and items in the
+    tail (not abi.encodePacked)."""
+    operator = "0x" + "ab" * 20
+    ckpt, salt = b"\xaa" * 32, b"\x55" * 32
+    head = _word(7) + _word(3) + bytes(12) + bytes.fromhex("ab" * 20) + ckpt + _word(6 * 32) + salt
+    tail = _word(2) + _word(5) + _word(2**32 - 1)
+    expected = keccak(head + tail)
+    assert commitment_hash(7, 3, operator, ckpt, [5, 2**32 - 1], salt) == expected
+    assert commitment_hash(
+        7, 3, operator.upper().replace("0X", "0x"), ckpt, (5, 2**32 - 1), salt
+    ) == (expected)
+    assert commitment_hash(7, 3, operator, ckpt, [5, 2**32 - 2], salt) != expected
+
+
+def test_unworkable_is_the_left_aligned_ascii() -> None:
+    assert b"UNWORKABLE" + bytes(22) == UNWORKABLE and len(UNWORKABLE) == 32
+    assert dtrain.UNWORKABLE is UNWORKABLE and dtrain.commitment_hash is commitment_hash
+
+
+def test_commitment_inputs_are_checked() -> None:
+    with pytest.raises(ConfigError, match="salt must be 32 bytes, got 31"):
+        commitment_hash(1, 0, "0x" + "12" * 20, b"\x01" * 32, [], b"\x01" * 31)
+    with pytest.raises(ConfigError, match="not an address"):
+        commitment_hash(1, 0, "0x1234", b"\x01" * 32, [], b"\x01" * 32)
+    assert new_salt() != new_salt() and len(new_salt()) == 32

@@ -1,0 +1,57 @@
+"""A member's hidden vote: what it commits to before an epoch's deadline and reveals after it.
+
+`commitment_hash` is computed here exactly as the contract's pure view `commitmentHash` does
+(keccak256 of the abi-encoded job id, epoch, operator, checkpoint, participation and salt), so a
+member commits without a call. The operator is part of the hash: a commitment copied from
+another member cannot be revealed by the copier (`CommitmentMismatch`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from eth_abi import encode
+from eth_utils import is_address, keccak, to_checksum_address
+
+from .errors import ConfigError
+
+# The reserved vote for an epoch that cannot be done (data or model unavailable or failing its
+# hash): the ASCII bytes "UNWORKABLE", left aligned in 32 bytes, as Solidity's bytes32 literal.
+UNWORKABLE: bytes = b"UNWORKABLE".ljust(32, b"\0")
+
+_TYPES = ("uint256", "uint256", "address", "bytes32", "uint32[]", "bytes32")
+
+
+def commitment_hash(
+    job_id: int,
+    epoch: int,
+    operator: str,
+    checkpoint: bytes,
+    participation: Sequence[int],
+    salt: bytes,
+) -> bytes:
+    """keccak256(abi.encode(jobId, epoch, operator, checkpoint, participation, salt))."""
+    if not is_address(operator):
+        raise ConfigError(f"{operator!r} is not an address")
+    values = (
+        job_id,
+        epoch,
+        to_checksum_address(operator),
+        _bytes32(checkpoint, "checkpoint"),
+        [int(p) for p in participation],
+        _bytes32(salt, "salt"),
+    )
+    return keccak(encode(list(_TYPES), list(values)))
+
+
+def new_salt() -> bytes:
+    """32 random bytes: a fresh salt for every commitment keeps a vote hidden until revealed."""
+    return secrets.token_bytes(32)
+
+
+def _bytes32(value: bytes, what: str) -> bytes:
+    raw = bytes(value)
+    if len(raw) != 32:
+        raise ConfigError(f"{what} must be 32 bytes, got {len(raw)}")
+    return raw
