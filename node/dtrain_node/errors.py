@@ -47,6 +47,10 @@ class DatasetError(NodeError, ValueError):
     """A dataset that is missing, does not match its hash, or holds an invalid record."""
 
 
+class ModelUnavailable(NodeError, ValueError):
+    """A job's model URI names no model this node can build (unknown preset, unreadable config)."""
+
+
 class BackendUnavailable(NodeError):
     """The selected training backend's package is not installed."""
 

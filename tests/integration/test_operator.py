@@ -3,6 +3,7 @@ loopback transport (tests/harness/loopback.py): the runner's fast tier, no libp2
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from harness.chain import ETH
 from harness.loopback import LoopbackHub
 
-from dtrain import JobSpec, Method
+from dtrain import UNWORKABLE, JobSpec, Method
 from dtrain.client import BSM
 from dtrain.models import SlashReason
 from dtrain_node.operator.faults import Faults
@@ -31,9 +32,15 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
 
 
 def submit_tiny_job(
-    bsm: BSM, dataset: tuple[Path, bytes], operators: int, steps: int = 4, epoch_s: int = 600
+    bsm: BSM,
+    dataset: tuple[Path, bytes],
+    operators: int,
+    steps: int = 4,
+    epoch_s: int = 600,
+    seat_bond: int | None = None,
 ) -> int:
-    """A 1-epoch CPT job of the built-in tiny model: sync rounds of 2 steps."""
+    """A 1-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least seat
+    bond unless `seat_bond` is given."""
     path, digest = dataset
     init = hf.build(hf.PRESETS["tiny"], seed=bsm.next_job_id())
     spec = JobSpec(
@@ -49,6 +56,7 @@ def submit_tiny_job(
         dataset_hash=digest,
         dataset_uri=str(path),
         epoch_duration=epoch_s,
+        seat_bond=bsm.params().min_seat_bond if seat_bond is None else seat_bond,
     )
     return bsm.create_job(spec)
 
@@ -123,10 +131,11 @@ def test_two_nodes_train_finalize_and_get_paid(chain, bsm, accounts, dataset, tm
     job = bsm.job(job_id)
     assert job.state.status.name == "COMPLETED"
     assert [r["status"] for r in results] == ["completed", "completed"]
-    submitted = events(bsm, job_id, "CheckpointSubmitted")
-    assert {e.args["operator"] for e in submitted} == ops
-    hashes = {bytes(e.args["checkpoint"]) for e in submitted}
-    assert hashes == {job.state.checkpoint}  # both submitted the same checkpoint
+    assert {e.args["operator"] for e in events(bsm, job_id, "CheckpointCommitted")} == ops
+    revealed = events(bsm, job_id, "CheckpointRevealed")
+    assert {e.args["operator"] for e in revealed} == ops
+    hashes = {bytes(e.args["checkpoint"]) for e in revealed}
+    assert hashes == {job.state.checkpoint}  # both revealed the same checkpoint
     [fin] = events(bsm, job_id, "EpochFinalized")
     assert fin.args["epoch"] == 0 and fin.args["paidMembers"] == 2
     assert {e.args["operator"] for e in events(bsm, job_id, "OperatorPaid")} == ops
@@ -173,11 +182,11 @@ def test_poisoning_node_is_excluded_every_round_and_slashed_for_sync_failure(
         assert all([e.lower() for e in x["excluded"]] == [attacker.lower()] for x in rounds)
         [trained] = [x for x in m if x["kind"] == "epoch_trained"]
         assert sorted(trained["participation"]) == [0, 2, 2]  # the attacker's 0: see the slash
-    submitted = {
+    revealed = {
         e.args["operator"]: bytes(e.args["checkpoint"])
-        for e in events(bsm, job_id, "CheckpointSubmitted")
+        for e in events(bsm, job_id, "CheckpointRevealed")
     }
-    assert {submitted[accounts[i].address] for i in honest} == {job.state.checkpoint}
+    assert {revealed[accounts[i].address] for i in honest} == {job.state.checkpoint}
     for r in results[:2]:  # the honest members' shared state stayed finite
         tensors = load_file(str(Path(r["export"]) / "model.safetensors"))
         assert all(bool(t.float().isfinite().all()) for t in tensors.values())
@@ -211,35 +220,105 @@ def test_node_stopped_mid_epoch_resumes_from_its_round_state(
     again = Running(ops.node(a))  # same data dir: resumes at round 1
     results = [again.wait(), other.wait()]
     assert [r["status"] for r in results] == ["completed", "completed"]
-    kinds = [m for m in metrics(ops.data_dir(a)) if m["kind"] in ("resumed", "round", "submitted")]
+    wanted = ("resumed", "round", "committed", "revealed")
+    kinds = [m for m in metrics(ops.data_dir(a)) if m["kind"] in wanted]
     assert [(m["kind"], m.get("round")) for m in kinds] == [
         ("round", 0),
         ("resumed", 1),
         ("round", 1),
         ("round", 2),
-        ("submitted", None),
+        ("committed", None),
+        ("revealed", None),
     ]
     [fin] = events(bsm, job_id, "EpochFinalized")
     assert fin.args["paidMembers"] == 2 and not events(bsm, job_id, "Slashed")
 
 
-def test_auto_skips_a_job_whose_epochs_are_too_short_to_finish(
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("broken", ["missing", "wrong-hash"])
+def test_unworkable_job_is_aborted_nobody_slashed_voters_compensated(
+    chain, bsm, accounts, dataset, tmp_path, broken
+) -> None:
+    """A caller's job names a dataset the operators do not have (or whose bytes fail the
+    job's hash). Before the UNWORKABLE vote both would crash and be slashed as dropouts; now
+    both vote UNWORKABLE, the job is aborted, nobody loses stake, each voter gets the
+    compensation and the caller the rest of the escrow."""
+    path, digest = dataset
+    if broken == "missing":
+        dataset = (tmp_path / "nowhere" / "corpus.txt", digest)
+    else:
+        dataset = (path, hashlib.sha256(b"another corpus").digest())
+    caller = bsm.with_account(accounts[CALLER].key)
+    job_id = submit_tiny_job(caller, dataset, operators=2)
+    escrow = bsm.job(job_id).state.escrow
+    ops = Operators(chain, bsm, accounts, job_id, tmp_path)
+    results = ops.run(2)
+    assert [r["status"] for r in results] == ["failed", "failed"]
+    addrs = {accounts[i].address for i in OPERATORS[:2]}
+    revealed = events(bsm, job_id, "CheckpointRevealed")
+    assert {e.args["operator"] for e in revealed} == addrs
+    assert {bytes(e.args["checkpoint"]) for e in revealed} == {UNWORKABLE}
+    [aborted] = events(bsm, job_id, "JobAborted")
+    comp = ETH // 100 * bsm.params().unworkable_comp_bps // 10_000
+    assert aborted.args["compensated"] == 2 and aborted.args["compensation"] == comp
+    assert aborted.args["refund"] == escrow - 2 * comp
+    assert bsm.credit_of(accounts[CALLER].address) == escrow - 2 * comp
+    assert not events(bsm, job_id, "Slashed") and not events(bsm, job_id, "OperatorPaid")
+    for i in OPERATORS[:2]:
+        a = accounts[i].address
+        assert bsm.stake_of(a, a) == ETH and bsm.bonded_of(a) == 0  # unslashed, bond released
+        m = metrics(ops.data_dir(i))
+        [why] = [x for x in m if x["kind"] == "unworkable"]
+        assert "DatasetError" in why["reason"]
+        assert [x["amount"] for x in m if x["kind"] == "withdrew"] == [comp]
+
+
+@pytest.mark.timeout(180)
+def test_node_stopped_between_commit_and_reveal_reveals_after_restart(
     chain, bsm, accounts, dataset, tmp_path
 ) -> None:
+    """The vote (checkpoint, participation, salt) is on disk before the commit: a node killed
+    right after committing reveals after its restart, without training or committing again."""
+    job_id = submit_tiny_job(bsm.with_account(accounts[CALLER].key), dataset, 2)
+    ops = Operators(chain, bsm, accounts, job_id, tmp_path)
+    a, b = OPERATORS[:2]
+    first = ops.node(a)
+    commit = first.commit
+
+    def commit_then_stop(job: Any) -> None:
+        commit(job)
+        first.stop_now.set()  # as a second Ctrl-C would, before the reveal
+
+    first.commit = commit_then_stop  # type: ignore[method-assign]
+    other = Running(ops.node(b))
+    assert Running(first).wait() == {"stopped": True}
+    results = [Running(ops.node(a)).wait(), other.wait()]
+    assert [r["status"] for r in results] == ["completed", "completed"]
+    wanted = ("epoch_start", "committed", "stopped", "revealed")
+    kinds = [m["kind"] for m in metrics(ops.data_dir(a)) if m["kind"] in wanted]
+    assert kinds == ["epoch_start", "committed", "stopped", "revealed"]
+    [fin] = events(bsm, job_id, "EpochFinalized")
+    assert fin.args["paidMembers"] == 2 and not events(bsm, job_id, "Slashed")
+
+
+def test_auto_skips_jobs_it_cannot_finish_or_bond(chain, bsm, accounts, dataset, tmp_path) -> None:
     """A caller's job with 3,000 steps in a 60 s epoch would get every member slashed for
-    dropping out; --auto joins the job it can finish instead, though it was created later."""
+    dropping out, and a seat bond above our free self-stake cannot be bonded; --auto joins
+    the job it can do instead, though it was created last."""
     caller = bsm.with_account(accounts[CALLER].key)
-    short = submit_tiny_job(caller, dataset, operators=1, steps=3000, epoch_s=60)
-    fine = submit_tiny_job(caller, dataset, operators=1, steps=4, epoch_s=600)
+    short = submit_tiny_job(caller, dataset, operators=2, steps=3000, epoch_s=60)
+    costly = submit_tiny_job(caller, dataset, operators=2, seat_bond=ETH + 1)  # we stake 1 ETH
+    fine = submit_tiny_job(caller, dataset, operators=2, steps=4, epoch_s=600)
     cfg = NodeConfig(
         key=accounts[1].key,
         rpc_url=chain.url,
         contract=bsm.address,
         data_dir=tmp_path / "auto",
         auto=True,
+        stake=ETH,
         step_s=0.5,
         poll_s=0.1,
     )
     node = Node(cfg, transport_factory=LoopbackHub().factory)
-    assert short < fine
+    assert short < costly < fine
     assert node._pick_job() == fine

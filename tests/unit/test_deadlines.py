@@ -9,8 +9,11 @@ from hypothesis import strategies as st
 from dtrain_node.operator.deadlines import (
     FIRST_ROUND_FACTOR,
     MIN_ROUND_S,
-    SUBMIT_MARGIN_S,
+    SAVE_S,
+    TX_S,
+    VOTE_MARGIN_S,
     epoch_seconds_needed,
+    reveal_window_fits,
     round_deadline,
 )
 
@@ -34,10 +37,10 @@ def test_plenty_of_time_gives_the_configured_deadline() -> None:
     assert deadline(first=True) == 20.0 * FIRST_ROUND_FACTOR == 80.0
 
 
-def test_rounds_left_share_the_time_left_less_settle_and_submit_margin() -> None:
+def test_rounds_left_share_the_time_left_less_settle_and_vote_margin() -> None:
     # 100 s left: 80 s after the margin, 4 rounds get 20 s each, less 5 s settle.
-    assert deadline(left=100 + SUBMIT_MARGIN_S - 20, first=True) == 80 / 4 - 5
-    assert deadline(base=60.0, left=SUBMIT_MARGIN_S + 30, rounds=1, settle=0.0) == 30.0
+    assert deadline(left=100 + VOTE_MARGIN_S - 20, first=True) == 80 / 4 - 5
+    assert deadline(base=60.0, left=VOTE_MARGIN_S + 30, rounds=1, settle=0.0) == 30.0
 
 
 def test_never_below_the_minimum() -> None:
@@ -60,12 +63,12 @@ def test_bounds(base: float, first: bool, left: float, rounds: int, settle: floa
     assert got <= max(MIN_ROUND_S, base * (FIRST_ROUND_FACTOR if first else 1))
     # a round past the minimum fits the rounds left (and their settle) before the margin
     if got > MIN_ROUND_S:
-        assert (got + settle) * rounds <= left - SUBMIT_MARGIN_S + 1e-6 * max(1.0, abs(left))
+        assert (got + settle) * rounds <= left - VOTE_MARGIN_S + 1e-6 * max(1.0, abs(left))
 
 
-def test_epoch_seconds_needed_counts_steps_rounds_and_the_submit_margin() -> None:
+def test_epoch_seconds_needed_counts_steps_rounds_and_the_vote_margin() -> None:
     # 3000 steps at 0.5 s, 300 rounds of at least MIN_ROUND_S, a longer first round, the margin
-    want = 3000 * 0.5 + (300 + FIRST_ROUND_FACTOR) * MIN_ROUND_S + SUBMIT_MARGIN_S
+    want = 3000 * 0.5 + (300 + FIRST_ROUND_FACTOR) * MIN_ROUND_S + VOTE_MARGIN_S
     assert epoch_seconds_needed(3000, 10, 0.5) == want
     assert epoch_seconds_needed(3000, 10, 0.5) > 5  # the 5 s epoch of a caller's broken job
 
@@ -79,3 +82,8 @@ def test_epoch_seconds_needed_grows_with_steps(steps: int, k: int, step_s: float
 def test_epoch_seconds_needed_rejects_bad_input(args: tuple) -> None:
     with pytest.raises(ValueError):
         epoch_seconds_needed(*args)
+
+
+def test_the_vote_margin_holds_the_save_and_both_transactions() -> None:
+    assert VOTE_MARGIN_S == SAVE_S + 2 * TX_S  # commit before the deadline, then reveal
+    assert not reveal_window_fits(0) and reveal_window_fits(int(TX_S))

@@ -111,6 +111,12 @@ def test_rules_from_deploy_params() -> None:
 
     rules = money.Rules.from_params(Params(treasury=T, developer=D, unbonding_period=3600))
     assert rules == money.Rules(reward_period=1800)
+    assert (
+        money.Rules.from_params(
+            Params(treasury=T, developer=D, unworkable_comp_bps=300)
+        ).unworkable_comp_bps
+        == 300
+    )
     assert rules.cuts(P) == (4 * 10**15, 2 * 10**15, 2 * 10**15, 2 * 10**15)
     assert money.Rules().cuts(7) == (2, 1, 1, 3)  # rounding remainders to the treasury
 
@@ -127,3 +133,30 @@ def test_a_credit_off_by_one_wei_is_flagged() -> None:
     assert [b.account for b in money.balances(ROSTER, EXPECTED, credited) if not b.ok] == [
         "staker1"
     ]
+
+
+def test_an_unworkable_quorum_compensates_its_voters_and_refunds_the_rest() -> None:
+    """Epoch 0 paid; epoch 1's first attempt had no quorum, its retry was voted UNWORKABLE by
+    A and B (C revealed a checkpoint): A and B get 10% of P each, whole; nobody is slashed; the
+    caller gets the escrow less the paid epoch-0 seats and the compensations."""
+    unworkable = b"UNWORKABLE".ljust(32, b"\0")
+    events = [
+        ev("EpochStarted", epoch=0, attempt=1),
+        *(ev("OperatorPaid", epoch=0, operator=o) for o in (A, B, C)),
+        ev("EpochFinalized", epoch=0, checkpoint=b"\x11" * 32),
+        ev("EpochStarted", epoch=1, attempt=2),
+        ev("CheckpointRevealed", epoch=1, operator=A, checkpoint=unworkable),
+        ev("EpochFailed", epoch=1),
+        ev("EpochStarted", epoch=1, attempt=3),
+        *(ev("CheckpointRevealed", epoch=1, operator=o, checkpoint=unworkable) for o in (A, B)),
+        ev("CheckpointRevealed", epoch=1, operator=C, checkpoint=b"\x22" * 32),
+        ev("JobAborted", epoch=1, compensated=2, compensation=P // 10, refund=0),
+    ]
+    eps = money.epoch_records(events, 3, {})
+    assert [e.compensated for e in eps] == [[], [A, B], []]
+    assert eps[1].paid == [] and eps[1].slashed == [] and eps[1].quorum_hash is None
+    got = money.expected_credits(eps, ROSTER, P, refund_escrow=9 * P)
+    base = money.expected_credits(eps[:1], ROSTER, P)
+    assert got[A] == base[A] + P // 10 and got[B] == base[B] + P // 10 and got[C] == base[C]
+    assert got[K] == 9 * P - 3 * P - 2 * (P // 10)
+    assert money.Rules(unworkable_comp_bps=500).compensation(P) == P // 20

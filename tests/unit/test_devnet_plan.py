@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dtrain_node.devnet.__main__ import parse_args
+from dtrain_node.devnet.job import JobOptions
 from dtrain_node.devnet.plan import Plan
 
 
@@ -51,15 +52,35 @@ def test_no_faults_everyone_honest() -> None:
 
 def test_epoch_duration_follows_the_contract(capsys) -> None:
     assert parse_args(["--epoch-duration", "60"]).epoch_duration == 60
-    assert parse_args(["--epoch-duration", "870"]).epoch_duration == 870  # 3600 / 4 - 30
-    for bad in ("59", "871"):
+    assert parse_args(["--epoch-duration", "855"]).epoch_duration == 855  # 3600 / 4 - 30 - 15
+    for bad in ("59", "856"):
         with pytest.raises(SystemExit):
             parse_args(["--epoch-duration", bad])
-        assert "--epoch-duration must be 60..870" in capsys.readouterr().err
+        assert "--epoch-duration must be 60..855" in capsys.readouterr().err
 
 
 def test_faults_only_among_starters() -> None:
     p = plan("--operators", "2", "--steps", "8", "--sync", "2")
     assert p.fabricator == 1 and p.offline is None  # op3 would be the late joiner
     assert p.late == 2 and p.faults(2) == []
-    assert plan("--operators", "1").fabricator is None
+
+
+def test_every_job_has_at_least_two_operators(capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--operators", "1"])
+    assert "--operators must be at least 2" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="min_operators"):
+        JobOptions(4, min_operators=1)
+    with pytest.raises(ValueError, match="min_operators"):
+        JobOptions(2, min_operators=3)
+    assert JobOptions(2).min_operators is None
+
+
+def test_min_operators_is_the_fewest_members_of_any_epoch() -> None:
+    # 4 starters, op5 joins after epoch 0; op2 slashed in epoch 1, op3 in epoch 2: epoch 3 has 3
+    assert plan().min_operators(4) == 3
+    assert plan("--epochs", "5").min_operators(5) == 2  # the poisoner leaves after epoch 3
+    assert plan("--no-faults").min_operators(4) == 4  # nobody leaves: every starter in epoch 0
+    assert plan("--no-late-join").min_operators(4) == 2
+    assert plan("--operators", "2").min_operators(4) == 2
+    assert plan().min_operators(1) == 4

@@ -10,8 +10,11 @@ from harness.jobs import tiny_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dtrain import UNWORKABLE
 from dtrain_node.errors import CheckpointInvalid
+from dtrain_node.operator import vote
 from dtrain_node.operator.faults import Faults, RoundContext
+from dtrain_node.operator.vote import Vote
 from dtrain_node.optim import codec
 from dtrain_node.optim.attacks import Attack
 from dtrain_node.optim.compress import EXP_MAX
@@ -99,8 +102,37 @@ def test_faults_parse_and_scope() -> None:
     assert f.fabricate_checkpoint and f.epoch == 1 and f.first_attempt_only
     assert f.active(1) == f and f.active(0) == Faults() and f.active(1, retry=True) == Faults()
     assert Faults.parse(["offline=2"]).offline_at_round == 2
+    assert Faults().reveals and not Faults.parse(["no-reveal"]).reveals
+    assert Faults.parse(["no-reveal", "epoch=2"]).active(1).reveals
     with pytest.raises(ValueError, match="unknown fault"):
         Faults.parse(["explode"])
+    with pytest.raises(ValueError, match="unknown fault"):
+        Faults.parse(["no-reveal=1"])
+
+
+def test_vote_is_saved_durably_and_its_commitment_binds_everything(tmp_path) -> None:
+    me, other = "0x" + "ab" * 20, "0x" + "cd" * 20
+    v = Vote.fresh(b"\x01" * 32, [3, 2])
+    w = Vote.fresh(b"\x01" * 32, [3, 2])
+    assert len(v.salt) == 32 and v.salt != w.salt  # a fresh salt every time
+    p = vote.path(tmp_path, 7)
+    assert vote.load(p) is None
+    vote.save(p, v)
+    assert vote.load(p) == v and [f.name for f in tmp_path.iterdir()] == [p.name]
+    c = v.commitment(1, 0, me)
+    assert c == v.commitment(1, 0, me) and len(c) == 32
+    changed = [
+        w.commitment(1, 0, me),
+        v.commitment(2, 0, me),
+        v.commitment(1, 1, me),
+        v.commitment(1, 0, other),
+        Vote(b"\x02" * 32, v.participation, v.salt).commitment(1, 0, me),
+        Vote(v.checkpoint, (3, 1), v.salt).commitment(1, 0, me),
+    ]
+    assert c not in changed
+    u = Vote.unworkable(3)
+    assert u.is_unworkable and u.checkpoint == UNWORKABLE and u.participation == (0, 0, 0)
+    assert not v.is_unworkable
 
 
 def test_fault_wrappers_replace_honest_behaviour_only_when_active() -> None:

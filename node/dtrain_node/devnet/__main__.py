@@ -44,10 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--run-dir", type=Path, default=None)
     a = ap.parse_args(argv)
+    if a.operators < 2:
+        ap.error("--operators must be at least 2: nobody certifies its own checkpoint")
     if not MIN_EPOCH_DURATION <= a.epoch_duration <= max_epoch_duration():
         ap.error(
             f"--epoch-duration must be {MIN_EPOCH_DURATION}..{max_epoch_duration()} seconds "
-            "(the contract's minimum, and a quarter of the unbonding period less the start grace)"
+            "(the contract's minimum, and a quarter of the unbonding period less the start grace "
+            "and the reveal window)"
         )
     return a
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .job import JobOptions, tiny_job
+from .job import JobOptions, deploy_params, tiny_job
 from .plan import node_name
 
 TEST_CORPUS_BYTES = 200_000
@@ -101,9 +101,10 @@ def tail_logs(procs: list[Proc], lines: int = 15) -> str:
 
 
 class Cluster:
-    """A local chain, a deployed BSM, one job that takes exactly `operators` members, and
-    operator nodes as OS processes started with `spawn` (for the end-to-end tests and the node
-    benchmark). `options` are the other `JobOptions` fields."""
+    """A local chain, the BSM deployed with the devnet's parameters, one job that takes exactly
+    `operators` members (at least 2), and operator nodes as OS processes started with `spawn`
+    (for the end-to-end tests and the node benchmark). `options` are the other `JobOptions`
+    fields."""
 
     def __init__(self, tmp: Path, operators: int, **options: Any) -> None:
         self.tmp = tmp
@@ -112,7 +113,7 @@ class Cluster:
         self.procs: list[Proc] = []
 
     def __enter__(self) -> Cluster:
-        from dtrain import BSM, LocalChain, Params
+        from dtrain import BSM, LocalChain
 
         o = self.options
         self.chain = LocalChain(accounts=8).start()
@@ -122,7 +123,7 @@ class Cluster:
         self.bsm = BSM.deploy(
             self.chain.url,
             acc[0].key,
-            Params(treasury=self.treasury.address, developer=self.developer.address),
+            deploy_params(self.treasury.address, self.developer.address),
         )
         self.spec, _ = tiny_job(self.bsm, self.tmp, o)
         self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)

@@ -17,19 +17,26 @@ if TYPE_CHECKING:
 PRICE = ETH // 100  # per operator and epoch
 CORPUS_BYTES = 600_000
 # The devnet's deploy parameters for epochs: the contract wants the unbonding period at least
-# 4 x (START_GRACE + MIN_EPOCH_DURATION) and every epoch within max_epoch_duration().
+# 4 x (START_GRACE + MIN_EPOCH_DURATION + REVEAL_WINDOW) and every epoch within
+# max_epoch_duration().
 UNBONDING_PERIOD = 3600
 START_GRACE = 30  # seconds between an epoch's start condition and its epochDuration
 MIN_EPOCH_DURATION = 60
+# Reveals open early once every member committed; only an epoch with a silent member waits for
+# its deadline and then the whole window before it can be finalized, so keep it short.
+REVEAL_WINDOW = 15
+OPEN_TIMEOUT = 300  # a job that lost its members may be failed by anyone after this
+SEAT_BOND = ETH // 10  # the devnet's least seat bond; every operator's 1 ETH covers its seat
 
 
 def max_epoch_duration() -> int:
     """The longest `epochDuration` the devnet's contract accepts (its `maxEpochDuration()`)."""
-    return UNBONDING_PERIOD // 4 - START_GRACE
+    return UNBONDING_PERIOD // 4 - START_GRACE - REVEAL_WINDOW
 
 
 def deploy_params(treasury: str, developer: str) -> Any:
-    """The devnet's `dtrain.Params`: SDK defaults but for the epoch timing above."""
+    """The devnet's `dtrain.Params`: SDK defaults but for the epoch timing and seat bond
+    above."""
     from dtrain import Params
 
     return Params(
@@ -38,6 +45,9 @@ def deploy_params(treasury: str, developer: str) -> Any:
         unbonding_period=UNBONDING_PERIOD,
         min_epoch_duration=MIN_EPOCH_DURATION,
         start_grace=START_GRACE,
+        reveal_window=REVEAL_WINDOW,
+        open_timeout=OPEN_TIMEOUT,
+        min_seat_bond=SEAT_BOND,
     )
 
 
@@ -64,7 +74,7 @@ def make_dataset(
 class JobOptions:
     """The job a devnet submits and how its nodes run it (named as the demo's options)."""
 
-    operators: int  # members at the start (the job's min_operators)
+    operators: int  # operators starting with the job
     epochs: int = 1
     steps: int = 10  # training steps per epoch
     sync: int = 5  # DeMo sync every K steps
@@ -73,6 +83,15 @@ class JobOptions:
     method: str = "cpt"
     late_seats: int = 0  # max_operators - operators: seats for operators joining later
     corpus_bytes: int = CORPUS_BYTES  # for CPT
+    # Members every epoch needs (the job's min_operators, at least 2); None: `operators`.
+    min_operators: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 2 <= (self.min_operators or self.operators) <= self.operators:
+            raise ValueError(
+                f"an epoch needs 2 <= min_operators <= operators ({self.operators}), "
+                f"got {self.min_operators or self.operators}"
+            )
 
     @classmethod
     def from_args(cls, a: argparse.Namespace, **changes: Any) -> JobOptions:
@@ -96,7 +115,7 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         total_epochs=o.epochs,
         steps_per_epoch=o.steps,
         sync_interval=o.sync,
-        min_operators=o.operators,
+        min_operators=o.min_operators or o.operators,
         max_operators=o.operators + o.late_seats,
         method=Method[o.method.upper()],
         model_hash=checkpoint.canonical_hash(dict(init.state_dict())),
@@ -104,5 +123,6 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         dataset_hash=digest,
         dataset_uri=str(data),
         epoch_duration=o.epoch_duration,
+        seat_bond=SEAT_BOND,
     )
     return job, init

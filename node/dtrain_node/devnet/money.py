@@ -8,9 +8,11 @@ the treasury instead when the epoch was finalized more than a reward period afte
 treasury, less a finalizer's bounty: `reporterBountyBps` of what its call slashed, the
 attempt's bounties together at most `maxReporterBounty` (a hook finalize settles the members
 in batches, one call each), and nothing to the job's caller or anyone in the job (a member of
-the epoch or a pending joiner). When the job has ended, the escrow it did not
-earn goes back to the caller. Every stake of the roster was deposited while its operator was
-in no job, so all shares earn from the start. Pure functions over event data.
+the epoch or a pending joiner). When a quorum votes an epoch UNWORKABLE (`JobAborted`), nobody
+is slashed and each member that revealed UNWORKABLE in that attempt is credited
+`unworkableCompBps` of P, whole, from the escrow. When the job has ended, the escrow it did not
+earn or pay out goes back to the caller. Every stake of the roster was deposited while its
+operator was in no job, so all shares earn from the start. Pure functions over event data.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from dtrain import UNWORKABLE
 
 if TYPE_CHECKING:
     from dtrain.models import Event
@@ -35,6 +39,7 @@ class Rules:
     reporter_bounty_bps: int = 1000
     max_reporter_bounty: int = 10**16
     reward_period: int = 7 * 86400 // 2  # unbondingPeriod / 2
+    unworkable_comp_bps: int = 1000
 
     @classmethod
     def from_params(cls, p: Any) -> Rules:
@@ -44,12 +49,17 @@ class Rules:
             reporter_bounty_bps=p.reporter_bounty_bps,
             max_reporter_bounty=p.max_reporter_bounty,
             reward_period=p.unbonding_period // 2,
+            unworkable_comp_bps=p.unworkable_comp_bps,
         )
 
     def cuts(self, price: int) -> tuple[int, int, int, int]:
         """(operator, stake pool, developer, treasury) of one paid operator-epoch."""
         op, pool, dev = (price * bps // BPS for bps in self.split_bps)
         return op, pool, dev, price - op - pool - dev
+
+    def compensation(self, price: int) -> int:
+        """What each UNWORKABLE voter gets when its vote aborts the job."""
+        return price * self.unworkable_comp_bps // BPS
 
     def bounty(self, slashed: int) -> int:
         return min(slashed * self.reporter_bounty_bps // BPS, self.max_reporter_bounty)
@@ -74,6 +84,7 @@ class EpochRecord:
     slashed: list[Slash]
     joining: list[str] = field(default_factory=list)  # pending joiners while it ran
     stakers_late: bool = False  # finalized over a reward period after it began
+    compensated: list[str] = field(default_factory=list)  # UNWORKABLE voters of an abort
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,20 @@ def _late(mine: Sequence[Event], block_time: Mapping[int, int], reward_period: i
     return block_time[fin[0].block] > block_time[starts[-1].block] + reward_period
 
 
+def _unworkable_voters(mine: Sequence[Event]) -> list[str]:
+    """When the epoch was voted unworkable (`JobAborted`): the members that revealed
+    UNWORKABLE in its last attempt (the one the abort settled), else none."""
+    if not any(x.name == "JobAborted" for x in mine):
+        return []
+    starts = [i for i, x in enumerate(mine) if x.name == "EpochStarted"]
+    last = mine[starts[-1] :] if starts else mine
+    return [
+        x.args["operator"]
+        for x in last
+        if x.name == "CheckpointRevealed" and bytes(x.args["checkpoint"]) == UNWORKABLE
+    ]
+
+
 def _slashed(mine: Sequence[Event]) -> list[Slash]:
     """The epoch's slashes, each with its finalize call and attempt (events in block order)."""
     out, attempt = [], 0
@@ -159,6 +184,7 @@ def epoch_records(
                 slashed=_slashed(mine),
                 joining=joining,
                 stakers_late=_late(mine, block_time or {}, reward_period),
+                compensated=_unworkable_voters(mine),
             )
         )
     return out
@@ -201,8 +227,11 @@ def expected_credits(
         shares[op][staker] = amount
     reward_per_share = dict.fromkeys(shares, 0)
     op_cut, pool_cut, dev_cut, treasury_cut = rules.cuts(price)
-    n_paid = 0
+    n_paid, compensated = 0, 0
     for ep in epochs:
+        for op in ep.compensated:
+            compensated += rules.compensation(price)
+            expected[op] += rules.compensation(price)
         for op in ep.paid:
             n_paid += 1
             expected[op] += op_cut
@@ -217,7 +246,7 @@ def expected_credits(
         for who, sh in holders.items():
             expected[who] += sh * reward_per_share[op] // ETH
     if refund_escrow:
-        expected[roster.caller] += refund_escrow - n_paid * price
+        expected[roster.caller] += refund_escrow - n_paid * price - compensated
     return expected
 
 

@@ -204,10 +204,11 @@ def print_table(
             ", ".join(f"{n(s.address)} ({s.reason}, {s.amount / ETH:g} ETH)" for s in ep.slashed)
             or "-"
         )
+        quorum = ep.quorum_hash or ("UNWORKABLE" if ep.compensated else "no quorum")
+        paid = ep.paid or ep.compensated  # an aborted epoch: its voters were compensated
         print(
             f"{ep.epoch:>5}  {' '.join(n(m) for m in ep.members):<22}  "
-            f"{(ep.quorum_hash or 'no quorum')[:18]:<18} "
-            f"{' '.join(n(m) for m in ep.paid):<21} {slashed}"
+            f"{quorum[:18]:<18} {' '.join(n(m) for m in paid):<21} {slashed}"
         )
     print("\naccount     expected credit   credited          ok")
     for b in balances:

@@ -58,8 +58,11 @@ class Story:
         self, chain: LocalChain, args: argparse.Namespace, plan: Plan, run_dir: Path
     ) -> None:
         self.chain, self.args, self.plan, self.run_dir = chain, args, plan, run_dir
-        # One seat more than the starters, for the late joiner (kept with --no-late-join).
-        self.job = JobOptions.from_args(args, late_seats=1)
+        # One seat more than the starters, for the late joiner (kept with --no-late-join); as
+        # few members per epoch as the story leaves in its last one.
+        self.job = JobOptions.from_args(
+            args, late_seats=1, min_operators=plan.min_operators(args.epochs)
+        )
         acc = chain.accounts
         self.ops = [acc[1 + i] for i in plan.operators]  # by operator index
         self.stakers = [acc[s] for s in STAKERS]

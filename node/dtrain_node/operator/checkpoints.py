@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from dtrain.errors import DtrainError
 from dtrain.models import Job
 from dtrain_node.errors import CheckpointInvalid
 from dtrain_node.operator.transport import PeerSpec, Transport
@@ -61,7 +60,7 @@ class Checkpoints:
             tensors = {n: p.detach().clone() for n, p in model.state_dict().items()}
             got = checkpoint.canonical_hash(tensors)
             if any(expected) and got != expected:
-                raise DtrainError(
+                raise CheckpointInvalid(
                     f"initial model hash {got.hex()[:16]}.. != job's model hash "
                     f"{expected.hex()[:16]}.."
                 )

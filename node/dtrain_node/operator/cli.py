@@ -66,7 +66,8 @@ def node() -> None:
     "faults",
     multiple=True,
     help=(
-        "Misbehave on purpose (repeatable): fabricate, garbage, stop-sync=N, offline=N, "
+        "Misbehave on purpose (repeatable): fabricate, no-reveal (commit, never reveal), "
+        "garbage, stop-sync=N, offline=N, "
         "attack=KIND with KIND poison, scale=X, signflip, noise, stale or copy (copy re-sends "
         "another member's packet of the previous round), scoped by epoch=E and once."
     ),
@@ -94,7 +95,7 @@ def node_run(
     linger: float,
     no_withdraw: bool,
 ) -> None:
-    """Register, join, train with DeMo over gossip, submit checkpoints, get paid.
+    """Register, join, train with DeMo over gossip, commit and reveal checkpoints, get paid.
 
     Ctrl-C once leaves the job after this epoch; twice stops now.
 

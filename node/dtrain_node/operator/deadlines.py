@@ -3,14 +3,18 @@
 Members reach the first round of an epoch at different times (fetching the start checkpoint,
 building the model), so it gets `FIRST_ROUND_FACTOR` times the round deadline; once everyone
 is in, rounds end as soon as all packets arrived. Missing members must not make us miss the
-epoch deadline: the rounds left share the time left, less the gossip settle phase of each and
-`SUBMIT_MARGIN_S` to save and submit. A round never gets less than `MIN_ROUND_S`.
+epoch's commit deadline: the rounds left share the time left, less the gossip settle phase of
+each and `VOTE_MARGIN_S` to save the checkpoint and send both vote transactions (the commit
+before the deadline and the reveal, which opens early once every member committed). A round
+never gets less than `MIN_ROUND_S`.
 """
 
 from __future__ import annotations
 
 FIRST_ROUND_FACTOR = 4
-SUBMIT_MARGIN_S = 20.0  # time kept for saving, hashing and the submit transaction
+SAVE_S = 10.0  # save and hash the checkpoint, persist the vote
+TX_S = 5.0  # one transaction sent and mined
+VOTE_MARGIN_S = SAVE_S + 2 * TX_S  # kept before the commit deadline: save, commit, reveal
 MIN_ROUND_S = 1.0
 
 
@@ -26,13 +30,14 @@ def round_deadline(
     """Seconds the round may wait for packets.
 
     base_s: the configured round deadline; first: the first round this process runs in the
-    epoch (also after a resume); now and epoch_deadline: unix seconds; rounds_left: this round
-    and the ones after it (>= 1); settle_s: the transport's settle time after a deadline.
+    epoch (also after a resume); now and epoch_deadline: unix seconds (the commit deadline);
+    rounds_left: this round and the ones after it (>= 1); settle_s: the transport's settle
+    time after a deadline.
     """
     if rounds_left < 1:
         raise ValueError(f"rounds_left must be >= 1, got {rounds_left}")
     wanted = base_s * (FIRST_ROUND_FACTOR if first else 1)
-    left = epoch_deadline - now - SUBMIT_MARGIN_S
+    left = epoch_deadline - now - VOTE_MARGIN_S
     share = left / rounds_left - settle_s
     return max(MIN_ROUND_S, min(wanted, share))
 
@@ -40,9 +45,16 @@ def round_deadline(
 def epoch_seconds_needed(steps: int, sync_interval: int, step_s: float) -> float:
     """Least epoch duration in which this node can finish an epoch: every inner step at
     `step_s` seconds, every sync round at least `MIN_ROUND_S`, the first round its longer
-    start, and the margin to save and submit. An epoch shorter than this would get us slashed
-    for dropping out, so `--auto` does not join such a job."""
+    start, and the margin to save, commit and reveal. An epoch shorter than this would get us
+    slashed for dropping out, so `--auto` does not join such a job."""
     if steps < 1 or sync_interval < 1 or not step_s >= 0:
         raise ValueError(f"steps {steps}, sync_interval {sync_interval} >= 1, step_s {step_s} >= 0")
     rounds = steps // sync_interval
-    return steps * step_s + (rounds + FIRST_ROUND_FACTOR) * MIN_ROUND_S + SUBMIT_MARGIN_S
+    return steps * step_s + (rounds + FIRST_ROUND_FACTOR) * MIN_ROUND_S + VOTE_MARGIN_S
+
+
+def reveal_window_fits(reveal_window_s: int) -> bool:
+    """Can a reveal that opens only at the commit deadline (a member did not commit) still be
+    mined within the chain's reveal window? `--auto` joins no job on a chain where it cannot:
+    an unrevealed commitment is slashed as a dropout."""
+    return reveal_window_s >= TX_S

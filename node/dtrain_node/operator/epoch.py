@@ -4,7 +4,9 @@ state, run the sync rounds over the transport and save the checkpoint.
 Per round: K inner AdamW steps on our deterministic shard, `DeMo.prepare()`, `collect_round`
 over the transport, `DeMo.apply()` of the members' packets; the round state is saved after
 every round so a restarted node resumes at the next one. The result is the checkpoint digest
-and the participation vote, which the node submits. Faults wrap the honest behaviour
+and the participation vote, which the node commits and reveals. `prepare` (model, dataset,
+start state) is separate from `train` so the node can tell an epoch nobody can do
+(`UNWORKABLE_ERRORS`) from a failure of its own. Faults wrap the honest behaviour
 (`Faults.before_round`, `.packet`, `.digest`); the honest run never looks at them otherwise
 (it only keeps the `RoundContext` an attack packet is built from: the packet spec, our honest
 packet and the packets collected in the previous round).
@@ -21,6 +23,12 @@ from typing import TYPE_CHECKING, Any
 from web3 import Web3
 
 from dtrain.models import Job
+from dtrain_node.errors import (
+    CheckpointInvalid,
+    CheckpointUnavailable,
+    DatasetError,
+    ModelUnavailable,
+)
 from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import round_deadline
@@ -34,6 +42,12 @@ from dtrain_node.train.backend import Backend, TrainJob, make_backend
 
 if TYPE_CHECKING:
     from dtrain_node.operator.node import NodeConfig
+
+
+# What `EpochTrainer.prepare` raises when the epoch cannot be done by anyone honest: the
+# dataset missing or failing its hash (or malformed), the model unknown, the start checkpoint
+# failing its hash or served by no member. The node votes UNWORKABLE instead of training.
+UNWORKABLE_ERRORS = (DatasetError, ModelUnavailable, CheckpointInvalid, CheckpointUnavailable)
 
 
 @dataclass(frozen=True)
@@ -82,8 +96,18 @@ class EpochTrainer:
         self.context: RoundContext  # what the previous round left for `Faults.packet`
 
     def run(self) -> tuple[bytes, list[int]]:
-        """Train every round left; returns (checkpoint digest, participation vote)."""
+        """`prepare` then `train`."""
+        self.prepare()
+        return self.train()
+
+    def prepare(self) -> None:
+        """Builds the backend (the job's model and dataset) and loads the verified start state
+        (and our round state, when resuming). Raises `UNWORKABLE_ERRORS` when the dataset or
+        the start model is unavailable or fails its hash: the epoch cannot be done."""
         self._build()
+
+    def train(self) -> tuple[bytes, list[int]]:
+        """Train every round left; returns (checkpoint digest, participation vote)."""
         self._begin()
         for r in range(self.first, self.rounds):
             self._round(r)

@@ -1,6 +1,7 @@
 """Misbehaviours for demos and tests, explicit and off by default.
 
-Each one is something the chain must catch: a fabricated checkpoint hash (fabrication slash),
+Each one is something the chain must catch: a fabricated checkpoint hash, committed and
+revealed like an honest one (fabrication slash), a commitment never revealed (dropout slash),
 no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
 that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver),
 a codec-valid attack packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members'
@@ -34,8 +35,8 @@ from dtrain_node.optim.attacks import KINDS, Attack
 from dtrain_node.optim.codec import Spec
 
 USAGE = (
-    "fabricate, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, scale=X, "
-    "signflip, noise, stale, copy), epoch=E, once"
+    "fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
+    "scale=X, signflip, noise, stale, copy), epoch=E, once"
 )
 
 
@@ -71,6 +72,7 @@ class Faults:
     """`epoch` limits every fault to that epoch (None: all epochs)."""
 
     fabricate_checkpoint: bool = False
+    withhold_reveal: bool = False  # commit, then never reveal
     stop_sync_at_round: int | None = None
     offline_at_round: int | None = None
     garbage_packets: bool = False
@@ -92,8 +94,8 @@ class Faults:
 
     @classmethod
     def parse(cls, items: list[str]) -> Faults:
-        """From CLI words: fabricate, garbage, stop-sync=N, offline=N, attack=KIND, epoch=E,
-        once (`attack=scale=100`: everything after the first `=` is the attack)."""
+        """From CLI words: fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND,
+        epoch=E, once (`attack=scale=100`: everything after the first `=` is the attack)."""
         kw: dict[str, object] = {}
         for item in items:
             name, _, value = item.partition("=")
@@ -101,6 +103,8 @@ class Faults:
                 kw["attack"] = _attack(value)
             elif name == "fabricate" and not value:
                 kw["fabricate_checkpoint"] = True
+            elif name == "no-reveal" and not value:
+                kw["withhold_reveal"] = True
             elif name == "garbage" and not value:
                 kw["garbage_packets"] = True
             elif name == "once" and not value:
@@ -150,8 +154,13 @@ class Faults:
             packet = os.urandom(len(packet))
         return packet
 
+    @property
+    def reveals(self) -> bool:
+        """Does the node reveal its committed vote? (`no-reveal`: never.)"""
+        return not self.withhold_reveal
+
     def digest(self, honest: bytes, sender: str, attempt: int) -> bytes:
-        """The checkpoint hash submitted: `fabricate` makes one up."""
+        """The checkpoint hash committed and revealed: `fabricate` makes one up."""
         if self.fabricate_checkpoint:
             return Web3.keccak(text=f"fabricated:{sender}:{attempt}")
         return honest

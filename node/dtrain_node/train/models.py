@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from dtrain_node.errors import ModelUnavailable
+
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 SPECIALS = (BOS, EOS, PAD)
 
@@ -53,13 +55,13 @@ def model_config(uri: str) -> ModelConfig:
     if uri.startswith("builtin:"):
         name = uri.removeprefix("builtin:")
         if name not in PRESETS:
-            raise ValueError(f"unknown builtin model {name!r}; known: {', '.join(PRESETS)}")
+            raise ModelUnavailable(f"unknown builtin model {name!r}; known: {', '.join(PRESETS)}")
         return PRESETS[name]
     path = Path(uri.removeprefix("file://"))
     try:
         return ModelConfig(**json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError, TypeError) as exc:
-        raise ValueError(f"cannot read model config {uri!r}: {exc}") from None
+        raise ModelUnavailable(f"cannot read model config {uri!r}: {exc}") from None
 
 
 def tokenizer():
