@@ -144,7 +144,9 @@ def cpt_job(tmp_path) -> TrainJob:
 # method -> (problems, held-out metric, direction (+1: higher is better), inner lr, steps)
 SETUPS = {
     "sft": (lambda: tasks.addition(100, digits=1, seed=0), "heldout_loss", -1, 3e-3, 40),
-    "dpo": (lambda: tasks.reversal(300, length=3, seed=0), "preference_accuracy", 1, 1e-3, 30),
+    # Held-out prompts are never trained on and rejected answers use the prompt's own letters, so
+    # the preference must be learnt (no shortcut): it takes more steps than the old leaky setup.
+    "dpo": (lambda: tasks.last_letter(300, length=4, seed=0), "preference_accuracy", 1, 1e-3, 120),
     "grpo": (lambda: tasks.last_letter(300, length=4, seed=0), "mean_reward", 1, 3e-3, 30),
 }
 
@@ -205,7 +207,7 @@ def test_grpo_mean_reward_is_answer_probability(tmp_path):
     ids, mask = finetune.left_pad([[finetune.BOS, *finetune.encode(rec["prompt"])]] * 4000)
     with torch.no_grad():
         s = b.sample(ids, mask, seed=0)
-        p = b._alphabet_logps(b.model, ids[:1], mask[:1], 1)[0, -1].exp()
+        p = b._next_logps(b.model, ids[:1], mask[:1])[0].exp()
     freq = (s[:, 0] == b.alphabet.index(rec["answer"])).float().mean().item()
     assert freq == pytest.approx(p[b.alphabet.index(rec["answer"])].item(), abs=0.03)
 
@@ -262,9 +264,10 @@ def test_two_workers_with_demo_sync_improve_heldout_metric(tmp_path, method):
 
 
 def test_sft_greedy_exact_match_accuracy_improves(tmp_path):
-    # Exact match of greedy decoding (the SFT accuracy metric) on a copy-like task.
+    # Exact match of greedy decoding (the SFT accuracy metric) on a copy-like task; the held-out
+    # prompts are never trained on, so this measures the rule learnt, not memorised answers.
     torch.set_num_threads(1)
-    b = make_backend(job_for(tmp_path, "sft", tasks.last_letter(400, length=4, seed=0)))
+    b = make_backend(job_for(tmp_path, "sft", tasks.last_letter(1000, length=4, seed=0)))
     before = b.evaluate()
     opt = torch.optim.AdamW(b.model.parameters(), lr=3e-3)
     it = b.batches(torch.arange(b.n_items()), 16, seed=0)
@@ -273,7 +276,7 @@ def test_sft_greedy_exact_match_accuracy_improves(tmp_path):
         opt.step()
         opt.zero_grad()
     after = b.evaluate()
-    assert before["accuracy"] == 0.0 and after["accuracy"] >= 0.2, (before, after)
+    assert before["accuracy"] == 0.0 and after["accuracy"] >= 0.5, (before, after)
 
 
 @pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])

@@ -40,11 +40,85 @@ def test_reversal_and_last_letter_answers():
         assert p.answer == s[-1]
 
 
+@pytest.mark.parametrize("gen", [tasks.reversal, tasks.last_letter])
+def test_string_tasks_are_distinct_capped_and_seeded(gen):
+    probs = gen(1000, length=3, seed=0)
+    assert len(probs) == 6**3 == len({p.prompt for p in probs})  # every string once, no more
+    assert len({p.prompt for p in gen(1000, length=4, seed=0)}) == 1000
+    assert gen(50, length=4, seed=1) == gen(50, length=4, seed=1) != gen(50, length=4, seed=2)
+    with pytest.raises(ValueError):
+        gen(5, length=3, alphabet="aa")
+
+
+# The datasets of the unit tests, the benchmarks and the devnet (before: 99 of 100 held-out DPO
+# prompts and 50 of 100 GRPO prompts of the benchmark sets were also training prompts).
+DATASETS = {
+    "sft": lambda: tasks.addition(1000, digits=2, seed=0),
+    "dpo": lambda: tasks.reversal(1000, length=3, seed=0),
+    "grpo": lambda: tasks.last_letter(1000, length=4, seed=0),
+}
+
+
+@pytest.mark.parametrize("method", sorted(DATASETS))
+def test_generated_heldout_prompts_are_never_trained_on(method):
+    train, held = tasks.split(tasks.records(DATASETS[method](), method, seed=0))
+    assert held and train
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+
+
+def test_split_keeps_a_repeated_prompt_on_one_side():
+    # A caller's dataset may repeat prompts (several pairs per prompt): all of a held-out
+    # prompt's records are held out, wherever they are in the file; nothing is dropped.
+    recs = [{"prompt": f"p{i % 7}", "response": str(i)} for i in range(30)]
+    train, held = tasks.split(recs)
+    assert held[-3:] == recs[-3:]
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    assert sorted(map(str, train + held)) == sorted(map(str, recs))
+    assert {r["prompt"] for r in held} == {"p6", "p0", "p1"}  # prompts of records 27, 28, 29
+    with pytest.raises(DatasetError, match="no training records"):
+        tasks.split([{"prompt": "same", "response": str(i)} for i in range(10)])
+
+
+def prompt_lacks(prompt: str, answer: str) -> bool:
+    return any(c not in prompt for c in answer)
+
+
+def shortcut_score(recs: list[dict[str, str]]) -> float:
+    """A model-free preference: the answer holding a character the prompt lacks is the rejected
+    one (ties count one half). Chance is 0.5; the old rejected answers gave it about 0.9."""
+    score = 0.0
+    for r in recs:
+        c, j = prompt_lacks(r["prompt"], r["chosen"]), prompt_lacks(r["prompt"], r["rejected"])
+        score += 1.0 if j and not c else 0.0 if c and not j else 0.5
+    return score / len(recs)
+
+
+@pytest.mark.parametrize(
+    "problems",
+    [
+        tasks.reversal(1000, length=3, seed=0),
+        tasks.last_letter(1000, length=4, seed=0),
+        tasks.addition(1000, digits=2, seed=0),
+        tasks.addition(100, digits=1, seed=0),
+    ],
+)
+def test_dpo_rejected_has_no_letter_shortcut(problems):
+    recs = tasks.records(problems, "dpo", seed=0)
+    assert shortcut_score(recs) == pytest.approx(0.5, abs=0.02)
+    for r in recs:
+        wrong, right = r["rejected"], r["chosen"]
+        assert wrong != right and len(wrong) == len(right)
+        assert [c.isdigit() for c in wrong] == [c.isdigit() for c in right]
+        if right.isalpha() and len(set(right)) > 1:  # the same letters in a wrong order
+            assert sorted(wrong) == sorted(right)
+
+
 def test_dpo_rejected_is_wrong_and_same_width():
     recs = tasks.records(tasks.addition(200, digits=2), "dpo", seed=0)
     for r in recs:
         assert r["rejected"] != r["chosen"] and len(r["rejected"]) == len(r["chosen"])
         assert r["rejected"].isdigit()
+        assert len(r["rejected"]) == 1 or r["rejected"][0] != "0"  # no "01" for "10"
 
 
 def test_write_and_load_roundtrip_with_hash(tmp_path):
@@ -111,7 +185,7 @@ def test_too_few_records_and_unknown_method(tmp_path):
 
 
 def test_split_holds_out_last_tenth():
-    recs = [{"i": str(i)} for i in range(25)]
+    recs = [{"prompt": str(i)} for i in range(25)]
     train, held = tasks.split(recs)
     assert train == recs[:23] and held == recs[23:]
     assert tasks.split(recs[:3]) == (recs[:2], recs[2:3])  # at least one held out

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from dtrain_node.errors import BackendUnavailable
-from dtrain_node.train import corpus
+from dtrain_node.train import corpus, shard
 from dtrain_node.train import losses as methods
 from dtrain_node.train import models as hf
 
@@ -84,12 +84,10 @@ class CausalLMBackend:
         return self.data.n_windows
 
     def batches(self, indices: torch.Tensor, batch_size: int, seed: int) -> Iterator[Any]:
-        """Endless batches over `indices`, reshuffled each pass (local order need not match)."""
-        g = torch.Generator().manual_seed(seed)
-        while True:
-            perm = indices[torch.randperm(len(indices), generator=g)]
-            for i in range(0, len(perm) - batch_size + 1, batch_size):
-                yield self.data.windows(perm[i : i + batch_size])
+        """Endless batches over `indices`, reshuffled each pass (local order need not match);
+        a shard smaller than batch_size yields batches of the whole shard (shard.py)."""
+        for idx, _ in shard.batch_indices(indices, batch_size, seed):
+            yield self.data.windows(idx)
 
     def loss(self, batch: Any) -> torch.Tensor:
         x, y = batch

@@ -2,7 +2,8 @@
 
 They implement the same protocol as backend.CausalLMBackend. Every batch is a tuple whose first
 element is a token tensor (the runner counts tokens with batch[0].numel()). The last 10% of a
-dataset's records are the held-out split every node evaluates on.
+dataset's records (and any other record sharing one of their prompts) are the held-out split every
+node evaluates on, never trained on (tasks.split).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from dtrain_node.errors import DatasetError
-from dtrain_node.train import losses, models, tasks
+from dtrain_node.train import losses, models, shard, tasks
 
 BOS, EOS, PAD = 256, 257, 258  # models.tokenizer()'s special ids
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
@@ -148,18 +149,13 @@ class RecordBackend:
         return len(self.train)
 
     def batches(self, indices: torch.Tensor, batch_size: int, seed: int) -> Iterator[Any]:
-        """Endless batches over `indices`, reshuffled each pass."""
-        if len(indices) == 0:
-            raise ValueError("no records in this shard")
-        bs = min(batch_size, len(indices))
-        g = torch.Generator().manual_seed(seed)
-        while True:
-            perm = indices[torch.randperm(len(indices), generator=g)]
-            for i in range(0, len(perm) - bs + 1, bs):
-                recs = [self.train[int(j)] for j in perm[i : i + bs]]
-                batch = self.collate(recs, int(torch.randint(0, 2**62, (1,), generator=g)))
-                for _ in range(self.repeats):
-                    yield batch
+        """Endless batches over this node's shard `indices`, reshuffled each pass; each batch
+        carries its own sampling seed, drawn from `seed` mixed with the shard (shard.py), so
+        nodes given the same `seed` still sample independently."""
+        for idx, batch_seed in shard.batch_indices(indices, batch_size, seed):
+            batch = self.collate([self.train[int(j)] for j in idx], batch_seed)
+            for _ in range(self.repeats):
+                yield batch
 
     def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[Any, ...]:
         raise NotImplementedError
@@ -266,12 +262,21 @@ class GRPOBackend(RecordBackend):
         ids, mask = left_pad([[BOS, *encode(r["prompt"])] for r in recs])
         return ids, mask, tuple(r["answer"] for r in recs), seed
 
-    def _alphabet_logps(self, model, ids, mask, completion_len: int) -> torch.Tensor:
-        """log-probs [N, completion_len, |alphabet|] of the restricted next-token distribution
-        at the completion's positions (the last completion_len tokens of ids are completion)."""
-        logits = forward(model, ids, mask)[:, -completion_len - 1 : -1]
+    def _restricted(self, logits: torch.Tensor) -> torch.Tensor:
+        """log-probs of the next-token distribution restricted to the answer alphabet."""
         logits = logits[..., self.alphabet_ids].float() / self.opts.grpo_temperature
         return torch.log_softmax(logits, dim=-1)
+
+    def _alphabet_logps(self, model, ids, mask, completion_len: int) -> torch.Tensor:
+        """log-probs [N, completion_len, |alphabet|] of the restricted next-token distribution
+        at the completion's positions (the last completion_len tokens of ids are completion):
+        position t predicts token t + 1, so the logits are those of the tokens just before."""
+        return self._restricted(forward(model, ids, mask)[:, -completion_len - 1 : -1])
+
+    def _next_logps(self, model, ids, mask) -> torch.Tensor:
+        """log-probs [N, |alphabet|] of the token that follows ids (the last position's logits,
+        which predict the next token; not the second to last, which predicts the last one)."""
+        return self._restricted(forward(model, ids, mask)[:, -1])
 
     @torch.no_grad()
     def sample(self, ids: torch.Tensor, mask: torch.Tensor, seed: int) -> torch.Tensor:
@@ -279,7 +284,7 @@ class GRPOBackend(RecordBackend):
         g = torch.Generator().manual_seed(seed)
         out = torch.zeros((ids.size(0), 0), dtype=torch.long)
         for _ in range(self.width):
-            lp = self._alphabet_logps(self.model, ids, mask, 1)[:, -1]
+            lp = self._next_logps(self.model, ids, mask)
             nxt = torch.multinomial(lp.exp(), 1, generator=g)
             out = torch.cat([out, nxt], 1)
             ids = torch.cat([ids, self.alphabet_ids[nxt]], 1)
@@ -337,7 +342,7 @@ class GRPOBackend(RecordBackend):
             out = torch.zeros((len(recs), 0), dtype=torch.long)
             cur_ids, cur_mask = ids, mask
             for _ in range(self.width):
-                nxt = self._alphabet_logps(self.model, cur_ids, cur_mask, 1)[:, -1].argmax(-1)
+                nxt = self._next_logps(self.model, cur_ids, cur_mask).argmax(-1)
                 out = torch.cat([out, nxt[:, None]], 1)
                 cur_ids = torch.cat([cur_ids, self.alphabet_ids[nxt][:, None]], 1)
                 cur_mask = torch.cat([cur_mask, torch.ones_like(nxt)[:, None]], 1)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import random
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,23 +52,76 @@ def addition(n: int, digits: int = 1, seed: int = 0, max_sum: int | None = None)
     return [Problem(f"{a}+{b}=", str(a + b)) for a, b in pairs[:n]]
 
 
+def _distinct_strings(n: int, length: int, alphabet: str, seed: int) -> list[str]:
+    """min(n, len(alphabet) ** length) distinct strings, drawn without replacement, shuffled."""
+    k = len(alphabet)
+    if k < 2 or len(set(alphabet)) != k or length < 1:
+        raise ValueError(
+            f"need >= 2 distinct alphabet characters and length >= 1, got {alphabet!r}"
+        )
+    codes = random.Random(seed).sample(range(k**length), min(n, k**length))
+    return ["".join(alphabet[c // k**i % k] for i in range(length)) for c in codes]
+
+
 def reversal(n: int, length: int = 4, seed: int = 0, alphabet: str = "abcdef") -> list[Problem]:
-    """n problems "rev abcd:" -> "dcba" over a small alphabet (repeats possible for tiny n)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        s = "".join(rng.choice(alphabet) for _ in range(length))
-        out.append(Problem(f"rev {s}:", s[::-1]))
-    return out
+    """n distinct problems "rev abcd:" -> "dcba" over a small alphabet, shuffled.
+
+    Distinct prompts, so any split of them into train and held-out is disjoint. n is capped at
+    the number of distinct problems (len(alphabet) ** length).
+    """
+    return [Problem(f"rev {s}:", s[::-1]) for s in _distinct_strings(n, length, alphabet, seed)]
 
 
-def wrong_answer(p: Problem, rng: random.Random) -> str:
-    """A plausible wrong answer of the same width: one character changed (digits stay digits)."""
-    chars = list(p.answer)
-    i = rng.randrange(len(chars))
-    pool = "0123456789" if chars[i].isdigit() else "abcdefghijklmnopqrstuvwxyz"
-    chars[i] = rng.choice([c for c in pool if c != chars[i]])
-    return "".join(chars)
+_PRINTABLE = string.ascii_letters + string.digits + string.punctuation
+_CLASSES = (str.isdigit, str.islower, str.isupper)
+_POOLS = (string.digits, string.ascii_lowercase, string.ascii_uppercase)
+
+
+def _pool(c: str) -> str:
+    """The characters of c's class (digits, lowercase, uppercase; else printable ASCII)."""
+    return next((pool for test, pool in zip(_CLASSES, _POOLS, strict=True) if test(c)), _PRINTABLE)
+
+
+def _replacements(p: Problem, i: int, alphabet: str) -> list[str]:
+    """Characters to put at answer position i instead of its own: of the same class, and in the
+    prompt exactly when the replaced character is (so "has a character the prompt lacks" is the
+    same for the right and the wrong answer); preferably from the dataset's answer `alphabet`."""
+    c = p.answer[i]
+    same = set(_pool(c)) - {c}
+    status = same & set(p.prompt) if c in p.prompt else same - set(p.prompt)
+    if not status:
+        status = same  # e.g. "0+0=" -> "0": no other digit in the prompt
+    preferred = status & set(alphabet)
+    return sorted(preferred or status)
+
+
+def _plausible(wrong: str, answer: str) -> bool:
+    """A wrong number has no leading zero unless the answer has one (no "01" for "10")."""
+    return not (answer.isdigit() and len(wrong) > 1 and wrong[0] == "0" != answer[0])
+
+
+def wrong_answer(p: Problem, rng: random.Random, alphabet: str = "") -> str:
+    """A plausible wrong answer of the same width that no surface feature gives away.
+
+    Two different characters of the answer swapped (the same characters in a wrong order); for
+    an answer of one repeated character, one character replaced by another of its class (digits
+    stay digits) that is in the prompt exactly when the replaced one is. So a heuristic such as
+    "the answer with a character the prompt lacks is the rejected one" scores chance.
+    """
+    a = p.answer
+    swaps = {
+        a[:i] + a[j] + a[i + 1 : j] + a[i] + a[j + 1 :]
+        for i in range(len(a))
+        for j in range(i + 1, len(a))
+        if a[i] != a[j]
+    }
+    cands = sorted(w for w in swaps if _plausible(w, a))
+    if not cands:
+        subs = {
+            a[:i] + c + a[i + 1 :] for i in range(len(a)) for c in _replacements(p, i, alphabet)
+        }
+        cands = sorted(w for w in subs if _plausible(w, a)) or sorted(subs)
+    return rng.choice(cands)
 
 
 def records(problems: list[Problem], method: str, seed: int = 0) -> list[dict[str, str]]:
@@ -75,8 +129,9 @@ def records(problems: list[Problem], method: str, seed: int = 0) -> list[dict[st
         return [{"prompt": p.prompt, "response": p.answer} for p in problems]
     if method == "dpo":
         rng = random.Random(seed)
+        alphabet = "".join(sorted({c for p in problems for c in p.answer}))
         return [
-            {"prompt": p.prompt, "chosen": p.answer, "rejected": wrong_answer(p, rng)}
+            {"prompt": p.prompt, "chosen": p.answer, "rejected": wrong_answer(p, rng, alphabet)}
             for p in problems
         ]
     if method == "grpo":
@@ -158,17 +213,23 @@ def load_records(
 
 
 def split(recs: list[dict[str, str]], heldout_fraction: float = 0.1) -> tuple[list, list]:
-    """(train, held-out): the held-out split is the last fraction of records (at least one)."""
+    """(train, held-out), disjoint in prompts: the held-out split is the last fraction of records
+    (at least one) plus every other record with one of their prompts (in file order), so no
+    held-out prompt is ever trained on, even when a dataset repeats prompts."""
     n_held = max(1, int(len(recs) * heldout_fraction))
-    return recs[:-n_held], recs[-n_held:]
+    held_prompts = {r["prompt"] for r in recs[-n_held:]}
+    train = [r for r in recs[:-n_held] if r["prompt"] not in held_prompts]
+    if not train:
+        raise DatasetError(
+            f"no training records left: all {len(recs)} share the held-out split's prompts"
+        )
+    return train, [r for r in recs if r["prompt"] in held_prompts]
 
 
 def last_letter(n: int, length: int = 4, seed: int = 0, alphabet: str = "abcdef") -> list[Problem]:
-    """n problems "last abcd:" -> "d": one-character answers, so a sampled guess is right with
-    probability 1/len(alphabet) at the start (dense enough reward for GRPO from scratch)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        s = "".join(rng.choice(alphabet) for _ in range(length))
-        out.append(Problem(f"last {s}:", s[-1]))
-    return out
+    """n distinct problems "last abcd:" -> "d": one-character answers, so a sampled guess is right
+    with probability 1/len(alphabet) at the start (dense enough reward for GRPO from scratch).
+
+    Distinct prompts (n is capped at len(alphabet) ** length), shuffled.
+    """
+    return [Problem(f"last {s}:", s[-1]) for s in _distinct_strings(n, length, alphabet, seed)]
