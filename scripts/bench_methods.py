@@ -41,7 +41,7 @@ def setups(quick: bool) -> list[Setup]:
     return [
         Setup("cpt", "stdlib sources, ctx 128", "heldout_loss", False, 3e-3, 40 * s),
         Setup("sft", "2-digit addition", "heldout_loss", False, 3e-3, 60 * s),
-        Setup("dpo", "reversal of 3 letters", "preference_accuracy", True, 1e-3, 40 * s),
+        Setup("dpo", "reversal of 4 letters", "preference_accuracy", True, 1e-3, 40 * s),
         Setup("grpo", "last letter of 4, G=8", "mean_reward", True, 3e-3, 24 * s),
     ]
 
@@ -54,7 +54,7 @@ def dataset(method: str, work: Path, quick: bool) -> tuple[str, bytes]:
     path = work / f"{method}.jsonl"
     probs = {
         "sft": lambda: tasks.addition(n, digits=2, seed=0),
-        "dpo": lambda: tasks.reversal(n, length=3, seed=0),
+        "dpo": lambda: tasks.reversal(n, length=4, seed=0),
         "grpo": lambda: tasks.last_letter(n, length=4, seed=0),
     }[method]()
     return str(path), tasks.make_dataset(path, method, probs)

@@ -63,7 +63,7 @@ def make_dataset(
         return path, corpus.build_stdlib_corpus(path, max_bytes=corpus_bytes)
     problems = {
         "sft": lambda: tasks.addition(600, digits=2, seed=0),
-        "dpo": lambda: tasks.reversal(600, length=3, seed=0),
+        "dpo": lambda: tasks.reversal(600, length=4, seed=0),
         "grpo": lambda: tasks.last_letter(600, length=4, seed=0),
     }[method]()
     path = run_dir / f"{method}.jsonl"
