@@ -6,6 +6,8 @@ rest say which input was wrong in their message.
 
 from __future__ import annotations
 
+from dtrain.errors import DtrainError
+
 
 class NodeError(Exception):
     """Root of the node's exceptions."""
@@ -37,6 +39,24 @@ class CheckpointInvalid(NodeError, ValueError):
 
 class CheckpointUnavailable(NodeError):
     """No peer delivered a file with the expected sha256 (nothing is left at the destination)."""
+
+
+class FinalCheckpointUnavailable(CheckpointUnavailable, DtrainError):
+    """`dtrain job fetch`: no operator of the job serves its final checkpoint right now (all
+    stopped, or stopped lingering). A `DtrainError` too, so the `dtrain` CLI prints its
+    one-line message (`error: ...`) and exits 1."""
+
+    def __init__(self, job_id: int, checkpoint: bytes, holders: list[str]) -> None:
+        who = ", ".join(h[:10] + ".." for h in holders) or "none"
+        super().__init__(
+            f"job {job_id}: nobody serves its final checkpoint 0x{checkpoint.hex()[:16]}.. "
+            f"now (operators that hold it: {who}; none answered). Operators serve it while "
+            f"`dtrain node run` runs and for --linger (1h by default) after the job: ask one "
+            f"to run `dtrain node run --job {job_id}` again, then retry"
+        )
+        self.job_id = job_id
+        self.checkpoint = checkpoint
+        self.holders = holders
 
 
 class GossipError(NodeError):

@@ -25,6 +25,9 @@ from dtrain_node.train.backend import TrainJob, make_backend
 def export_final(job: Job, stream: Path, out: Path) -> Path:
     """The job's final checkpoint (its canonical stream, verified against the on-chain hash)
     exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar on the operator's terminal
     digest = job.state.checkpoint
     tensors = checkpoint.from_stream(stream.read_bytes(), digest)
     backend = make_backend(TrainJob.from_job(job))
@@ -96,13 +99,22 @@ class Checkpoints:
             path.write_bytes(checkpoint.to_stream(tensors))
         self.transport.serve_file(digest.hex(), path)
 
-    def export(self, job: Job) -> Path | None:
-        """The final checkpoint in Hugging Face format, if we hold the one the chain chose."""
-        last = job.spec.total_epochs - 1
-        path = self.dir / f"epoch-{last}.stream"
+    def final_stream(self, job: Job) -> Path | None:
+        """The job's final checkpoint as a canonical stream, if we hold the one the chain chose
+        (fetched at the start of no epoch: ours, adopted from our last attempt)."""
+        path = self.dir / f"epoch-{job.spec.total_epochs - 1}.stream"
         if not path.is_file():
             self.adopt_local(job.state.checkpoint, path)
-        if not path.is_file():
-            return None
-        self.transport.serve_file(job.state.checkpoint.hex(), path)  # callers fetch it from us
-        return export_final(job, path, self.dir / "final")
+        return path if path.is_file() else None
+
+    def serve_final(self, job: Job) -> Path | None:
+        """Serve the final checkpoint to callers (`dtrain job fetch`) if we hold it."""
+        path = self.final_stream(job)
+        if path is not None:
+            self.transport.serve_file(job.state.checkpoint.hex(), path)
+        return path
+
+    def export(self, job: Job) -> Path | None:
+        """The final checkpoint in Hugging Face format, if we hold the one the chain chose."""
+        path = self.final_stream(job)
+        return None if path is None else export_final(job, path, self.dir / "final")

@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from dtrain.cli import AMOUNT, Ctx, emit
 from dtrain.errors import ConfigError
+from dtrain.units import parse_duration
+
+DEFAULT_LINGER = "1h"  # how long `node run` serves the final checkpoint after the job
+FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(message)s"  # one timestamp per line
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+class Seconds(click.ParamType):
+    """Seconds as a number ("90", "0.5") or a duration ("30m", "2h", "1d")."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            return float(parse_duration(value))
+        except Exception as exc:  # every bad value is a usage error
+            self.fail(f"{value!r}: give seconds or a duration such as 30m, 2h or 1d ({exc})")
 
 
 def register(root: click.Group) -> None:
@@ -74,9 +101,14 @@ def node() -> None:
 )
 @click.option(
     "--linger",
-    type=float,
-    default=0.0,
-    help="Seconds to keep serving checkpoints after the job ends.",
+    type=Seconds(),
+    default=DEFAULT_LINGER,
+    show_default=True,
+    help=(
+        "After the job completes, keep serving its final checkpoint this long so the caller "
+        "can `dtrain job fetch` it (seconds, or 30m, 2h, 1d; 0 to exit at once). Ctrl-C ends "
+        "it early."
+    ),
 )
 @click.option("--no-withdraw", is_flag=True, help="Leave earnings as credit.")
 @click.pass_obj
@@ -95,9 +127,13 @@ def node_run(
     linger: float,
     no_withdraw: bool,
 ) -> None:
-    """Register, join, train with DeMo over gossip, commit and reveal checkpoints, get paid.
+    """Register, join, train with DeMo over gossip, commit and reveal checkpoints, get paid,
+    then serve the final checkpoint for --linger.
 
-    Ctrl-C once leaves the job after this epoch; twice stops now.
+    Ctrl-C (or SIGTERM) once leaves at the next safe point: at once before joining or while
+    the job has not started an epoch with us (the seat and its bond are given back), after
+    committing, revealing and finalizing the epoch we are a member of, at once while lingering.
+    Twice stops now and says what that costs (exit status 128 + the signal's number).
 
     Example: dtrain --key 0x... node run --data-dir ./op1 --job 1
     """
@@ -112,7 +148,6 @@ def node_run(
         raise ConfigError("node run needs --rpc-url, --contract and --key")
     if (job_id is None) == (not auto):
         raise click.UsageError("give exactly one of --job ID or --auto")
-    _logging(data_dir)
     cfg = NodeConfig(
         key=ctx.key,
         rpc_url=ctx.rpc_url,
@@ -130,27 +165,62 @@ def node_run(
         withdraw=not no_withdraw,
         linger_s=linger,
     )
+    live = terminal(data_dir)
     runner = Node(cfg)
-    runner.install_signals()
-    result = runner.run()
-    emit(ctx, result, " ".join(f"{k}={v}" for k, v in result.items()))
+    with live(runner.status):
+        runner.install_signals()
+        result = runner.run()
+    emit(ctx, result, summary(result))
+    if result.get("stopped"):
+        sys.exit(128 + (runner.stop_signal or signal.SIGINT))
 
 
-def _logging(data_dir: Path) -> None:
+def summary(result: dict[str, Any]) -> str:
+    """The last line of `node run`."""
+    if result.get("stopped"):
+        return "stopped"
+    if result.get("left"):
+        return f"left job {result['job']}" if "job" in result else "left before joining a job"
+    line = f"job {result['job']} {result['status']}"
+    if result.get("checkpoint") and any(bytes.fromhex(result["checkpoint"])):
+        line += f", final checkpoint 0x{result['checkpoint']}"
+    if "export" in result:
+        line += f", exported to {result['export']}"
+    return line
+
+
+def terminal(data_dir: Path, tty: bool | None = None) -> Any:
+    """Log to data_dir/node.log and to stderr, one timestamp per line: rich with the node's
+    live progress line on a terminal, plain lines otherwise (every round one line). Returns
+    a function of the node's `Status` giving the context that shows the live line."""
+    from dtrain_node.operator.progress import LiveLine
+
     data_dir.mkdir(parents=True, exist_ok=True)
-    handlers: list[logging.Handler] = [logging.FileHandler(data_dir / "node.log")]
-    if sys.stderr.isatty():
+    to_file = logging.FileHandler(data_dir / "node.log")
+    to_file.setFormatter(logging.Formatter(FILE_FORMAT))
+    if sys.stderr.isatty() if tty is None else tty:
+        from rich.console import Console
+        from rich.live import Live
         from rich.logging import RichHandler
 
-        handlers.append(RichHandler(show_path=False))
+        console = Console(stderr=True)
+        term: logging.Handler = RichHandler(console=console, show_path=False)
+        term.setFormatter(logging.Formatter("%(message)s"))  # rich prints the time
+        term.addFilter(lambda r: not getattr(r, "progress", False))  # rounds: the live line
+
+        def live(status: Any) -> Any:
+            return Live(LiveLine(status), console=console, refresh_per_second=2, transient=True)
+
     else:
-        handlers.append(logging.StreamHandler(sys.stderr))
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(message)s",
-        handlers=handlers,
-        force=True,
-    )
+        term = logging.StreamHandler(sys.stderr)
+        term.setFormatter(logging.Formatter(PLAIN_FORMAT, DATE_FORMAT))
+
+        def live(status: Any) -> Any:
+            return contextlib.nullcontext()
+
+    logging.basicConfig(level=logging.INFO, handlers=[to_file, term], force=True)
+    logging.getLogger("libp2p").setLevel(logging.ERROR)  # its dial retries are ours to report
+    return live
 
 
 @click.command("fetch")
@@ -172,6 +242,7 @@ def fetch(ctx: Ctx, job_id: int, out: Path, timeout: float) -> None:
     from dtrain_node.operator.fetch import fetch_final
 
     bsm = ctx.bsm(signing=False)
+    # FinalCheckpointUnavailable (a DtrainError): one line when nobody serves it.
     with tempfile.TemporaryDirectory(prefix="dtrain-fetch-") as tmp:
         t0 = time.monotonic()
         path, digest = fetch_final(bsm, job_id, out, Path(tmp), timeout)

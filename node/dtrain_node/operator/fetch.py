@@ -9,6 +9,7 @@ from eth_account import Account
 from dtrain.client import BSM
 from dtrain.errors import DtrainError
 from dtrain.models import JobStatus
+from dtrain_node.errors import CheckpointUnavailable, FinalCheckpointUnavailable
 from dtrain_node.operator.checkpoints import export_final
 from dtrain_node.operator.transport import peer_specs
 
@@ -22,15 +23,19 @@ def final_holders(bsm: BSM, job_id: int) -> list[str]:
 
 
 def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) -> tuple[Path, bytes]:
+    """The job's final checkpoint, fetched from the first of its holders that serves it,
+    verified and exported to `out`; (export dir, checkpoint hash). Raises
+    `FinalCheckpointUnavailable` when none of them serves it."""
     from dtrain_node.p2p.host import GossipConfig, GossipNode
 
     job = bsm.job(job_id)
     if job.state.status != JobStatus.COMPLETED:
         raise DtrainError(f"job {job_id} is {job.state.status.name.lower()}, not completed")
     digest = job.state.checkpoint
-    peers = peer_specs(bsm, final_holders(bsm, job_id))
+    holders = final_holders(bsm, job_id)
+    peers = peer_specs(bsm, holders)
     if not peers:
-        raise DtrainError(f"job {job_id}: no operator holds the final checkpoint")
+        raise FinalCheckpointUnavailable(job_id, digest, holders)
     cfg = GossipConfig(
         data_dir=work,
         chain_id=bsm.chain_id,
@@ -42,6 +47,8 @@ def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) ->
     g.start()
     try:
         stream = g.fetch_file(digest.hex(), peers, work / "final.stream")
+    except CheckpointUnavailable as exc:
+        raise FinalCheckpointUnavailable(job_id, digest, holders) from exc
     finally:
         g.stop()
     return export_final(job, stream, out), digest

@@ -18,9 +18,13 @@ States (each a method of `Node`, logged as it is entered):
     REVEAL    revealCheckpoint once every member committed or the deadline passed, before
               the reveal deadline (skipped when already revealed)
     FINALIZE  finalizeEpoch once everyone revealed or the reveal deadline passed (anyone may)
-    DONE      job ended: export the final checkpoint in Hugging Face format, claim and withdraw
+    DONE      job ended: export the final checkpoint in Hugging Face format, claim and withdraw,
+              serve the final checkpoint for `linger_s` (callers fetch it)
 
-Ctrl-C once: leave after this epoch. Twice: stop now.
+SIGINT or SIGTERM once: leave at the next safe point of the state we are in (before joining:
+at once; a seat in a job that has not started an epoch with us: given back at once; a member
+of a running epoch: after committing, revealing and finalizing it; lingering: at once), saying
+so. Twice: stop now, saying what it costs (`progress.second_signal_message`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
 from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer
 from dtrain_node.operator.faults import Faults
+from dtrain_node.operator.progress import (
+    Status,
+    describe,
+    first_signal_message,
+    second_signal_message,
+)
 from dtrain_node.operator.transport import (
     PeerSpec,
     Transport,
@@ -111,6 +121,9 @@ class Node:
         self.metrics_path = self.dir / "metrics.jsonl"
         self._first_attempt: dict[int, int] = {}
         self._params_cache: Params | None = None  # the deployed parameters never change
+        self.status = Status()  # where we are: the progress line and the signal messages
+        self.stop_signal: int | None = None  # the signal that stopped us now, if one did
+        self._finishing = False  # stopping: a late signal must not interrupt the cleanup
 
     # ------------------------------------------------------------------ plumbing
 
@@ -118,7 +131,21 @@ class Node:
         rec = {"t": round(time.time(), 3), "kind": kind, "node": self.me, **data}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
-        log.info("%s %s", kind, " ".join(f"{k}={v}" for k, v in data.items()))
+        if kind == "round":
+            self.status.on_round(data)
+        elif kind == "epoch_start":
+            self.status.retry = data["attempt"] - self._first_attempt.get(data["epoch"], 0)
+        # The live line on a terminal shows rounds; the log gets every line.
+        log.info(describe(kind, data, self.status), extra={"progress": kind == "round"})
+
+    def _enter(self, state: str, why: str = "") -> None:
+        """Log the state we enter (once, not on every poll)."""
+        if self.status.state != state or why:
+            self.status.state = state
+            log.info("%s%s", state, f": {why}" if why else "")
+
+    def _observe(self, job: Job) -> None:
+        self.status.observe(job, self.me)
 
     def _check_stop(self) -> None:
         if self.stop_now.is_set():
@@ -129,16 +156,23 @@ class Node:
         time.sleep(self.cfg.poll_s)
 
     def install_signals(self) -> None:
-        def on_int(*_: Any) -> None:
-            if self.leave_requested.is_set():
-                self.stop_now.set()
-                log.warning("second Ctrl-C: stopping now")
-            else:
-                self.leave_requested.set()
-                log.warning("Ctrl-C: leaving the job after this epoch (again to stop now)")
+        """SIGINT and SIGTERM alike: the first leaves at the next safe point, the second stops
+        now (raised here, in the main thread, so a long wait is cut short too)."""
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
 
-        signal.signal(signal.SIGINT, on_int)
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_now.set())
+    def on_signal(self, signum: int, _frame: Any = None) -> None:
+        name = signal.Signals(signum).name
+        if self._finishing:
+            return
+        if not self.leave_requested.is_set():
+            self.leave_requested.set()
+            log.warning("%s: %s", name, first_signal_message(self.status))
+            return
+        self.stop_now.set()
+        self.stop_signal = signum
+        log.warning("%s again: %s", name, second_signal_message(self.status, time.time()))
+        raise StopRequested()
 
     def job_dir(self, job_id: int) -> Path:
         d = self.dir / "jobs" / str(job_id)
@@ -148,27 +182,57 @@ class Node:
     # ------------------------------------------------------------------ lifecycle
 
     def run(self) -> dict[str, Any]:
+        """The whole life of the node: {"stopped": True} when stopped now, {"left": True, ...}
+        when it left on request (or was no longer a member), else the job's outcome."""
         try:
-            job_id = self.cfg.job_id if self.cfg.job_id is not None else self._pick_job()
-            self.job_id = job_id
-            self.transport = self._transport_factory(self.cfg, self.bsm, job_id)
-            self.register()
-            self.join(job_id)
-            result = self.train_job(job_id)
-            if self.cfg.withdraw:
-                self.collect_earnings()
-            deadline = time.monotonic() + self.cfg.linger_s
-            while time.monotonic() < deadline and not self.stop_now.is_set():
-                time.sleep(0.2)  # callers fetch the final checkpoint from us meanwhile
-            return result
+            result = self._run()
         except StopRequested:
+            self._finishing = True
             self._metric("stopped")
             return {"stopped": True}
         finally:
+            self._finishing = True
             if self.transport is not None:
                 self.transport.stop()
+        return result
+
+    def _run(self) -> dict[str, Any]:
+        if self.cfg.job_id is None:
+            self._enter("JOIN", "looking for an open job that pays our ask")
+        job_id = self.cfg.job_id if self.cfg.job_id is not None else self._pick_job()
+        if job_id is None:
+            return {"left": True}
+        self.job_id = self.status.job = job_id
+        self.transport = self._transport_factory(self.cfg, self.bsm, job_id)
+        self._enter("REGISTER", f"operator {self.me}")
+        self.register()
+        if self.leave_requested.is_set():
+            return {"left": True}
+        self._enter("JOIN", f"job {job_id}")
+        self.join(job_id)
+        result = self.train_job(job_id)
+        if self.cfg.withdraw:
+            self.collect_earnings()
+        self._linger(result)
+        return result
+
+    def _linger(self, result: dict[str, Any]) -> None:
+        """Keep serving the final checkpoint for `linger_s` (callers fetch it from us), unless
+        asked to leave."""
+        if "export" not in result and not result.get("serving"):
+            return
+        until = time.time() + self.cfg.linger_s
+        if self.cfg.linger_s <= 0 or self.leave_requested.is_set():
+            return
+        self.status.linger_until = until
+        self._enter("DONE", f"job {result['job']} ended")
+        self._metric("lingering", job=result["job"], s=self.cfg.linger_s)
+        while time.time() < until and not self.leave_requested.is_set():
+            self._check_stop()
+            time.sleep(0.2)
 
     def register(self) -> None:
+        self.status.dropout_bps = self._params().dropout_slash_bps
         op = self.bsm.operator(self.me)
         addrs = [a.split("/p2p/")[0] for a in self.transport.listen_addrs]
         if not op.registered:
@@ -193,22 +257,25 @@ class Node:
 
     def join(self, job_id: int) -> None:
         job = self.bsm.job(job_id)
+        if job.state.status.is_ended:
+            return  # restarted after the job: serve its final checkpoint (DONE)
         if self.me in job.members or self.me in job.pending_joins:
             self._metric("rejoined", job=job_id)
         else:
             self.bsm.join_job(job_id)
             self._metric("joined", job=job_id)
 
-    def _pick_job(self) -> int:
+    def _pick_job(self) -> int | None:
         """--auto: the first open or running job with room that pays at least our ask, whose
         epochs are long enough for us to finish them and whose seat bond our free self-stake
-        covers."""
-        while True:
+        covers; None when asked to leave first."""
+        while not self.leave_requested.is_set():
             free = self._free_stake()
             for j in self.bsm.jobs():
                 if self._acceptable(j, free):
                     return j.id
             self._sleep()
+        return None
 
     def _acceptable(self, j: Job, free_stake: int) -> bool:
         s = j.spec
@@ -242,19 +309,45 @@ class Node:
         while True:
             self._check_stop()
             job = self.bsm.job(job_id)
+            self._observe(job)
             if job.state.status.is_ended:
                 return self.done(job)
             if job.state.status != JobStatus.RUNNING or self.me not in job.members:
                 if self.me not in job.members and self.me not in job.pending_joins:
                     self._metric("not_a_member", job=job_id)
-                    return {"left": True}
+                    return {"left": True, "job": job_id}
+                self._enter("WAIT", f"job {job_id} has not started an epoch with us yet")
+                if self.leave_requested.is_set():
+                    return self._leave_now(job)
                 self._fail_if_abandoned(job)
                 self._sleep()
                 continue
-            if not any(self.bsm.submission_of(job_id, self.me, job.block).commitment):
+            self._pool()
+            self._leave_if_asked(job)
+            sub = self.bsm.submission_of(job_id, self.me, job.block)
+            self.status.committed, self.status.revealed = any(sub.commitment), any(sub.checkpoint)
+            if not self.status.committed:
                 self.commit(job)
             self.reveal(job)
             self.finalize(job_id, job.state.attempt)
+
+    def _leave_now(self, job: Job) -> dict[str, Any]:
+        """Asked to leave while the job runs no epoch with us (a pending seat, or a seat in an
+        Open job): the seat and its bond are given back at once."""
+        try:
+            self.bsm.leave_job(job.id)
+            self._metric("left", job=job.id)
+        except ContractError as exc:
+            log.info("leave not taken: %s", exc)  # already leaving, or no longer a member
+        return {"left": True, "job": job.id}
+
+    def _pool(self) -> None:
+        """Our pool's assets, for what a dropout slash would take (once per epoch)."""
+        try:
+            pool = self.bsm.pool(self.me)
+            self.status.pool = pool.total_assets + pool.unbonding_assets
+        except (ContractError, TransactionFailed, ValueError):
+            self.status.pool = 0
 
     def _faults(self, st: JobState) -> Faults:
         """The faults active in this epoch attempt (`once`: only in the first one we saw)."""
@@ -274,8 +367,10 @@ class Node:
                 return
             mine = self._vote(job)
             vote.save(path, mine)  # before the commit: a restarted node must still reveal
+        self._enter("COMMIT", f"epoch {st.epoch + 1}/{job.spec.total_epochs}")
         try:
             self.bsm.commit_checkpoint(job.id, st.epoch, mine.commitment(job.id, st.epoch, self.me))
+            self.status.committed = True
             self._metric(
                 "committed",
                 job=job.id,
@@ -290,6 +385,7 @@ class Node:
     def _vote(self, job: Job) -> Vote:
         """Our vote for the attempt: the trained checkpoint and participation, or UNWORKABLE
         when the job's dataset or start model is unavailable or fails its hash."""
+        self._enter("START", f"epoch {job.state.epoch + 1}/{job.spec.total_epochs}")
         trainer = EpochTrainer(self._epoch_env(job.id), job, self._faults(job.state))
         try:
             trainer.prepare()
@@ -298,6 +394,7 @@ class Node:
             log.warning("job %s epoch %s cannot be done: %s", job.id, job.state.epoch, reason)
             self._metric("unworkable", job=job.id, epoch=job.state.epoch, reason=reason)
             return Vote.unworkable(len(job.members))
+        self._enter("TRAIN", f"{self.status.rounds} sync rounds")
         digest, participation = trainer.train()
         return Vote.fresh(digest, participation)
 
@@ -310,11 +407,13 @@ class Node:
             self._metric("fault_no_reveal", job=job.id, epoch=st.epoch)
             return
         mine = vote.load(vote.path(self.job_dir(job.id), st.attempt))
+        self._enter("REVEAL", "once every member committed or the commit deadline passed")
         while True:
             self._check_stop()
             now = self.bsm.job(job.id)
             if now.state.status != JobStatus.RUNNING or now.state.attempt != st.attempt:
                 return
+            self._leave_if_asked(now)
             sub = self.bsm.submission_of(job.id, self.me, now.block)
             if not any(sub.commitment) or any(sub.checkpoint):
                 return
@@ -345,6 +444,7 @@ class Node:
         except (ContractError, TransactionFailed) as exc:
             log.info("reveal not taken yet: %s", exc)  # reveals not open on chain yet
             return False
+        self.status.revealed = True
         self._metric("revealed", job=job.id, epoch=epoch, checkpoint=mine.checkpoint.hex())
         return True
 
@@ -366,9 +466,12 @@ class Node:
 
     def _leave_if_asked(self, job: Job) -> None:
         """Ctrl-C once: announce the leave now; it applies at the next boundary."""
-        if self.leave_requested.is_set() and not self.bsm.is_leaving(job.id, self.me):
+        if not self.leave_requested.is_set() or self.status.leaving:
+            return
+        if not self.bsm.is_leaving(job.id, self.me):
             self.bsm.leave_job(job.id)
             self._metric("leaving", job=job.id, epoch=job.state.epoch)
+        self.status.leaving = True
 
     def _fail_if_abandoned(self, job: Job) -> None:
         """A job that ran and then lost members waits Open, unpaid, with our seat bond held;
@@ -387,11 +490,13 @@ class Node:
 
     def finalize(self, job_id: int, attempt: int) -> None:
         """FINALIZE once every member revealed or the reveal deadline passed."""
+        self._enter("FINALIZE", "once every member revealed or the reveal deadline passed")
         while True:
             self._check_stop()
             job = self.bsm.job(job_id)
             if job.state.status != JobStatus.RUNNING or job.state.attempt != attempt:
                 return
+            self._leave_if_asked(job)
             # As in `reveal`: the finalize transaction gets a fresh timestamp.
             block_ts = self.bsm.latest_block_timestamp()
             all_in = job.revealed == len(job.members)
@@ -426,13 +531,17 @@ class Node:
     # ------------------------------------------------------------------ the end
 
     def done(self, job: Job) -> dict[str, Any]:
+        """DONE: the job ended; serve (and export) the final checkpoint when we hold it."""
+        self._enter("DONE", f"job {job.id} {job.state.status.name.lower()}")
         result: dict[str, Any] = {
             "job": job.id,
             "status": job.state.status.name.lower(),
             "checkpoint": job.state.checkpoint.hex(),
         }
-        if job.state.status == JobStatus.COMPLETED and self.cfg.export:
-            out = self.checkpoints(job.id).export(job)
+        if job.state.status == JobStatus.COMPLETED:
+            ckpts = self.checkpoints(job.id)
+            result["serving"] = ckpts.serve_final(job) is not None
+            out = ckpts.export(job) if self.cfg.export and result["serving"] else None
             if out is not None:
                 result["export"] = str(out)
         self._metric("job_done", **result)
