@@ -39,7 +39,8 @@ class DevAccount:
 
 
 class LocalChain:
-    """Starts anvil on a free loopback port and stops it on exit, errors and Ctrl-C.
+    """Starts anvil on a loopback port (`port`, default a free one) and stops it on exit,
+    errors and Ctrl-C.
 
     Its stdout goes to a file (anvil blocks on a full pipe) that is polled for the
     "Listening on" line and the funded dev accounts.
@@ -52,12 +53,14 @@ class LocalChain:
         block_time: float | None = None,
         chain_id: int = 31337,
         startup_timeout: float = 20.0,
+        port: int = 0,
     ) -> None:
         self.accounts_requested = accounts
         self.balance_ether = balance_ether
         self.block_time = block_time
         self.chain_id = chain_id
         self.startup_timeout = startup_timeout
+        self.port = port  # 0: a free port
         self.url = ""
         self.accounts: list[DevAccount] = []
         self._proc: subprocess.Popen[bytes] | None = None
@@ -71,7 +74,7 @@ class LocalChain:
             "--host",
             "127.0.0.1",
             "--port",
-            "0",
+            str(self.port),
             "--accounts",
             str(self.accounts_requested),
             "--balance",
@@ -97,6 +100,11 @@ class LocalChain:
                 return self
             if self._proc.poll() is not None:
                 self.stop()
+                if "address already in use" in text.lower():
+                    raise ConfigError(
+                        f"port {self.port} is in use (another chain running?): stop it, or "
+                        "pass --port 0 for a free port"
+                    )
                 raise RpcUnavailable(f"anvil exited at start: {text.strip()[-300:]}")
             time.sleep(0.05)
         self.stop()

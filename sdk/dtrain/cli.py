@@ -1,7 +1,8 @@
 """`dtrain`: the command line over the SDK.
 
 Global options (or env vars DTRAIN_RPC_URL, DTRAIN_CONTRACT, DTRAIN_KEY, or a TOML file given
-by --config / DTRAIN_CONFIG with keys rpc_url, contract, key) pick the chain, the contract and
+by --config / DTRAIN_CONFIG with keys rpc_url, contract, key, or last the env file that `dtrain
+chain up` and `dtrain deploy` write, see `dtrain.envfile`) pick the chain, the contract and
 the signing key. `--json` prints machine-readable output. Errors print one line and exit 1;
 `--debug` shows the traceback. Installed packages add commands through the `dtrain.cli` entry
 point group: each entry is a function called with the root group (the node adds `dtrain node
@@ -27,10 +28,11 @@ import click
 import requests
 
 from .chain import LocalChain
-from .client import BSM, JOB_EVENTS, connect, load_key
+from .client import BSM, FINALIZE_GAS, JOB_EVENTS, connect, load_key
+from .envfile import env_path, read_env, remove_env, update_env, write_env
 from .errors import ConfigError, DtrainError
-from .models import JobSpec, Method, Params
-from .units import format_eth, parse_amount, parse_duration
+from .models import JobSpec, JobStatus, Method, Params, SlashReason
+from .units import format_eth, format_time, parse_amount, parse_duration
 
 EXAMPLES = {
     "chain_up": "dtrain chain up --accounts 5",
@@ -56,9 +58,15 @@ class Ctx:
 
     def bsm(self, signing: bool = True) -> BSM:
         if not self.rpc_url:
-            raise ConfigError("no RPC URL: pass --rpc-url or set DTRAIN_RPC_URL")
+            raise ConfigError(
+                "no RPC URL: pass --rpc-url or set DTRAIN_RPC_URL (or start a local chain "
+                "with `dtrain chain up`, which writes it to " + str(env_path()) + ")"
+            )
         if not self.contract:
-            raise ConfigError("no contract: pass --contract or set DTRAIN_CONTRACT")
+            raise ConfigError(
+                "no contract: pass --contract or set DTRAIN_CONTRACT (`dtrain deploy` to a "
+                "chain started by `dtrain chain up` writes it to " + str(env_path()) + ")"
+            )
         if signing and not self.key:
             raise ConfigError("no key: pass --key or set DTRAIN_KEY")
         return BSM.attach(self.rpc_url, self.contract, self.key if self.key else None)
@@ -144,8 +152,14 @@ def cli(
       dtrain --json job status 1
     """
     conf = _load_config(config)
+    env = read_env()
+    rpc = rpc_url or conf.get("rpc_url")
+    if rpc is None or rpc == env.get("DTRAIN_RPC_URL"):
+        # The env file's contract only on the env file's chain.
+        rpc = rpc or env.get("DTRAIN_RPC_URL")
+        contract = contract or conf.get("contract") or env.get("DTRAIN_CONTRACT")
     click_ctx.obj = Ctx(
-        rpc_url=rpc_url or conf.get("rpc_url"),
+        rpc_url=rpc,
         contract=contract or conf.get("contract"),
         key=key or conf.get("key"),
         as_json=as_json,
@@ -167,27 +181,48 @@ def chain() -> None:
 @chain.command("up", epilog=f"Example: {EXAMPLES['chain_up']}")
 @click.option("--accounts", default=10, show_default=True, help="Funded dev accounts.")
 @click.option("--balance", default=10_000, show_default=True, help="Ether per account.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8545,
+    show_default=True,
+    help="Loopback port to listen on; 0 for a free one.",
+)
 @pass_ctx
-def chain_up(ctx: Ctx, accounts: int, balance: int) -> None:
-    """Start anvil on a free loopback port; print its URL and funded keys; run until Ctrl-C."""
+def chain_up(ctx: Ctx, accounts: int, balance: int, port: int) -> None:
+    """Start anvil on 127.0.0.1:PORT; print its URL and funded keys; run until Ctrl-C.
+
+    Writes the env file (~/.dtrain/env, or $DTRAIN_ENV_FILE) with DTRAIN_RPC_URL and
+    DTRAIN_CHAIN_ID, which every other command reads (`dtrain deploy` adds DTRAIN_CONTRACT), so
+    other terminals need no --rpc-url or --contract; options and environment variables override
+    it. The file is removed when the chain stops.
+    """
     stop = {"now": False}
 
     def _stop(*_: Any) -> None:
         stop["now"] = True
 
     signal.signal(signal.SIGTERM, _stop)
-    with LocalChain(accounts=accounts, balance_ether=balance) as c:
-        data = {"url": c.url, "accounts": [asdict(a) for a in c.accounts]}
-        lines = [f"anvil listening on {c.url}"] + [
-            f"  {a.address}  key {a.key}" for a in c.accounts
-        ]
-        emit(ctx, data, "\n".join(lines))
-        sys.stdout.flush()
+    with LocalChain(accounts=accounts, balance_ether=balance, port=port) as c:
+        env = {"DTRAIN_RPC_URL": c.url, "DTRAIN_CHAIN_ID": str(c.chain_id)}
         try:
+            path = write_env(env)
+            data = {"url": c.url, "env_file": str(path)}
+            data["accounts"] = [asdict(a) for a in c.accounts]
+            lines = [
+                f"anvil listening on {c.url}",
+                f"wrote {path}: other dtrain commands use this chain (and the contract "
+                "`dtrain deploy` adds there); Ctrl-C stops the chain and removes the file",
+                "funded dev accounts:",
+            ] + [f"  {a.address}  key {a.key}" for a in c.accounts]
+            emit(ctx, data, "\n".join(lines))
+            sys.stdout.flush()
             while not stop["now"] and c.running:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
+        finally:
+            remove_env(c.url)
 
 
 # ---------------------------------------------------------------------- deploy
@@ -317,7 +352,11 @@ def deploy(
         max_operators=max_operators,
     )
     bsm = BSM.deploy(ctx.rpc_url, account, params)
-    emit(ctx, {"address": bsm.address, "chain_id": bsm.chain_id}, bsm.address)
+    saved = update_env(ctx.rpc_url, DTRAIN_CONTRACT=bsm.address)
+    data = {"address": bsm.address, "chain_id": bsm.chain_id, "env_file": saved and str(saved)}
+    emit(ctx, data, bsm.address)
+    if saved and not ctx.as_json:  # stdout stays the address alone, for $(dtrain deploy)
+        click.echo(f"contract written to {saved}: other dtrain commands use it", err=True)
 
 
 def _bps(text: str, n: int, flag: str) -> list[int]:
@@ -383,6 +422,50 @@ def stake_group() -> None:
     """Delegate stake to operators."""
 
 
+@stake_group.command("show")
+@click.option("--account", help="Staker to show [default: the --key account].")
+@pass_ctx
+def stake_show(ctx: Ctx, account: str | None) -> None:
+    """Show a staker's positions with each operator: stake, what is unbonding and when it
+    unlocks, pending rewards, and what each slash took.
+
+    A slash takes the same fraction of an operator's whole pool (active and unbonding stake):
+    the `Slashed` event's amount over the pool's assets just before it. What it took from this
+    position is that fraction of the position's value just before it (stake plus unbonding, read
+    at the block before the slash), exact up to integer rounding. Reading old blocks needs a
+    node that keeps their state (anvil does).
+
+    Example: dtrain stake show --account 0xabc...
+    """
+    bsm = ctx.bsm(signing=False)
+    who = account or _key_address(ctx)
+    positions = bsm.positions(who)
+    lines = [f"staker {who}" if positions else f"staker {who} has never staked"]
+    now = time.time()
+    for p in positions:
+        kind = "self-stake" if p.operator == who else "delegation"
+        lines += [f"{kind} with {p.operator}", f"  stake       {format_eth(p.stake)}"]
+        if p.unbonding:
+            hint = (
+                f"withdraw with `dtrain stake withdraw {p.operator}`"
+                if p.unlock_at <= now
+                else "slashable until withdrawn"
+            )
+            lines.append(
+                f"  unbonding   {format_eth(p.unbonding)}, unlocks {format_time(p.unlock_at)}; "
+                + hint
+            )
+        lines.append(f"  rewards     {format_eth(p.pending_rewards)} pending")
+        lines.append(f"  slashed     {format_eth(p.lost)} lost in {len(p.slashes)} slash(es)")
+        for x in p.slashes:
+            lines.append(
+                f"    job {x.job_id} epoch {x.epoch + 1}: {x.reason.label}, "
+                f"{format_time(x.time)}: the pool lost {format_eth(x.pool_amount)}, "
+                f"this position {format_eth(x.lost)}"
+            )
+    emit(ctx, {"account": who, "positions": positions}, "\n".join(lines))
+
+
 @dataclass(frozen=True)
 class TxCommand:
     """`dtrain GROUP NAME ARGS...`: one transaction, `BSM.<method>(*args)`, then one line."""
@@ -398,7 +481,14 @@ class TxCommand:
             values = [kw[a] for a in self.args.split()]
             rc = getattr(ctx.bsm(), self.method or self.name)(*values)
             shown = {k: format_eth(v) if k == "amount" else v for k, v in kw.items()}
-            emit(ctx, {"tx": rc.tx_hash}, self.done.format(**shown))
+            human, data = self.done.format(**shown), {"tx": rc.tx_hash}
+            for e in rc.all("UnbondingQueued"):
+                data["unlock_at"] = e.args["unlockAt"]
+                human += (
+                    f"; withdrawable from {format_time(e.args['unlockAt'])} with "
+                    f"`dtrain stake withdraw {e.args['operator']}` (slashable until then)"
+                )
+            emit(ctx, data, human)
 
         command = pass_ctx(send)
         for a in reversed(self.args.split()):
@@ -421,7 +511,8 @@ TX_HELP = {
     "delegate": "Delegate AMOUNT to OPERATOR. Example: dtrain stake delegate 0xabc... 5ether",
     "undelegate": "Queue AMOUNT of a delegation for unbonding.\n\n"
     "Example: dtrain stake undelegate 0xabc... 1ether",
-    "withdraw": "Credit unbonded stake once unlocked (then `dtrain rewards withdraw`).",
+    "withdraw": "Credit unbonded stake with OPERATOR once unlocked (then `dtrain rewards "
+    "withdraw`). Example: dtrain stake withdraw 0xabc...",
 }
 
 
@@ -441,14 +532,18 @@ def _operators(text: str) -> tuple[int, int]:
     if not lo.isdigit() or (hi and not hi.isdigit()):
         raise click.BadParameter("use MIN:MAX, e.g. 3:4", param_hint="--operators")
     low, high = int(lo), int(hi or lo)
+    if high < low:
+        raise click.BadParameter(
+            f"MIN {low} is greater than MAX {high}: write the smaller number first, e.g. "
+            f"{high}:{low}",
+            param_hint="--operators",
+        )
     if low < MIN_OPERATORS:
         raise click.BadParameter(
             f"a job needs at least {MIN_OPERATORS} operators (votes are checked by a 2/3 "
             f"quorum of its members), got {low}",
             param_hint="--operators",
         )
-    if high < low:
-        raise click.BadParameter(f"MAX {high} is below MIN {low}", param_hint="--operators")
     return low, high
 
 
@@ -539,52 +634,69 @@ def job_submit(
     )
 
 
-def _job_lines(j: Any) -> str:
+def _epoch_of(j: Any) -> str:
+    """ "e/E": the epoch in progress (1-based) while running, else the epochs finished."""
+    done, total = j.state.epoch, j.spec.total_epochs
+    shown = done + 1 if j.state.status == JobStatus.RUNNING else done
+    return f"{shown}/{total}"
+
+
+def _job_lines(j: Any, holders: list[Any]) -> str:
     s, st = j.spec, j.state
     lines = [
         f"job {j.id}  {s.method.name}  {st.status.name.lower()}",
         f"  caller      {st.caller}",
-        f"  epoch       {st.epoch} of {s.total_epochs}  (attempt {st.attempt}, "
-        f"failed {st.failed_epochs})",
-        f"  members     {len(j.members)} (min {s.min_operators}, max {s.max_operators}), "
+        f"  epoch       {_epoch_of(j)}"
+        + (f"  ({st.failed_epochs} failed in a row)" if st.failed_epochs else ""),
+        f"  members     {len(j.members)}/{s.max_operators} (at least {s.min_operators}), "
         f"{len(j.pending_joins)} joining",
-        f"  votes       {j.committed} committed, {j.revealed} revealed",
     ]
     if j.deadline:
-        lines.append(f"  deadlines   commit {_when(j.deadline)}, reveal {_when(j.reveal_deadline)}")
-    return "\n".join(
-        [
-            *lines,
-            f"  price       {format_eth(s.price_per_operator_epoch)} per operator-epoch",
-            f"  seat bond   {format_eth(s.seat_bond)} of each member's self-stake",
-            f"  escrow      {format_eth(st.escrow)} unearned",
-            f"  checkpoint  0x{st.checkpoint.hex()}",
+        lines += [
+            f"  votes       {j.committed} committed, {j.revealed} revealed",
+            f"  commit by   {format_time(j.deadline)}",
+            f"  reveal by   {format_time(j.reveal_deadline)}",
         ]
-    )
-
-
-def _when(ts: int) -> str:
-    """A unix time as UTC and as itself (block times are compared to it)."""
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(ts))} UTC ({ts})"
+    lines += [
+        f"  price       {format_eth(s.price_per_operator_epoch)} per operator-epoch",
+        f"  seat bond   {format_eth(s.seat_bond)} of each member's self-stake",
+        f"  escrow      {format_eth(st.escrow)} unearned",
+        f"  checkpoint  0x{st.checkpoint.hex()}",
+    ]
+    if st.status == JobStatus.COMPLETED:
+        lines.append("  served by   " + ("nobody paid for the last epoch" if not holders else ""))
+        for h in holders:
+            addrs = ", ".join(h.multiaddrs) or "no registered address"
+            lines.append(f"    {h.operator}  peer {h.peer_id}  {addrs}")
+        lines.append(f"  (fetch it with `dtrain job fetch {j.id} --out DIR` while one is up)")
+    return "\n".join(lines)
 
 
 @job.command("status")
 @click.argument("job_id", type=int)
 @pass_ctx
 def job_status(ctx: Ctx, job_id: int) -> None:
-    """Show a job's spec, epoch, members and escrow. Example: dtrain job status 1"""
-    j = ctx.bsm(signing=False).job(job_id)
-    emit(ctx, j, _job_lines(j))
+    """Show a job's spec, epoch, members, votes, deadlines and escrow; once completed, who
+    serves its final checkpoint (the members paid for the last epoch, with the peer ids and
+    addresses they registered). Example: dtrain job status 1"""
+    bsm = ctx.bsm(signing=False)
+    j = bsm.job(job_id)
+    holders = bsm.final_holders(job_id) if j.state.status == JobStatus.COMPLETED else []
+    data = {**_jsonable(j), "final_holders": _jsonable(holders)}
+    emit(ctx, data, _job_lines(j, holders))
 
 
 @job.command("list")
 @pass_ctx
 def job_list(ctx: Ctx) -> None:
-    """List every job. Example: dtrain --json job list"""
+    """List every job: method, state, epoch, members (n/max) and price per operator-epoch.
+
+    Example: dtrain --json job list"""
     jobs = ctx.bsm(signing=False).jobs()
     human = "\n".join(
         f"{j.id:>4}  {j.spec.method.name:<4}  {j.state.status.name.lower():<9}  "
-        f"epoch {j.state.epoch}/{j.spec.total_epochs}  members {len(j.members)}"
+        f"epoch {_epoch_of(j):<5}  members {len(j.members)}/{j.spec.max_operators}  "
+        f"price {format_eth(j.spec.price_per_operator_epoch)} per operator-epoch"
         for j in jobs
     )
     emit(ctx, jobs, human or "no jobs")
@@ -635,14 +747,72 @@ def job_cancel(ctx: Ctx, job_id: int) -> None:
 def job_finalize(ctx: Ctx, job_id: int) -> None:
     """Settle the job's current epoch (anyone; earns slash bounties).
 
+    An epoch can be settled once every member revealed its vote or the reveal deadline passed.
+    On a chain that mines only when a transaction arrives (a local anvil), the latest block can
+    be older than a deadline the wall clock has passed: the transaction is then sent with a
+    fixed gas limit instead of an estimate (which would run against that old block), so it
+    runs in a new block stamped with the current time.
+
     Example: dtrain job finalize 1
     """
     bsm = ctx.bsm()
-    epoch = bsm.job(job_id).state.epoch
-    rc = bsm.finalize_epoch(job_id, epoch)
+    j = bsm.job(job_id)
+    epoch = j.state.epoch
+    if j.state.status != JobStatus.RUNNING:
+        raise DtrainError(
+            f"job {job_id} is {j.state.status.name.lower()}: no epoch to settle"
+            + (
+                f" (it waits for members: {len(j.members)} of at least {j.spec.min_operators})"
+                if j.state.status == JobStatus.OPEN
+                else ""
+            )
+        )
+    all_in = j.revealed == len(j.members)
+    block_ts = bsm.latest_block_timestamp()
+    if not all_in and max(block_ts, int(time.time())) <= j.reveal_deadline:
+        raise DtrainError(
+            f"epoch {epoch + 1}/{j.spec.total_epochs} of job {job_id} cannot be settled yet: "
+            f"{j.revealed} of {len(j.members)} members revealed and reveals are open until "
+            f"{format_time(j.reveal_deadline)}; run this again after that"
+        )
+    stale = not all_in and block_ts <= j.reveal_deadline
+    rc = bsm.finalize_epoch(job_id, epoch, gas=FINALIZE_GAS if stale else None)
     shown = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted", "JobCompleted", "JobFailed")
     names = [e.name for e in rc.events if e.name in shown]
-    emit(ctx, {"tx": rc.tx_hash, "events": names}, f"epoch {epoch} settled: {', '.join(names)}")
+    lines = [f"epoch {epoch + 1}/{j.spec.total_epochs} of job {job_id} settled"]
+    lines += [f"  {_event_text(e)}" for e in rc.events if e.name in shown]
+    if stale:
+        lines.append(
+            f"  (the chain's latest block, {format_time(block_ts)}, was older than the reveal "
+            f"deadline: sent with a fixed gas limit of {FINALIZE_GAS:,} so it ran in a new block)"
+        )
+    emit(ctx, {"tx": rc.tx_hash, "events": names, "fixed_gas": stale}, "\n".join(lines))
+
+
+AMOUNT_ARGS = frozenset(
+    {"amount", "price", "refund", "escrow", "stake", "compensation", "minPricePerEpoch"}
+)
+TIME_ARGS = frozenset({"deadline", "unlockAt"})
+
+
+def _arg_text(name: str, value: Any) -> str:
+    """An event argument as people read it: ETH, local times, reasons and methods by name."""
+    if name in AMOUNT_ARGS and isinstance(value, int):
+        return format_eth(value)
+    if name in TIME_ARGS and isinstance(value, int):
+        return format_time(value)
+    if name == "reason" and isinstance(value, int):
+        return SlashReason(value).label
+    if name == "method" and isinstance(value, int):
+        return Method(value).name
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    return str(value)
+
+
+def _event_text(e: Any) -> str:
+    """ "Slashed: operator 0xab.., jobId 1, epoch 0, reason dropout, amount 0.05 ETH, ..."."""
+    return f"{e.name}: " + ", ".join(f"{k} {_arg_text(k, v)}" for k, v in e.args.items())
 
 
 @job.command("watch")
@@ -652,7 +822,8 @@ def job_finalize(ctx: Ctx, job_id: int) -> None:
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between polls.")
 @pass_ctx
 def job_watch(ctx: Ctx, job_id: int, from_block: int, follow: bool, poll: float) -> None:
-    """Print the job's events as they happen. Example: dtrain job watch 1 --no-follow"""
+    """Print the job's events as they happen (amounts in ETH, local times, slash reasons by
+    name; --json keeps the raw values). Example: dtrain job watch 1 --no-follow"""
     bsm = ctx.bsm(signing=False)
     bsm.job(job_id)  # unknown job: error before waiting
     done = {"flag": False}
@@ -664,11 +835,7 @@ def job_watch(ctx: Ctx, job_id: int, from_block: int, follow: bool, poll: float)
         if e.name in ("JobCompleted", "JobFailed", "JobCancelled", "JobAborted"):
             done["flag"] = True
         args = {k: ("0x" + v.hex() if isinstance(v, bytes) else v) for k, v in e.args.items()}
-        emit(
-            ctx,
-            {"event": e.name, "block": e.block, **args},
-            f"[{e.block}] {e.name} " + " ".join(f"{k}={v}" for k, v in args.items()),
-        )
+        emit(ctx, {"event": e.name, "block": e.block, **args}, f"[{e.block}] {_event_text(e)}")
 
     if not follow:
         for e in bsm.events(from_block, "latest", JOB_EVENTS, job_id):
@@ -692,21 +859,33 @@ def rewards() -> None:
 
 @rewards.command("show")
 @click.argument("address", required=False)
-@click.option("--operator", "operators", multiple=True, help="Pools to show pending rewards of.")
+@click.option(
+    "--operator",
+    "operators",
+    multiple=True,
+    metavar="ADDRESS",
+    help="Only these pools (repeatable) [default: every pool ADDRESS staked in].",
+)
 @pass_ctx
 def rewards_show(ctx: Ctx, address: str | None, operators: tuple[str, ...]) -> None:
-    """Show wallet balance, claimable credit and pending pool rewards.
+    """Show wallet balance, claimable credit and pending rewards of ADDRESS (default: the --key
+    account) in every pool it staked in (an operator's own pool included).
 
-    Example: dtrain rewards show 0xabc... --operator 0xdef...
+    Example: dtrain rewards show 0xabc...
     """
     bsm = ctx.bsm(signing=False)
-    b = bsm.balances(address or _key_address(ctx), operators)
+    account = address or _key_address(ctx)
+    pools = operators or tuple(bsm.staked_with(account))
+    b = bsm.balances(account, pools)
     lines = [
         f"account  {b.address}",
         f"wallet   {format_eth(b.wallet)}",
         f"credit   {format_eth(b.credit)} (withdraw with `dtrain rewards withdraw`)",
     ]
-    lines += [f"pending  {format_eth(v)} from pool of {k}" for k, v in b.pending_rewards.items()]
+    lines += [
+        f"pending  {format_eth(v)} from the pool of {k} (`dtrain rewards withdraw --claim {k}`)"
+        for k, v in b.pending_rewards.items()
+    ]
     emit(ctx, b, "\n".join(lines))
 
 

@@ -59,6 +59,11 @@ JOB_EVENTS = (
     "JobAborted",
 )
 
+# Gas limit of a finalize sent without estimation: above finalizeEpoch at the 32-member cap
+# (docs/gas.md). Estimating right after a deadline on a chain that mines only on transactions
+# runs against the last block's time, from before the deadline.
+FINALIZE_GAS = 6_000_000
+
 
 def load_key(key: str) -> LocalAccount:
     """An account from a 0x-prefixed or bare 64-hex-digit private key."""
@@ -222,7 +227,7 @@ class BSM:
         except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
             raise self._revert_error(exc) from None
         except Web3RPCError as exc:
-            raise self._rpc_error(exc) from None
+            raise self._rpc_error(exc, value) from None
         except (requests.exceptions.RequestException, OSError) as exc:
             raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
         with NONCES.lock(key):
@@ -235,7 +240,7 @@ class BSM:
                 tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
             except Web3RPCError as exc:
                 NONCES.forget(key)
-                raise self._rpc_error(exc) from None
+                raise self._rpc_error(exc, value) from None
             except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
                 NONCES.forget(key)
                 raise self._revert_error(exc) from None
@@ -262,10 +267,17 @@ class BSM:
             return TransactionFailed(f"contract panicked: {exc}")
         return TransactionFailed(f"transaction reverted: {exc}")
 
-    def _rpc_error(self, exc: Web3RPCError) -> DtrainError:
+    def _rpc_error(self, exc: Web3RPCError, value: int = 0) -> DtrainError:
         text = str(exc)
         if "insufficient funds" in text.lower():
-            return InsufficientFunds(f"{self.sender} cannot pay value plus gas")
+            from .units import format_eth
+
+            has = format_eth(self.w3.eth.get_balance(self.sender))
+            sends = f"{format_eth(value)} plus gas" if value else "gas"
+            return InsufficientFunds(
+                f"account {self.sender} has {has}, cannot pay {sends}: send it ETH or use a "
+                "funded key (`dtrain chain up` prints some)"
+            )
         return TransactionFailed(f"RPC refused the transaction: {text[:200]}")
 
     def _transact(self, fn: ContractFunction, value: int = 0, gas: int | None = None) -> Receipt:
@@ -336,7 +348,18 @@ class BSM:
         f = self.contract.functions.registerOperator(
             _b32(peer_key), list(multiaddrs), hardware, min_price_per_epoch
         )
-        return self._transact(f, stake)
+        try:
+            return self._transact(f, stake)
+        except InsufficientFunds:
+            from .units import format_eth
+
+            has = format_eth(self.w3.eth.get_balance(self.sender))
+            least = format_eth(self.params().min_stake)
+            raise InsufficientFunds(
+                f"register needs {format_eth(stake)} of stake (at least {least}) plus gas; "
+                f"account {self.sender} has {has}: send it ETH or use a funded key "
+                "(`dtrain chain up` prints some)"
+            ) from None
 
     def update_operator(
         self, peer_key: bytes, multiaddrs: list[str], hardware: str, min_price_per_epoch: int
@@ -464,15 +487,39 @@ class BSM:
         cannot be unstaked (`StakeBonded`) nor bond another seat (`InsufficientFreeStake`)."""
         return int(self._read("bondedOf", _addr(operator)))
 
-    def pool(self, operator: str) -> m.Pool:
-        return m.Pool.from_struct(self._read("getPool", _addr(operator)))
+    def pool(self, operator: str, block: int | str = "latest") -> m.Pool:
+        return m.Pool.from_struct(self._read("getPool", _addr(operator), block=block))
 
-    def stake_of(self, operator: str, account: str) -> int:
-        return int(self._call(self.contract.functions.stakeOf(_addr(operator), _addr(account))))
+    def stake_of(self, operator: str, account: str, block: int | str = "latest") -> int:
+        return int(self._read("stakeOf", _addr(operator), _addr(account), block=block))
 
-    def unbonding_of(self, operator: str, account: str) -> tuple[int, int]:
-        out = self._read("unbondingOf", _addr(operator), _addr(account))
+    def unbonding_of(
+        self, operator: str, account: str, block: int | str = "latest"
+    ) -> tuple[int, int]:
+        """(amount in wei, unix time it unlocks); (0, 0) when nothing is unbonding."""
+        out = self._read("unbondingOf", _addr(operator), _addr(account), block=block)
         return int(out["amount"]), int(out["unlockAt"])
+
+    def positions(self, account: str) -> list[m.Position]:
+        """`account`'s stake with each operator it ever staked with, what is unbonding and
+        when it unlocks, pending rewards, and what each slash took (see `stakes.positions`)."""
+        from .stakes import positions
+
+        return positions(self, _addr(account))
+
+    def staked_with(self, account: str) -> list[str]:
+        """Operators `account` ever staked with (self-stake included), in the order it first
+        did (from the `Staked` events)."""
+        from .stakes import staked_with
+
+        return list(staked_with(self, _addr(account)))
+
+    def final_holders(self, job_id: int) -> list[m.Holder]:
+        """Who serves a completed job's final checkpoint: the members paid for its last epoch
+        (they voted for it), with their registered peer ids and addresses."""
+        from .stakes import final_holders
+
+        return final_holders(self, job_id)
 
     def pending_rewards(self, operator: str, account: str) -> int:
         f = self.contract.functions.pendingRewards(_addr(operator), _addr(account))

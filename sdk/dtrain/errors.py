@@ -96,6 +96,15 @@ AMOUNTS: dict[str, frozenset[str]] = {
     "StakeBonded": frozenset({"remaining", "needed"}),
     "SeatBondTooLow": frozenset({"seatBond", "minSeatBond"}),
 }
+# Arguments that are unix times, shown as local time and relative to now, per error.
+TIMES: dict[str, frozenset[str]] = {
+    "StillUnbonding": frozenset({"unlockAt", "nowTs"}),
+    "DeadlinePassed": frozenset({"deadline", "nowTs"}),
+    "RevealNotOpen": frozenset({"opensAfter", "nowTs"}),
+    "RevealClosed": frozenset({"closedAt", "nowTs"}),
+    "OpenTimeoutPending": frozenset({"timeoutAt", "nowTs"}),
+    "EpochNotFinalizable": frozenset({"deadline"}),
+}
 _STATUS = ["None", "Open", "Running", "Completed", "Failed", "Cancelled"]
 
 
@@ -104,11 +113,20 @@ def is_amount(error: str, name: str) -> bool:
     return name in AMOUNTS.get(error, ())
 
 
+def is_time(error: str, name: str) -> bool:
+    """Whether argument `name` of contract error `error` is a unix time."""
+    return name in TIMES.get(error, ())
+
+
 def _fmt(error: str, name: str, value: Any) -> str:
-    from .units import format_eth
+    from .units import format_eth, format_time
 
     if is_amount(error, name) and isinstance(value, int):
         return format_eth(value)
+    if is_time(error, name) and isinstance(value, int):
+        if name == "nowTs":  # the reverting block's time, which may lag the wall clock
+            return f"{format_time(value).removesuffix(' (now)')} by the chain's clock"
+        return format_time(value)
     if name == "status" and isinstance(value, int) and value < len(_STATUS):
         return _STATUS[value]
     if isinstance(value, bytes):

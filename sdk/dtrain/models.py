@@ -106,10 +106,16 @@ class JobStatus(IntEnum):
 
 
 class SlashReason(IntEnum):
+    """Why stake was slashed; `label` is how people read it ("sync failure")."""
+
     FABRICATION = 0
     DROPOUT = 1
     SYNC_FAILURE = 2
     EXTERNAL = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
 
 
 @dataclass(frozen=True)
@@ -308,3 +314,42 @@ class Event:
     block: int
     tx_hash: str
     log_index: int
+
+
+@dataclass(frozen=True)
+class SlashLoss:
+    """One `Slashed` event of an operator's pool and what it took from one position."""
+
+    job_id: int
+    epoch: int
+    reason: SlashReason
+    block: int
+    time: int  # the block's unix time
+    pool_amount: int  # wei the slash took from the whole pool (active and unbonding)
+    lost: int  # wei it took from this position: its share of the pool just before the slash
+
+
+@dataclass(frozen=True)
+class Position:
+    """An account's stake with one operator (a delegation, or the operator's self-stake)."""
+
+    operator: str
+    account: str
+    stake: int  # active stake now, in wei
+    unbonding: int  # wei queued for unbonding (still slashable until withdrawn)
+    unlock_at: int  # unix time the unbonding amount can be withdrawn (0: nothing unbonding)
+    pending_rewards: int
+    slashes: tuple[SlashLoss, ...] = ()
+
+    @property
+    def lost(self) -> int:
+        return sum(s.lost for s in self.slashes)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """An operator that holds a completed job's final checkpoint, as registered on chain."""
+
+    operator: str
+    peer_id: str  # base58 libp2p peer id of its Ed25519 key
+    multiaddrs: tuple[str, ...]

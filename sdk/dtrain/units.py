@@ -73,3 +73,41 @@ def format_eth(wei: int) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return f"{text} ETH"
+
+
+_SPANS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+def format_span(seconds: int) -> str:
+    """A duration in its two largest units: "6 d 23 h", "3 min", "45 s", "0 s"."""
+    left, parts = abs(int(seconds)), []
+    for unit, size in _SPANS:
+        n, left = divmod(left, size)
+        if n or parts:
+            parts.append((n, unit))
+        if len(parts) == 2:
+            break
+    shown = [f"{n} {unit}" for n, unit in parts if n]
+    return " ".join(shown) or "0 s"
+
+
+def format_relative(ts: int, now: float) -> str:
+    """`ts` relative to `now`: "in 6 d 23 h", "3 min ago", "now"."""
+    delta = int(ts - now)
+    if delta == 0:
+        return "now"
+    return f"in {format_span(delta)}" if delta > 0 else f"{format_span(delta)} ago"
+
+
+def format_time(ts: int, now: float | None = None) -> str:
+    """A unix time as local time with its zone and relative to now (the wall clock):
+    "2025-03-01 14:05:09 CET (in 6 d 23 h)"; 0 reads "-" (no such time)."""
+    import time
+
+    if not ts:
+        return "-"
+    try:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):  # beyond what the C library represents
+        return f"unix time {ts}"
+    return f"{stamp} ({format_relative(ts, time.time() if now is None else now)})"

@@ -95,3 +95,9 @@ class Votes:
 @pytest.fixture
 def votes() -> Votes:
     return Votes()
+
+
+@pytest.fixture(autouse=True)
+def _own_env_file(tmp_path_factory, monkeypatch) -> None:
+    """Every test reads and writes its own `dtrain chain up` env file, never ~/.dtrain/env."""
+    monkeypatch.setenv("DTRAIN_ENV_FILE", str(tmp_path_factory.mktemp("env") / "env"))

@@ -10,9 +10,10 @@ import sys
 import time
 
 import pytest
-from harness.chain import ETH, advance, peer_key
+from harness.chain import ETH, advance, peer_key, spec
 from web3 import Web3
 
+from dtrain import errors
 from dtrain.cli import main
 from dtrain.client import BSM
 from dtrain.models import Params
@@ -130,6 +131,8 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes) -> None:
         )
         assert code == 0, err
         assert "registered with 1.5 ETH stake" in out
+    code, out, _ = run("job", "list")
+    assert out.strip() == "no jobs"
     code, out, _ = run("--json", "operator", "info", accounts[1].address)
     info = json.loads(out)
     assert info["registered"] is True and info["self_stake"] == 15 * ETH // 10
@@ -175,15 +178,24 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes) -> None:
     votes.reveal(ops[0], job_id, 0)
     code, out, _ = run("job", "status", str(job_id))
     assert "votes       3 committed, 1 revealed" in out
-    assert f"reveal {time.strftime('%Y-%m-%d', time.gmtime(status['reveal_deadline']))}" in out
-    assert f"({status['reveal_deadline']})" in out and "seat bond   0.5 ETH" in out
+    assert "epoch       1/1\n" in out and "members     3/3 (at least 3), 0 joining" in out
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["reveal_deadline"]))
+    assert f"reveal by   {stamp}" in out and "seat bond   0.5 ETH" in out
+    left = status["reveal_deadline"] - time.time()  # the chain may run ahead of the wall clock
+    assert ("(in " if left > 0 else " ago)") in out.split("reveal by")[1].splitlines()[0]
+    assert str(status["reveal_deadline"]) not in out and str(status["deadline"]) not in out
+    code, out, _ = run("job", "list")
+    assert out.rstrip("\n") == (
+        f"{job_id:>4}  DPO   running    epoch 1/1    members 3/3  price 0.01 ETH per operator-epoch"
+    )
     for op in ops[1:]:
         votes.reveal(op, job_id, 0)
     code, out, err = run("job", "finalize", str(job_id), key=accounts[6].key)
     assert code == 0, err
     assert "EpochFinalized" in out and "JobCompleted" in out
+    assert f"epoch 1/1 of job {job_id} settled" in out
     code, out, _ = run("job", "list")
-    assert f"{job_id:>4}  DPO   completed" in out
+    assert f"{job_id:>4}  DPO   completed  epoch 1/1    members 0/3  price 0.01 ETH" in out
     code, out, _ = run("--json", "job", "watch", str(job_id), "--no-follow")
     events = [json.loads(line)["event"] for line in out.splitlines()]
     assert events[0] == "JobCreated" and events[-1] == "JobCompleted"
@@ -255,7 +267,7 @@ def test_cancel_and_unstake(run, bsm, accounts) -> None:
             ["job", "submit", "--price", "1ether", "--operators", "3:2"],
             "KEY",
             2,
-            "MAX 2 is below MIN 3",
+            "MIN 3 is greater than MAX 2: write the smaller number first, e.g. 2:3",
         ),
         (
             ["job", "submit", "--price", "1gwei", "--seat-bond", "1gwei"],
@@ -355,22 +367,190 @@ def test_debug_shows_traceback(chain, bsm) -> None:
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
-def test_chain_up_serves_and_stops() -> None:
-    proc = subprocess.Popen(
-        [*DTRAIN, "--json", "chain", "up", "--accounts", "2"],
+def _chain_up(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*DTRAIN, "--json", "chain", "up", "--accounts", "2", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
+
+
+def test_chain_up_writes_the_env_file_other_commands_read(tmp_path, monkeypatch, capsys) -> None:
+    """`chain up --port 0` serves a free port and writes the env file; deploy adds the contract
+    to it; later commands need no options; options and environment variables override it; the
+    file goes when the chain stops."""
+    env_file = tmp_path / "env"
+    monkeypatch.setenv("DTRAIN_ENV_FILE", str(env_file))
+    proc = _chain_up("--port", "0", env={**os.environ, "DTRAIN_ENV_FILE": str(env_file)})
     try:
-        line = proc.stdout.readline()
-        data = json.loads(line)
-        assert len(data["accounts"]) == 2
+        data = json.loads(proc.stdout.readline())
+        assert data["env_file"] == str(env_file) and not data["url"].endswith(":8545")
+        assert f"export DTRAIN_RPC_URL={data['url']}\n" in env_file.read_text()
         w3 = Web3(Web3.HTTPProvider(data["url"]))
         assert w3.eth.get_balance(data["accounts"][0]["address"]) == 10_000 * ETH
+        key = data["accounts"][0]["key"]
+        assert main(["--key", key, "--json", "deploy"]) == 0  # no --rpc-url: the env file's
+        address = json.loads(capsys.readouterr().out)["address"]
+        assert f"export DTRAIN_CONTRACT={address}\n" in env_file.read_text()
+        assert main(["--json", "job", "list"]) == 0  # neither --rpc-url nor --contract
+        assert json.loads(capsys.readouterr().out) == []
+        assert main(["--rpc-url", "http://127.0.0.1:9", "job", "list"]) == 1  # option first
+        assert "error: no contract" in capsys.readouterr().err  # the file's is for its chain
+        monkeypatch.setenv("DTRAIN_RPC_URL", "http://127.0.0.1:9")  # then the environment
+        assert main(["--contract", address, "job", "list"]) == 1
+        assert "RPC http://127.0.0.1:9 unreachable" in capsys.readouterr().err
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
-    assert proc.returncode == 0
+    assert proc.returncode == 0, proc.stderr.read()
+    assert not env_file.exists()
     closed = Web3(Web3.HTTPProvider(data["url"], request_kwargs={"timeout": 2}))
     assert not closed.is_connected()
+
+
+def test_chain_up_listens_on_8545_by_default(tmp_path) -> None:
+    """Without --port, `chain up` takes 8545 (as the docs export); when it is taken it says so
+    and how to get a free one. 8545 is held here so the test never competes for it."""
+    import socket
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as anvil: TIME_WAIT is free
+    try:
+        holder.bind(("127.0.0.1", 8545))
+        holder.listen()
+    except OSError:
+        pass  # another chain listens there: just as good
+    env = {**os.environ, "DTRAIN_ENV_FILE": str(tmp_path / "env")}
+    proc = _chain_up(env=env)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        holder.close()
+        if proc.poll() is None:  # it listened after all: stop it, the asserts below fail
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    assert proc.returncode == 1
+    assert err == (
+        "error: port 8545 is in use (another chain running?): stop it, or pass --port 0 "
+        "for a free port\n"
+    )
+    assert not (tmp_path / "env").exists()
+
+
+def _slashed_job(bsm, accounts) -> tuple[int, list]:
+    """Operators 1 and 2 (2 ETH self-stake each) in a 2:2 job; account 5 delegated 2 ETH to
+    operator 1 and queued 0.5 ETH of it for unbonding; nobody votes and the epoch is settled:
+    both members are slashed as dropouts (5% of their pools, unbonding stake included)."""
+    ops = [bsm.with_account(accounts[i].key) for i in (1, 2)]
+    for i, op in enumerate(ops):
+        op.register_operator(2 * ETH, peer_key(i), [f"/ip4/127.0.0.1/tcp/{4300 + i}"], "")
+    staker = bsm.with_account(accounts[5].key)
+    staker.delegate(ops[0].sender, 2 * ETH)
+    staker.undelegate(ops[0].sender, ETH // 2)
+    job_id = bsm.with_account(accounts[4].key).create_job(
+        spec(min_operators=2, max_operators=2, total_epochs=1)
+    )
+    for op in ops:
+        op.join_job(job_id)
+    job = bsm.job(job_id)
+    advance(bsm.w3, job.reveal_deadline - bsm.latest_block_timestamp() + 1)
+    return job_id, ops
+
+
+def test_stake_show_positions_and_what_slashes_took(run, bsm, accounts) -> None:
+    job_id, ops = _slashed_job(bsm, accounts)
+    staker = accounts[5].address
+    before = bsm.stake_of(ops[0].sender, staker) + bsm.unbonding_of(ops[0].sender, staker)[0]
+    rc = bsm.finalize_epoch(job_id, 0)
+    slash = next(e for e in rc.all("Slashed") if e.args["operator"] == ops[0].sender)
+    # Pool: 2 + 2 - 0.5 active, 0.5 unbonding; 5% of 4 ETH. The staker held half of it.
+    assert slash.args["amount"] == ETH // 5
+    after = bsm.stake_of(ops[0].sender, staker) + bsm.unbonding_of(ops[0].sender, staker)[0]
+    code, out, err = run("--json", "stake", "show", "--account", staker)
+    assert code == 0, err
+    (position,) = json.loads(out)["positions"]
+    assert position["operator"] == ops[0].sender and position["stake"] == 1425 * ETH // 1000
+    assert position["unbonding"] == 475 * ETH // 1000 and position["unlock_at"] > 0
+    (loss,) = position["slashes"]
+    assert loss["lost"] == before - after == ETH // 10  # what the reads say it lost
+    assert (loss["job_id"], loss["epoch"], loss["reason"]) == (job_id, 0, "dropout")
+    assert loss["pool_amount"] == ETH // 5
+    code, out, err = run("stake", "show", "--account", staker)
+    assert code == 0, err
+    assert f"delegation with {ops[0].sender}\n  stake       1.425 ETH\n" in out
+    assert "  unbonding   0.475 ETH, unlocks " in out and "slashable until withdrawn" in out
+    assert "  slashed     0.1 ETH lost in 1 slash(es)\n" in out
+    assert f"    job {job_id} epoch 1: dropout, " in out
+    assert "the pool lost 0.2 ETH, this position 0.1 ETH" in out
+    assert str(position["unlock_at"]) not in out  # a local time, never a unix timestamp
+    code, out, err = run("stake", "show", key=accounts[1].key)  # an operator's own stake
+    assert code == 0, err
+    assert f"self-stake with {ops[0].sender}\n  stake       1.9 ETH" in out
+    assert "  slashed     0.1 ETH lost in 1 slash(es)" in out
+    code, out, _ = run("stake", "show", "--account", accounts[8].address)
+    assert out.strip() == f"staker {accounts[8].address} has never staked"
+    code, out, _ = run("job", "watch", str(job_id), "--no-follow")
+    assert f"Slashed: operator {ops[0].sender}, jobId {job_id}, epoch 0, reason dropout, " in out
+    assert "amount 0.2 ETH" in out and "reason=" not in out
+
+
+def test_rewards_show_every_pool_without_naming_it(run, bsm, accounts) -> None:
+    """`rewards show` alone lists the pending rewards of every pool the account staked in
+    (docs/sdk.md showed `--operator` as needed)."""
+    ops = [bsm.with_account(accounts[i].key) for i in (1, 2)]
+    for i, op in enumerate(ops):
+        op.register_operator(2 * ETH, peer_key(i), [], "")
+    bsm.with_account(accounts[5].key).delegate(ops[1].sender, ETH)
+    code, out, err = run("--json", "rewards", "show", key=accounts[5].key)
+    assert code == 0, err
+    assert json.loads(out)["pending_rewards"] == {ops[1].sender: 0}
+    code, out, err = run("rewards", "show", key=accounts[1].key)
+    assert code == 0, err
+    assert f"pending  0 ETH from the pool of {ops[0].sender}" in out
+
+
+def test_finalize_on_an_idle_chain_past_the_deadline(run, bsm, accounts, monkeypatch) -> None:
+    """The wall clock passed the reveal deadline but the idle chain's latest block did not:
+    an estimate would run against that old block, so the CLI sends with a fixed gas limit and
+    says so; before the deadline it says when to come back."""
+    ops = [bsm.with_account(accounts[i].key) for i in (1, 2)]
+    for i, op in enumerate(ops):
+        op.register_operator(2 * ETH, peer_key(i), [], "")
+    job_id = bsm.with_account(accounts[4].key).create_job(
+        spec(min_operators=2, max_operators=2, total_epochs=1)
+    )
+    for op in ops:
+        op.join_job(job_id)
+    job = bsm.job(job_id)
+    late = max(job.reveal_deadline + 5, int(time.time()) + 1)
+    code, _, err = run("job", "finalize", str(job_id), key=accounts[6].key)
+    assert code == 1
+    assert err.startswith(
+        f"error: epoch 1/1 of job {job_id} cannot be settled yet: 0 of 2 members revealed and "
+        "reveals are open until "
+    )
+    assert err.rstrip().endswith("; run this again after that") and " (in " in err
+    monkeypatch.setattr("dtrain.cli.time.time", lambda: float(late))  # the wall clock moved on
+    bsm.w3.provider.make_request("evm_setNextBlockTimestamp", [late])  # the next block is now
+    assert bsm.latest_block_timestamp() <= job.reveal_deadline  # ...the latest one is stale
+    with pytest.raises(errors.EpochNotFinalizable):  # what an estimate says
+        bsm.finalize_epoch(job_id, 0)
+    code, out, err = run("job", "finalize", str(job_id), key=accounts[6].key)
+    assert code == 0, err
+    assert out.startswith(f"epoch 1/1 of job {job_id} settled\n")
+    assert "  Slashed: " in out and "reason dropout" in out
+    assert "was older than the reveal deadline: sent with a fixed gas limit of 6,000,000" in out
+    assert bsm.job(job_id).state.failed_epochs == 1
+
+
+def test_register_without_eth_says_what_it_needs(run) -> None:
+    poor = "0x" + "11" * 32
+    code, _, err = run(
+        "operator", "register", "--stake", "1ether", "--peer-key", "0x" + "ab" * 32, key=poor
+    )
+    assert code == 1
+    assert err.startswith("error: register needs 1 ETH of stake (at least 1 ETH) plus gas; ")
+    assert "has 0 ETH: send it ETH or use a funded key (`dtrain chain up` prints some)" in err
+    assert len(err.strip().splitlines()) == 1

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtrain import artifacts, errors
-from dtrain.units import format_eth
+from dtrain.units import format_eth, format_time
 
 OPERATOR = to_checksum_address("0x" + "ab" * 20)
 
@@ -47,9 +47,16 @@ def test_every_abi_error_decodes(item) -> None:
     for name, value in exc.args_by_name.items():
         if errors.is_amount(item["name"], name):
             assert format_eth(value) in message, (name, message)
+        elif errors.is_time(item["name"], name):
+            assert _stamp(value) in message, (name, message)
         elif isinstance(value, int) and name != "status":
             assert str(value) in message, (name, message)
             assert f"{value} wei" not in message and " ETH" not in message, (name, message)
+
+
+def _stamp(ts: int) -> str:
+    """A time as messages show it, without the part relative to now."""
+    return format_time(ts).split(" (")[0]
 
 
 def _signature(item) -> str:
@@ -118,22 +125,43 @@ def test_amount_arguments_name_real_arguments() -> None:
         ),
         (
             errors.EpochNotFinalizable(1, 2, 3, 1700000000),
-            "job 1: 2 of 3 members revealed and the reveal deadline 1700000000 has not passed",
+            f"job 1: 2 of 3 members revealed and the reveal deadline {_stamp(1700000000)} (",
         ),
         (
             errors.OpenTimeoutPending(7, 1700000000, 1699999000),
-            "job 7 may be failed by anyone only after 1700000000 (now 1699999000)",
+            f"job 7 may be failed by anyone only after {_stamp(1700000000)} (",
         ),
         (
             errors.RevealNotOpen(1700000000, 1699999999),
-            "reveals open after 1700000000 or once every member committed (now 1699999999)",
+            f"reveals open after {_stamp(1700000000)} (",
         ),
-        (errors.RevealClosed(1700000600, 1700000601), "the reveal window closed at 1700000600"),
+        (errors.RevealClosed(1700000600, 1700000601), "the reveal window closed at 20"),
     ],
     ids=lambda x: type(x).__name__ if isinstance(x, errors.ContractError) else "",
 )
 def test_new_error_messages(exc: errors.ContractError, message: str) -> None:
     assert str(exc).startswith(message), str(exc)
+
+
+@pytest.mark.parametrize(
+    ("exc", "parts"),
+    [
+        (errors.StillUnbonding(1700000000, 1699999000), ["stake unlocks at", "by the chain's"]),
+        (errors.RevealNotOpen(1700000000, 1699999999), ["or once every member committed (now"]),
+        (errors.OpenTimeoutPending(7, 1700000000, 1699999000), ["ago) by the chain's clock)"]),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, errors.ContractError) else "",
+)
+def test_times_in_messages_are_local_and_relative(exc, parts) -> None:
+    """Unix times in a message read as local times and relative ones ("3 min ago"), never
+    as bare numbers; the reverting block's time says it is the chain's clock."""
+    message = str(exc)
+    for value in exc.args_by_name.values():
+        if value > 10**9:
+            assert _stamp(value) in message and str(value) not in message, message
+    assert " ago)" in message, message
+    for part in parts:
+        assert part in message, message
 
 
 def test_status_names() -> None:

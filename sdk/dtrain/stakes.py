@@ -1,0 +1,106 @@
+"""A staker's positions and what slashes took from them; who serves a job's final checkpoint.
+
+What a slash took from a position is computed from the chain, not estimated: a `Slashed`
+event says how much wei left the operator's pool (the same fraction of its active and of its
+unbonding assets), and the position's value just before it (active stake plus unbonding, read
+at the block before the slash's block) times that fraction is the position's loss, to the wei
+up to integer rounding. Several slashes of one pool in one block are applied in log order, each
+on what the previous one left. A change of the position earlier in the slash's own block (a
+delegation mined before the finalize in the same block) is not seen; on a local chain every
+transaction has its own block. Reading the past needs a node that keeps the state of old
+blocks (anvil does; on a pruned node the read fails with the RPC's error).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import models as m
+
+if TYPE_CHECKING:
+    from .client import BSM
+
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def base58(raw: bytes) -> str:
+    """Bitcoin-alphabet base58, as libp2p prints peer ids."""
+    n, out = int.from_bytes(raw, "big"), ""
+    while n:
+        n, r = divmod(n, 58)
+        out = _B58[r] + out
+    return "1" * (len(raw) - len(raw.lstrip(b"\0"))) + out
+
+
+def peer_id(peer_key: bytes) -> str:
+    """The libp2p peer id ("12D3KooW...") of an Ed25519 public key (identity multihash)."""
+    return base58(bytes.fromhex("002408011220") + bytes(peer_key))
+
+
+def staked_with(bsm: BSM, account: str) -> dict[str, int]:
+    """Operators `account` ever staked with (self-stake included), each with the block of its
+    first deposit."""
+    first: dict[str, int] = {}
+    for e in bsm.events(names=["Staked"]):
+        if e.args["account"] == account:
+            first.setdefault(e.args["operator"], e.block)
+    return first
+
+
+def slash_losses(bsm: BSM, operator: str, account: str, since: int) -> tuple[m.SlashLoss, ...]:
+    """What each `Slashed` event of `operator`'s pool from block `since` took from `account`'s
+    position (see the module's docstring for how)."""
+    out: list[m.SlashLoss] = []
+    block, held, pool_total = -1, 0, 0
+    for e in bsm.events(from_block=since, names=["Slashed"]):
+        if e.args["operator"] != operator:
+            continue
+        if e.block != block:  # the state before this block
+            block, before = e.block, e.block - 1
+            held = bsm.stake_of(operator, account, before)
+            held += bsm.unbonding_of(operator, account, before)[0]
+            pool = bsm.pool(operator, before)
+            pool_total = pool.total_assets + pool.unbonding_assets
+        amount = int(e.args["amount"])
+        lost = held * amount // pool_total if pool_total else 0
+        held, pool_total = held - lost, pool_total - amount
+        stamp = int(bsm.w3.eth.get_block(e.block)["timestamp"])
+        reason = m.SlashReason(e.args["reason"])
+        args = (int(e.args["jobId"]), int(e.args["epoch"]), reason, e.block, stamp, amount, lost)
+        out.append(m.SlashLoss(*args))
+    return tuple(out)
+
+
+def positions(bsm: BSM, account: str) -> list[m.Position]:
+    """`account`'s position with every operator it staked with, in the order it first did."""
+    out = []
+    for operator, since in staked_with(bsm, account).items():
+        unbonding, unlock_at = bsm.unbonding_of(operator, account)
+        out.append(
+            m.Position(
+                operator=operator,
+                account=account,
+                stake=bsm.stake_of(operator, account),
+                unbonding=unbonding,
+                unlock_at=unlock_at,
+                pending_rewards=bsm.pending_rewards(operator, account),
+                slashes=slash_losses(bsm, operator, account, since),
+            )
+        )
+    return out
+
+
+def final_holders(bsm: BSM, job_id: int) -> list[m.Holder]:
+    """A completed job's final checkpoint holders: the members paid for its last epoch (an
+    empty list while the job has not completed)."""
+    job = bsm.job(job_id)
+    if job.state.status != m.JobStatus.COMPLETED:
+        return []
+    last = job.spec.total_epochs - 1
+    paid = bsm.events(names=["OperatorPaid"], job_id=job_id)
+    holders = sorted({e.args["operator"] for e in paid if e.args["epoch"] == last})
+    out = []
+    for address in holders:
+        op = bsm.operator(address)
+        out.append(m.Holder(address, peer_id(op.peer_key), tuple(op.multiaddrs)))
+    return out
