@@ -940,6 +940,8 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: cannot read amount {negative!r}: amounts are never negative", err=True)
         return 2
     _load_plugins()
+    if not debug:
+        _quiet_library_logs()
     try:
         cli.main(args=args, prog_name="dtrain", standalone_mode=False)
     except click.exceptions.Abort:
@@ -961,9 +963,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        click.echo(f"error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        first = first if len(first) <= 300 else first[:300] + "..."
+        click.echo(f"error: {type(exc).__name__}: {first} (rerun with --debug)", err=True)
         return 1
     return 0
+
+
+def _quiet_library_logs() -> None:
+    """Libraries' log records (libp2p logs each failed dial as an error) stay out of the
+    terminal: without a handler Python prints WARNING and above to stderr. Commands say what
+    went wrong in their one error line; `--debug` shows everything. A command that logs (`dtrain
+    node run`) installs its own handlers."""
+    import logging
+
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())
 
 
 __all__ = ["cli", "connect", "main"]

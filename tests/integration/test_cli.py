@@ -17,6 +17,7 @@ from dtrain import errors
 from dtrain.cli import main
 from dtrain.client import BSM
 from dtrain.models import Params
+from dtrain.stakes import peer_id
 
 DTRAIN = [sys.executable, "-m", "dtrain.cli"]
 
@@ -196,6 +197,18 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes) -> None:
     assert f"epoch 1/1 of job {job_id} settled" in out
     code, out, _ = run("job", "list")
     assert f"{job_id:>4}  DPO   completed  epoch 1/1    members 0/3  price 0.01 ETH" in out
+    code, out, _ = run("--json", "job", "status", str(job_id))
+    holders = json.loads(out)["final_holders"]
+    assert [h["operator"] for h in holders] == sorted(accounts[i].address for i in (1, 2, 3))
+    for h in holders:
+        i = [accounts[j].address for j in (1, 2, 3)].index(h["operator"])
+        assert h["multiaddrs"] == [f"/ip4/127.0.0.1/tcp/{4100 + i}"]
+        assert h["peer_id"] == peer_id(peer_key(i)) and h["peer_id"].startswith("12D3KooW")
+    code, out, _ = run("job", "status", str(job_id))
+    assert "  served by   \n" in out
+    for h in holders:
+        assert f"    {h['operator']}  peer {h['peer_id']}  {h['multiaddrs'][0]}\n" in out
+    assert f"(fetch it with `dtrain job fetch {job_id} --out DIR` while one is up)" in out
     code, out, _ = run("--json", "job", "watch", str(job_id), "--no-follow")
     events = [json.loads(line)["event"] for line in out.splitlines()]
     assert events[0] == "JobCreated" and events[-1] == "JobCompleted"
@@ -554,3 +567,42 @@ def test_register_without_eth_says_what_it_needs(run) -> None:
     assert err.startswith("error: register needs 1 ETH of stake (at least 1 ETH) plus gas; ")
     assert "has 0 ETH: send it ETH or use a funded key (`dtrain chain up` prints some)" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_nobody_serves_is_one_plain_line(run, capsys) -> None:
+    """What `dtrain job fetch` shows when every holder is down: the node raises
+    `errors.NotServed`; the dial errors libp2p logs (Python prints a library's unhandled ERROR
+    records to stderr) and keeps in `tried` stay out of the terminal."""
+    import logging
+
+    import click
+
+    from dtrain.cli import cli
+
+    holders = ["0x" + "ab" * 20, "0x" + "cd" * 20]
+
+    @click.command("fetch-probe")
+    def probe() -> None:
+        for _ in range(4):
+            logging.getLogger("libp2p.transport.tcp").error("Failed to open TCP stream: refused")
+        tried = ("peer: Failed to open TCP stream to /ip4/127.0.0.1/tcp/9",)
+        raise errors.NotServed.final_checkpoint(3, holders, tried)
+
+    cli.add_command(probe)
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers.clear()  # as in a terminal, not under pytest's log capture
+    try:
+        code, out, err = run("fetch-probe", raw=True)
+    finally:
+        root.handlers[:] = saved
+        cli.commands.pop("fetch-probe")
+    assert code == 1 and out == ""
+    assert err == (
+        f"error: job 3: none of the 2 operators holding its final checkpoint ({holders[0]}, "
+        f"{holders[1]}) is serving it now; ask one to bring its node up (`dtrain job status 3` "
+        "lists them and their addresses), then fetch again\n"
+    )
+    assert "no operator was paid for its last epoch" in str(
+        errors.NotServed.final_checkpoint(3, [])
+    )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import pytest
 from eth_utils import keccak
@@ -9,7 +10,14 @@ from hypothesis import strategies as st
 
 import dtrain
 from dtrain.errors import ConfigError, InvalidAmount
-from dtrain.units import format_eth, parse_amount, parse_duration
+from dtrain.units import (
+    format_eth,
+    format_relative,
+    format_span,
+    format_time,
+    parse_amount,
+    parse_duration,
+)
 from dtrain.votes import UNWORKABLE, commitment_hash, new_salt
 
 
@@ -90,3 +98,32 @@ def test_commitment_inputs_are_checked() -> None:
     with pytest.raises(ConfigError, match="not an address"):
         commitment_hash(1, 0, "0x1234", b"\x01" * 32, [], b"\x01" * 32)
     assert new_salt() != new_salt() and len(new_salt()) == 32
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0 s"),
+        (45, "45 s"),
+        (180, "3 min"),
+        (185, "3 min 5 s"),
+        (3600, "1 h"),
+        (3661, "1 h 1 min"),  # two units at most
+        (86401, "1 d"),
+        (7 * 86400 - 60, "6 d 23 h"),
+        (-185, "3 min 5 s"),
+    ],
+)
+def test_format_span(seconds, text) -> None:
+    assert format_span(seconds) == text
+
+
+def test_format_relative_and_time() -> None:
+    now = 1_700_000_000
+    assert format_relative(now + 7 * 86400 - 60, now) == "in 6 d 23 h"
+    assert format_relative(now - 180, now) == "3 min ago"
+    assert format_relative(now, now) == "now"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now + 90))
+    assert format_time(now + 90, now=now) == f"{stamp} (in 1 min 30 s)"
+    assert format_time(0) == "-"  # no such time (nothing unbonding, no epoch running)
+    assert format_time(10**30) == f"unix time {10**30}"
