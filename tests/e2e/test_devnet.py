@@ -39,6 +39,11 @@ def test_devnet_story(tmp_path) -> None:
     assert honest == ["op1", "op5"] and sorted(names[m] for m in poisoned["paid"]) == honest
     assert all(b["ok"] for b in result["balances"])
     assert result["heldout_loss_after"] < result["heldout_loss_before"]
+    # The caller's copy, through its own tokenizer: training's loss, and greedy continuations of
+    # held-out prompts that match the held-out text better than the initial model's.
+    tokenizer_loss = result["heldout_loss_via_tokenizer"]
+    assert tokenizer_loss == pytest.approx(result["heldout_loss_training_side"], abs=1e-3)
+    assert result["continuation_match"] > result["continuation_match_before"]
     assert result["final_checkpoint"] != "0x" + "00" * 32
 
 

@@ -4,6 +4,7 @@ against the initial model with the job's method and let it generate."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,9 @@ if TYPE_CHECKING:
     from .report import Checks
 
 FETCH_TIMEOUT = 180
+LOSS_TOLERANCE = 1e-3  # through the exported tokenizer vs training's loss (float32 noise)
+CPT_WINDOWS = 32  # held-out windows of the tokenizer check (CausalLMBackend evaluates 32)
+GEN_PROMPTS, PROMPT_CHARS, GEN_CHARS = 32, 80, 24  # CPT's held-out prompts for generation
 
 
 def fetch(rpc: str, contract: str, job_id: int, out: Path) -> subprocess.CompletedProcess[str]:
@@ -39,10 +43,10 @@ def fetch_and_evaluate(
 
 
 def evaluate_export(out: Path, spec: JobSpec, job_id: int, checks: Checks) -> dict[str, Any]:
-    """Loads the caller's copy with transformers, evaluates it against the initial model with
-    the job's method (held-out loss for CPT/SFT, preference accuracy for DPO, reward for GRPO)
-    and generates text."""
-    import torch
+    """Loads the caller's copy with transformers and checks what came out: the job's method
+    scores it better than the initial model (held-out loss for CPT/SFT/DPO), its own tokenizer
+    gives the training-side held-out loss, and its greedy continuations of held-out prompts
+    match the held-out continuations better than the initial model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dtrain_node.train.backend import TrainJob, make_backend
@@ -52,16 +56,13 @@ def evaluate_export(out: Path, spec: JobSpec, job_id: int, checks: Checks) -> di
             job_id, spec.method.name.lower(), spec.model_uri, spec.dataset_uri, spec.dataset_hash
         )
     )
+    start = copy.deepcopy(backend.model).eval()
     before = backend.evaluate()
-    model = AutoModelForCausalLM.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
     tok = AutoTokenizer.from_pretrained(out)
     backend.model.load_state_dict(model.state_dict())
     after = backend.evaluate()
-    with torch.no_grad():
-        ids = tok("def " if spec.method.name == "CPT" else "3+4=", return_tensors="pt")
-        gen = model.generate(**ids, max_new_tokens=24, do_sample=False)
-    sample = tok.decode(gen[0])
-    result: dict[str, Any] = {"eval_before": before, "eval_after": after, "sample": sample}
+    result: dict[str, Any] = {"eval_before": before, "eval_after": after}
     if "heldout_loss" in after:
         checks.add(
             "held-out loss went down",
@@ -70,6 +71,167 @@ def evaluate_export(out: Path, spec: JobSpec, job_id: int, checks: Checks) -> di
         )
         result["heldout_loss_before"] = before["heldout_loss"]
         result["heldout_loss_after"] = after["heldout_loss"]
-    checks.add("final checkpoint loads with transformers and generates", len(gen[0]) > len(ids[0]))
-    print(f"\nevaluation before {before} after {after}; sample: {sample!r}")
+    result.update(tokenizer_check(model, start, tok, backend, checks))
+    result.update(generation_check(model, start, tok, backend, checks))
+    print(f"\nevaluation before {before} after {after}")
+    print(f"greedy continuation of a held-out prompt: {result['sample']}")
     return result
+
+
+def tokenizer_check(model, start, tok, backend, checks: Checks) -> dict[str, Any]:
+    """The exported model, fed held-out data through its own tokenizer (and chat template),
+    scores exactly what training's evaluation scores on the same data."""
+    got = tokenizer_loss(model, start, tok, backend)
+    if got is None:  # GRPO has no held-out loss
+        return {}
+    via_tok, training = got
+    checks.add(
+        "exported tokenizer gives the training-side held-out loss",
+        abs(via_tok - training) <= LOSS_TOLERANCE,
+        f"{via_tok:.5f} through the tokenizer vs {training:.5f} in training",
+    )
+    return {"heldout_loss_via_tokenizer": via_tok, "heldout_loss_training_side": training}
+
+
+def tokenizer_loss(model, start, tok, backend) -> tuple[float, float] | None:
+    """(held-out loss of `model` on ids from `tok`, training's loss on the same data) of the
+    backend's method; `start` is DPO's frozen reference. None for GRPO (no held-out loss)."""
+    import torch
+
+    from dtrain_node.train import corpus, losses
+
+    method = backend.job.method
+    with torch.no_grad():
+        if method == "cpt":
+            text = heldout_text(backend)
+            ids = torch.tensor(tok(text)["input_ids"])
+            x, y = corpus.TextData(ids, ids, backend.cfg.ctx).heldout_windows(CPT_WINDOWS)
+            via_tok = losses.cpt_loss(model(input_ids=x).logits, y)
+            raw = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).long()
+            training = backend.loss(corpus.TextData(raw, raw, x.size(1)).heldout_windows(len(x)))
+            return float(via_tok), float(training)
+        if method not in ("sft", "dpo"):
+            return None
+        recs = backend.eval_recs
+        if method == "sft":
+            ids, labels, mask = chat_batch(tok, [(r["prompt"], r["response"]) for r in recs])
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            return float(losses.sft_loss(logits, labels)), backend.evaluate()["heldout_loss"]
+        pairs = [(r["prompt"], r["chosen"]) for r in recs]
+        ids, labels, mask = chat_batch(tok, pairs + [(r["prompt"], r["rejected"]) for r in recs])
+        pol, ref = (
+            losses.sequence_logps(m(input_ids=ids, attention_mask=mask).logits, labels)
+            for m in (model, start)
+        )
+        b = len(recs)
+        loss = losses.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], backend.opts.dpo_beta)[0]
+        return float(loss), backend.evaluate()["heldout_loss"]
+
+
+def heldout_text(backend) -> str:
+    """The CPT held-out split as text, from its first whole UTF-8 character (the split between
+    training and held-out bytes may cut one)."""
+    data = bytes(backend.data.heldout.tolist())
+    first = next(i for i, b in enumerate(data) if b & 0xC0 != 0x80)
+    return data[first:].decode("utf-8", "ignore")
+
+
+def chat_batch(tok, pairs: list[tuple[str, str]]):
+    """(ids, labels, attention mask) of prompt/completion pairs through the tokenizer's chat
+    template, right-padded, with the prompt's tokens and the padding masked out of the labels."""
+    import torch
+
+    from dtrain_node.train.losses import IGNORE
+
+    rows = []
+    for prompt, completion in pairs:
+        user = [{"role": "user", "content": prompt}]
+        p = tok.apply_chat_template(user, add_generation_prompt=True, return_dict=True)
+        full = [*user, {"role": "assistant", "content": completion}]
+        rows.append((tok.apply_chat_template(full, return_dict=True)["input_ids"], p))
+    batch = tok.pad({"input_ids": [r for r, _ in rows]}, padding_side="right", return_tensors="pt")
+    labels = torch.full_like(batch["input_ids"], IGNORE)
+    for i, (r, p) in enumerate(rows):
+        n = len(p["input_ids"])
+        labels[i, n : len(r)] = torch.tensor(r[n:])
+    return batch["input_ids"], labels, batch["attention_mask"]
+
+
+def generation_check(model, start, tok, backend, checks: Checks) -> dict[str, Any]:
+    """Greedy continuations of held-out prompts against the held-out continuations, for the
+    exported model and the initial one. For the methods that train the likelihood of the data
+    (CPT, SFT) the exported model must match more of them; DPO and GRPO, trained from a random
+    model on preferences or rewards only, need not generate the reference, so there it is
+    reported but not checked."""
+    pairs = heldout_pairs(backend)
+    trained, samples = continuation_match(model, tok, pairs)
+    untrained, _ = continuation_match(start, tok, pairs)
+    if backend.job.method in ("cpt", "sft"):
+        checks.add(
+            "greedy continuations match held-out text better than the initial model's",
+            trained > untrained,
+            f"{trained:.3f} vs {untrained:.3f} of the reference characters",
+        )
+    prompt, ref = pairs[0]
+    shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    return {
+        "continuation_match": trained,
+        "continuation_match_before": untrained,
+        "sample": {"prompt": shown[-40:], "reference": ref, "generated": samples[0]},
+    }
+
+
+def heldout_pairs(backend) -> list[tuple[str | list[dict[str, str]], str]]:
+    """(prompt, reference continuation) pairs: CPT cuts its held-out text into GEN_PROMPTS
+    prompts of PROMPT_CHARS characters, each followed by GEN_CHARS reference characters; the
+    other methods take their held-out records' prompts (as a chat) and the response, chosen
+    answer or answer."""
+    if backend.job.method == "cpt":
+        text = heldout_text(backend)
+        step = max(1, (len(text) - PROMPT_CHARS - GEN_CHARS) // GEN_PROMPTS)
+        cuts = range(0, len(text) - PROMPT_CHARS - GEN_CHARS + 1, step)
+        return [
+            (text[c : c + PROMPT_CHARS], text[c + PROMPT_CHARS : c + PROMPT_CHARS + GEN_CHARS])
+            for c in list(cuts)[:GEN_PROMPTS]
+        ]
+    key = {"sft": "response", "dpo": "chosen", "grpo": "answer"}[backend.job.method]
+    return [([{"role": "user", "content": r["prompt"]}], r[key]) for r in backend.eval_recs]
+
+
+def continuation_match(model, tok, pairs) -> tuple[float, list[str]]:
+    """The share of the reference characters that the model's greedy continuations reproduce
+    before their first difference (prompts encoded and continuations decoded by `tok`; a chat
+    prompt through its chat template), and the continuations. One left-padded batch."""
+    import torch
+
+    rows = []
+    for prompt, _ in pairs:
+        if isinstance(prompt, str):
+            rows.append(tok(prompt)["input_ids"])
+        else:
+            chat = tok.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)
+            rows.append(chat["input_ids"])
+    max_new = max(len(ref.encode()) for _, ref in pairs)
+    keep = model.config.max_position_embeddings - max_new  # the prompt's end fits the context
+    batch = tok.pad(
+        {"input_ids": [r[-keep:] for r in rows]}, padding_side="left", return_tensors="pt"
+    )
+    with torch.no_grad():
+        gen = model.generate(
+            **batch,
+            max_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )
+    new = gen[:, batch["input_ids"].size(1) :]
+    outs = [tok.decode(row, skip_special_tokens=True) for row in new]
+    matched = sum(common_prefix(out, ref) for out, (_, ref) in zip(outs, pairs, strict=True))
+    return matched / max(1, sum(len(ref) for _, ref in pairs)), outs
+
+
+def common_prefix(a: str, b: str) -> int:
+    """The number of leading characters `a` and `b` share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

@@ -64,21 +64,49 @@ def model_config(uri: str) -> ModelConfig:
         raise ModelUnavailable(f"cannot read model config {uri!r}: {exc}") from None
 
 
-def tokenizer():
-    """Byte-level tokenizer (256 byte tokens, no merges) + BOS/EOS/PAD, as a HF fast tokenizer."""
+# Prompts are formatted as the SFT/DPO/GRPO backends train on them (finetune.labelled):
+# BOS, the prompt (system and user turns, concatenated as they are), then each assistant turn
+# followed by EOS; a generation prompt adds nothing after the prompt.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def byte_symbols() -> list[str]:
+    """The symbol the ByteLevel pre-tokenizer gives each byte value (GPT-2's bytes_to_unicode:
+    printable Latin-1 bytes are themselves, the others are shifted past 255)."""
+    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    out, shifted = [], 0
+    for b in range(256):
+        out.append(chr(b) if b in keep else chr(256 + shifted))
+        shifted += b not in keep
+    return out
+
+
+def tokenizer(max_length: int | None = None):
+    """The byte-level tokenizer, as a HF fast tokenizer: the token id of a byte is its value
+    (what CPT trains on), BOS/EOS/PAD are 256/257/258, and the chat template formats prompts as
+    the fine-tuning methods train on them. No token is added to plain text (`tok(text)` gives
+    exactly its UTF-8 bytes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab = {sym: b for b, sym in enumerate(byte_symbols())}
     for s in SPECIALS:
         vocab[s] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        **({"model_max_length": max_length} if max_length else {}),
     )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 _GLOBAL_RNG = threading.Lock()
@@ -114,9 +142,10 @@ def build(cfg: ModelConfig, seed: int):
 
 
 def export(model, out_dir: str | os.PathLike) -> Path:
-    """config.json, model.safetensors and tokenizer files that `from_pretrained` loads."""
+    """config.json, model.safetensors, generation_config.json and the tokenizer's files
+    (tokenizer.json, tokenizer_config.json, chat_template.jinja) that `from_pretrained` loads."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tokenizer().save_pretrained(out)
+    tokenizer(model.config.max_position_embeddings).save_pretrained(out)
     return out
