@@ -1,4 +1,5 @@
-"""Every exception the node raises on purpose derives from `NodeError`.
+"""Every exception the node raises on purpose derives from `NodeError` (but `StopRequested`,
+a `BaseException` like KeyboardInterrupt).
 
 Rejections of network input carry a short machine-readable `reason` (counted in metrics); the
 rest say which input was wrong in their message.
@@ -75,5 +76,8 @@ class BackendUnavailable(NodeError):
     """The selected training backend's package is not installed."""
 
 
-class StopRequested(NodeError):
-    """The operator asked the node to stop now."""
+class StopRequested(BaseException):
+    """The operator asked the node to stop now (a second SIGINT or SIGTERM, raised by the
+    signal handler wherever the main thread is). The one exception outside `NodeError`: like
+    KeyboardInterrupt it is no `Exception`, so no `except Exception` on its way (logging's, a
+    retry loop's) can swallow it."""

@@ -14,9 +14,12 @@ from harness.chain import ETH
 from harness.loopback import LoopbackHub
 
 from dtrain import UNWORKABLE, JobSpec, Method
+from dtrain.cli import main as cli_main
 from dtrain.client import BSM
 from dtrain.models import SlashReason
+from dtrain_node.errors import FinalCheckpointUnavailable
 from dtrain_node.operator.faults import Faults
+from dtrain_node.operator.fetch import fetch_final
 from dtrain_node.operator.node import Node, NodeConfig
 from dtrain_node.train import checkpoint, corpus
 from dtrain_node.train import models as hf
@@ -38,14 +41,15 @@ def submit_tiny_job(
     steps: int = 4,
     epoch_s: int = 600,
     seat_bond: int | None = None,
+    epochs: int = 1,
 ) -> int:
-    """A 1-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least seat
-    bond unless `seat_bond` is given."""
+    """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least
+    seat bond unless `seat_bond` is given."""
     path, digest = dataset
     init = hf.build(hf.PRESETS["tiny"], seed=bsm.next_job_id())
     spec = JobSpec(
         price_per_operator_epoch=ETH // 100,
-        total_epochs=1,
+        total_epochs=epochs,
         steps_per_epoch=steps,
         sync_interval=2,
         min_operators=operators,
@@ -124,7 +128,9 @@ def events(bsm: BSM, job_id: int, name: str) -> list[Any]:
 
 
 @pytest.mark.timeout(180)
-def test_two_nodes_train_finalize_and_get_paid(chain, bsm, accounts, dataset, tmp_path) -> None:
+def test_two_nodes_train_finalize_and_get_paid(
+    chain, bsm, accounts, dataset, tmp_path, capsys
+) -> None:
     job_id = submit_tiny_job(bsm.with_account(accounts[CALLER].key), dataset, operators=2)
     results = Operators(chain, bsm, accounts, job_id, tmp_path).run(2)
     ops = {accounts[i].address for i in OPERATORS[:2]}
@@ -146,6 +152,14 @@ def test_two_nodes_train_finalize_and_get_paid(chain, bsm, accounts, dataset, tm
     for r in results:  # both hold and export the final checkpoint
         out = Path(r["export"])
         assert (out / "CHECKPOINT_SHA256").read_text().strip() == job.state.checkpoint.hex()
+    # Both stopped (no linger; their loopback addresses serve nothing): `dtrain job fetch`
+    # says so in one line, through the one typed error.
+    with pytest.raises(FinalCheckpointUnavailable, match=f"job {job_id}: nobody serves"):
+        fetch_final(bsm, job_id, tmp_path / "model", tmp_path / "fetch", timeout=10)
+    argv = ["--rpc-url", chain.url, "--contract", bsm.address, "job", "fetch", str(job_id)]
+    code = cli_main([*argv, "--out", str(tmp_path / "model"), "--timeout", "10"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith(f"error: job {job_id}: nobody serves")
 
 
 @pytest.mark.timeout(180)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from eth_account import Account
@@ -43,6 +44,9 @@ def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) ->
         job_id=job_id,
         file_timeout_s=timeout,
     )
+    libp2p = logging.getLogger("libp2p")
+    level = libp2p.level
+    libp2p.setLevel(logging.CRITICAL)  # a dial error per try and peer: ours is one line
     g = GossipNode(cfg, Account.create())
     g.start()
     try:
@@ -51,4 +55,5 @@ def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) ->
         raise FinalCheckpointUnavailable(job_id, digest, holders) from exc
     finally:
         g.stop()
+        libp2p.setLevel(level)
     return export_final(job, stream, out), digest

@@ -254,6 +254,7 @@ class Node:
         have = self.bsm.stake_of(self.me, self.me)
         if have < min_stake:
             self.bsm.stake(min_stake - have)
+        self._pool()
 
     def join(self, job_id: int) -> None:
         job = self.bsm.job(job_id)

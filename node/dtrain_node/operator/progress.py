@@ -131,6 +131,8 @@ def first_signal_message(s: Status) -> str:
         return f"stopping: {job} ended; no longer serving its final checkpoint"
     if s.state == "REGISTER":
         return f"leaving after registering: no job joined, nothing at stake; {AGAIN}"
+    if s.job is None:
+        return f"leaving now: no job joined, nothing at stake; {AGAIN}"
     if s.state == "JOIN" or (s.state == "WAIT" and not s.running) or s.pending:
         return (
             f"leaving now: {job} has not started an epoch with us, so we give our seat and "
