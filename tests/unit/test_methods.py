@@ -269,14 +269,16 @@ def test_sft_greedy_exact_match_accuracy_improves(tmp_path):
     torch.set_num_threads(1)
     b = make_backend(job_for(tmp_path, "sft", tasks.last_letter(1000, length=4, seed=0)))
     before = b.evaluate()
-    opt = torch.optim.AdamW(b.model.parameters(), lr=3e-3)
+    # lr 1e-3 for 200 steps learns the rule at every batch seed tried (0-3: accuracy 1.0);
+    # lr 3e-3 for 80-160 steps is seed-dependent (0.19-1.0).
+    opt = torch.optim.AdamW(b.model.parameters(), lr=1e-3)
     it = b.batches(torch.arange(b.n_items()), 16, seed=0)
-    for _ in range(80):
+    for _ in range(200):
         b.loss(next(it)).backward()
         opt.step()
         opt.zero_grad()
     after = b.evaluate()
-    assert before["accuracy"] == 0.0 and after["accuracy"] >= 0.5, (before, after)
+    assert before["accuracy"] == 0.0 and after["accuracy"] >= 0.8, (before, after)
 
 
 @pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
