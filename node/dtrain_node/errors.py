@@ -7,7 +7,7 @@ rest say which input was wrong in their message.
 
 from __future__ import annotations
 
-from dtrain.errors import DtrainError
+from dtrain.errors import NotServed
 
 
 class NodeError(Exception):
@@ -42,9 +42,9 @@ class CheckpointUnavailable(NodeError):
     """No peer delivered a file with the expected sha256 (nothing is left at the destination)."""
 
 
-class FinalCheckpointUnavailable(CheckpointUnavailable, DtrainError):
+class FinalCheckpointUnavailable(CheckpointUnavailable, NotServed):
     """`dtrain job fetch`: no operator of the job serves its final checkpoint right now (all
-    stopped, or stopped lingering). A `DtrainError` too, so the `dtrain` CLI prints its
+    stopped, or stopped lingering). The SDK's `NotServed` too, so the `dtrain` CLI prints its
     one-line message (`error: ...`) and exits 1."""
 
     def __init__(self, job_id: int, checkpoint: bytes, holders: list[str]) -> None:

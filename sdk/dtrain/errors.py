@@ -51,28 +51,12 @@ class TransactionFailed(DtrainError):
 
 class NotServed(DtrainError):
     """Nobody serves a file a command needs (a completed job's final checkpoint): one plain
-    line naming who should and what to do; the per-peer dial errors stay in `tried`."""
+    line naming who should and what to do; the per-peer dial errors stay in `tried`. The node
+    raises its subclass `FinalCheckpointUnavailable` from `dtrain job fetch`."""
 
     def __init__(self, message: str, tried: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.tried = tried
-
-    @classmethod
-    def final_checkpoint(cls, job_id: int, holders: list[str], tried: tuple[str, ...] = ()):
-        """The message `dtrain job fetch` shows when no holder delivered the checkpoint."""
-        if not holders:
-            return cls(
-                f"job {job_id}: no operator was paid for its last epoch, so none holds "
-                "its final checkpoint",
-                tried,
-            )
-        who = ", ".join(holders)
-        return cls(
-            f"job {job_id}: none of the {len(holders)} operators holding its final checkpoint "
-            f"({who}) is serving it now; ask one to bring its node up (`dtrain job status "
-            f"{job_id}` lists them and their addresses), then fetch again",
-            tried,
-        )
 
 
 class ContractError(DtrainError):

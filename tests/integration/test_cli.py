@@ -579,14 +579,14 @@ def test_a_checkpoint_nobody_serves_is_one_plain_line(run, capsys) -> None:
 
     from dtrain.cli import cli
 
-    holders = ["0x" + "ab" * 20, "0x" + "cd" * 20]
+    message = "job 3: nobody serves its final checkpoint now; ask an operator to run its node"
 
     @click.command("fetch-probe")
     def probe() -> None:
         for _ in range(4):
             logging.getLogger("libp2p.transport.tcp").error("Failed to open TCP stream: refused")
         tried = ("peer: Failed to open TCP stream to /ip4/127.0.0.1/tcp/9",)
-        raise errors.NotServed.final_checkpoint(3, holders, tried)
+        raise errors.NotServed(message, tried)
 
     cli.add_command(probe)
     root = logging.getLogger()
@@ -598,11 +598,4 @@ def test_a_checkpoint_nobody_serves_is_one_plain_line(run, capsys) -> None:
         root.handlers[:] = saved
         cli.commands.pop("fetch-probe")
     assert code == 1 and out == ""
-    assert err == (
-        f"error: job 3: none of the 2 operators holding its final checkpoint ({holders[0]}, "
-        f"{holders[1]}) is serving it now; ask one to bring its node up (`dtrain job status 3` "
-        "lists them and their addresses), then fetch again\n"
-    )
-    assert "no operator was paid for its last epoch" in str(
-        errors.NotServed.final_checkpoint(3, [])
-    )
+    assert err == f"error: {message}\n"

@@ -242,7 +242,7 @@ def fetch(ctx: Ctx, job_id: int, out: Path, timeout: float) -> None:
     from dtrain_node.operator.fetch import fetch_final
 
     bsm = ctx.bsm(signing=False)
-    # FinalCheckpointUnavailable (a DtrainError): one line when nobody serves it.
+    # FinalCheckpointUnavailable (the SDK's NotServed): one line when nobody serves it.
     with tempfile.TemporaryDirectory(prefix="dtrain-fetch-") as tmp:
         t0 = time.monotonic()
         path, digest = fetch_final(bsm, job_id, out, Path(tmp), timeout)
