@@ -27,6 +27,7 @@ from typing import Any
 import click
 import requests
 
+from . import pins
 from .chain import LocalChain
 from .client import BSM, FINALIZE_GAS, JOB_EVENTS, connect, load_key
 from .envfile import env_path, read_env, remove_env, update_env, write_env
@@ -575,10 +576,29 @@ def _operators(text: str) -> tuple[int, int]:
     "[default: the deployment's minimum seat bond].",
 )
 @click.option("--epoch-duration", type=DURATION, default="1h", show_default=True)
-@click.option("--model-hash", default="0x" + "00" * 32, help="Model config or base checkpoint.")
-@click.option("--model-uri", default="")
-@click.option("--dataset-hash", default="0x" + "00" * 32)
-@click.option("--dataset-uri", default="")
+@click.option(
+    "--model-uri",
+    default="builtin:tiny",
+    show_default=True,
+    help="The model the job starts from: builtin:tiny, builtin:small or a model config JSON; "
+    "?seed=N picks its initialisation.",
+)
+@click.option(
+    "--model-hash",
+    default=None,
+    help="Pin this hash instead of computing it from --model-uri (`dtrain model hash URI`).",
+)
+@click.option(
+    "--dataset-uri",
+    required=True,
+    help="The dataset file (a text corpus, or JSONL for SFT/DPO/GRPO) at the path the "
+    "operators read.",
+)
+@click.option(
+    "--dataset-hash",
+    default=None,
+    help="Pin this sha256 instead of hashing --dataset-uri here (a file only operators have).",
+)
 @click.option("--topk", default=4, show_default=True, help="Top-k values per DCT chunk.")
 @click.option("--quant-bits", type=click.Choice(["1", "2"]), default="2", show_default=True)
 @click.option("--tee", is_flag=True, help="Require TEE-attested operators.")
@@ -603,9 +623,14 @@ def job_submit(
 ) -> None:
     """Create a job, escrowing price x max operators x epochs.
 
-    Each member bonds --seat-bond of its self-stake while in the job.
+    The model and dataset hashes are computed from --model-uri and --dataset-uri (and
+    printed), unless given. Each member bonds --seat-bond of its self-stake while in the job.
     """
     lo, hi = _operators(operators_range)
+    model_pin = _hex32(model_hash, "--model-hash") if model_hash else pins.model_hash(model_uri)
+    data_pin = (
+        _hex32(dataset_hash, "--dataset-hash") if dataset_hash else pins.dataset_hash(dataset_uri)
+    )
     bsm = ctx.bsm()
     spec = JobSpec(
         price_per_operator_epoch=price,
@@ -615,9 +640,9 @@ def job_submit(
         min_operators=lo,
         max_operators=hi,
         method=Method[method.upper()],
-        model_hash=_hex32(model_hash, "--model-hash"),
+        model_hash=model_pin,
         model_uri=model_uri,
-        dataset_hash=_hex32(dataset_hash, "--dataset-hash"),
+        dataset_hash=data_pin,
         dataset_uri=dataset_uri,
         topk_per_chunk=topk,
         quant_bits=int(quant_bits),
@@ -628,10 +653,30 @@ def job_submit(
     job_id = bsm.create_job(spec)
     emit(
         ctx,
-        {"job_id": job_id, "escrow": spec.escrow, "seat_bond": spec.seat_bond},
+        {
+            "job_id": job_id,
+            "escrow": spec.escrow,
+            "seat_bond": spec.seat_bond,
+            "model_hash": "0x" + model_pin.hex(),
+            "dataset_hash": "0x" + data_pin.hex(),
+        },
         f"job {job_id} created, {format_eth(spec.escrow)} escrowed, "
-        f"{format_eth(spec.seat_bond)} seat bond",
+        f"{format_eth(spec.seat_bond)} seat bond\n"
+        f"  model    {model_uri}  0x{model_pin.hex()}\n"
+        f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)",
     )
+
+
+@cli.group()
+def model() -> None:
+    """Model references and the hashes jobs pin."""
+
+
+@model.command("hash")
+@click.argument("uri")
+def model_hash_cmd(uri: str) -> None:
+    """Print the modelHash a job of model URI URI carries (the hash of its start weights)."""
+    click.echo("0x" + pins.model_hash(uri).hex())
 
 
 def _epoch_of(j: Any) -> str:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from harness.chain import ETH, advance, peer_key, spec
@@ -20,6 +21,14 @@ from dtrain.models import Params
 from dtrain.stakes import peer_id
 
 DTRAIN = [sys.executable, "-m", "dtrain.cli"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    """A dataset file for `job submit --dataset-uri` (its sha256 is what the job pins)."""
+    path = tmp_path_factory.mktemp("data") / "corpus.txt"
+    path.write_text("def f(x):\n    return x + 1\n" * 50)
+    return str(path)
 
 
 @pytest.fixture
@@ -114,7 +123,7 @@ def test_deploy_rejects_short_unbonding(run, accounts) -> None:
     assert "unbonding period 100s is shorter than 2760s" in err, err  # 4 x (30 + 60 + 600)
 
 
-def test_operator_staker_caller_session(run, bsm, accounts, votes) -> None:
+def test_operator_staker_caller_session(run, bsm, accounts, votes, data) -> None:
     op_keys = [accounts[i].key for i in (1, 2, 3)]
     for i, k in enumerate(op_keys):
         code, out, err = run(
@@ -157,6 +166,8 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes) -> None:
         "0.01ether",
         "--seat-bond",
         "0.5ether",
+        "--dataset-uri",
+        data,
         key=accounts[4].key,
     )
     assert code == 0, err
@@ -229,8 +240,10 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes) -> None:
     assert json.loads(out)["amount"] == reward
 
 
-def test_cancel_and_unstake(run, bsm, accounts) -> None:
-    code, out, _ = run("--json", "job", "submit", "--price", "1gwei", key=accounts[4].key)
+def test_cancel_and_unstake(run, bsm, accounts, data) -> None:
+    code, out, _ = run(
+        "--json", "job", "submit", "--price", "1gwei", "--dataset-uri", data, key=accounts[4].key
+    )
     job_id = json.loads(out)["job_id"]
     assert json.loads(out)["seat_bond"] == bsm.params().min_seat_bond  # the default
     assert bsm.job(job_id).spec.min_operators == 2  # the default --operators 2:3
@@ -269,21 +282,26 @@ def test_cancel_and_unstake(run, bsm, accounts) -> None:
             2,
             "cannot read amount '-2ether'",
         ),
-        (["job", "submit", "--price", "1ether", "--operators", "x"], "KEY", 2, "use MIN:MAX"),
         (
-            ["job", "submit", "--price", "1ether", "--operators", "1"],
+            ["job", "submit", "--price", "1ether", "--operators", "x", "--dataset-uri", "DATA"],
+            "KEY",
+            2,
+            "use MIN:MAX",
+        ),
+        (
+            ["job", "submit", "--price", "1ether", "--operators", "1", "--dataset-uri", "DATA"],
             "KEY",
             2,
             "a job needs at least 2 operators",
         ),
         (
-            ["job", "submit", "--price", "1ether", "--operators", "3:2"],
+            ["job", "submit", "--price", "1ether", "--operators", "3:2", "--dataset-uri", "DATA"],
             "KEY",
             2,
             "MIN 3 is greater than MAX 2: write the smaller number first, e.g. 2:3",
         ),
         (
-            ["job", "submit", "--price", "1gwei", "--seat-bond", "1gwei"],
+            ["job", "submit", "--price", "1gwei", "--seat-bond", "1gwei", "--dataset-uri", "DATA"],
             "KEY",
             1,
             "error: seat bond 0.000000001 ETH below the minimum 0.1 ETH",
@@ -296,8 +314,9 @@ def test_cancel_and_unstake(run, bsm, accounts) -> None:
         ),
     ],
 )
-def test_bad_input_one_line_error(run, accounts, args, key, code, message) -> None:
+def test_bad_input_one_line_error(run, accounts, data, args, key, code, message) -> None:
     key = accounts[7].key if key == "KEY" else key
+    args = [data if a == "DATA" else a for a in args]
     got, _out, err = run(*args, key=key)
     assert got == code
     assert message in err
@@ -306,14 +325,23 @@ def test_bad_input_one_line_error(run, accounts, args, key, code, message) -> No
         assert len(err.strip().splitlines()) == 1
 
 
-def test_cancel_after_the_open_timeout(run, bsm, accounts) -> None:
+def test_cancel_after_the_open_timeout(run, bsm, accounts, data) -> None:
     """A job that started and lost every member: anyone may fail it once it waited the open
     timeout, and the CLI says so (not "cancelled")."""
     ops = [bsm.with_account(accounts[i].key) for i in (1, 2)]
     for i, op in enumerate(ops):
         op.register_operator(ETH, peer_key(i), [], "")
     code, out, err = run(
-        "--json", "job", "submit", "--price", "1gwei", "--operators", "2:2", key=accounts[4].key
+        "--json",
+        "job",
+        "submit",
+        "--price",
+        "1gwei",
+        "--operators",
+        "2:2",
+        "--dataset-uri",
+        data,
+        key=accounts[4].key,
     )
     assert code == 0, err
     job_id = json.loads(out)["job_id"]
@@ -599,3 +627,46 @@ def test_a_checkpoint_nobody_serves_is_one_plain_line(run, capsys) -> None:
         cli.commands.pop("fetch-probe")
     assert code == 1 and out == ""
     assert err == f"error: {message}\n"
+
+
+def test_submit_pins_every_hash_itself(run, bsm, accounts, data) -> None:
+    """A caller names the model and the dataset; `job submit` computes both hashes (the model's
+    from its URI and seed, the dataset's sha256), pins them and prints them. Nothing depends on
+    the job id: the same URI pins the same hash for every job."""
+    import hashlib
+
+    code, out, err = run("model", "hash", "builtin:tiny?seed=3", raw=True)
+    assert code == 0, err
+    pinned_model = out.strip()
+    assert pinned_model != run("model", "hash", "builtin:tiny", raw=True)[1].strip()
+    sha = hashlib.sha256(Path(data).read_bytes()).hexdigest()
+    for _ in range(2):
+        code, out, err = run(
+            "job", "submit", "--price", "1gwei", "--model-uri", "builtin:tiny?seed=3",
+            "--dataset-uri", data, key=accounts[4].key,
+        )  # fmt: skip
+        assert code == 0, err
+        assert f"model    builtin:tiny?seed=3  {pinned_model}" in out
+        assert f"dataset  {data}  0x{sha} (sha256)" in out
+        job_id = int(out.split()[1])
+        spec = bsm.job(job_id).spec
+        assert "0x" + spec.model_hash.hex() == pinned_model
+        assert spec.dataset_hash.hex() == sha
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--dataset-uri", "/nonexistent/corpus.txt"], "is not a file on this machine"),
+        (["--dataset-uri", ""], "a job needs a dataset"),
+        (["--dataset-uri", "DATA", "--model-uri", ""], "a job needs a model"),
+        (["--dataset-uri", "DATA", "--model-uri", "builtin:huge"], "unknown builtin model"),
+        (["--dataset-uri", "DATA", "--model-uri", "builtin:tiny?s=1"], "only option is ?seed=N"),
+    ],
+)
+def test_submit_rejects_what_it_cannot_pin(run, bsm, accounts, data, extra, message) -> None:
+    before = bsm.next_job_id()
+    args = [data if a == "DATA" else a for a in extra]
+    code, _, err = run("job", "submit", "--price", "1gwei", *args, key=accounts[4].key)
+    assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+    assert bsm.next_job_id() == before  # nothing created

@@ -46,7 +46,7 @@ def submit_tiny_job(
     """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least
     seat bond unless `seat_bond` is given."""
     path, digest = dataset
-    init = hf.build(hf.PRESETS["tiny"], seed=bsm.next_job_id())
+    init = hf.initial_model("builtin:tiny")
     spec = JobSpec(
         price_per_operator_epoch=ETH // 100,
         total_epochs=epochs,

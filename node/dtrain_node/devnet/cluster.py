@@ -3,6 +3,7 @@ BSM, one job and its nodes, for the end-to-end tests and the node benchmark."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -72,13 +73,17 @@ def spawn_node(
 
 
 def stop_all(procs: list[Proc]) -> None:
+    """Stops every node: a first SIGTERM (a lingering node exits at once, a node mid-epoch
+    would finish its epoch), a second one after a short wait (stop now), then SIGKILL."""
+    for wait_s in (5, 15):
+        for p in procs:
+            if p.popen.poll() is None:
+                os.killpg(p.popen.pid, signal.SIGTERM)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=wait_s)
     for p in procs:
         if p.popen.poll() is None:
-            os.killpg(p.popen.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.popen.wait(timeout=20)
-        except subprocess.TimeoutExpired:
             os.killpg(p.popen.pid, signal.SIGKILL)
             p.popen.wait()
 

@@ -100,7 +100,7 @@ class JobOptions:
 
 
 def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, torch.nn.Module]:
-    """The spec of the next job on `bsm`: the built-in tiny model (seeded with the job id)
+    """The spec of a job on `bsm`: the built-in tiny model (initialised from seed 0)
     trained on the dataset written into `run_dir`, at `PRICE`. Returns the spec and the
     initial model."""
     from dtrain import JobSpec, Method
@@ -108,7 +108,7 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
     from dtrain_node.train import models as hf
 
     o = options
-    init = hf.build(hf.PRESETS["tiny"], seed=bsm.next_job_id())
+    init = hf.initial_model("builtin:tiny")
     data, digest = make_dataset(run_dir, o.method, o.corpus_bytes)
     job = JobSpec(
         price_per_operator_epoch=PRICE,

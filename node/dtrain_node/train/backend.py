@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TrainJob:
-    """What a backend needs of a job: from the on-chain spec plus the job id as seed."""
+    """What a backend needs of a job: from the on-chain spec (and the job id, for logs)."""
 
     job_id: int
     method: str  # "cpt", "sft", "dpo", "grpo"
@@ -50,7 +50,8 @@ class TrainJob:
 
     @property
     def seed(self) -> int:
-        return self.job_id
+        """The initialisation seed of the start model: from the model URI (`?seed=N`)."""
+        return hf.init_seed(self.model_uri)
 
 
 class Backend(Protocol):

@@ -50,8 +50,40 @@ PRESETS = {
 }
 
 
+def split_uri(uri: str) -> tuple[str, int]:
+    """A model URI's source and initialisation seed: "builtin:tiny?seed=7" -> ("builtin:tiny",
+    7); no `?seed=` means seed 0. The seed is part of what the caller pins (the model hash is
+    the hash of the weights it gives), so nothing depends on the job id."""
+    source, sep, query = uri.partition("?")
+    if not sep:
+        return uri, 0
+    key, _, value = query.partition("=")
+    if key != "seed" or not value.isdigit():
+        raise ModelUnavailable(f"model URI {uri!r}: the only option is ?seed=N (N >= 0)")
+    return source, int(value)
+
+
+def init_seed(uri: str) -> int:
+    return split_uri(uri)[1]
+
+
+def initial_model(uri: str):
+    """The model a job of model URI `uri` starts from (epoch 0)."""
+    return build(model_config(uri), init_seed(uri))
+
+
+def initial_hash(uri: str) -> bytes:
+    """The `modelHash` a job of model URI `uri` must carry: the canonical hash of the weights it
+    starts from (what every node checks before training). `dtrain model hash URI` prints it."""
+    from dtrain_node.train.checkpoint import canonical_hash
+
+    return canonical_hash(dict(initial_model(uri).state_dict()))
+
+
 def model_config(uri: str) -> ModelConfig:
-    """A config from a job's model URI: "builtin:tiny", "builtin:small" or a JSON file path."""
+    """A config from a job's model URI: "builtin:tiny", "builtin:small" or a JSON file path,
+    each optionally with "?seed=N"."""
+    uri = split_uri(uri)[0]
     if uri.startswith("builtin:"):
         name = uri.removeprefix("builtin:")
         if name not in PRESETS:
