@@ -42,6 +42,7 @@ def submit_tiny_job(
     epoch_s: int = 600,
     seat_bond: int | None = None,
     epochs: int = 1,
+    model_hash: bytes | None = None,
 ) -> int:
     """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least
     seat bond unless `seat_bond` is given."""
@@ -55,7 +56,7 @@ def submit_tiny_job(
         min_operators=operators,
         max_operators=operators,
         method=Method.CPT,
-        model_hash=checkpoint.canonical_hash(dict(init.state_dict())),
+        model_hash=model_hash or checkpoint.canonical_hash(dict(init.state_dict())),
         model_uri="builtin:tiny",
         dataset_hash=digest,
         dataset_uri=str(path),
@@ -253,18 +254,25 @@ def test_node_stopped_mid_epoch_resumes_from_its_round_state(
 def test_unworkable_job_is_aborted_nobody_slashed_voters_compensated(
     chain, bsm, accounts, dataset, tmp_path, broken
 ) -> None:
-    """A caller's job names a dataset the operators do not have (or whose bytes fail the
-    job's hash). Before the UNWORKABLE vote both would crash and be slashed as dropouts; now
-    both vote UNWORKABLE, the job is aborted, nobody loses stake, each voter gets the
-    compensation and the caller the rest of the escrow."""
+    """The operators joined a job whose dataset then vanished (or whose bytes changed so they
+    fail the job's hash): the pre-flight passed, the epoch cannot be done. Before the
+    UNWORKABLE vote both would crash and be slashed as dropouts; now both vote UNWORKABLE, the
+    job is aborted, nobody loses stake, each voter gets the compensation and the caller the
+    rest of the escrow."""
     path, digest = dataset
-    if broken == "missing":
-        dataset = (tmp_path / "nowhere" / "corpus.txt", digest)
-    else:
-        dataset = (path, hashlib.sha256(b"another corpus").digest())
+    mine = tmp_path / "corpus.txt"
+    mine.write_bytes(path.read_bytes())
     caller = bsm.with_account(accounts[CALLER].key)
-    job_id = submit_tiny_job(caller, dataset, operators=2)
+    job_id = submit_tiny_job(caller, (mine, digest), operators=2)
     escrow = bsm.job(job_id).state.escrow
+    for i in OPERATORS[:2]:  # joined while the dataset was there
+        op = bsm.with_account(accounts[i].key)
+        op.register_operator(ETH, bytes([i]) * 32, [], "cpu")
+        op.join_job(job_id)
+    if broken == "missing":
+        mine.unlink()
+    else:
+        mine.write_bytes(b"another corpus")
     ops = Operators(chain, bsm, accounts, job_id, tmp_path)
     results = ops.run(2)
     assert [r["status"] for r in results] == ["failed", "failed"]
@@ -336,3 +344,39 @@ def test_auto_skips_jobs_it_cannot_finish_or_bond(chain, bsm, accounts, dataset,
     node = Node(cfg, transport_factory=LoopbackHub().factory)
     assert short < costly < fine
     assert node._pick_job() == fine
+
+
+@pytest.mark.parametrize("broken", ["missing", "hash", "model"])
+def test_preflight_never_joins_a_job_it_cannot_do(
+    chain, bsm, accounts, dataset, tmp_path, broken
+) -> None:
+    """A job whose dataset this node does not have, whose dataset fails its hash, or whose
+    start model does not match its modelHash: the node refuses to join (no seat, no bond, no
+    slash), says why, and --auto passes it by for a job it can do."""
+    path, digest = dataset
+    caller = bsm.with_account(accounts[CALLER].key)
+    bad = {
+        "missing": lambda: submit_tiny_job(caller, (tmp_path / "nowhere.txt", digest), 2),
+        "hash": lambda: submit_tiny_job(caller, (path, hashlib.sha256(b"x").digest()), 2),
+        "model": lambda: submit_tiny_job(caller, dataset, 2, model_hash=b"\x01" * 32),
+    }[broken]()
+    good = submit_tiny_job(caller, dataset, operators=2)
+    ops = Operators(chain, bsm, accounts, bad, tmp_path)
+    node = ops.node(OPERATORS[0])
+    result = node.run()
+    reason = {"missing": "DatasetError", "hash": "DatasetError", "model": "CheckpointInvalid"}
+    assert result["refused"].startswith(reason[broken]), result
+    me = accounts[OPERATORS[0]].address
+    assert me not in bsm.job(bad).members + bsm.job(bad).pending_joins
+    assert bsm.bonded_of(me) == 0 and not events(bsm, bad, "Slashed")
+    assert [m["kind"] for m in metrics(ops.data_dir(OPERATORS[0])) if m["kind"] == "refused"]
+    auto = NodeConfig(
+        key=accounts[OPERATORS[1]].key,
+        rpc_url=chain.url,
+        contract=bsm.address,
+        data_dir=tmp_path / "auto",
+        auto=True,
+        stake=ETH,
+        poll_s=0.1,
+    )
+    assert Node(auto, transport_factory=LoopbackHub().factory)._pick_job() == good

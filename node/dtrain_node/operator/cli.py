@@ -173,6 +173,8 @@ def node_run(
     emit(ctx, result, summary(result))
     if result.get("stopped"):
         sys.exit(128 + (runner.stop_signal or signal.SIGINT))
+    if result.get("refused"):
+        sys.exit(1)
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -181,6 +183,8 @@ def summary(result: dict[str, Any]) -> str:
         return "stopped"
     if result.get("left"):
         return f"left job {result['job']}" if "job" in result else "left before joining a job"
+    if result.get("refused"):
+        return f"not joining job {result['job']}: {result['refused']}"
     line = f"job {result['job']} {result['status']}"
     if result.get("checkpoint") and any(bytes.fromhex(result["checkpoint"])):
         line += f", final checkpoint 0x{result['checkpoint']}"

@@ -4,7 +4,9 @@ States (each a method of `Node`, logged as it is entered):
 
     REGISTER  ensure registration (peer key + multiaddrs on-chain) and self-stake
     JOIN      join the job (or pick one with --auto: open, price >= our ask, epochs long enough,
-              seat bond within our free self-stake); joining bonds the job's seatBond
+              seat bond within our free self-stake), only after the pre-flight: its dataset
+              reads and matches its hash, its start model builds and matches modelHash (a job
+              we cannot do is never joined); joining bonds the job's seatBond
     WAIT      wait until we are a member of a running epoch (joins apply at boundaries); a job
               left Open past the open timeout is failed (the caller is refunded)
     START     read members, load the epoch's start checkpoint (verify its hash against the
@@ -48,6 +50,7 @@ from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
 from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer
 from dtrain_node.operator.faults import Faults
+from dtrain_node.operator.preflight import Preflight
 from dtrain_node.operator.progress import (
     Status,
     describe,
@@ -121,6 +124,7 @@ class Node:
         self.metrics_path = self.dir / "metrics.jsonl"
         self._first_attempt: dict[int, int] = {}
         self._params_cache: Params | None = None  # the deployed parameters never change
+        self._preflight = Preflight(cfg.batch_size)  # can we do a job? (once per job)
         self.status = Status()  # where we are: the progress line and the signal messages
         self.stop_signal: int | None = None  # the signal that stopped us now, if one did
         self._finishing = False  # stopping: a late signal must not interrupt the cleanup
@@ -209,7 +213,9 @@ class Node:
         if self.leave_requested.is_set():
             return {"left": True}
         self._enter("JOIN", f"job {job_id}")
-        self.join(job_id)
+        refused = self.join(job_id)
+        if refused:
+            return {"job": job_id, "refused": refused}
         result = self.train_job(job_id)
         if self.cfg.withdraw:
             self.collect_earnings()
@@ -256,15 +262,22 @@ class Node:
             self.bsm.stake(min_stake - have)
         self._pool()
 
-    def join(self, job_id: int) -> None:
+    def join(self, job_id: int) -> str | None:
+        """Joins the job unless we cannot do it; returns why not (we did not join), or None."""
         job = self.bsm.job(job_id)
         if job.state.status.is_ended:
-            return  # restarted after the job: serve its final checkpoint (DONE)
+            return None  # restarted after the job: serve its final checkpoint (DONE)
         if self.me in job.members or self.me in job.pending_joins:
             self._metric("rejoined", job=job_id)
-        else:
-            self.bsm.join_job(job_id)
-            self._metric("joined", job=job_id)
+            return None
+        why = self._preflight(job)
+        if why is not None:
+            log.warning("not joining job %s: %s", job_id, why)
+            self._metric("refused", job=job_id, reason=why)
+            return why
+        self.bsm.join_job(job_id)
+        self._metric("joined", job=job_id)
+        return None
 
     def _pick_job(self) -> int | None:
         """--auto: the first open or running job with room that pays at least our ask, whose
@@ -290,6 +303,7 @@ class Node:
             and s.epoch_duration >= need
             and s.seat_bond <= free_stake
             and reveal_window_fits(self._params().reveal_window)
+            and self._preflight(j) is None  # last: it reads the dataset and builds the model
         )
 
     def _free_stake(self) -> int:
