@@ -247,3 +247,14 @@ def test_heldout_text_starts_at_a_whole_character() -> None:
     cut = torch.tensor(list("é—x\n".encode())[1:])  # the split cut 'é' in two
     backend = SimpleNamespace(data=SimpleNamespace(heldout=cut))
     assert final_model.heldout_text(backend) == "—x\n"
+
+
+def test_fetching_the_final_model_needs_no_dataset(cpt, tmp_path) -> None:
+    """`dtrain job fetch` exports the final checkpoint from the model reference alone: a
+    caller without the job's dataset (here: a path that does not exist) gets the same folder."""
+    spec = _spec(Method.CPT, str(tmp_path / "not-here.txt"), b"\x01" * 32)
+    out = _export(tmp_path / "nodata", cpt.backend, spec)
+    got = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    want = cpt.backend.model.state_dict()
+    assert got.keys() >= want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)

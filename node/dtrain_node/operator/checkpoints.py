@@ -19,20 +19,22 @@ from dtrain.models import Job
 from dtrain_node.errors import CheckpointInvalid
 from dtrain_node.operator.transport import PeerSpec, Transport
 from dtrain_node.train import checkpoint
-from dtrain_node.train.backend import TrainJob, make_backend
+from dtrain_node.train import models as hf
 
 
 def export_final(job: Job, stream: Path, out: Path) -> Path:
     """The job's final checkpoint (its canonical stream, verified against the on-chain hash)
-    exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it."""
+    exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it. Needs the
+    job's model reference only, not its dataset."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar on the operator's terminal
     digest = job.state.checkpoint
     tensors = checkpoint.from_stream(stream.read_bytes(), digest)
-    backend = make_backend(TrainJob.from_job(job))
-    backend.model.load_state_dict(tensors)
-    path = backend.export(out)
+    # The model alone (never the dataset: a caller fetching its model need not have it).
+    model = hf.build(hf.model_config(job.spec.model_uri), 0)
+    model.load_state_dict(tensors)
+    path = hf.export(model, out)
     (path / "CHECKPOINT_SHA256").write_text(digest.hex() + "\n")
     return path
 
