@@ -1,0 +1,401 @@
+"""docs/quickstart.md, run as written: every ```console block, command by command, in the
+terminal its first line names, against a fresh chain in a temporary HOME.
+
+The document's conventions (stated in its introduction):
+- a block's first line `# NAME` names its terminal (`# every terminal`: run in each terminal
+  before its first command); each terminal keeps its working directory and environment;
+- `$ CMD` is a command (continued while a line ends with `\\` or a quote is open); the lines
+  after it, up to the next command, must appear in its output in that order (`...` matches
+  anything, runs of spaces any whitespace, a line may be part of a longer one);
+- a command marked `# keeps running` is started in the background, holding its terminal; the
+  test waits for its shown lines, not for time; a block of a busy terminal without a command
+  shows lines that running command prints next (waited for as well); `^C` sends SIGINT to it,
+  waits for it to exit 0 and checks the lines after it.
+
+Besides the shown lines, the outcomes the quickstart promises are checked on what the commands
+printed and wrote: every watched job completed, every fetched folder loads with transformers
+and holds the job's final checkpoint, every `rewards withdraw` withdrew a non-zero amount, and
+`stake show` showed the staker's delegation with non-zero rewards. The one change to a command:
+`dtrain chain up` gets `--port 0` (a free port, since 8545 may be taken by another run); the env
+file carries the port to every other command, and `8545` in the shown output matches any port.
+Every process started is stopped at the end, failed or not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "quickstart.md"
+EVERY = "every terminal"
+KEEPS_RUNNING = re.compile(r"\s+#\s*keeps running\s*$")
+COMMAND_TIMEOUT = 600.0  # s, for one foreground command (`job watch` waits for the whole job)
+WAIT_TIMEOUT = 600.0  # s, for a running command's shown lines
+EXIT_TIMEOUT = 60.0  # s, for a running command to exit after ^C
+
+
+# ---------------------------------------------------------------------------- the document
+
+
+@dataclass
+class Step:
+    terminal: str
+    kind: str  # "run" | "start" | "expect" | "interrupt"
+    command: str = ""
+    shown: list[str] = field(default_factory=list)
+    line: int = 0  # in the document, for messages
+
+
+def _complete(command: str) -> bool:
+    if command.endswith("\\"):
+        return False
+    try:
+        shlex.split(command, comments=False)
+    except ValueError:  # an open quote
+        return False
+    return True
+
+
+def parse(text: str) -> list[Step]:
+    """The steps of every ```console block of `text`, in order."""
+    steps: list[Step] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != "```console":
+            i += 1
+            continue
+        start = i + 1
+        end = next(j for j in range(start, len(lines)) if lines[j].strip() == "```")
+        body, i = lines[start:end], end + 1
+        if not body or not body[0].startswith("# "):
+            raise ValueError(f"quickstart.md:{start + 1}: a console block starts with `# TERMINAL`")
+        terminal = body[0][2:].strip()
+        current: Step | None = None
+        k = 1
+        while k < len(body):
+            ln, no = body[k], start + k + 1
+            if ln.startswith("$ "):
+                cmd = ln[2:]
+                while not _complete(cmd):
+                    k += 1
+                    cmd += "\n" + body[k]
+                kind = "start" if KEEPS_RUNNING.search(cmd) else "run"
+                current = Step(terminal, kind, KEEPS_RUNNING.sub("", cmd).strip(), line=no)
+                steps.append(current)
+            elif ln.strip() == "^C":
+                current = Step(terminal, "interrupt", line=no)
+                steps.append(current)
+            elif ln.strip():
+                if current is None:
+                    current = Step(terminal, "expect", line=no)
+                    steps.append(current)
+                current.shown.append(ln)
+            k += 1
+    return steps
+
+
+def pattern(shown: str) -> re.Pattern[str]:
+    """A shown line as a regex: `...` is anything, whitespace any whitespace, 8545 any port."""
+    parts = []
+    for piece in re.split(r"(\.\.\.|\s+|8545)", shown.strip()):
+        if piece == "...":
+            parts.append(".*?")
+        elif piece == "8545":
+            parts.append(r"\d+")
+        elif piece and piece.isspace():
+            parts.append(r"\s+")
+        else:
+            parts.append(re.escape(piece))
+    return re.compile("".join(parts))
+
+
+def missing(shown: list[str], output: str) -> list[str]:
+    """The shown lines not found, in order, in `output` (empty when all are)."""
+    out = output.splitlines()
+    pos = 0
+    for n, s in enumerate(shown):
+        rx = pattern(s)
+        for j in range(pos, len(out)):
+            if rx.search(out[j]):
+                pos = j + 1
+                break
+        else:
+            return shown[n:]
+    return []
+
+
+# ---------------------------------------------------------------------------- the terminals
+
+
+@dataclass
+class Running:
+    command: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _default_sigint() -> None:
+    # A terminal's foreground job gets Ctrl-C even if the test runs with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class Terminal:
+    """A shell session: working directory and environment carried from command to command."""
+
+    def __init__(self, name: str, env: dict[str, str], cwd: Path, logs: Path) -> None:
+        self.name, self.env, self.cwd, self.logs = name, dict(env), cwd, logs
+        self.running: Running | None = None
+        self.transcript: list[tuple[str, str]] = []  # (command, output)
+
+    def _file(self, suffix: str) -> Path:
+        slug = re.sub(r"\W+", "-", self.name)
+        return self.logs / f"{slug}-{len(self.transcript)}{suffix}"
+
+    def run(self, command: str) -> str:
+        assert self.running is None, f"{self.name} is busy with `{self.running.command}`"
+        script, state = self._file(".sh"), self._file(".env")
+        script.write_text(command + "\n")
+        wrapper = (
+            f"set -a; source {shlex.quote(str(script))} </dev/null; rc=$?; "
+            f"env -0 > {shlex.quote(str(state))}; pwd > {shlex.quote(str(state))}.cwd; exit $rc"
+        )
+        proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc", "-c", wrapper],
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise AssertionError(
+                f"[{self.name}] `{command}` still running after {COMMAND_TIMEOUT}s"
+            ) from None
+        text = out.decode(errors="replace")
+        self._file(".out").write_text(text)
+        self.transcript.append((command, text))
+        assert proc.returncode == 0, f"[{self.name}] `{command}` exited {proc.returncode}:\n{text}"
+        self._load_state(state)
+        return text
+
+    def _load_state(self, state: Path) -> None:
+        env = dict(item.split("=", 1) for item in state.read_text().split("\0") if "=" in item)
+        self.cwd = Path(Path(f"{state}.cwd").read_text().strip())
+        for k in ("_", "SHLVL", "OLDPWD", "PWD"):
+            env.pop(k, None)
+        self.env = env
+
+    def start(self, command: str) -> Running:
+        assert self.running is None, f"{self.name} is busy with `{self.running.command}`"
+        if re.match(r"dtrain chain up\b", command):
+            command += " --port 0"
+        log = self._file(".log")
+        proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc", "-c", command],
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
+        self.running = Running(command, proc, log)
+        self.transcript.append((command, ""))
+        return self.running
+
+    def expect(self, shown: list[str], where: str) -> None:
+        """Wait until the running command has printed `shown` (or fail if it exits first)."""
+        r = self.running
+        assert r is not None, f"{where}: {self.name} runs nothing to show output of"
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        while missing(shown, r.output()):
+            if r.proc.poll() is not None and missing(shown, r.output()):
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        left = missing(shown, r.output())
+        assert not left, (
+            f"{where}: [{self.name}] `{r.command}` did not print {left[0]!r}"
+            f" (exit status {r.proc.poll()}):\n{r.output()[-6000:]}"
+        )
+
+    def interrupt(self, shown: list[str], where: str) -> str:
+        r = self.running
+        assert r is not None, f"{where}: ^C in {self.name}, which runs nothing"
+        os.killpg(r.proc.pid, signal.SIGINT)
+        try:
+            rc = r.proc.wait(timeout=EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{where}: `{r.command}` still running {EXIT_TIMEOUT}s after ^C"
+            ) from None
+        out = r.output()
+        self.running = None
+        self._record(r.command, out)
+        assert rc == 0, f"{where}: `{r.command}` exited {rc} after ^C:\n{out[-4000:]}"
+        left = missing(shown, out)
+        assert not left, f"{where}: `{r.command}` did not print {left[0]!r}:\n{out[-6000:]}"
+        return out
+
+    def _record(self, command: str, out: str) -> None:
+        for n, (c, o) in enumerate(self.transcript):
+            if c == command and not o:
+                self.transcript[n] = (c, out)
+                return
+
+    def stop(self) -> None:
+        if self.running is not None:
+            _kill(self.running.proc)
+            self._record(self.running.command, self.running.output())
+            self.running = None
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group, SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ---------------------------------------------------------------------------- the test
+
+
+def _eth(text: str, rx: str) -> list[Decimal]:
+    return [Decimal(m) for m in re.findall(rx, text)]
+
+
+def _outputs(terms: dict[str, Terminal], rx: str) -> list[tuple[str, str, Terminal]]:
+    found = []
+    for t in terms.values():
+        for cmd, out in t.transcript:
+            if re.search(rx, cmd):
+                found.append((cmd, out, t))
+    return found
+
+
+def test_quickstart_runs_as_written(tmp_path: Path) -> None:
+    steps = parse(DOC.read_text())
+    setup = [s.command for s in steps if s.terminal == EVERY]
+    home, logs = tmp_path / "home", tmp_path / "logs"
+    home.mkdir()
+    logs.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DTRAIN_", "VIRTUAL_ENV", "PYTEST_", "COV_"))
+    }
+    env.update(HOME=str(home), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
+    env["DTRAIN_ENV_FILE"] = str(home / ".dtrain" / "env")
+    env.pop("PYTHONPATH", None)
+    terms: dict[str, Terminal] = {}
+
+    def terminal(name: str) -> Terminal:
+        if name not in terms:
+            t = terms[name] = Terminal(name, env, REPO, logs)
+            for cmd in setup:
+                t.run(cmd)
+        return terms[name]
+
+    try:
+        for s in steps:
+            if s.terminal == EVERY:
+                continue
+            where = f"quickstart.md:{s.line}"
+            t = terminal(s.terminal)
+            if s.kind == "run":
+                out = t.run(s.command)
+                left = missing(s.shown, out)
+                assert not left, f"{where}: `{s.command}` did not print {left[0]!r}:\n{out}"
+            elif s.kind == "start":
+                t.start(s.command)
+                t.expect(s.shown, where)
+            elif s.kind == "expect":
+                t.expect(s.shown, where)
+            else:
+                t.interrupt(s.shown, where)
+        busy = [f"{t.name}: {t.running.command}" for t in terms.values() if t.running]
+        assert not busy, f"the quickstart leaves running: {busy}"
+    finally:
+        for t in terms.values():
+            t.stop()
+
+    # the journey's outcomes, on what the commands printed and wrote
+    kinds = [
+        r"^dtrain chain up",
+        r"\bdeploy$",
+        r"^dtrain operator register",
+        r"^dtrain stake delegate",
+        r"^dtrain job submit",
+        r"^dtrain node run",
+        r"^dtrain job watch",
+        r"^dtrain job fetch",
+        r"^dtrain rewards withdraw",
+        r"^dtrain stake show",
+    ]
+    for rx in kinds:
+        assert _outputs(terms, rx), f"the quickstart runs no `{rx}` command any more"
+    assert len({t.name for *_, t in _outputs(terms, r"^dtrain node run")}) >= 2
+
+    finals: dict[int, str] = {}
+    for cmd, out, _ in _outputs(terms, r"^dtrain job watch"):
+        job = int(cmd.split()[3])
+        m = re.search(rf"JobCompleted: jobId {job}, finalCheckpoint 0x([0-9a-f]{{64}})", out)
+        assert m, f"`{cmd}` saw no JobCompleted:\n{out}"
+        finals[job] = m.group(1)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for cmd, _, t in _outputs(terms, r"^dtrain job fetch"):
+        args = shlex.split(cmd)
+        job, out_dir = int(args[3]), Path(args[args.index("--out") + 1])
+        folder = out_dir if out_dir.is_absolute() else t.cwd / out_dir
+        assert (folder / "CHECKPOINT_SHA256").read_text().strip().removeprefix("0x") == finals[job]
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        tok = AutoTokenizer.from_pretrained(folder)
+        assert model.config.vocab_size >= len(tok)
+
+    for cmd, out, _ in _outputs(terms, r"^dtrain rewards withdraw"):
+        amounts = _eth(out, r"withdrew ([0-9.]+) ETH")
+        assert amounts and amounts[0] > 0, f"`{cmd}` withdrew nothing:\n{out}"
+    for _, out, _ in _outputs(terms, r"^dtrain node run"):
+        assert all(a > 0 for a in _eth(out, r"withdrew ([0-9.]+) ETH")), out
+
+    shows = [out for _, out, _ in _outputs(terms, r"^dtrain stake show")]
+    assert all("delegation with 0x" in out for out in shows), shows
+    rewards = [a for out in shows for a in _eth(out, r"rewards\s+([0-9.]+) ETH pending")]
+    assert any(a > 0 for a in rewards), f"the staker never saw a reward: {shows}"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
