@@ -126,6 +126,7 @@ class Node:
         self._params_cache: Params | None = None  # the deployed parameters never change
         self._preflight = Preflight(cfg.batch_size)  # can we do a job? (once per job)
         self.status = Status()  # where we are: the progress line and the signal messages
+        self._entered_why = ""  # why we entered the current state (logged once)
         self.stop_signal: int | None = None  # the signal that stopped us now, if one did
         self._finishing = False  # stopping: a late signal must not interrupt the cleanup
 
@@ -143,9 +144,9 @@ class Node:
         log.info(describe(kind, data, self.status), extra={"progress": kind == "round"})
 
     def _enter(self, state: str, why: str = "") -> None:
-        """Log the state we enter (once, not on every poll)."""
-        if self.status.state != state or why:
-            self.status.state = state
+        """Log the state we enter, and why, once: not again on every poll that finds the same."""
+        if (self.status.state, self._entered_why) != (state, why):
+            self.status.state, self._entered_why = state, why
             log.info("%s%s", state, f": {why}" if why else "")
 
     def _observe(self, job: Job) -> None:

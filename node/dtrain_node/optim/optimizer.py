@@ -1,6 +1,6 @@
 """DeMo: decoupled momentum with compressed, exactly aggregated syncs.
 
-One optimizer, two modes (see docs/demo.md):
+One optimizer, two modes (see docs/demo-optimizer.md):
 
 - paper (the DeMo paper): every step is a sync. e = beta * e + grad; send the top-k DCT part of
   e (removed from e); theta -= lr * sign(mean of what everybody sent).

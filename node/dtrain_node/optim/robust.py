@@ -44,8 +44,8 @@ Packets = Sequence[tuple[Hashable, Sequence[Sparse]]]
 class RobustConfig:
     """Parameters of the exclusion rule and of the bound on the shared state.
 
-    Defaults chosen by measurement (docs/demo.md): honest per-tensor norm ratios to the median
-    stayed in [1/12, 6] (2-bit, a one-entry vector tensor is the noisiest) and [1/2, 2]
+    Defaults chosen by measurement (docs/demo-optimizer.md): honest per-tensor norm ratios to
+    the median stayed in [1/12, 6] (2-bit, a one-entry vector tensor is the noisiest) and [1/2, 2]
     (1-bit); honest cosines to the others' sum stayed >= 0.06, sign flips <= -0.06, and
     independent random updates (cos ~ 0, down to -0.023) must not be excluded.
 
