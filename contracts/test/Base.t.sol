@@ -133,7 +133,9 @@ abstract contract BaseTest is Test {
             epochDuration: EPOCH,
             teeRequired: false,
             pricePerOperatorEpoch: PRICE,
-            seatBond: SEAT_BOND
+            seatBond: SEAT_BOND,
+            recipeHash: bytes32(0),
+            recipeUri: ""
         });
     }
 

@@ -17,6 +17,7 @@ from .models import (
     SlashReason,
     Submission,
 )
+from .recipe import Recipe
 from .votes import UNWORKABLE, commitment_hash, new_salt
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ __all__ = [
     "Params",
     "Pool",
     "Receipt",
+    "Recipe",
     "SlashReason",
     "Submission",
     "commitment_hash",

@@ -33,6 +33,7 @@ from .client import BSM, FINALIZE_GAS, JOB_EVENTS, connect, load_key
 from .envfile import env_path, read_env, remove_env, update_env, write_env
 from .errors import ConfigError, DtrainError
 from .models import JobSpec, JobStatus, Method, Params, SlashReason
+from .recipe import ZERO_HASH, Recipe
 from .units import format_eth, format_time, parse_amount, parse_duration
 
 EXAMPLES = {
@@ -602,6 +603,13 @@ def _operators(text: str) -> tuple[int, int]:
 @click.option("--topk", default=4, show_default=True, help="Top-k values per DCT chunk.")
 @click.option("--quant-bits", type=click.Choice(["1", "2"]), default="2", show_default=True)
 @click.option("--tee", is_flag=True, help="Require TEE-attested operators.")
+@click.option(
+    "--recipe",
+    "recipe_path",
+    default=None,
+    help="A recipe TOML (batch size, learning rates, outer step, DPO/GRPO settings, seed) "
+    "at the path the operators read; its hash is pinned [default: the reference recipe].",
+)
 @pass_ctx
 def job_submit(
     ctx: Ctx,
@@ -620,12 +628,15 @@ def job_submit(
     topk: int,
     quant_bits: str,
     tee: bool,
+    recipe_path: str | None,
 ) -> None:
     """Create a job, escrowing price x max operators x epochs.
 
     The model and dataset hashes are computed from --model-uri and --dataset-uri (and
-    printed), unless given. Each member bonds --seat-bond of its self-stake while in the job.
+    printed), unless given; so is the recipe's, from --recipe. Each member bonds --seat-bond of
+    its self-stake while in the job.
     """
+    recipe_pin = Recipe.from_toml(recipe_path).hash() if recipe_path else ZERO_HASH
     lo, hi = _operators(operators_range)
     model_pin = _hex32(model_hash, "--model-hash") if model_hash else pins.model_hash(model_uri)
     data_pin = (
@@ -649,6 +660,8 @@ def job_submit(
         epoch_duration=epoch_duration,
         tee_required=tee,
         seat_bond=seat_bond or bsm.params().min_seat_bond,
+        recipe_hash=recipe_pin,
+        recipe_uri=recipe_path or "",
     )
     job_id = bsm.create_job(spec)
     emit(
@@ -659,11 +672,14 @@ def job_submit(
             "seat_bond": spec.seat_bond,
             "model_hash": "0x" + model_pin.hex(),
             "dataset_hash": "0x" + data_pin.hex(),
+            "recipe_hash": "0x" + recipe_pin.hex(),
+            "recipe_uri": spec.recipe_uri,
         },
         f"job {job_id} created, {format_eth(spec.escrow)} escrowed, "
         f"{format_eth(spec.seat_bond)} seat bond\n"
         f"  model    {model_uri}  0x{model_pin.hex()}\n"
-        f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)",
+        f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)"
+        + (f"\n  recipe   {recipe_path}  0x{recipe_pin.hex()}" if recipe_path else ""),
     )
 
 
@@ -677,6 +693,25 @@ def model() -> None:
 def model_hash_cmd(uri: str) -> None:
     """Print the modelHash a job of model URI URI carries (the hash of its start weights)."""
     click.echo("0x" + pins.model_hash(uri).hex())
+
+
+@cli.group()
+def recipe() -> None:
+    """Training recipes and the hash jobs pin."""
+
+
+@recipe.command("hash")
+@click.argument("path")
+def recipe_hash_cmd(path: str) -> None:
+    """Print the recipeHash of the recipe TOML at PATH (sha256 of its canonical JSON)."""
+    click.echo("0x" + Recipe.from_toml(path).hash().hex())
+
+
+@recipe.command("show")
+@click.argument("path")
+def recipe_show_cmd(path: str) -> None:
+    """Print the canonical form of the recipe TOML at PATH (every field, defaults filled in)."""
+    click.echo(Recipe.from_toml(path).canonical())
 
 
 def _epoch_of(j: Any) -> str:

@@ -159,9 +159,15 @@ class JobSpec(Decoded):
 
     `seat_bond` is the self-stake each member bonds for its seat; 0 (the default) stands for the
     deployment's `min_seat_bond`, which `BSM.create_job` fills in from `params()` (a job read
-    back always holds the bond the contract stored)."""
+    back always holds the bond the contract stored). `recipe_hash` / `recipe_uri` pin the
+    training recipe (`dtrain.recipe.Recipe`); a zero hash means the reference defaults."""
 
-    CONVERT: ClassVar = {"method": Method, "model_hash": bytes, "dataset_hash": bytes}
+    CONVERT: ClassVar = {
+        "method": Method,
+        "model_hash": bytes,
+        "dataset_hash": bytes,
+        "recipe_hash": bytes,
+    }
 
     price_per_operator_epoch: int
     total_epochs: int = 1
@@ -179,6 +185,8 @@ class JobSpec(Decoded):
     epoch_duration: int = 3600
     tee_required: bool = False
     seat_bond: int = 0
+    recipe_hash: bytes = ZERO32  # sha256 of the recipe's canonical form; zero: the default
+    recipe_uri: str = ""  # where operators read the recipe (TOML; dtrain.recipe)
 
     @property
     def escrow(self) -> int:

@@ -670,3 +670,41 @@ def test_submit_rejects_what_it_cannot_pin(run, bsm, accounts, data, extra, mess
     code, _, err = run("job", "submit", "--price", "1gwei", *args, key=accounts[4].key)
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
     assert bsm.next_job_id() == before  # nothing created
+
+
+def test_submit_pins_the_recipe(run, bsm, accounts, data, tmp_path) -> None:
+    """`--recipe PATH` pins the recipe's canonical hash and its path, and prints both; `dtrain
+    recipe hash` prints the same hash; a job without a recipe pins zero and an empty URI."""
+    from dtrain.recipe import Recipe
+
+    path = tmp_path / "recipe.toml"
+    path.write_text("batch_size = 4\ndpo_beta = 0.2\nseed = 3\n")
+    want = "0x" + Recipe(batch_size=4, dpo_beta=0.2, seed=3).hash().hex()
+    code, out, err = run("recipe", "hash", str(path), raw=True)
+    assert code == 0 and out.strip() == want, err
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--dataset-uri", data, "--recipe", str(path),
+        key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 0, err
+    assert f"recipe   {path}  {want}" in out
+    spec = bsm.job(int(out.split()[1])).spec
+    assert ("0x" + spec.recipe_hash.hex(), spec.recipe_uri) == (want, str(path))
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--dataset-uri", data, key=accounts[4].key
+    )
+    assert code == 0 and "recipe" not in out, err
+    spec = bsm.job(int(out.split()[1])).spec
+    assert (spec.recipe_hash, spec.recipe_uri) == (b"\0" * 32, "")
+
+
+def test_submit_rejects_a_bad_recipe(run, bsm, accounts, data, tmp_path) -> None:
+    path = tmp_path / "recipe.toml"
+    path.write_text("batch_size = 0\n")
+    before = bsm.next_job_id()
+    code, _, err = run(
+        "job", "submit", "--price", "1gwei", "--dataset-uri", data, "--recipe", str(path),
+        key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 1 and "'batch_size' must be >= 1" in err, err
+    assert bsm.next_job_id() == before

@@ -104,6 +104,11 @@ interface IDistributedTrainingBSMTypes {
         /// Self-stake each member bonds for its seat while in the job (>= `minSeatBond`); bonded
         /// stake backs no other seat and cannot be unstaked until the member leaves.
         uint256 seatBond;
+        /// sha256 of the job's training recipe (its canonical JSON: every hyper-parameter each
+        /// node must apply identically); zero means the reference node's default recipe. Not
+        /// validated on-chain: nodes check it against the document at `recipeUri` before joining.
+        bytes32 recipeHash;
+        string recipeUri;
     }
 
     /// @notice Mutable state of a job.

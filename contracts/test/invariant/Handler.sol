@@ -209,7 +209,9 @@ contract Handler is Test {
             epochDuration: short ? uint64(bsm.params().minEpochDuration) : 1 hours,
             teeRequired: false,
             pricePerOperatorEpoch: bound(price, 1, 1 ether),
-            seatBond: bsm.params().minSeatBond * (1 + ((price >> 131) & 1))
+            seatBond: bsm.params().minSeatBond * (1 + ((price >> 131) & 1)),
+            recipeHash: bytes32(0),
+            recipeUri: ""
         });
         uint256 escrow = s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
         address c = (price >> 130) & 1 == 1 ? actors[11] : actors[7];
