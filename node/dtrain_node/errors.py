@@ -68,6 +68,10 @@ class DatasetError(NodeError, ValueError):
     """A dataset that is missing, does not match its hash, or holds an invalid record."""
 
 
+class RecipeInvalid(NodeError, ValueError):
+    """A job's recipe that is missing, unreadable, invalid or does not match its recipeHash."""
+
+
 class ModelUnavailable(NodeError, ValueError):
     """A job's model URI names no model this node can build (unknown preset, unreadable config)."""
 

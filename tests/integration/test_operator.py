@@ -13,7 +13,7 @@ import pytest
 from harness.chain import ETH
 from harness.loopback import LoopbackHub
 
-from dtrain import UNWORKABLE, JobSpec, Method
+from dtrain import UNWORKABLE, JobSpec, Method, Recipe
 from dtrain.cli import main as cli_main
 from dtrain.client import BSM
 from dtrain.models import SlashReason
@@ -43,9 +43,10 @@ def submit_tiny_job(
     seat_bond: int | None = None,
     epochs: int = 1,
     model_hash: bytes | None = None,
+    recipe: tuple[bytes, str] = (b"\0" * 32, ""),
 ) -> int:
     """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least
-    seat bond unless `seat_bond` is given."""
+    seat bond unless `seat_bond` is given, the recipe pin (hash, URI) `recipe` (none: zero)."""
     path, digest = dataset
     init = hf.initial_model("builtin:tiny")
     spec = JobSpec(
@@ -62,6 +63,8 @@ def submit_tiny_job(
         dataset_uri=str(path),
         epoch_duration=epoch_s,
         seat_bond=bsm.params().min_seat_bond if seat_bond is None else seat_bond,
+        recipe_hash=recipe[0],
+        recipe_uri=recipe[1],
     )
     return bsm.create_job(spec)
 
@@ -346,25 +349,36 @@ def test_auto_skips_jobs_it_cannot_finish_or_bond(chain, bsm, accounts, dataset,
     assert node._pick_job() == fine
 
 
-@pytest.mark.parametrize("broken", ["missing", "hash", "model"])
+@pytest.mark.parametrize("broken", ["missing", "hash", "model", "recipe"])
 def test_preflight_never_joins_a_job_it_cannot_do(
     chain, bsm, accounts, dataset, tmp_path, broken
 ) -> None:
     """A job whose dataset this node does not have, whose dataset fails its hash, or whose
-    start model does not match its modelHash: the node refuses to join (no seat, no bond, no
+    start model does not match its modelHash, or whose recipe file fails its recipeHash: the
+    node refuses to join (no seat, no bond, no
     slash), says why, and --auto passes it by for a job it can do."""
     path, digest = dataset
     caller = bsm.with_account(accounts[CALLER].key)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("batch_size = 4\n")  # pinned below with the default recipe's hash
     bad = {
         "missing": lambda: submit_tiny_job(caller, (tmp_path / "nowhere.txt", digest), 2),
         "hash": lambda: submit_tiny_job(caller, (path, hashlib.sha256(b"x").digest()), 2),
         "model": lambda: submit_tiny_job(caller, dataset, 2, model_hash=b"\x01" * 32),
+        "recipe": lambda: submit_tiny_job(
+            caller, dataset, 2, recipe=(Recipe().hash(), str(recipe))
+        ),
     }[broken]()
     good = submit_tiny_job(caller, dataset, operators=2)
     ops = Operators(chain, bsm, accounts, bad, tmp_path)
     node = ops.node(OPERATORS[0])
     result = node.run()
-    reason = {"missing": "DatasetError", "hash": "DatasetError", "model": "CheckpointInvalid"}
+    reason = {
+        "missing": "DatasetError",
+        "hash": "DatasetError",
+        "model": "CheckpointInvalid",
+        "recipe": "RecipeInvalid",
+    }
     assert result["refused"].startswith(reason[broken]), result
     me = accounts[OPERATORS[0]].address
     assert me not in bsm.job(bad).members + bsm.job(bad).pending_joins

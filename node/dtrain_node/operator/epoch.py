@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 from web3 import Web3
 
 from dtrain.models import Job
+from dtrain.recipe import Recipe
 from dtrain_node.errors import (
     CheckpointInvalid,
     CheckpointUnavailable,
     DatasetError,
     ModelUnavailable,
+    RecipeInvalid,
 )
 from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
@@ -45,9 +47,16 @@ if TYPE_CHECKING:
 
 
 # What `EpochTrainer.prepare` raises when the epoch cannot be done by anyone honest: the
-# dataset missing or failing its hash (or malformed), the model unknown, the start checkpoint
+# dataset missing or failing its hash (or malformed), the model unknown, the recipe missing or
+# failing its hash, the start checkpoint
 # failing its hash or served by no member. The node votes UNWORKABLE instead of training.
-UNWORKABLE_ERRORS = (DatasetError, ModelUnavailable, CheckpointInvalid, CheckpointUnavailable)
+UNWORKABLE_ERRORS = (
+    DatasetError,
+    ModelUnavailable,
+    RecipeInvalid,
+    CheckpointInvalid,
+    CheckpointUnavailable,
+)
 
 
 @dataclass(frozen=True)
@@ -64,17 +73,31 @@ class EpochEnv:
     connect: Callable[[list[str]], None]  # dial these members' peers
 
 
-def demo_config(cfg: NodeConfig, job: Job) -> DeMoConfig:
-    """DeMo settings: outer step from the node config (the same on every reference node),
-    K, top-k and quantization bits from the job spec."""
+def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMoConfig:
+    """DeMo settings: K, top-k and quantization bits from the job spec; the outer step and the
+    inner AdamW from the job's recipe, or without one from the node config (the same on every
+    reference node)."""
     spec = job.spec
+    compress = CompressConfig(k2d=spec.topk_per_chunk, k1d=1, bits=spec.quant_bits)
+    if recipe is None:
+        return DeMoConfig(
+            mode="local",
+            sync_interval=spec.sync_interval,
+            lr=cfg.outer_lr,
+            beta=cfg.beta,
+            inner_lr=cfg.inner_lr,
+            compress=compress,
+        )
     return DeMoConfig(
         mode="local",
         sync_interval=spec.sync_interval,
-        lr=cfg.outer_lr,
-        beta=cfg.beta,
-        inner_lr=cfg.inner_lr,
-        compress=CompressConfig(k2d=spec.topk_per_chunk, k1d=1, bits=spec.quant_bits),
+        lr=recipe.outer_lr,
+        beta=recipe.outer_momentum,
+        weight_decay=recipe.outer_weight_decay,
+        inner_lr=recipe.inner_lr,
+        inner_betas=(recipe.inner_beta1, recipe.inner_beta2),
+        inner_weight_decay=recipe.inner_weight_decay,
+        compress=compress,
     )
 
 
@@ -88,6 +111,7 @@ class EpochTrainer:
         self.members = list(job.members)
         self.rounds = job.spec.steps_per_epoch // job.spec.sync_interval
         self.state_path = roundstate.path(env.job_dir, job.state.attempt)
+        self.train_job: TrainJob
         self.backend: Backend
         self.opt: DeMo
         self.batches: Iterator[Any]
@@ -115,10 +139,12 @@ class EpochTrainer:
 
     def _build(self) -> None:
         env, job = self.env, self.job
-        self.backend = make_backend(TrainJob.from_job(job, env.cfg.batch_size))
+        self.train_job = tj = TrainJob.from_job(job, env.cfg.batch_size)
+        self.backend = make_backend(tj)
         model = self.backend.model
         model.load_state_dict(env.checkpoints.start_state(job, model))
-        self.opt = DeMo(model.named_parameters(), demo_config(env.cfg, job), sender=env.me.lower())
+        cfg = demo_config(env.cfg, job, tj.recipe)
+        self.opt = DeMo(model.named_parameters(), cfg, sender=env.me.lower())
         self.context = RoundContext(self.opt.spec, env.me)
         resume = roundstate.load(self.state_path, self.opt)
         if resume is not None:
@@ -136,8 +162,9 @@ class EpochTrainer:
         env.connect(self.members)
         backend = self.backend
         idx = shard.assign(backend.n_items(), job.id, st.epoch, self.members, env.me)
-        batch_size = env.cfg.batch_size
-        self.batches = backend.batches(idx, batch_size, seed=job.id * 1000 + st.attempt)
+        tj = self.train_job  # batch size and seed offset: the recipe's, else the node's
+        seed = job.id * 1000 + st.attempt + tj.seed_offset
+        self.batches = backend.batches(idx, tj.batch_size, seed=seed)
         before = backend.evaluate()
         env.metric(
             "epoch_start",

@@ -1,6 +1,7 @@
 """Before joining a job: can we do it? A seat bonds our stake and an epoch we cannot do gets
 us slashed (or, at best, voted UNWORKABLE with everyone), so a node joins only a job whose
-dataset it reads and whose start model it builds, each matching the hash the job pins.
+dataset it reads, whose recipe it reads and whose start model it builds, each matching the hash
+the job pins.
 
 `check` builds the job's backend exactly as training will (reading the dataset checks its
 sha256) and compares the start model's canonical hash with the job's `modelHash`. Results are
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dtrain_node.errors import CheckpointInvalid, DatasetError, ModelUnavailable
+from dtrain_node.errors import CheckpointInvalid, DatasetError, ModelUnavailable, RecipeInvalid
 from dtrain_node.train import checkpoint
 from dtrain_node.train.backend import TrainJob, make_backend
 
 if TYPE_CHECKING:
     from dtrain.models import Job
 
-CANNOT = (DatasetError, ModelUnavailable, CheckpointInvalid)
+CANNOT = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid)
 
 
 def check(job: Job, batch_size: int) -> str | None:

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from dtrain_node.errors import BackendUnavailable
+from dtrain.errors import ConfigError
+from dtrain.recipe import ZERO_HASH, Recipe
+from dtrain_node.errors import BackendUnavailable, RecipeInvalid
 from dtrain_node.train import corpus, shard
 from dtrain_node.train import losses as methods
 from dtrain_node.train import models as hf
@@ -34,24 +36,53 @@ class TrainJob:
     dataset_uri: str
     dataset_hash: bytes
     batch_size: int = 8
+    recipe: Recipe | None = None  # the job's pinned recipe; None: the reference defaults
 
     @classmethod
     def from_job(cls, job: Job, batch_size: int = 8) -> TrainJob:
-        """From the chain's view of a job (`dtrain.models.Job`)."""
+        """From the chain's view of a job (`dtrain.models.Job`). A pinned recipe is read and
+        hash-checked here (`RecipeInvalid`) and its batch size replaces `batch_size`."""
         spec = job.spec
+        recipe = load_recipe(spec.recipe_hash, spec.recipe_uri)
         return cls(
             job_id=job.id,
             method=spec.method.name.lower(),
             model_uri=spec.model_uri,
             dataset_uri=spec.dataset_uri,
             dataset_hash=spec.dataset_hash,
-            batch_size=batch_size,
+            batch_size=recipe.batch_size if recipe else batch_size,
+            recipe=recipe,
         )
+
+    @property
+    def seed_offset(self) -> int:
+        """The recipe's seed, added to the batch-order seed (0 without a recipe)."""
+        return self.recipe.seed if self.recipe else 0
 
     @property
     def seed(self) -> int:
         """The initialisation seed of the start model: from the model URI (`?seed=N`)."""
         return hf.init_seed(self.model_uri)
+
+
+def load_recipe(recipe_hash: bytes, recipe_uri: str) -> Recipe | None:
+    """The recipe a job pins, read from `recipe_uri` (a local path, like the dataset) and checked
+    against `recipe_hash`; None for a zero hash (the reference defaults). `RecipeInvalid` when
+    it is missing, unreadable, invalid or hashes to something else."""
+    if bytes(recipe_hash) == ZERO_HASH:
+        return None
+    if not recipe_uri:
+        raise RecipeInvalid(f"the job pins recipe 0x{bytes(recipe_hash).hex()} but no recipe URI")
+    try:
+        recipe = Recipe.from_toml(recipe_uri)
+    except ConfigError as exc:
+        raise RecipeInvalid(str(exc)) from exc
+    if recipe.hash() != bytes(recipe_hash):
+        raise RecipeInvalid(
+            f"recipe {recipe_uri!r} hashes to 0x{recipe.hash().hex()}, "
+            f"the job pins 0x{bytes(recipe_hash).hex()}"
+        )
+    return recipe
 
 
 class Backend(Protocol):

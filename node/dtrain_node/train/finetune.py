@@ -36,6 +36,22 @@ class MethodOptions:
     grpo_iterations: int = 1  # gradient steps per sampled rollout (mu); > 1 makes the clip bite
     heldout_fraction: float = 0.1
 
+    @classmethod
+    def for_job(cls, job: Any) -> MethodOptions:
+        """The job's recipe's method settings (`TrainJob.recipe`), the defaults without one."""
+        r = getattr(job, "recipe", None)
+        if r is None:
+            return cls()
+        return cls(
+            dpo_beta=r.dpo_beta,
+            grpo_group=r.grpo_group,
+            grpo_clip=r.grpo_clip,
+            grpo_kl=r.grpo_kl,
+            grpo_temperature=r.grpo_temperature,
+            grpo_iterations=r.grpo_iterations,
+            heldout_fraction=r.heldout_fraction,
+        )
+
     def __post_init__(self) -> None:
         if self.dpo_beta <= 0:
             raise ValueError(f"dpo_beta must be > 0, got {self.dpo_beta}")
@@ -134,7 +150,7 @@ class RecordBackend:
     repeats = 1  # times each batch is yielded in a row (GRPO reuses a rollout mu times)
 
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
-        self.job, self.opts = job, opts or MethodOptions()
+        self.job, self.opts = job, opts or MethodOptions.for_job(job)
         self.cfg = models.model_config(job.model_uri)
         # Validate the whole dataset before building anything: bad data fails fast and up front.
         # ctx - 2 leaves room for BOS and EOS, so every validated record fits the context.
