@@ -378,7 +378,13 @@ def operator() -> None:
 
 @operator.command("register", epilog=f"Example: {EXAMPLES['register']}")
 @click.option("--stake", "amount", type=AMOUNT, required=True, help="Self-stake, e.g. 2ether.")
-@click.option("--peer-key", required=True, help="Ed25519 public key of the libp2p identity.")
+@click.option(
+    "--peer-key",
+    default="0x" + "00" * 32,
+    show_default="none yet",
+    help="Ed25519 public key of the node's libp2p identity; `dtrain node run` sets its own "
+    "when it starts, so it may be left out.",
+)
 @click.option("--addr", "addrs", multiple=True, help="libp2p multiaddr (repeatable).")
 @click.option("--hardware", default="", help='e.g. "cpu:2" or "gpu:a100x8".')
 @click.option("--min-price", type=AMOUNT, default="0", help="Lowest price per epoch accepted.")
@@ -490,12 +496,30 @@ class TxCommand:
                     f"; withdrawable from {format_time(e.args['unlockAt'])} with "
                     f"`dtrain stake withdraw {e.args['operator']}` (slashable until then)"
                 )
+            for e in rc.all("Staked"):
+                earns = _earns_from(ctx.bsm(), e.args["operator"])
+                data["earns_from"] = earns
+                if earns:
+                    human += (
+                        f"; the operator is in a job, so this stake earns rewards from "
+                        f"{format_time(earns)} (stake earns only for epochs it was present for "
+                        "from their start; it is slashable at once)"
+                    )
             emit(ctx, data, human)
 
         command = pass_ctx(send)
         for a in reversed(self.args.split()):
             command = TX_ARGS[a](command)
         self.group.command(self.name, help=TX_HELP[self.name])(command)
+
+
+def _earns_from(bsm: BSM, operator: str) -> int:
+    """When stake added to `operator`'s pool now starts earning: 0 (at once) when the operator is
+    in no job, else the start of the second reward period after this one (the contract's rule)."""
+    if bsm.operator(operator).active_jobs == 0:
+        return 0
+    period = bsm.reward_period()
+    return (bsm.latest_block_timestamp() // period + 2) * period
 
 
 TX_ARGS = {
@@ -890,9 +914,13 @@ def _arg_text(name: str, value: Any) -> str:
     return str(value)
 
 
+HIDDEN_ARGS = ("attempt",)  # chain-wide counters that read as per-job ones (kept in --json)
+
+
 def _event_text(e: Any) -> str:
     """ "Slashed: operator 0xab.., jobId 1, epoch 0, reason dropout, amount 0.05 ETH, ..."."""
-    return f"{e.name}: " + ", ".join(f"{k} {_arg_text(k, v)}" for k, v in e.args.items())
+    shown = ((k, v) for k, v in e.args.items() if k not in HIDDEN_ARGS)
+    return f"{e.name}: " + ", ".join(f"{k} {_arg_text(k, v)}" for k, v in shown)
 
 
 @job.command("watch")

@@ -283,7 +283,7 @@ class BSM:
     def _transact(self, fn: ContractFunction, value: int = 0, gas: int | None = None) -> Receipt:
         rc = self._send(fn, value, gas)
         return Receipt(
-            tx_hash=rc["transactionHash"].hex(),
+            tx_hash="0x" + rc["transactionHash"].hex().removeprefix("0x"),
             block=rc["blockNumber"],
             gas_used=rc["gasUsed"],
             fee=rc["gasUsed"] * rc["effectiveGasPrice"],

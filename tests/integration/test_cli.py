@@ -19,6 +19,7 @@ from dtrain.cli import main
 from dtrain.client import BSM
 from dtrain.models import Params
 from dtrain.stakes import peer_id
+from dtrain.units import format_time
 
 DTRAIN = [sys.executable, "-m", "dtrain.cli"]
 
@@ -708,3 +709,34 @@ def test_submit_rejects_a_bad_recipe(run, bsm, accounts, data, tmp_path) -> None
     )  # fmt: skip
     assert code == 1 and "'batch_size' must be >= 1" in err, err
     assert bsm.next_job_id() == before
+
+
+def test_first_job_friction_points(run, bsm, accounts, data) -> None:
+    """What the quickstart met: registering needs no peer key yet (the node sets its own), a
+    transaction hash reads 0x..., a delegation to an operator in a job says when it starts
+    earning (and one to an idle operator earns at once), and `job watch` shows no chain-wide
+    attempt counter as if it were the job's."""
+    code, out, err = run("operator", "register", "--stake", "1ether", key=accounts[1].key)
+    assert code == 0, err
+    assert "(tx 0x" in out
+    assert not any(bsm.operator(accounts[1].address).peer_key)
+    code, out, err = run("--json", "stake", "delegate", accounts[1].address, "1ether",
+                         key=accounts[5].key)  # fmt: skip
+    assert code == 0 and json.loads(out)["earns_from"] == 0, err
+    run("operator", "register", "--stake", "1ether", key=accounts[2].key)
+    code, out, err = run(
+        "--json", "job", "submit", "--price", "1gwei", "--operators", "2:2", "--dataset-uri",
+        data, key=accounts[4].key,
+    )  # fmt: skip
+    job_id = json.loads(out)["job_id"]
+    for i in (1, 2):
+        assert run("operator", "join", str(job_id), key=accounts[i].key)[0] == 0
+    code, out, err = run("stake", "delegate", accounts[1].address, "1ether", key=accounts[5].key)
+    assert code == 0, err
+    period = bsm.reward_period()
+    earns = (bsm.latest_block_timestamp() // period + 2) * period
+    assert f"this stake earns rewards from {format_time(earns)}" in out
+    code, out, err = run("job", "watch", str(job_id), "--no-follow")
+    assert code == 0 and "EpochStarted: jobId" in out and "attempt" not in out, out
+    code, out, _ = run("--json", "job", "watch", str(job_id), "--no-follow")
+    assert any("attempt" in json.loads(line) for line in out.splitlines())
