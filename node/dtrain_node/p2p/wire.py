@@ -1,4 +1,4 @@
-"""Framing and messages of the two stream protocols (sync re-requests, checkpoint transfer).
+"""Framing and messages of the two stream protocols (sync re-requests, file transfer).
 
 Every message is a frame: uint32 big-endian length, then that many bytes. A reader refuses a
 frame longer than its limit before reading the body, so a peer cannot make us buffer 10 MiB.
@@ -26,7 +26,7 @@ MAX_REQUEST = 64 * 1024  # a sync request lists at most a few hundred (sender, d
 CKPT_CHUNK = 256 * 1024
 
 SYNC_OK, SYNC_BUSY, SYNC_WRONG_JOB = 0, 1, 2
-CKPT_OK, CKPT_NOT_FOUND = 0, 1
+CKPT_OK, CKPT_NOT_FOUND, CKPT_BUSY, CKPT_BAD_OFFSET = 0, 1, 2, 3
 
 
 class Stream(Protocol):
@@ -171,32 +171,52 @@ def _unpack_have(data: bytes, off: int, n: int) -> Have:
     return tuple(out)
 
 
-# -- checkpoint: "send me the file with this sha256" -----------------------------------------
+# -- file transfer: "send me the file with this sha256 (from byte `offset` on)" -----------------
+# Version 1 requests start at byte 0; version 2 requests carry an offset (a resumed download).
+# A server answers in the version it was asked in; its reply's size is always the whole file's.
 _CQ = struct.Struct(">4sB32s")
+_CQ2 = struct.Struct(">4sB32sQ")
 _CR = struct.Struct(">4sBBQ")
+RESUME_VERSION = 2
+MAX_FILE_REQUEST = _CQ2.size
 
 
-def encode_ckpt_request(sha256: bytes) -> bytes:
-    return _CQ.pack(b"DTCQ", VERSION, sha256)
+def encode_ckpt_request(sha256: bytes, offset: int = 0) -> bytes:
+    """Version 1 when offset is 0 (every server reads it), else version 2."""
+    if offset == 0:
+        return _CQ.pack(b"DTCQ", VERSION, sha256)
+    return _CQ2.pack(b"DTCQ", RESUME_VERSION, sha256, offset)
 
 
 def decode_ckpt_request(data: bytes) -> bytes:
-    if len(data) != _CQ.size:
+    """The sha256 a request asks for (see decode_file_request for its offset)."""
+    return decode_file_request(data)[0]
+
+
+def decode_file_request(data: bytes) -> tuple[bytes, int, int]:
+    """(sha256, offset, version) of a version 1 or 2 request."""
+    if len(data) == _CQ.size:
+        magic, ver, sha = _CQ.unpack(data)
+        offset = 0
+    elif len(data) == _CQ2.size:
+        magic, ver, sha, offset = _CQ2.unpack(data)
+        if ver != RESUME_VERSION:
+            raise WireError("malformed", f"file request of {len(data)} bytes, version {ver}")
+    else:
         raise WireError("malformed", f"checkpoint request of {len(data)} bytes")
-    magic, ver, sha = _CQ.unpack(data)
-    if magic != b"DTCQ" or ver != VERSION:
+    if magic != b"DTCQ" or ver not in (VERSION, RESUME_VERSION):
         raise WireError("malformed", f"checkpoint request magic {magic!r} version {ver}")
-    return sha
+    return sha, offset, ver
 
 
-def encode_ckpt_reply(status: int, size: int) -> bytes:
-    return _CR.pack(b"DTCR", VERSION, status, size)
+def encode_ckpt_reply(status: int, size: int, version: int = VERSION) -> bytes:
+    return _CR.pack(b"DTCR", version, status, size)
 
 
-def decode_ckpt_reply(data: bytes) -> tuple[int, int]:
+def decode_ckpt_reply(data: bytes, version: int = VERSION) -> tuple[int, int]:
     if len(data) != _CR.size:
         raise WireError("malformed", f"checkpoint reply of {len(data)} bytes")
     magic, ver, status, size = _CR.unpack(data)
-    if magic != b"DTCR" or ver != VERSION:
+    if magic != b"DTCR" or ver != version:
         raise WireError("malformed", f"checkpoint reply magic {magic!r} version {ver}")
     return status, size
