@@ -21,7 +21,7 @@ from dtrain_node.errors import FinalCheckpointUnavailable
 from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.fetch import fetch_final
 from dtrain_node.operator.node import Node, NodeConfig
-from dtrain_node.train import checkpoint, corpus
+from dtrain_node.train import corpus
 from dtrain_node.train import models as hf
 
 CALLER = 4
@@ -48,7 +48,6 @@ def submit_tiny_job(
     """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least
     seat bond unless `seat_bond` is given, the recipe pin (hash, URI) `recipe` (none: zero)."""
     path, digest = dataset
-    init = hf.initial_model("builtin:tiny")
     spec = JobSpec(
         price_per_operator_epoch=ETH // 100,
         total_epochs=epochs,
@@ -57,7 +56,7 @@ def submit_tiny_job(
         min_operators=operators,
         max_operators=operators,
         method=Method.CPT,
-        model_hash=model_hash or checkpoint.canonical_hash(dict(init.state_dict())),
+        model_hash=model_hash or hf.initial_hash("builtin:tiny"),
         model_uri="builtin:tiny",
         dataset_hash=digest,
         dataset_uri=str(path),

@@ -109,7 +109,7 @@ def test_exported_tokenizer_scores_heldout_text_as_training_does(cpt) -> None:
     text = bytes(backend.data.heldout.tolist()).decode("utf-8")
     assert any(ord(c) > 0xFFFF for c in text) and "\x1b" in text  # the odd bytes are in it
     ids = torch.tensor(tok(text)["input_ids"])
-    x, y = corpus.TextData(ids, ids, backend.cfg.ctx).heldout_windows(len(backend.heldout[0]))
+    x, y = corpus.TextData(ids, ids, backend.ctx).heldout_windows(len(backend.heldout[0]))
     loss = float(F.cross_entropy(model(input_ids=x).logits.transpose(1, 2), y))
     assert cpt.loss < 5.0  # trained: a wrong id mapping would cost it several nats
     assert loss == pytest.approx(cpt.loss, abs=1e-4)
@@ -148,7 +148,7 @@ def _sft_dataset(tmp_path) -> tuple[str, bytes]:
 def test_chat_template_renders_the_training_format(tmp_path) -> None:
     tok = hf.tokenizer()
     prompt, answer = "12+30=", "42 é"
-    ids, plen = finetune.labelled(prompt, answer)
+    ids, plen = finetune.labelled(finetune.byte_coder(), prompt, answer)
     user = [{"role": "user", "content": prompt}]
     got = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=True)
     assert list(getattr(got, "input_ids", got)) == ids[:plen]  # what greedy / GRPO prompt with
@@ -245,7 +245,9 @@ def test_heldout_text_starts_at_a_whole_character() -> None:
     from types import SimpleNamespace
 
     cut = torch.tensor(list("é—x\n".encode())[1:])  # the split cut 'é' in two
-    backend = SimpleNamespace(data=SimpleNamespace(heldout=cut))
+    backend = SimpleNamespace(
+        data=SimpleNamespace(heldout=cut), start=SimpleNamespace(byte_level=True)
+    )
     assert final_model.heldout_text(backend) == "—x\n"
 
 

@@ -56,7 +56,7 @@ def grpo_backend(tmp_path, problems, **opts):
 
 
 def prompt_batch(prompt: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return finetune.left_pad([[finetune.BOS, *finetune.encode(prompt)]] * n)
+    return finetune.left_pad([[finetune.BOS, *finetune.encode(prompt)]] * n, finetune.PAD)
 
 
 # ---------------------------------------------------------------- GRPO: sampling position
@@ -142,7 +142,9 @@ def margins(b, recs) -> torch.Tensor:
     backend's collate or loss call."""
 
     def logps(model, field):
-        ids, labels, mask = finetune.collate_labelled([(r["prompt"], r[field]) for r in recs])
+        ids, labels, mask = finetune.collate_labelled(
+            finetune.byte_coder(), [(r["prompt"], r[field]) for r in recs]
+        )
         with torch.no_grad():
             return losses.sequence_logps(model(input_ids=ids, attention_mask=mask).logits, labels)
 

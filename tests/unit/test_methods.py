@@ -52,7 +52,9 @@ def test_sft_loss_hand_and_prompt_logits_do_not_matter():
 
 
 def test_sft_collate_masks_bos_and_prompt():
-    ids, labels, mask = finetune.collate_labelled([("1+2=", "3"), ("12+34=", "46")])
+    ids, labels, mask = finetune.collate_labelled(
+        finetune.byte_coder(), [("1+2=", "3"), ("12+34=", "46")]
+    )
     # Row 0: BOS + 4 prompt bytes masked, then "3", EOS, then padding (masked).
     assert (labels[0, :5] == I).all() and (labels[0, 5:7] == ids[0, 5:7]).all()
     assert (labels[0, 7:] == I).all() and (ids[0, 7:] == finetune.PAD).all()
@@ -204,7 +206,9 @@ def test_grpo_mean_reward_is_answer_probability(tmp_path):
     # softmax: check it against sampling frequencies from many seeded samples.
     b = make(tmp_path, "grpo")
     rec = b.eval_recs[0]
-    ids, mask = finetune.left_pad([[finetune.BOS, *finetune.encode(rec["prompt"])]] * 4000)
+    ids, mask = finetune.left_pad(
+        [[finetune.BOS, *finetune.encode(rec["prompt"])]] * 4000, finetune.PAD
+    )
     with torch.no_grad():
         s = b.sample(ids, mask, seed=0)
         p = b._next_logps(b.model, ids[:1], mask[:1])[0].exp()

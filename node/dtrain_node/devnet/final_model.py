@@ -42,7 +42,9 @@ def fetch_and_evaluate(
     return {"final_model_dir": str(out), **evaluate_export(out, spec, job_id, checks)}
 
 
-def evaluate_export(out: Path, spec: JobSpec, job_id: int, checks: Checks) -> dict[str, Any]:
+def evaluate_export(
+    out: Path, spec: JobSpec, job_id: int, checks: Checks, local_model: str | None = None
+) -> dict[str, Any]:
     """Loads the caller's copy with transformers and checks what came out: the job's method
     scores it better than the initial model (held-out loss for CPT/SFT/DPO), its own tokenizer
     gives the training-side held-out loss, and its greedy continuations of held-out prompts
@@ -51,10 +53,10 @@ def evaluate_export(out: Path, spec: JobSpec, job_id: int, checks: Checks) -> di
 
     from dtrain_node.train.backend import TrainJob, make_backend
 
+    local_model = local_model or spec.model_uri
+
     backend = make_backend(
-        TrainJob(
-            job_id, spec.method.name.lower(), spec.model_uri, spec.dataset_uri, spec.dataset_hash
-        )
+        TrainJob(job_id, spec.method.name.lower(), local_model, spec.dataset_uri, spec.dataset_hash)
     )
     start = copy.deepcopy(backend.model).eval()
     before = backend.evaluate()
@@ -99,26 +101,33 @@ def tokenizer_loss(model, start, tok, backend) -> tuple[float, float] | None:
     import torch
 
     from dtrain_node.train import corpus, losses
+    from dtrain_node.train.finetune import Coder, collate_labelled
 
     method = backend.job.method
     with torch.no_grad():
         if method == "cpt":
             text = heldout_text(backend)
-            ids = torch.tensor(tok(text)["input_ids"])
-            x, y = corpus.TextData(ids, ids, backend.cfg.ctx).heldout_windows(CPT_WINDOWS)
+            ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"])
+            x, y = corpus.TextData(ids, ids, backend.ctx).heldout_windows(CPT_WINDOWS)
             via_tok = losses.cpt_loss(model(input_ids=x).logits, y)
-            raw = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).long()
+            if backend.start.byte_level:
+                raw = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).long()
+            else:
+                raw = backend.data.heldout
             training = backend.loss(corpus.TextData(raw, raw, x.size(1)).heldout_windows(len(x)))
             return float(via_tok), float(training)
         if method not in ("sft", "dpo"):
             return None
         recs = backend.eval_recs
+        coder = Coder(tok)  # the exported tokenizer, formatting as training does
         if method == "sft":
-            ids, labels, mask = chat_batch(tok, [(r["prompt"], r["response"]) for r in recs])
+            pairs = [(r["prompt"], r["completion"]) for r in recs]
+            ids, labels, mask = collate_labelled(coder, pairs)
             logits = model(input_ids=ids, attention_mask=mask).logits
             return float(losses.sft_loss(logits, labels)), backend.evaluate()["heldout_loss"]
         pairs = [(r["prompt"], r["chosen"]) for r in recs]
-        ids, labels, mask = chat_batch(tok, pairs + [(r["prompt"], r["rejected"]) for r in recs])
+        pairs += [(r["prompt"], r["rejected"]) for r in recs]
+        ids, labels, mask = collate_labelled(coder, pairs)
         pol, ref = (
             losses.sequence_logps(m(input_ids=ids, attention_mask=mask).logits, labels)
             for m in (model, start)
@@ -129,32 +138,14 @@ def tokenizer_loss(model, start, tok, backend) -> tuple[float, float] | None:
 
 
 def heldout_text(backend) -> str:
-    """The CPT held-out split as text, from its first whole UTF-8 character (the split between
-    training and held-out bytes may cut one)."""
+    """The CPT held-out split as text: the decoded tokens of a model with its own tokenizer;
+    for the byte-level models, from its first whole UTF-8 character (the split between training
+    and held-out bytes may cut one)."""
+    if not backend.start.byte_level:
+        return backend.start.tokenizer.decode(backend.data.heldout.tolist())
     data = bytes(backend.data.heldout.tolist())
     first = next(i for i, b in enumerate(data) if b & 0xC0 != 0x80)
     return data[first:].decode("utf-8", "ignore")
-
-
-def chat_batch(tok, pairs: list[tuple[str, str]]):
-    """(ids, labels, attention mask) of prompt/completion pairs through the tokenizer's chat
-    template, right-padded, with the prompt's tokens and the padding masked out of the labels."""
-    import torch
-
-    from dtrain_node.train.losses import IGNORE
-
-    rows = []
-    for prompt, completion in pairs:
-        user = [{"role": "user", "content": prompt}]
-        p = tok.apply_chat_template(user, add_generation_prompt=True, return_dict=True)
-        full = [*user, {"role": "assistant", "content": completion}]
-        rows.append((tok.apply_chat_template(full, return_dict=True)["input_ids"], p))
-    batch = tok.pad({"input_ids": [r for r, _ in rows]}, padding_side="right", return_tensors="pt")
-    labels = torch.full_like(batch["input_ids"], IGNORE)
-    for i, (r, p) in enumerate(rows):
-        n = len(p["input_ids"])
-        labels[i, n : len(r)] = torch.tensor(r[n:])
-    return batch["input_ids"], labels, batch["attention_mask"]
 
 
 def generation_check(model, start, tok, backend, checks: Checks) -> dict[str, Any]:
@@ -164,8 +155,9 @@ def generation_check(model, start, tok, backend, checks: Checks) -> dict[str, An
     model on preferences or rewards only, need not generate the reference, so there it is
     reported but not checked."""
     pairs = heldout_pairs(backend)
-    trained, samples = continuation_match(model, tok, pairs)
-    untrained, _ = continuation_match(start, tok, pairs)
+    raw = backend.job.method == "cpt"
+    trained, samples = continuation_match(model, tok, pairs, raw)
+    untrained, _ = continuation_match(start, tok, pairs, raw)
     if backend.job.method in ("cpt", "sft"):
         checks.add(
             "greedy continuations match held-out text better than the initial model's",
@@ -194,36 +186,33 @@ def heldout_pairs(backend) -> list[tuple[str | list[dict[str, str]], str]]:
             (text[c : c + PROMPT_CHARS], text[c + PROMPT_CHARS : c + PROMPT_CHARS + GEN_CHARS])
             for c in list(cuts)[:GEN_PROMPTS]
         ]
-    key = {"sft": "response", "dpo": "chosen", "grpo": "answer"}[backend.job.method]
-    return [([{"role": "user", "content": r["prompt"]}], r[key]) for r in backend.eval_recs]
+    key = {"sft": "completion", "dpo": "chosen", "grpo": "answer"}[backend.job.method]
+    return [(r["prompt"], r[key]) for r in backend.eval_recs]
 
 
-def continuation_match(model, tok, pairs) -> tuple[float, list[str]]:
+def continuation_match(model, tok, pairs, raw: bool) -> tuple[float, list[str]]:
     """The share of the reference characters that the model's greedy continuations reproduce
     before their first difference (prompts encoded and continuations decoded by `tok`; a chat
     prompt through its chat template), and the continuations. One left-padded batch."""
     import torch
 
-    rows = []
-    for prompt, _ in pairs:
-        if isinstance(prompt, str):
-            rows.append(tok(prompt)["input_ids"])
-        else:
-            chat = tok.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)
-            rows.append(chat["input_ids"])
+    from dtrain_node.train.finetune import Coder, left_pad
+
+    coder = Coder(tok)  # prompts as training formats them, through the exported tokenizer
+    # CPT continues raw text; the other methods' prompts are formatted as records are.
+    rows = [coder.encode(p) if raw else coder.prompt(p) for p, _ in pairs]
     max_new = max(len(ref.encode()) for _, ref in pairs)
     keep = model.config.max_position_embeddings - max_new  # the prompt's end fits the context
-    batch = tok.pad(
-        {"input_ids": [r[-keep:] for r in rows]}, padding_side="left", return_tensors="pt"
-    )
+    ids, mask = left_pad([r[-keep:] for r in rows], coder.pad)
     with torch.no_grad():
         gen = model.generate(
-            **batch,
+            input_ids=ids,
+            attention_mask=mask,
             max_new_tokens=max_new,
             do_sample=False,
-            pad_token_id=tok.pad_token_id,
+            pad_token_id=coder.pad,
         )
-    new = gen[:, batch["input_ids"].size(1) :]
+    new = gen[:, ids.size(1) :]
     outs = [tok.decode(row, skip_special_tokens=True) for row in new]
     matched = sum(common_prefix(out, ref) for out, (_, ref) in zip(outs, pairs, strict=True))
     return matched / max(1, sum(len(ref) for _, ref in pairs)), outs

@@ -83,6 +83,8 @@ class JobOptions:
     method: str = "cpt"
     late_seats: int = 0  # max_operators - operators: seats for operators joining later
     corpus_bytes: int = CORPUS_BYTES  # for CPT
+    model: str = "builtin:tiny"  # the start model: a model URI (a Hugging Face folder, ...)
+    dataset: str | None = None  # the caller's dataset file; None: one generated for `method`
     # Members every epoch needs (the job's min_operators, at least 2); None: `operators`.
     min_operators: int | None = None
 
@@ -100,16 +102,20 @@ class JobOptions:
 
 
 def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, torch.nn.Module]:
-    """The spec of a job on `bsm`: the built-in tiny model (initialised from seed 0)
-    trained on the dataset written into `run_dir`, at `PRICE`. Returns the spec and the
-    initial model."""
+    """The spec of a job on `bsm`: the options' model (the built-in tiny one by default)
+    trained on their dataset (by default one written into `run_dir`), at `PRICE`. Returns the
+    spec and the initial model."""
     from dtrain import JobSpec, Method
-    from dtrain_node.train import checkpoint
-    from dtrain_node.train import models as hf
+    from dtrain.pins import dataset_hash
+    from dtrain_node.train.start import start_model
 
     o = options
-    init = hf.initial_model("builtin:tiny")
-    data, digest = make_dataset(run_dir, o.method, o.corpus_bytes)
+    if o.dataset:
+        data, digest = Path(o.dataset), dataset_hash(o.dataset)
+    else:
+        data, digest = make_dataset(run_dir, o.method, o.corpus_bytes)
+    start = start_model(o.model)
+    init = start.fresh()
     job = JobSpec(
         price_per_operator_epoch=PRICE,
         total_epochs=o.epochs,
@@ -118,8 +124,8 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         min_operators=o.min_operators or o.operators,
         max_operators=o.operators + o.late_seats,
         method=Method[o.method.upper()],
-        model_hash=checkpoint.canonical_hash(dict(init.state_dict())),
-        model_uri="builtin:tiny",
+        model_hash=start.pin(init.state_dict()),
+        model_uri=o.model,
         dataset_hash=digest,
         dataset_uri=str(data),
         epoch_duration=o.epoch_duration,

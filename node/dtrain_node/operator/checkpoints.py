@@ -19,22 +19,24 @@ from dtrain.models import Job
 from dtrain_node.errors import CheckpointInvalid
 from dtrain_node.operator.transport import PeerSpec, Transport
 from dtrain_node.train import checkpoint
-from dtrain_node.train import models as hf
+from dtrain_node.train.start import StartModel, start_model
 
 
-def export_final(job: Job, stream: Path, out: Path) -> Path:
+def export_final(job: Job, stream: Path, out: Path, model_uri: str | None = None) -> Path:
     """The job's final checkpoint (its canonical stream, verified against the on-chain hash)
     exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it. Needs the
-    job's model reference only, not its dataset."""
+    job's start model only (at `model_uri`, a local copy of the job's, when given), not its
+    dataset."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar on the operator's terminal
     digest = job.state.checkpoint
     tensors = checkpoint.from_stream(stream.read_bytes(), digest)
     # The model alone (never the dataset: a caller fetching its model need not have it).
-    model = hf.build(hf.model_config(job.spec.model_uri), 0)
+    start = start_model(model_uri or job.spec.model_uri)
+    model = start.fresh()
     model.load_state_dict(tensors)
-    path = hf.export(model, out)
+    path = start.export(model, out)
     (path / "CHECKPOINT_SHA256").write_text(digest.hex() + "\n")
     return path
 
@@ -56,20 +58,20 @@ class Checkpoints:
         self._peers = peers  # members' addresses -> their (peer key, multiaddrs) on chain
         self._metric = metric
 
-    def start_state(self, job: Job, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The epoch's start state, verified against the chain: epoch 0 the model built from
-        the job's seed, epoch e the finalized checkpoint of e-1 (ours, or fetched from a peer)."""
+    def start_state(self, job: Job, start: StartModel, model: torch.nn.Module) -> dict[str, Any]:
+        """The epoch's start state, verified against the chain: epoch 0 the job's start model
+        (its pin: weights, config and tokenizer), epoch e the finalized checkpoint of e-1 (ours,
+        or fetched from a peer)."""
         e = job.state.epoch
         expected = job.state.checkpoint
         if e == 0:
             tensors = {n: p.detach().clone() for n, p in model.state_dict().items()}
-            got = checkpoint.canonical_hash(tensors)
+            got = start.pin(tensors)
             if any(expected) and got != expected:
                 raise CheckpointInvalid(
-                    f"initial model hash {got.hex()[:16]}.. != job's model hash "
+                    f"start model pin {got.hex()[:16]}.. != job's model hash "
                     f"{expected.hex()[:16]}.."
                 )
-            self._serve_start(e, tensors, got)
             return tensors
         path = self.dir / f"epoch-{e - 1}.stream"
         if not path.is_file():
@@ -94,12 +96,6 @@ class Checkpoints:
             tmp.write_bytes(checkpoint.to_stream(tensors))
             os.replace(tmp, path)
             return
-
-    def _serve_start(self, epoch: int, tensors: dict[str, torch.Tensor], digest: bytes) -> None:
-        path = self.dir / f"start-{epoch}.stream"
-        if not path.is_file():
-            path.write_bytes(checkpoint.to_stream(tensors))
-        self.transport.serve_file(digest.hex(), path)
 
     def final_stream(self, job: Job) -> Path | None:
         """The job's final checkpoint as a canonical stream, if we hold the one the chain chose

@@ -17,13 +17,15 @@ import torch
 
 from dtrain.errors import ConfigError
 from dtrain.recipe import ZERO_HASH, Recipe
-from dtrain_node.errors import BackendUnavailable, RecipeInvalid
-from dtrain_node.train import corpus, shard
+from dtrain_node.errors import BackendUnavailable, DatasetError, RecipeInvalid
+from dtrain_node.train import corpus, dataset, shard
 from dtrain_node.train import losses as methods
 from dtrain_node.train import models as hf
+from dtrain_node.train.start import StartModel, start_model
 
 if TYPE_CHECKING:
     from dtrain.models import Job
+    from dtrain_node.operator.sources import LocalSources
 
 
 @dataclass(frozen=True)
@@ -39,16 +41,19 @@ class TrainJob:
     recipe: Recipe | None = None  # the job's pinned recipe; None: the reference defaults
 
     @classmethod
-    def from_job(cls, job: Job, batch_size: int = 8) -> TrainJob:
+    def from_job(cls, job: Job, batch_size: int = 8, local: LocalSources | None = None) -> TrainJob:
         """From the chain's view of a job (`dtrain.models.Job`). A pinned recipe is read and
-        hash-checked here (`RecipeInvalid`) and its batch size replaces `batch_size`."""
+        hash-checked here (`RecipeInvalid`) and its batch size replaces `batch_size`. `local`:
+        the job's model, dataset and recipe as fetched into this node's cache
+        (`operator.sources.fetch_job`); None reads the spec's references as they are."""
         spec = job.spec
-        recipe = load_recipe(spec.recipe_hash, spec.recipe_uri)
+        recipe_uri = local.recipe_uri if local else spec.recipe_uri
+        recipe = load_recipe(spec.recipe_hash, recipe_uri)
         return cls(
             job_id=job.id,
             method=spec.method.name.lower(),
-            model_uri=spec.model_uri,
-            dataset_uri=spec.dataset_uri,
+            model_uri=local.model_uri if local else spec.model_uri,
+            dataset_uri=local.dataset_uri if local else spec.dataset_uri,
             dataset_hash=spec.dataset_hash,
             batch_size=recipe.batch_size if recipe else batch_size,
             recipe=recipe,
@@ -88,6 +93,7 @@ def load_recipe(recipe_hash: bytes, recipe_uri: str) -> Recipe | None:
 class Backend(Protocol):
     name: str
     model: torch.nn.Module
+    start: StartModel  # what the model started from: its pin, tokenizer and export
 
     def n_items(self) -> int: ...
 
@@ -100,16 +106,52 @@ class Backend(Protocol):
     def export(self, out_dir: str | Path) -> Path: ...
 
 
+def context(job: TrainJob, start: StartModel) -> int:
+    """Tokens per training sequence: the recipe's `seq_len` (the reference default without a
+    recipe), which must fit the model's positions (`RecipeInvalid` otherwise)."""
+    want = getattr(job.recipe, "seq_len", None) or min(start.ctx, DEFAULT_SEQ_LEN)
+    if want > start.ctx:
+        raise RecipeInvalid(
+            f"recipe seq_len {want} exceeds the context of model {job.model_uri!r} ({start.ctx})"
+        )
+    return want
+
+
+DEFAULT_SEQ_LEN = 128
+
+
+def token_text(job: TrainJob, tok: Any, ctx: int, heldout_fraction: float = 0.1) -> corpus.TextData:
+    """A CPT dataset through the model's tokenizer: the documents' tokens, each document
+    followed by EOS, concatenated; the last `heldout_fraction` of the tokens held out."""
+    docs = dataset.load_documents(job.dataset_uri, job.dataset_hash)
+    ids: list[int] = []
+    for d in docs:
+        ids += tok.encode(d, add_special_tokens=False)
+        ids.append(tok.eos_token_id)
+    tokens = torch.tensor(ids, dtype=torch.long)
+    cut = int(len(tokens) * (1 - heldout_fraction))
+    if cut < 4 * (ctx + 1) or len(tokens) - cut < ctx + 1:
+        raise DatasetError(
+            f"dataset {job.dataset_uri} has {len(tokens)} tokens: too few for sequences of {ctx}"
+        )
+    return corpus.TextData(tokens[:cut], tokens[cut:], ctx)
+
+
 class CausalLMBackend:
-    """Continued pre-training: next-token loss on windows of a byte-level text corpus."""
+    """Continued pre-training: next-token loss on windows of a text corpus (the built-in models
+    read bytes as tokens; any other model reads it through its own tokenizer)."""
 
     name = "builtin"
 
     def __init__(self, job: TrainJob, heldout_windows: int = 32) -> None:
         self.job = job
-        self.cfg = hf.model_config(job.model_uri)
-        self.model = hf.build(self.cfg, job.seed)
-        self.data = corpus.load_text(job.dataset_uri, job.dataset_hash, self.cfg.ctx)
+        self.start = start_model(job.model_uri)
+        self.ctx = context(job, self.start)
+        if self.start.byte_level:
+            self.data = corpus.load_text(job.dataset_uri, job.dataset_hash, self.ctx)
+        else:
+            self.data = token_text(job, self.start.tokenizer, self.ctx)
+        self.model = self.start.fresh()
         self.heldout = self.data.heldout_windows(heldout_windows)
 
     def n_items(self) -> int:
@@ -135,7 +177,7 @@ class CausalLMBackend:
         return {"heldout_loss": loss}
 
     def export(self, out_dir: str | Path) -> Path:
-        return hf.export(self.model, out_dir)
+        return self.start.export(self.model, out_dir)
 
 
 EXTERNAL = {

@@ -104,10 +104,22 @@ def save(path: str | os.PathLike, tensors: dict[str, torch.Tensor]) -> bytes:
     path.parent.mkdir(parents=True, exist_ok=True)
     digest = canonical_hash(tensors)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    cpu = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    cpu = _unshared(tensors)
     save_file(cpu, str(tmp), metadata={"sha256": digest.hex()})
     os.replace(tmp, path)
     return digest
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU tensors safetensors can write: a tensor sharing storage with an earlier one (tied
+    embeddings, e.g. GPT-2's lm_head and wte) is copied."""
+    out, seen = {}, set()
+    for k, v in tensors.items():
+        t = v.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
 
 
 def load(path: str | os.PathLike, expected: bytes | None = None) -> dict[str, torch.Tensor]:

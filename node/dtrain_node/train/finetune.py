@@ -1,4 +1,5 @@
-"""Built-in SFT, DPO and GRPO backends over the byte-level Llama of models.py (see docs/methods.md).
+"""Built-in SFT, DPO and GRPO backends over a job's start model and its tokenizer (start.py: the
+built-in byte-level Llama or any Hugging Face causal LM; see docs/methods.md).
 
 They implement the same protocol as backend.CausalLMBackend. Every batch is a tuple whose first
 element is a token tensor (the runner counts tokens with batch[0].numel()). The last 10% of a
@@ -19,9 +20,10 @@ import torch
 
 from dtrain_node.errors import DatasetError
 from dtrain_node.train import losses, models, shard, tasks
+from dtrain_node.train.start import start_model
 
-BOS, EOS, PAD = 256, 257, 258  # models.tokenizer()'s special ids
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
+Prompt = str | list[dict[str, str]]  # plain text, or chat messages ({"role", "content"})
 
 
 @dataclass(frozen=True)
@@ -67,23 +69,61 @@ class MethodOptions:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
 
 
+class Coder:
+    """Token ids of prompts and completions through a model's tokenizer, as every method trains
+    on them: a text prompt is BOS (when the tokenizer has one) + its tokens; a chat prompt is the
+    tokenizer's chat template with the generation prompt; a completion is its tokens + EOS."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self.bos: int | None = tok.bos_token_id
+        self.eos: int = tok.eos_token_id
+        self.pad: int = tok.pad_token_id if tok.pad_token_id is not None else self.eos
+        self.vocab = len(tok)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def prompt(self, p: Prompt) -> list[int]:
+        if isinstance(p, str):
+            return ([] if self.bos is None else [self.bos]) + self.encode(p)
+        if not getattr(self.tok, "chat_template", None):
+            raise DatasetError(
+                "chat-format records need a model with a chat template; this model has none "
+                "(use prompt/completion text records)"
+            )
+        text = self.tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+        return self.encode(text)
+
+    def completion(self, text: str) -> list[int]:
+        return [*self.encode(text), self.eos]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode([i for i in ids if i < self.vocab], skip_special_tokens=True)
+
+
+BOS, EOS, PAD = 256, 257, 258  # the built-in byte tokenizer's special ids (models.SPECIALS)
+
+
 @functools.lru_cache(maxsize=1)
-def _tok():
-    return models.tokenizer()
+def byte_coder() -> Coder:
+    """The coder of the built-in models' byte-level tokenizer."""
+    return Coder(models.tokenizer())
 
 
 def encode(text: str) -> list[int]:
-    return _tok().encode(text, add_special_tokens=False)
+    """Byte-level ids of `text` (the built-in models' tokenizer)."""
+    return byte_coder().encode(text)
 
 
 def decode(ids: Sequence[int]) -> str:
-    return _tok().decode([i for i in ids if i < 256])
+    return byte_coder().decode(ids)
 
 
-def right_pad(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask) padded on the right with PAD."""
+def right_pad(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) padded on the right with `pad`."""
     t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), PAD, dtype=torch.long)
+    ids = torch.full((len(seqs), t), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), t), dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
@@ -91,10 +131,10 @@ def right_pad(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor
     return ids, mask
 
 
-def left_pad(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, attention mask) padded on the left, so every prompt ends at the last column."""
     t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), PAD, dtype=torch.long)
+    ids = torch.full((len(seqs), t), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), t), dtype=torch.long)
     for i, s in enumerate(seqs):
         ids[i, t - len(s) :] = torch.tensor(s, dtype=torch.long)
@@ -108,38 +148,41 @@ def forward(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> to
     return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
 
 
-def labelled(prompt: str, completion: str) -> tuple[list[int], int]:
-    """BOS + prompt + completion + EOS, and the number of leading tokens that carry no loss."""
-    p = [BOS, *encode(prompt)]
-    return [*p, *encode(completion), EOS], len(p)
+def labelled(coder: Coder, prompt: Prompt, completion: str) -> tuple[list[int], int]:
+    """Prompt + completion + EOS ids, and the number of leading tokens that carry no loss."""
+    p = coder.prompt(prompt)
+    return [*p, *coder.completion(completion)], len(p)
 
 
-def collate_labelled(pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, ...]:
+def collate_labelled(coder: Coder, pairs: Sequence[tuple[Prompt, str]]) -> tuple[torch.Tensor, ...]:
     """(ids, labels, attention mask) with the prompt and padding masked out of the labels."""
-    seqs = [labelled(p, c) for p, c in pairs]
-    ids, mask = right_pad([s for s, _ in seqs])
+    seqs = [labelled(coder, p, c) for p, c in pairs]
+    ids, mask = right_pad([s for s, _ in seqs], coder.pad)
     plen = torch.tensor([n for _, n in seqs])
     labels = losses.mask_prompt(ids, plen, mask.sum(-1))
     return ids, labels, mask
 
 
 @torch.no_grad()
-def greedy(model: torch.nn.Module, prompts: Sequence[str], max_new: int) -> list[str]:
+def greedy(
+    model: torch.nn.Module, coder: Coder, prompts: Sequence[Prompt], max_new: int
+) -> list[str]:
     """Greedy completions (full vocabulary, stop at EOS) without a KV cache: answers are short."""
-    ids, mask = left_pad([[BOS, *encode(p)] for p in prompts])
-    out = torch.full((len(prompts), 0), PAD, dtype=torch.long)
+    ids, mask = left_pad([coder.prompt(p) for p in prompts], coder.pad)
+    eos, pad = coder.eos, coder.pad
+    out = torch.full((len(prompts), 0), pad, dtype=torch.long)
     done = torch.zeros(len(prompts), dtype=torch.bool)
     for _ in range(max_new):
         nxt = forward(model, ids, mask)[:, -1].argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, PAD), nxt)
-        done |= nxt == EOS
+        nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+        done |= nxt == eos
         out = torch.cat([out, nxt[:, None]], 1)
         ids = torch.cat([ids, nxt[:, None]], 1)
-        mask = torch.cat([mask, (~done | (nxt == EOS)).long()[:, None]], 1)
+        mask = torch.cat([mask, (~done | (nxt == eos)).long()[:, None]], 1)
         if done.all():
             break
     rows = [r.tolist() for r in out]
-    return [decode(r[: r.index(EOS)] if EOS in r else r) for r in rows]
+    return [coder.decode(r[: r.index(eos)] if eos in r else r) for r in rows]
 
 
 class RecordBackend:
@@ -150,16 +193,31 @@ class RecordBackend:
     repeats = 1  # times each batch is yielded in a row (GRPO reuses a rollout mu times)
 
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
+        from dtrain_node.train.backend import context
+
         self.job, self.opts = job, opts or MethodOptions.for_job(job)
-        self.cfg = models.model_config(job.model_uri)
+        self.start = start_model(job.model_uri)
+        self.ctx = context(job, self.start)
+        self.coder = Coder(self.start.tokenizer)
         # Validate the whole dataset before building anything: bad data fails fast and up front.
-        # ctx - 2 leaves room for BOS and EOS, so every validated record fits the context.
-        recs = tasks.load_records(
-            job.dataset_uri, self.method, job.dataset_hash, max_bytes=self.cfg.ctx - 2
-        )
+        recs = tasks.load_records(job.dataset_uri, self.method, job.dataset_hash)
+        self._check_lengths(recs)
         self.train, self.heldout = tasks.split(recs, self.opts.heldout_fraction)
         self.eval_recs = self.heldout[:EVAL_RECORDS]
-        self.model = models.build(self.cfg, job.seed)
+        self.model = self.start.fresh()
+
+    def _check_lengths(self, recs: list[dict[str, Any]]) -> None:
+        """Every record's prompt + longest completion fits a training sequence."""
+        for i, r in enumerate(recs, 1):
+            completions = [r[k] for k in ("completion", "chosen", "rejected", "answer") if k in r]
+            n = len(self.coder.prompt(r["prompt"])) + max(
+                len(self.coder.completion(c)) for c in completions
+            )
+            if n > self.ctx:
+                raise DatasetError(
+                    f"dataset {self.job.dataset_uri} record {i}: {n} tokens, longer than the "
+                    f"sequence length {self.ctx} (shorten it or raise the recipe's seq_len)"
+                )
 
     def n_items(self) -> int:
         return len(self.train)
@@ -177,7 +235,7 @@ class RecordBackend:
         raise NotImplementedError
 
     def export(self, out_dir: str | Path) -> Path:
-        return models.export(self.model, out_dir)
+        return self.start.export(self.model, out_dir)
 
     @contextlib.contextmanager
     def _eval(self) -> Iterator[None]:
@@ -196,8 +254,8 @@ class SFTBackend(RecordBackend):
 
     method = "sft"
 
-    def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[torch.Tensor, ...]:
-        return collate_labelled([(r["prompt"], r["response"]) for r in recs])
+    def collate(self, recs: list[dict[str, Any]], seed: int) -> tuple[torch.Tensor, ...]:
+        return collate_labelled(self.coder, [(r["prompt"], r["completion"]) for r in recs])
 
     def loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         ids, labels, mask = batch
@@ -206,9 +264,9 @@ class SFTBackend(RecordBackend):
     def evaluate(self) -> dict[str, float]:
         with self._eval():
             loss = float(self.loss(self.collate(self.eval_recs, 0)))
-            max_new = max(len(encode(r["response"])) for r in self.eval_recs) + 1
-            got = greedy(self.model, [r["prompt"] for r in self.eval_recs], max_new)
-        acc = sum(g == r["response"] for g, r in zip(got, self.eval_recs, strict=True))
+            max_new = max(len(self.coder.completion(r["completion"])) for r in self.eval_recs)
+            got = greedy(self.model, self.coder, [r["prompt"] for r in self.eval_recs], max_new)
+        acc = sum(g == r["completion"] for g, r in zip(got, self.eval_recs, strict=True))
         return {"heldout_loss": loss, "accuracy": acc / len(self.eval_recs)}
 
 
@@ -219,13 +277,13 @@ class DPOBackend(RecordBackend):
 
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
         super().__init__(job, opts)
-        self.ref = models.build(self.cfg, job.seed).eval().requires_grad_(False)
+        self.ref = self.start.fresh().eval().requires_grad_(False)
 
-    def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[torch.Tensor, ...]:
+    def collate(self, recs: list[dict[str, Any]], seed: int) -> tuple[torch.Tensor, ...]:
         # Chosen rows first, then rejected rows: one forward pass for both.
         pairs = [(r["prompt"], r["chosen"]) for r in recs]
         pairs += [(r["prompt"], r["rejected"]) for r in recs]
-        return collate_labelled(pairs)
+        return collate_labelled(self.coder, pairs)
 
     def _terms(self, batch: tuple[torch.Tensor, ...]):
         ids, labels, mask = batch
@@ -267,15 +325,18 @@ class GRPOBackend(RecordBackend):
         chars = sorted({c for a in answers for c in a})
         if any(len(c.encode()) != 1 for c in chars):
             raise DatasetError("GRPO answers must be single-byte (ASCII) characters")
+        ids = [self.coder.encode(c) for c in chars]
+        if any(len(i) != 1 for i in ids):
+            raise DatasetError("GRPO answer characters must each be one token of the model")
         self.alphabet = "".join(chars)
-        self.alphabet_ids = torch.tensor([encode(c)[0] for c in chars])
-        self.ref = models.build(self.cfg, job.seed).eval().requires_grad_(False)
+        self.alphabet_ids = torch.tensor([i[0] for i in ids])
+        self.ref = self.start.fresh().eval().requires_grad_(False)
         self.last_reward = float("nan")
         self.repeats = self.opts.grpo_iterations
         self._rollout: tuple[Any, ...] | None = None  # (batch, ids, mask, comp, old, ref, adv)
 
-    def collate(self, recs: list[dict[str, str]], seed: int) -> tuple[Any, ...]:
-        ids, mask = left_pad([[BOS, *encode(r["prompt"])] for r in recs])
+    def collate(self, recs: list[dict[str, Any]], seed: int) -> tuple[Any, ...]:
+        ids, mask = left_pad([self.coder.prompt(r["prompt"]) for r in recs], self.coder.pad)
         return ids, mask, tuple(r["answer"] for r in recs), seed
 
     def _restricted(self, logits: torch.Tensor) -> torch.Tensor:
@@ -350,7 +411,7 @@ class GRPOBackend(RecordBackend):
         """mean_reward: the exact expected exact-match reward of the sampling policy (the
         probability of the answer's W tokens); accuracy: greedy (argmax) exact match."""
         recs = self.eval_recs
-        ids, mask = left_pad([[BOS, *encode(r["prompt"])] for r in recs])
+        ids, mask = left_pad([self.coder.prompt(r["prompt"]) for r in recs], self.coder.pad)
         index = {c: i for i, c in enumerate(self.alphabet)}
         answer = torch.tensor([[index[c] for c in r["answer"]] for r in recs])
         with self._eval():

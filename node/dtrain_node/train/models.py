@@ -73,11 +73,11 @@ def initial_model(uri: str):
 
 
 def initial_hash(uri: str) -> bytes:
-    """The `modelHash` a job of model URI `uri` must carry: the canonical hash of the weights it
-    starts from (what every node checks before training). `dtrain model hash URI` prints it."""
-    from dtrain_node.train.checkpoint import canonical_hash
+    """The `modelHash` a job of model URI `uri` must carry (start.py: weights, config and
+    tokenizer; any model URI, not only the built-in ones). `dtrain model hash URI` prints it."""
+    from dtrain_node.train.start import model_hash
 
-    return canonical_hash(dict(initial_model(uri).state_dict()))
+    return model_hash(uri)
 
 
 def model_config(uri: str) -> ModelConfig:

@@ -1,0 +1,179 @@
+"""Any Hugging Face causal LM as a job's start model: pins, loading, real shapes through DeMo,
+CPT through the model's own tokenizer, and the export that loads back with `from_pretrained`."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from harness.hf_models import save_gpt2, save_llama, training_text
+
+from dtrain_node.errors import ModelUnavailable
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
+from dtrain_node.train import checkpoint, start
+from dtrain_node.train.backend import CausalLMBackend, TrainJob
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    return save_gpt2(tmp_path_factory.mktemp("hf") / "gpt2")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return save_llama(tmp_path_factory.mktemp("hf") / "llama")
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("data") / "corpus.txt"
+    p.write_text("".join(training_text(120_000)), encoding="utf-8")
+    return p
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_pin_is_stable_and_ignores_the_saving_library(gpt2, tmp_path) -> None:
+    twin = copy(gpt2, tmp_path / "twin")
+    cfg = json.loads((twin / "config.json").read_text())
+    cfg["transformers_version"] = "0.0.1"
+    (twin / "config.json").write_text(json.dumps(cfg, indent=7))
+    assert start.model_hash(str(twin)) == start.model_hash(str(gpt2))
+
+
+def test_pin_covers_weights_config_and_tokenizer(gpt2, tmp_path) -> None:
+    base = start.model_hash(str(gpt2))
+    cfg_changed = copy(gpt2, tmp_path / "cfg")
+    cfg = json.loads((cfg_changed / "config.json").read_text())
+    cfg["layer_norm_epsilon"] = 1e-3
+    (cfg_changed / "config.json").write_text(json.dumps(cfg))
+    tok_changed = copy(gpt2, tmp_path / "tok")
+    (tok_changed / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    weights_changed = save_gpt2(tmp_path / "seed1", seed=1)
+    pins = {base, *(start.model_hash(str(p)) for p in (cfg_changed, tok_changed, weights_changed))}
+    assert len(pins) == 4
+
+
+def test_builtin_pin_depends_on_seed_and_preset() -> None:
+    a, b = start.model_hash("builtin:tiny"), start.model_hash("builtin:tiny?seed=1")
+    assert len({a, b, start.model_hash("builtin:small")}) == 3
+    assert a == start.model_hash("builtin:tiny")
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (lambda d: d, "no config.json"),
+        (lambda d: (d / "config.json").write_text("{not json") and d, "unreadable"),
+        (lambda d: (d / "config.json").write_text("[1]") and d, "not a JSON object"),
+    ],
+)
+def test_broken_folders_are_model_unavailable(tmp_path, make, error) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    with pytest.raises(ModelUnavailable, match=error):
+        start.start_model(str(make(d)))
+
+
+def test_corrupt_weights_are_model_unavailable(gpt2, tmp_path) -> None:
+    bad = copy(gpt2, tmp_path / "bad")
+    (bad / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ModelUnavailable, match="does not load"):
+        start.start_model(str(bad)).fresh()
+
+
+def test_unknown_uris_are_rejected(tmp_path) -> None:
+    for uri in ("", str(tmp_path / "missing"), "hf://just-a-name", "builtin:huge"):
+        with pytest.raises(ModelUnavailable):
+            start.start_model(uri)
+
+
+def test_hf_uri_resolves_from_the_local_cache(gpt2, tmp_path, monkeypatch) -> None:
+    """hf://org/name@rev reads the Hugging Face cache layout (offline: no download)."""
+    cache = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--acme--tiny-gpt2"
+    shutil.copytree(gpt2, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    assert start.model_hash("hf://acme/tiny-gpt2@main") == start.model_hash(str(gpt2))
+    with pytest.raises(ModelUnavailable, match="not in the Hugging Face cache"):
+        start.start_model("hf://acme/other@main")
+
+
+def test_gpt2_real_shapes_sync_bitwise_identically(gpt2) -> None:
+    """Every GPT-2 tensor (a 50,257 x 32 embedding, Conv1D weights, 1-D norms and biases)
+    goes through DCT chunking, top-k and the exact aggregation: two workers end identical and
+    every tensor moved."""
+    s = start.start_model(str(gpt2))
+    models = [s.fresh(), s.fresh()]
+    shapes = {tuple(p.shape) for p in models[0].parameters()}
+    assert (50257, 32) in shapes and (32,) in shapes
+    cfg = DeMoConfig(mode="local", sync_interval=1)
+    opts = [DeMo(m.named_parameters(), cfg, sender=i) for i, m in enumerate(models)]
+    before = [p.detach().clone() for p in models[0].parameters()]
+    for i, (m, o) in enumerate(zip(models, opts, strict=True)):
+        ids = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(i))
+        m(input_ids=ids, labels=ids).loss.backward()
+        o.inner_step()
+    lockstep(opts)
+    for a, b, p0 in zip(opts[0].theta_sync, opts[1].theta_sync, before, strict=True):
+        assert torch.equal(a, b)
+        assert not torch.equal(a, p0)
+
+
+@pytest.mark.parametrize("which", ["gpt2", "llama"])
+def test_cpt_through_the_model_tokenizer_and_export_agree(which, request, text_file, tmp_path):
+    """What goes in is what comes out: the held-out loss the backend reports equals the loss of
+    the exported folder, loaded with from_pretrained, on the held-out text encoded by the
+    exported tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = request.getfixturevalue(which)
+    digest = checkpoint.hashlib.sha256(text_file.read_bytes()).digest()
+    job = TrainJob(1, "cpt", str(folder), str(text_file), digest)
+    b = CausalLMBackend(job, heldout_windows=4)
+    opt = torch.optim.AdamW(b.model.parameters(), lr=3e-3)
+    first = b.evaluate()["heldout_loss"]
+    batches = b.batches(torch.arange(b.n_items()), 4, seed=0)
+    for _ in range(3):
+        b.loss(next(batches)).backward()
+        opt.step()
+        opt.zero_grad()
+    after = b.evaluate()["heldout_loss"]
+    assert after < first and math.isfinite(after)
+    out = b.export(tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    x, y = b.heldout
+    text = tok.decode(torch.cat([x[0], y[0, -1:]]).tolist())
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss.item()
+        own = torch.nn.functional.cross_entropy(b.model.eval()(input_ids=x[:1]).logits[0], y[0])
+    assert loss == pytest.approx(own.item(), rel=1e-3)
+
+
+def test_recipe_seq_len_must_fit_the_model(gpt2, text_file) -> None:
+    from dtrain.recipe import Recipe
+    from dtrain_node.errors import RecipeInvalid
+
+    if "seq_len" not in Recipe.__dataclass_fields__:
+        pytest.fail("the recipe has no seq_len field")
+    digest = checkpoint.hashlib.sha256(text_file.read_bytes()).digest()
+    job = TrainJob(1, "cpt", str(gpt2), str(text_file), digest, recipe=Recipe(seq_len=512))
+    with pytest.raises(RecipeInvalid, match="exceeds the context"):
+        CausalLMBackend(job)
