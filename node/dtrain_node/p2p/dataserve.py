@@ -222,11 +222,14 @@ class DataPeer:
         return trio.from_thread.run(lambda: fn(*args, **kw), trio_token=self._token)
 
     # -- files ------------------------------------------------------------------------------
-    def serve(self, path: Path | str, sha256_hex: str | None = None) -> str:
+    def serve(self, path: Path | str, sha256_hex: str | None = None, check: bool = True) -> str:
         """Serve the file at path by its sha256 (computed now, or checked against the one
-        given); returns it (hex)."""
+        given unless check=False: just computed); returns it (hex). Every fetcher checks it."""
         path = Path(path)
-        got = files.sha256_file(path)
+        if sha256_hex is not None and not check:
+            got = files.sha256_bytes(sha256_hex)
+        else:
+            got = files.sha256_file(path)
         if sha256_hex is not None and got != files.sha256_bytes(sha256_hex):
             raise ValueError(f"{path} has sha256 {got.hex()}, not {sha256_hex}")
 
@@ -279,3 +282,126 @@ class DataPeer:
             }
 
         return self._call(snap)
+
+
+# -- the caller's side: serve local files and folders ----------------------------------------
+DEFAULT_KEY_FILE = Path("~/.dtrain/data-peer.key")
+DEFAULT_PACK_DIR = Path("~/.dtrain/cache/sha256")
+
+
+@dataclass(frozen=True)
+class Served:
+    """One path being served: the file sent (a folder's pack), its sha256 and its URI."""
+
+    path: Path  # as given
+    file: Path  # what is sent: path itself, or the folder's pack
+    sha256: str
+    uri: str
+
+    @property
+    def is_pack(self) -> bool:
+        return self.file != self.path
+
+
+def prepare(path: Path, pack_dir: Path = DEFAULT_PACK_DIR) -> tuple[Path, str]:
+    """(the file to send for path, its sha256): a file as it is, a folder packed into
+    pack_dir/<sha256> (packs.pack_folder)."""
+    from dtrain_node.p2p import packs
+
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return path, files.sha256_file(path).hex()
+    pack_dir = Path(pack_dir).expanduser()
+    tmp = pack_dir / f".pack-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        sha = packs.pack_folder(path, tmp)
+        dest = pack_dir / sha
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest, sha
+
+
+class DataServer:
+    """Serves local files and folders to a job's operators until stopped."""
+
+    def __init__(
+        self,
+        key_file: Path = DEFAULT_KEY_FILE,
+        host: str = "0.0.0.0",
+        port: int = DEFAULT_PORT,
+        public_ip: str | None = None,
+        pack_dir: Path = DEFAULT_PACK_DIR,
+    ) -> None:
+        ipaddress.ip_address(host)  # ValueError on a malformed IP
+        family = "ip6" if ":" in host else "ip4"
+        self.peer = DataPeer.with_key_file(
+            key_file, DataConfig(listen=f"/{family}/{host}/tcp/{port}")
+        )
+        if public_ip is None and ipaddress.ip_address(host).is_loopback:
+            public_ip = host
+        self.public_ip = public_ip
+        self.pack_dir = pack_dir
+        self.served: list[Served] = []
+
+    def start(self) -> DataServer:
+        self.peer.start()
+        return self
+
+    def stop(self) -> None:
+        self.peer.stop()
+
+    def __enter__(self) -> DataServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def add(self, path: Path | str) -> Served:
+        """Serve a file or a folder (as its pack); its URI."""
+        file, sha = prepare(Path(path), self.pack_dir)
+        self.peer.serve(file, sha, check=False)  # just hashed by prepare
+        served = Served(Path(path), file, sha, self.peer.uri(sha, self.public_ip))
+        self.served.append(served)
+        return served
+
+    def bytes_sent(self) -> int:
+        return int(self.peer.metrics()["bytes_out_total"])
+
+
+def is_local(uri: str) -> bool:
+    """A reference to a file or folder on this machine (not builtin:, hf://, p2p: or http)."""
+    if not uri or uri.startswith(("builtin:", "hf://", "p2p:", "https://", "http://")):
+        return False
+    return Path(uri.removeprefix("file://")).expanduser().exists()
+
+
+def serve_job_files(
+    server: DataServer, model_uri: str, dataset_uri: str, recipe_uri: str
+) -> tuple[str, str, str]:
+    """Serve each of a job's references that is local; the references to put in the job
+    (p2p URIs for those, the others unchanged)."""
+    out = []
+    for uri in (model_uri, dataset_uri, recipe_uri):
+        out.append(server.add(Path(uri.removeprefix("file://"))).uri if is_local(uri) else uri)
+    return out[0], out[1], out[2]
+
+
+def serve_until(done: Callable[[], str | None], poll_s: float = 2.0) -> str:
+    """Block until SIGINT/SIGTERM ("interrupted") or until done() returns a reason, asked
+    every poll_s seconds; the reason. The previous signal handlers are restored."""
+    import signal
+
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        while not stop.wait(poll_s):
+            reason = done()
+            if reason is not None:
+                return reason
+        return "interrupted"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

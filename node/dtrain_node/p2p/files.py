@@ -146,7 +146,7 @@ class FileService:
                 for _ in range(2):
                     try:
                         with trio.fail_after(self._state.config.request_timeout_s):
-                            await self._state.host.connect(info)
+                            await self._connect(info)
                         await self._fetch_from(info.peer_id, sha, part, limit, progress)
                         break
                     except _RestartFromZero:
@@ -166,6 +166,13 @@ class FileService:
         raise CheckpointUnavailable(
             f"no peer delivered {sha.hex()}: {'; '.join(errors) or 'no peers'}"
         )
+
+    async def _connect(self, info: Any) -> None:
+        host = self._state.host
+        if info.peer_id not in host.get_connected_peers():
+            # libp2p dials one known TCP address per peer: forget where a restarted peer was
+            host.peerstore.clear_addrs(info.peer_id)
+        await host.connect(info)
 
     async def _fetch_from(
         self, pid: ID, sha: bytes, part: Path, limit: int, progress: Progress | None
