@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness.hf_models import save_gpt2, save_llama, training_text
+from dtrain_node.train.toy_models import save_gpt2, save_llama, training_text
 
 from dtrain_node.errors import ModelUnavailable
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep

@@ -1,4 +1,5 @@
-"""Small random-initialised Hugging Face models of real architectures, built offline.
+"""Small random-initialised Hugging Face models of real architectures, built offline: to try
+a job on a model folder without downloading one (`dtrain model init`), and for the tests.
 
 Each gets a byte-level BPE tokenizer trained by `tokenizers` on this machine's Python sources
 and a chat template, saved with `save_pretrained` into a folder a job can name: a GPT-2 with
@@ -58,6 +59,17 @@ def bpe_tokenizer(vocab_size: int = 1024):
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def save(arch: str, out: Path, seed: int = 0) -> Path:
+    """A toy `arch` ("gpt2" or "llama") model folder at `out`."""
+    makers = {"gpt2": save_gpt2, "llama": save_llama}
+    if arch not in makers:
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(makers)}")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return makers[arch](Path(out), seed=seed)
 
 
 def save_gpt2(out: Path, seed: int = 0, n_embd: int = 32, n_positions: int = 256) -> Path:
