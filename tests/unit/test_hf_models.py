@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from dtrain_node.train.toy_models import save_gpt2, save_llama, training_text
 
 from dtrain_node.errors import ModelUnavailable
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
 from dtrain_node.train import checkpoint, start
 from dtrain_node.train.backend import CausalLMBackend, TrainJob
+from dtrain_node.train.toy_models import save_gpt2, save_llama, training_text
 
 
 @pytest.fixture(scope="module")
