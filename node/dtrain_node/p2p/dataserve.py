@@ -19,7 +19,7 @@ import secrets
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,9 +387,9 @@ def serve_job_files(
     return out[0], out[1], out[2]
 
 
-def serve_until(done: Callable[[], str | None], poll_s: float = 2.0) -> str:
-    """Block until SIGINT/SIGTERM ("interrupted") or until done() returns a reason, asked
-    every poll_s seconds; the reason. The previous signal handlers are restored."""
+@contextlib.contextmanager
+def stop_signals() -> Iterator[threading.Event]:
+    """An event SIGINT and SIGTERM set while inside (the previous handlers are restored)."""
     import signal
 
     stop = threading.Event()
@@ -397,11 +397,22 @@ def serve_until(done: Callable[[], str | None], poll_s: float = 2.0) -> str:
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        while not stop.wait(poll_s):
-            reason = done()
-            if reason is not None:
-                return reason
-        return "interrupted"
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def serve_until(
+    done: Callable[[], str | None], poll_s: float = 2.0, stop: threading.Event | None = None
+) -> str:
+    """Block until SIGINT/SIGTERM ("interrupted"; or `stop` is set, from `stop_signals`) or
+    until done() returns a reason, asked every poll_s seconds; the reason."""
+    if stop is None:
+        with stop_signals() as stop:
+            return serve_until(done, poll_s, stop)
+    while not stop.wait(poll_s):
+        reason = done()
+        if reason is not None:
+            return reason
+    return "interrupted"
