@@ -177,3 +177,72 @@ def test_recipe_seq_len_must_fit_the_model(gpt2, text_file) -> None:
     job = TrainJob(1, "cpt", str(gpt2), str(text_file), digest, recipe=Recipe(seq_len=512))
     with pytest.raises(RecipeInvalid, match="exceeds the context"):
         CausalLMBackend(job)
+
+
+def sft_chat_file(path: Path) -> Path:
+    """Addition problems as chat records (a system turn, a user turn, the assistant's answer)."""
+    with path.open("w") as f:
+        for a in range(12):
+            for b in range(12):
+                msgs = [
+                    {"role": "system", "content": "Add."},
+                    {"role": "user", "content": f"{a}+{b}="},
+                    {"role": "assistant", "content": str(a + b)},
+                ]
+                f.write(json.dumps({"messages": msgs}) + "\n")
+    return path
+
+
+def test_sft_chat_records_on_gpt2_train_and_export_through_the_chat_template(gpt2, tmp_path):
+    """SFT on a caller's chat dataset: prompts through the model's chat template, the loss on
+    the assistant turn only; the exported folder, through its own tokenizer and template, scores
+    the held-out records as training does, and generates."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dtrain_node.train import finetune, losses
+    from dtrain_node.train.backend import make_backend
+
+    data = sft_chat_file(tmp_path / "sft.jsonl")
+    digest = checkpoint.hashlib.sha256(data.read_bytes()).digest()
+    b = make_backend(TrainJob(1, "sft", str(gpt2), str(data), digest))
+    rec = b.train[0]
+    _, labels, _ = b.collate([rec], 0)
+    prompt_ids = b.coder.prompt(rec["prompt"])
+    tok = b.start.tokenizer
+    assert tok.decode(prompt_ids).endswith(
+        "<|user|>" + rec["prompt"][-1]["content"] + "<|assistant|>"
+    )
+    trained = labels[0][labels[0] != losses.IGNORE].tolist()
+    assert trained == [*tok.encode(rec["completion"], add_special_tokens=False), tok.eos_token_id]
+    opt = torch.optim.AdamW(b.model.parameters(), lr=3e-3)
+    before = b.evaluate()["heldout_loss"]
+    batches = b.batches(torch.arange(b.n_items()), 8, seed=0)
+    for _ in range(4):
+        b.loss(next(batches)).backward()
+        opt.step()
+        opt.zero_grad()
+    after = b.evaluate()["heldout_loss"]
+    assert after < before
+    out = b.export(tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    coder = finetune.Coder(AutoTokenizer.from_pretrained(out))
+    x, y, m = finetune.collate_labelled(
+        coder, [(r["prompt"], r["completion"]) for r in b.eval_recs]
+    )
+    with torch.no_grad():
+        loss = losses.sft_loss(model(input_ids=x, attention_mask=m).logits, y).item()
+    assert loss == pytest.approx(after, rel=1e-4)
+    got = finetune.greedy(model, coder, [b.eval_recs[0]["prompt"]], max_new=4)
+    assert isinstance(got[0], str)
+
+
+def test_chat_records_need_a_chat_template(gpt2, tmp_path) -> None:
+    from dtrain_node.errors import DatasetError
+    from dtrain_node.train.backend import make_backend
+
+    bare = copy(gpt2, tmp_path / "bare")
+    (bare / "chat_template.jinja").unlink()
+    data = sft_chat_file(tmp_path / "sft.jsonl")
+    digest = checkpoint.hashlib.sha256(data.read_bytes()).digest()
+    with pytest.raises(DatasetError, match="chat template"):
+        make_backend(TrainJob(1, "sft", str(bare), str(data), digest))

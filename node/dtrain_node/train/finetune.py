@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dtrain_node.errors import DatasetError
-from dtrain_node.train import losses, models, shard, tasks
+from dtrain_node.train import losses, models, rewards, shard, tasks
 from dtrain_node.train.start import start_model
 
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
@@ -37,6 +37,8 @@ class MethodOptions:
     grpo_temperature: float = 1.0
     grpo_iterations: int = 1  # gradient steps per sampled rollout (mu); > 1 makes the clip bite
     heldout_fraction: float = 0.1
+    reward: str = "exact"  # GRPO reward function (rewards.py)
+    reward_pattern: str = ""  # the `format` reward's regex
 
     @classmethod
     def for_job(cls, job: Any) -> MethodOptions:
@@ -52,6 +54,8 @@ class MethodOptions:
             grpo_temperature=r.grpo_temperature,
             grpo_iterations=r.grpo_iterations,
             heldout_fraction=r.heldout_fraction,
+            reward=r.reward,
+            reward_pattern=r.reward_pattern,
         )
 
     def __post_init__(self) -> None:
@@ -200,7 +204,9 @@ class RecordBackend:
         self.ctx = context(job, self.start)
         self.coder = Coder(self.start.tokenizer)
         # Validate the whole dataset before building anything: bad data fails fast and up front.
-        recs = tasks.load_records(job.dataset_uri, self.method, job.dataset_hash)
+        recs = tasks.load_records(
+            job.dataset_uri, self.method, job.dataset_hash, reward=self.opts.reward
+        )
         self._check_lengths(recs)
         self.train, self.heldout = tasks.split(recs, self.opts.heldout_fraction)
         self.eval_recs = self.heldout[:EVAL_RECORDS]
@@ -308,10 +314,12 @@ class DPOBackend(RecordBackend):
 
 
 class GRPOBackend(RecordBackend):
-    """GRPO with exact-match reward. Task definition (validated at load): every answer has the
-    same width W, and a completion is exactly W tokens sampled from the answer alphabet (the set
-    of characters of the dataset's answers, single-byte); this keeps generation cheap and makes
-    the reward checkable without parsing free text."""
+    """GRPO over constrained completions, scored by the recipe's named reward (rewards.py).
+    Task definition (validated at load): every answer has the same width W, and a completion is
+    exactly W tokens sampled from the answer alphabet (the set of characters of the dataset's
+    answers, each one token of the model); this keeps generation cheap on small models. Free
+    text completions (up to `grpo_max_new_tokens`, stopping at EOS) are not sampled yet, so the
+    `regex` and `format` rewards only see alphabet strings."""
 
     method = "grpo"
 
@@ -331,6 +339,7 @@ class GRPOBackend(RecordBackend):
         self.alphabet = "".join(chars)
         self.alphabet_ids = torch.tensor([i[0] for i in ids])
         self.ref = self.start.fresh().eval().requires_grad_(False)
+        self.reward = rewards.reward_fn(self.opts.reward, self.opts.reward_pattern)
         self.last_reward = float("nan")
         self.repeats = self.opts.grpo_iterations
         self._rollout: tuple[Any, ...] | None = None  # (batch, ids, mask, comp, old, ref, adv)
@@ -392,11 +401,11 @@ class GRPOBackend(RecordBackend):
             ref = self._completion_logps(self.ref, ids, mask, comp)
         self.model.train(was)
         texts = ["".join(self.alphabet[i] for i in row) for row in comp.tolist()]
-        rewards = torch.stack(
-            [losses.exact_match(texts[i * g : (i + 1) * g], a) for i, a in enumerate(answers)]
+        scores = torch.tensor(
+            [[self.reward(t, a) for t in texts[i * g : (i + 1) * g]] for i, a in enumerate(answers)]
         )
-        self.last_reward = float(rewards.mean())
-        adv = losses.group_advantages(rewards).reshape(-1)
+        self.last_reward = float(scores.mean())
+        adv = losses.group_advantages(scores).reshape(-1)
         self._rollout = (batch, ids, mask, comp, old, ref, adv)
         return self._rollout[1:]
 
@@ -409,7 +418,8 @@ class GRPOBackend(RecordBackend):
 
     def evaluate(self) -> dict[str, float]:
         """mean_reward: the exact expected exact-match reward of the sampling policy (the
-        probability of the answer's W tokens); accuracy: greedy (argmax) exact match."""
+        probability of the answer's W tokens); accuracy: the recipe's reward of the greedy
+        (argmax) completions, averaged."""
         recs = self.eval_recs
         ids, mask = left_pad([self.coder.prompt(r["prompt"]) for r in recs], self.coder.pad)
         index = {c: i for i, c in enumerate(self.alphabet)}
@@ -423,8 +433,9 @@ class GRPOBackend(RecordBackend):
                 out = torch.cat([out, nxt[:, None]], 1)
                 cur_ids = torch.cat([cur_ids, self.alphabet_ids[nxt][:, None]], 1)
                 cur_mask = torch.cat([cur_mask, torch.ones_like(nxt)[:, None]], 1)
-        acc = (out == answer).all(-1).float().mean()
-        return {"mean_reward": float(p.mean()), "accuracy": float(acc)}
+        texts = ["".join(self.alphabet[i] for i in row) for row in out.tolist()]
+        acc = sum(self.reward(t, r["answer"]) for t, r in zip(texts, recs, strict=True))
+        return {"mean_reward": float(p.mean()), "accuracy": acc / len(recs)}
 
 
 BACKENDS = {"sft": SFTBackend, "dpo": DPOBackend, "grpo": GRPOBackend}
