@@ -634,6 +634,20 @@ def _operators(text: str) -> tuple[int, int]:
     help="A recipe TOML (batch size, learning rates, outer step, DPO/GRPO settings, seed) "
     "at the path the operators read; its hash is pinned [default: the reference recipe].",
 )
+@click.option(
+    "--serve",
+    is_flag=True,
+    help="Serve the local --model-uri folder, --dataset-uri file and --recipe file from this "
+    "machine over libp2p (as `dtrain data serve` does), pin their p2p URIs in the job, and keep "
+    "serving until the job ends or Ctrl-C.",
+)
+@click.option(
+    "--serve-port",
+    type=click.IntRange(0, 65535),
+    default=4100,
+    show_default=True,
+    help="With --serve: the TCP port to serve on.",
+)
 @pass_ctx
 def job_submit(
     ctx: Ctx,
@@ -653,6 +667,8 @@ def job_submit(
     quant_bits: str,
     tee: bool,
     recipe_path: str | None,
+    serve: bool,
+    serve_port: int,
 ) -> None:
     """Create a job, escrowing price x max operators x epochs.
 
@@ -666,6 +682,11 @@ def job_submit(
     data_pin = (
         _hex32(dataset_hash, "--dataset-hash") if dataset_hash else pins.dataset_hash(dataset_uri)
     )
+    server = None
+    if serve:  # hashes above come from the local files; the job names their p2p URIs
+        server, model_uri, dataset_uri, recipe_path = _start_serving(
+            model_uri, dataset_uri, recipe_path or "", serve_port
+        )
     bsm = ctx.bsm()
     spec = JobSpec(
         price_per_operator_epoch=price,
@@ -704,6 +725,42 @@ def job_submit(
         f"  model    {model_uri}  0x{model_pin.hex()}\n"
         f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)"
         + (f"\n  recipe   {recipe_path}  0x{recipe_pin.hex()}" if recipe_path else ""),
+    )
+    if server is not None:
+        _serve_until_ended(ctx, server, bsm, job_id)
+
+
+def _start_serving(
+    model_uri: str, dataset_uri: str, recipe_uri: str, port: int
+) -> tuple[Any, str, str, str | None]:
+    """`job submit --serve`: the node package's data server, serving the job's local
+    references; (server, model URI, dataset URI, recipe URI) to put in the job."""
+    try:
+        from dtrain_node.p2p.dataserve import DataServer, serve_job_files
+    except ImportError as exc:
+        raise ConfigError(
+            f"--serve needs the node package (libp2p): pip install 'dtrain[node]' ({exc})"
+        ) from None
+    server = DataServer(port=port).start()  # its thread is a daemon: an error below ends it
+    model_uri, dataset_uri, recipe_uri = serve_job_files(server, model_uri, dataset_uri, recipe_uri)
+    return server, model_uri, dataset_uri, recipe_uri or None
+
+
+def _serve_until_ended(ctx: Ctx, server: Any, bsm: BSM, job_id: int) -> None:
+    from dtrain_node.p2p.dataserve import serve_until
+
+    def ended() -> str | None:
+        status = bsm.job(job_id).state.status
+        return status.name.lower() if status.is_ended else None
+
+    click.echo(f"serving job {job_id}'s files until it ends (Ctrl-C stops)", err=True)
+    why = serve_until(ended, poll_s=5.0)
+    sent = server.bytes_sent()
+    server.stop()
+    emit(
+        ctx,
+        {"job_id": job_id, "stopped_serving": why, "bytes_sent": sent},
+        f"stopped serving: job {job_id} {why} ({sent / 1e6:.1f} MB sent)",
     )
 
 

@@ -46,6 +46,11 @@ def register(root: click.Group) -> None:
     job = root.commands.get("job")
     if isinstance(job, click.Group):
         job.add_command(fetch)
+    data_group = root.commands.get("data")  # the SDK's `data` group, if it has one
+    if not isinstance(data_group, click.Group):
+        data_group = data
+        root.add_command(data)
+    data_group.add_command(data_serve)
 
 
 @click.group()
@@ -111,6 +116,13 @@ def node() -> None:
     ),
 )
 @click.option("--no-withdraw", is_flag=True, help="Leave earnings as credit.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where the jobs' fetched models and datasets are kept, by sha256 (shareable between "
+    "nodes) [default: DATA_DIR/cache].",
+)
 @click.pass_obj
 def node_run(
     ctx: Ctx,
@@ -126,6 +138,7 @@ def node_run(
     faults: tuple[str, ...],
     linger: float,
     no_withdraw: bool,
+    cache_dir: Path | None,
 ) -> None:
     """Register, join, train with DeMo over gossip, commit and reveal checkpoints, get paid,
     then serve the final checkpoint for --linger.
@@ -164,6 +177,7 @@ def node_run(
         faults=parsed,
         withdraw=not no_withdraw,
         linger_s=linger,
+        cache_dir=cache_dir.expanduser() if cache_dir else None,
     )
     live = terminal(data_dir)
     runner = Node(cfg)
@@ -256,6 +270,88 @@ def fetch(ctx: Ctx, job_id: int, out: Path, timeout: float) -> None:
         f"job {job_id}: checkpoint 0x{digest.hex()} verified, exported to {path} "
         f"in {time.monotonic() - t0:.1f}s",
     )
+
+
+@click.group()
+def data() -> None:
+    """Datasets and models for jobs."""
+
+
+@click.command("serve")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=4100,
+    show_default=True,
+    help="TCP port to listen on (0: any free one).",
+)
+@click.option("--host", default="0.0.0.0", show_default=True, help="IP address to listen on.")
+@click.option(
+    "--public-ip",
+    default=None,
+    help="The IP the URIs name [default: --host if it is a loopback address, else this "
+    "machine's address on its default route].",
+)
+@click.option(
+    "--key-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default="~/.dtrain/data-peer.key",
+    show_default=True,
+    help="This peer's libp2p key (created if missing): the same key keeps the URIs valid "
+    "across restarts.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="~/.dtrain/cache",
+    show_default=True,
+    help="Where folders are packed (as sha256/<hash>).",
+)
+@click.pass_obj
+def data_serve(
+    ctx: Ctx,
+    paths: tuple[Path, ...],
+    port: int,
+    host: str,
+    public_ip: str | None,
+    key_file: Path,
+    cache_dir: Path,
+) -> None:
+    """Serve files and model folders to a job's operators over libp2p, by sha256.
+
+    A file (a dataset, a recipe) is served as it is; a folder (a Hugging Face model: config,
+    weights, tokenizer) as a deterministic tar pack. One line per PATH gives the URI to pass to
+    `job submit` (--dataset-uri, --model-uri, --recipe). Serves until Ctrl-C.
+
+    Example: dtrain data serve ./gpt2-small ./sft.jsonl ./recipe.toml
+    """
+    from dtrain_node.p2p.dataserve import DataServer, serve_until, stop_signals
+
+    logging.getLogger("libp2p").setLevel(logging.CRITICAL)
+    try:
+        server = DataServer(
+            key_file.expanduser(), host, port, public_ip, cache_dir.expanduser() / "sha256"
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--host") from None
+    with server, stop_signals() as stop:
+        served = [server.add(p) for p in paths]
+        for s in served:
+            what = "folder, packed" if s.is_pack else "file"
+            size = s.file.stat().st_size / 1e6
+            emit(
+                ctx,
+                {"path": str(s.path), "uri": s.uri, "sha256": s.sha256, "pack": s.is_pack},
+                f"{s.uri}  {s.path} ({what}, {size:.1f} MB)",
+            )
+        addrs = ", ".join(server.peer.listen_addrs)
+        if not ctx.as_json:
+            click.echo(f"serving {len(served)} path(s) on {addrs} until Ctrl-C", err=True)
+        sys.stdout.flush()
+        serve_until(lambda: None, stop=stop)
+        sent = server.bytes_sent()
+    emit(ctx, {"stopped": True, "bytes_sent": sent}, f"stopped serving ({sent / 1e6:.1f} MB sent)")
 
 
 __all__ = ["register"]

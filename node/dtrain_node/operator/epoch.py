@@ -35,6 +35,7 @@ from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import round_deadline
 from dtrain_node.operator.faults import Faults, RoundContext
+from dtrain_node.operator.sources import fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
@@ -139,10 +140,11 @@ class EpochTrainer:
 
     def _build(self) -> None:
         env, job = self.env, self.job
-        self.train_job = tj = TrainJob.from_job(job, env.cfg.batch_size)
+        local = fetch_job(job, env.cfg.source_cache())  # cached by pre-flight: verified, no copy
+        self.train_job = tj = TrainJob.from_job(job, env.cfg.batch_size, local)
         self.backend = make_backend(tj)
         model = self.backend.model
-        model.load_state_dict(env.checkpoints.start_state(job, model))
+        model.load_state_dict(env.checkpoints.start_state(job, self.backend.start, model))
         cfg = demo_config(env.cfg, job, tj.recipe)
         self.opt = DeMo(model.named_parameters(), cfg, sender=env.me.lower())
         self.context = RoundContext(self.opt.spec, env.me)

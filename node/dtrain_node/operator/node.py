@@ -57,6 +57,7 @@ from dtrain_node.operator.progress import (
     first_signal_message,
     second_signal_message,
 )
+from dtrain_node.operator.sources import DEFAULT_MAX_BYTES, Cache
 from dtrain_node.operator.transport import (
     PeerSpec,
     Transport,
@@ -98,6 +99,13 @@ class NodeConfig:
     export: bool = True
     linger_s: float = 0.0  # keep serving checkpoints this long after the job ends
     faults: Faults = field(default_factory=Faults)
+    cache_dir: Path | None = None  # fetched models and datasets; None: data_dir / "cache"
+    max_fetch_bytes: int = DEFAULT_MAX_BYTES  # the largest model pack or dataset we fetch
+
+    def source_cache(self) -> Cache:
+        """Where the job's remote model, dataset and recipe are fetched to (operator.sources)."""
+        root = self.cache_dir if self.cache_dir is not None else self.data_dir / "cache"
+        return Cache(root, max_bytes=self.max_fetch_bytes, progress="log")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir))
@@ -124,7 +132,8 @@ class Node:
         self.metrics_path = self.dir / "metrics.jsonl"
         self._first_attempt: dict[int, int] = {}
         self._params_cache: Params | None = None  # the deployed parameters never change
-        self._preflight = Preflight(cfg.batch_size)  # can we do a job? (once per job)
+        # can we do a job? (fetches its files, then builds it; once per job)
+        self._preflight = Preflight(cfg.batch_size, cfg.source_cache())
         self.status = Status()  # where we are: the progress line and the signal messages
         self._entered_why = ""  # why we entered the current state (logged once)
         self.stop_signal: int | None = None  # the signal that stopped us now, if one did

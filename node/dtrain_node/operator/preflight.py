@@ -3,9 +3,11 @@ us slashed (or, at best, voted UNWORKABLE with everyone), so a node joins only a
 dataset it reads, whose recipe it reads and whose start model it builds, each matching the hash
 the job pins.
 
-`check` builds the job's backend exactly as training will (reading the dataset checks its
-sha256) and compares the start model's canonical hash with the job's `modelHash`. Results are
-kept per job, so `--auto` does not rebuild a job's model at every poll.
+`check` first fetches what the job names remotely (p2p or https model, dataset and recipe, into
+the node's cache, each verified against its hash: `operator.sources`), then builds the job's
+backend exactly as training will (reading the dataset checks its sha256) and compares the start
+model's pin with the job's `modelHash`. A job whose files cannot be had intact is never joined.
+Results are kept per job, so `--auto` does not fetch or rebuild a job's model at every poll.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dtrain_node.errors import CheckpointInvalid, DatasetError, ModelUnavailable, RecipeInvalid
-from dtrain_node.train import checkpoint
+from dtrain_node.operator.sources import Cache, fetch_job
 from dtrain_node.train.backend import TrainJob, make_backend
 
 if TYPE_CHECKING:
@@ -22,11 +24,13 @@ if TYPE_CHECKING:
 CANNOT = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid)
 
 
-def check(job: Job, batch_size: int) -> str | None:
-    """None when we can train `job`; else why not, in one line."""
+def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
+    """None when we can train `job`; else why not, in one line. With a cache, the job's remote
+    files are fetched into it first (else its references are read as they are)."""
     try:
-        backend = make_backend(TrainJob.from_job(job, batch_size))
-        got = checkpoint.canonical_hash(dict(backend.model.state_dict()))
+        local = fetch_job(job, cache) if cache is not None else None
+        backend = make_backend(TrainJob.from_job(job, batch_size, local))
+        got = backend.start.pin(backend.model.state_dict())
         want = bytes(job.spec.model_hash)
         if got != want:
             raise CheckpointInvalid(
@@ -41,11 +45,12 @@ def check(job: Job, batch_size: int) -> str | None:
 class Preflight:
     """`check` once per job id."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, cache: Cache | None = None) -> None:
         self.batch_size = batch_size
+        self.cache = cache
         self._seen: dict[int, str | None] = {}
 
     def __call__(self, job: Job) -> str | None:
         if job.id not in self._seen:
-            self._seen[job.id] = check(job, self.batch_size)
+            self._seen[job.id] = check(job, self.batch_size, self.cache)
         return self._seen[job.id]
