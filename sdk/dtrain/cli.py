@@ -676,12 +676,15 @@ def job_submit(
     printed), unless given; so is the recipe's, from --recipe. Each member bonds --seat-bond of
     its self-stake while in the job.
     """
-    recipe_pin = Recipe.from_toml(recipe_path).hash() if recipe_path else ZERO_HASH
+    recipe = Recipe.from_toml(recipe_path) if recipe_path else None
+    recipe_pin = recipe.hash() if recipe else ZERO_HASH
     lo, hi = _operators(operators_range)
     model_pin = _hex32(model_hash, "--model-hash") if model_hash else pins.model_hash(model_uri)
     data_pin = (
         _hex32(dataset_hash, "--dataset-hash") if dataset_hash else pins.dataset_hash(dataset_uri)
     )
+    validated = not dataset_hash and pins.is_local(dataset_uri)  # what we hash, we validate
+    data_summary = pins.check_dataset(dataset_uri, method, recipe) if validated else ""
     server = None
     if serve:  # hashes above come from the local files; the job names their p2p URIs
         server, model_uri, dataset_uri, recipe_path = _start_serving(
@@ -717,6 +720,7 @@ def job_submit(
             "seat_bond": spec.seat_bond,
             "model_hash": "0x" + model_pin.hex(),
             "dataset_hash": "0x" + data_pin.hex(),
+            "dataset_summary": data_summary,
             "recipe_hash": "0x" + recipe_pin.hex(),
             "recipe_uri": spec.recipe_uri,
         },
@@ -724,6 +728,7 @@ def job_submit(
         f"{format_eth(spec.seat_bond)} seat bond\n"
         f"  model    {model_uri}  0x{model_pin.hex()}\n"
         f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)"
+        + (f", {data_summary}" if data_summary else "")
         + (f"\n  recipe   {recipe_path}  0x{recipe_pin.hex()}" if recipe_path else ""),
     )
     if server is not None:
@@ -774,6 +779,31 @@ def model() -> None:
 def model_hash_cmd(uri: str) -> None:
     """Print the modelHash a job of model URI URI carries (the hash of its start weights)."""
     click.echo("0x" + pins.model_hash(uri).hex())
+
+
+@cli.group()
+def data() -> None:
+    """Datasets and models for jobs."""
+
+
+@data.command("check", epilog="Example: dtrain data check train.jsonl --method sft")
+@click.argument("path")
+@click.option(
+    "--method",
+    type=click.Choice([m.name.lower() for m in Method]),
+    required=True,
+    help="The job's method: the format its lines must have.",
+)
+@click.option("--recipe", "recipe_path", default=None, help="The job's recipe (its GRPO reward).")
+@pass_ctx
+def data_check_cmd(ctx: Ctx, path: str, method: str, recipe_path: str | None) -> None:
+    """Validate the dataset file PATH for a job of --method as `job submit` does, and print a
+    summary; a bad file prints its bad lines by number and exits 1."""
+    recipe = Recipe.from_toml(recipe_path) if recipe_path else None
+    summary = pins.check_dataset(path, method, recipe)
+    emit(
+        ctx, {"dataset": path, "method": method, "summary": summary}, f"dataset  {path}  {summary}"
+    )
 
 
 @cli.group()

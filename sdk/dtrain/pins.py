@@ -3,18 +3,23 @@ references the caller gives, so nobody computes a hash by hand.
 
 A model's hash comes from a hasher plugin (entry point group `dtrain.model_hash`; the node
 package installs one for its built-in models, `dtrain_node.train.models:initial_hash`): the
-canonical hash of the weights the job starts from. A dataset's hash is the sha256 of its file.
+canonical hash of the weights the job starts from. A dataset's hash is the sha256 of its file;
+`check_dataset` validates the file for the job's method first, through a checker plugin (entry
+point group `dtrain.dataset_check`; the node's is `dtrain_node.train.dataset:check_dataset`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
 MODEL_HASHERS = "dtrain.model_hash"
+DATASET_CHECKERS = "dtrain.dataset_check"
 
 
 def model_hash(uri: str) -> bytes:
@@ -57,3 +62,31 @@ def dataset_hash(uri: str) -> bytes:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.digest()
+
+
+def is_local(uri: str) -> bool:
+    """Whether dataset URI `uri` names a file here (a path or file://), not a p2p: or https:
+    reference."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):", uri)  # two letters at least: not C:
+    return scheme is None or scheme.group(1).lower() == "file"
+
+
+def check_dataset(uri: str, method: str, recipe: Any = None) -> str:
+    """Validates the local dataset file `uri` for `method` (SFT/DPO/GRPO records, CPT text) and
+    the recipe's GRPO reward; returns a summary ("412 records (sft, messages)"). A bad file is a
+    ConfigError listing its bad lines by number."""
+    checkers = entry_points(group=DATASET_CHECKERS)
+    if not checkers:
+        raise ConfigError(
+            f"no dataset checker is installed to validate {uri!r}: install the dtrain node "
+            "package (pip install -e .), or pass --dataset-hash to pin a file without reading it"
+        )
+    checker = next(iter(checkers))
+    try:
+        check = checker.load()
+    except ImportError as exc:
+        raise ConfigError(f"the dataset checker {checker.value!r} cannot load: {exc}") from None
+    try:
+        return str(check(uri.removeprefix("file://"), method, recipe))
+    except ValueError as exc:  # the node's DatasetError is a ValueError
+        raise ConfigError(str(exc)) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
@@ -23,9 +24,73 @@ from .errors import ConfigError
 ZERO_HASH = b"\x00" * 32
 
 
+REWARDS = ("exact", "numeric", "contains", "regex", "format")  # dtrain_node.train.rewards
+MAX_PATTERN = 200  # characters of a reward regex (the recipe's, or a GRPO record's answer)
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why `pattern` cannot be a reward regex, or None: longer than MAX_PATTERN, does not
+    compile, or repeats a variable-length part without bound (like `(a+)+` or `(a{1,2})*`),
+    which Python's `re` can take exponential time on; an atomic group `(?>...)` or a possessive
+    quantifier `a++` inside is accepted."""
+    if len(pattern) > MAX_PATTERN:
+        return f"is {len(pattern)} characters long (at most {MAX_PATTERN})"
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"is not a valid regex ({exc})"
+    if _nested_unbounded(pattern):
+        return (
+            "repeats a variable-length part without bound (like (a+)+), which can take "
+            "exponential time: make the inner part atomic, (?>a+), or possessive, a++"
+        )
+    return None
+
+
+def _nested_unbounded(pattern: str) -> bool:
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+
+    def parts(op: Any, arg: Any) -> list[Any]:
+        """The sub-patterns of a node that is not a repeat."""
+        if op == c.SUBPATTERN:
+            return [arg[-1]]
+        if op == c.BRANCH:
+            return list(arg[1])
+        if op in (c.ASSERT, c.ASSERT_NOT):
+            return [arg[1]]
+        if op == c.GROUPREF_EXISTS:
+            return [p for p in arg[1:] if p is not None]
+        return []  # literals, classes, and atomic or possessive parts, which never backtrack
+
+    def walk(items: Any, inside_unbounded: bool) -> bool:
+        for op, arg in items:
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT):
+                lo, hi, body = arg
+                if (inside_unbounded and lo != hi) or walk(
+                    body, inside_unbounded or hi == c.MAXREPEAT
+                ):
+                    return True
+            elif any(walk(p, inside_unbounded) for p in parts(op, arg)):
+                return True
+        return False
+
+    try:
+        return walk(_parser.parse(pattern), False)
+    except Exception:  # the private parser changed: rely on the length limit alone
+        return False
+
+
 def _check(name: str, value: Any, kind: type, ok: Callable[[Any], bool], rule: str) -> Any:
     """`value` as a `kind` (an int is accepted for a float) when it satisfies `rule`; else a
     ConfigError naming the field."""
+    if kind is bool or kind is str:
+        if not isinstance(value, kind):
+            what = "true or false" if kind is bool else "a string"
+            raise ConfigError(f"recipe field {name!r} must be {what} ({rule}), got {value!r}")
+        if not ok(value):
+            raise ConfigError(f"recipe field {name!r} must be {rule}, got {value!r}")
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"recipe field {name!r} must be a number ({rule}), got {value!r}")
     if kind is int and not isinstance(value, int):
@@ -35,6 +100,14 @@ def _check(name: str, value: Any, kind: type, ok: Callable[[Any], bool], rule: s
         raise ConfigError(f"recipe field {name!r} must be {rule}, got {value!r}")
     return value
 
+
+def _module_names(text: str) -> str:
+    """Comma-separated module names, spaces dropped, sorted and deduplicated (one hash per set)."""
+    names = {n.strip() for n in text.split(",")}
+    return ",".join(sorted(names)) if text.strip() else ""
+
+
+MODULE_NAMES = re.compile(r"[A-Za-z_][\w.]*(,[A-Za-z_][\w.]*)*")
 
 # field -> (type, predicate, rule as printed in errors)
 RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
@@ -54,7 +127,28 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     "grpo_iterations": (int, lambda v: v >= 1, ">= 1"),
     "heldout_fraction": (float, lambda v: 0 < v < 1, "in (0, 1)"),
     "seed": (int, lambda v: 0 <= v < 2**32, "in [0, 2**32)"),
+    "reward": (str, lambda v: v in REWARDS, f"one of {', '.join(REWARDS)}"),
+    "reward_pattern": (str, lambda v: True, "a regex (empty: none)"),
+    "grpo_max_new_tokens": (int, lambda v: v >= 1, ">= 1"),
+    "seq_len": (int, lambda v: v >= 8, ">= 8"),
+    "lora_rank": (int, lambda v: v >= 0, ">= 0 (0: full fine-tuning)"),
+    "lora_alpha": (float, lambda v: v > 0, "> 0"),
+    "lora_dropout": (float, lambda v: 0 <= v < 1, "in [0, 1)"),
+    "lora_targets": (
+        str,
+        lambda v: v == "" or MODULE_NAMES.fullmatch(v) is not None,
+        "comma-separated module names such as 'q_proj,v_proj' (empty: the attention projections)",
+    ),
+    "bf16": (bool, lambda v: True, "true or false"),
 }
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):  # JSON's escapes are TOML's, but for DEL, which TOML wants escaped
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
+    return repr(v)
 
 
 @dataclass(frozen=True)
@@ -77,10 +171,29 @@ class Recipe:
     grpo_iterations: int = 1  # gradient steps per sampled rollout (mu)
     heldout_fraction: float = 0.1  # SFT/DPO/GRPO records held out (CPT: the last 10% of bytes)
     seed: int = 0  # added to the batch-order seed (job id * 1000 + attempt)
+    reward: str = "exact"  # GRPO reward function (dtrain_node.train.rewards)
+    reward_pattern: str = ""  # the `format` reward's regex, e.g. "<answer>(.*)</answer>"
+    grpo_max_new_tokens: int = 16  # tokens sampled per GRPO completion
+    seq_len: int = 128  # tokens per training sequence (must fit the model's context)
+    lora_rank: int = 0  # 0: full fine-tuning
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = ""  # comma-separated module names; empty: the attention projections
+    bf16: bool = False  # bfloat16 autocast on CUDA
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora_targets, str):
+            object.__setattr__(self, "lora_targets", _module_names(self.lora_targets))
         for name, (kind, ok, rule) in RULES.items():
             object.__setattr__(self, name, _check(name, getattr(self, name), kind, ok, rule))
+        problem = regex_problem(self.reward_pattern)
+        if problem:
+            raise ConfigError(f"recipe field 'reward_pattern' {problem}")
+        if self.reward == "format" and not self.reward_pattern:
+            raise ConfigError(
+                "recipe field 'reward_pattern' must be set for reward 'format', e.g. "
+                "reward_pattern = '<answer>(.*)</answer>'"
+            )
         if self.outer_weight_decay * self.outer_lr >= 1:
             raise ConfigError(
                 "recipe field 'outer_weight_decay' times 'outer_lr' must be < 1, got "
@@ -110,6 +223,10 @@ class Recipe:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {exc}") from exc
         return cls.from_dict(data, source=f"recipe {str(path)!r}")
+
+    def to_toml(self) -> str:
+        """Every field as a flat TOML file that `from_toml` reads back as this recipe."""
+        return "".join(f"{k} = {_toml_value(v)}\n" for k, v in asdict(self).items())
 
     def canonical(self) -> str:
         """Compact JSON of every field, keys sorted: the bytes `hash()` covers."""

@@ -77,6 +77,21 @@ BAD = [
     ("grpo_iterations", 0, "'grpo_iterations' must be >= 1"),
     ("heldout_fraction", 1, "'heldout_fraction' must be in (0, 1)"),
     ("seed", -1, "'seed' must be in [0, 2**32)"),
+    ("reward", "fuzzy", "'reward' must be one of exact, numeric, contains, regex, format"),
+    ("reward", 1, "'reward' must be a string"),
+    ("reward", "format", "'reward_pattern' must be set for reward 'format'"),
+    ("reward_pattern", "<a>(", "'reward_pattern' is not a valid regex"),
+    ("reward_pattern", "(a+)+", "'reward_pattern' repeats a variable-length part"),
+    ("reward_pattern", "a" * 201, "'reward_pattern' is 201 characters long (at most 200)"),
+    ("grpo_max_new_tokens", 0, "'grpo_max_new_tokens' must be >= 1"),
+    ("seq_len", 4, "'seq_len' must be >= 8"),
+    ("lora_rank", -1, "'lora_rank' must be >= 0"),
+    ("lora_alpha", 0, "'lora_alpha' must be > 0"),
+    ("lora_dropout", 1.0, "'lora_dropout' must be in [0, 1)"),
+    ("lora_targets", "q_proj;v_proj", "'lora_targets' must be comma-separated module names"),
+    ("lora_targets", "q_proj,,v_proj", "'lora_targets' must be comma-separated module names"),
+    ("bf16", 1, "'bf16' must be true or false"),
+    ("bf16", "true", "'bf16' must be true or false"),
 ]
 
 
@@ -85,6 +100,50 @@ def test_each_bad_field_is_named(name, value, message) -> None:
     with pytest.raises(ConfigError) as exc:
         Recipe(**{name: value})
     assert message in str(exc.value) and len(str(exc.value).splitlines()) == 1
+
+
+def test_string_and_bool_fields(tmp_path) -> None:
+    p = tmp_path / "r.toml"
+    p.write_text(
+        "reward = \"format\"\nreward_pattern = '<answer>(.*)</answer>'\nbf16 = true\n"
+        'lora_rank = 8\nlora_targets = " v_proj, q_proj,q_proj"\n'
+    )
+    r = Recipe.from_toml(p)
+    assert (r.reward, r.reward_pattern, r.bf16) == ("format", "<answer>(.*)</answer>", True)
+    assert r.lora_targets == "q_proj,v_proj"  # one spelling, one hash
+    assert r.hash() == Recipe(lora_targets="v_proj,q_proj", **{
+        k: getattr(r, k) for k in ("reward", "reward_pattern", "bf16", "lora_rank")
+    }).hash()  # fmt: skip
+    canonical = json.loads(r.canonical())
+    assert canonical["bf16"] is True and canonical["reward"] == "format"
+    assert Recipe().lora_targets == "" and Recipe(lora_targets=" ").lora_targets == ""
+    p.write_text("bf16 = 1\n")
+    with pytest.raises(ConfigError, match="'bf16' must be true or false"):
+        Recipe.from_toml(p)
+
+
+def test_default_canonical_form_is_pinned() -> None:
+    """The default recipe's hash changes only when a field is added or a default changes: then
+    update docs/methods.md "Recipe" and this pin together."""
+    assert Recipe().canonical() == (
+        '{"batch_size":8,"bf16":false,"dpo_beta":0.1,"grpo_clip":0.2,"grpo_group":8,'
+        '"grpo_iterations":1,"grpo_kl":0.04,"grpo_max_new_tokens":16,"grpo_temperature":1.0,'
+        '"heldout_fraction":0.1,"inner_beta1":0.9,"inner_beta2":0.95,"inner_lr":0.002,'
+        '"inner_weight_decay":0.0,"lora_alpha":16.0,"lora_dropout":0.0,"lora_rank":0,'
+        '"lora_targets":"","outer_lr":1.0,"outer_momentum":0.9,"outer_weight_decay":0.0,'
+        '"reward":"exact","reward_pattern":"","seed":0,"seq_len":128}'
+    )
+
+
+def test_to_toml_reads_back(tmp_path) -> None:
+    p = tmp_path / "r.toml"
+    for r in [
+        Recipe(),
+        Recipe(inner_lr=1e-5, outer_lr=0.5, seed=2**32 - 1, bf16=True, lora_targets="q,k"),
+        Recipe(reward="format", reward_pattern='<a>"(.*)"\\s\x7f\t\u00e9\U0001f600</a>'),
+    ]:
+        p.write_text(r.to_toml(), encoding="utf-8")
+        assert Recipe.from_toml(p) == r and Recipe.from_toml(p).hash() == r.hash()
 
 
 def test_bad_files(tmp_path) -> None:

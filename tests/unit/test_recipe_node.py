@@ -52,7 +52,7 @@ def chain_job(method: Method, dataset, recipe_hash: bytes, recipe_uri: str) -> J
 @pytest.fixture
 def recipe_file(tmp_path):
     path = tmp_path / "recipe.toml"
-    path.write_text("\n".join(f"{k} = {v!r}" for k, v in vars(RECIPE).items()) + "\n")
+    path.write_text(RECIPE.to_toml())
     assert Recipe.from_toml(path) == RECIPE
     return str(path)
 

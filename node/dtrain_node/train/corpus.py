@@ -1,9 +1,11 @@
-"""Dataset files for continued pre-training: raw text bytes, addressed by their sha256.
+"""Dataset files for continued pre-training, addressed by their sha256.
 
 A job's dataset is a file whose sha256 is in the job spec; every node checks it before use. The
-built-in corpus is this machine's Python standard library sources (no download). The last
-`heldout_fraction` of the bytes is the held-out split; the rest is cut into training windows of
-ctx + 1 tokens (byte tokens, see hf.py).
+built-in corpus is this machine's Python standard library sources (no download). The built-in
+byte-level models read the file's raw bytes (`load_text`); other models read its documents
+(`load_documents`, dataset.py: a text file, or JSONL {"text"} lines) through their tokenizer.
+The last `heldout_fraction` of the tokens is the held-out split; the rest is cut into training
+windows of ctx + 1 tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 
 from dtrain_node.errors import DatasetError
+from dtrain_node.train.dataset import load_documents, read_dataset
 
 
 def build_stdlib_corpus(path: str | os.PathLike, max_bytes: int = 2_000_000) -> bytes:
@@ -35,11 +38,22 @@ def build_stdlib_corpus(path: str | os.PathLike, max_bytes: int = 2_000_000) -> 
         n += len(b)
         if n >= max_bytes:
             break
-    data = b"".join(out)[:max_bytes]
+    data = _whole_characters(b"".join(out)[:max_bytes])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return hashlib.sha256(data).digest()
+
+
+def _whole_characters(data: bytes) -> bytes:
+    """`data` without a UTF-8 character cut in two at its end (a cpt text file is UTF-8)."""
+    for drop in range(4):
+        try:
+            (data[: len(data) - drop] if drop else data).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return data[: len(data) - drop] if drop else data
+    return data
 
 
 @dataclass(frozen=True)
@@ -67,21 +81,6 @@ class TextData:
         return w[:, :-1], w[:, 1:]
 
 
-def read_dataset(path: str | os.PathLike, expected: bytes | None) -> bytes:
-    """A dataset file's bytes, checked against the job's sha256 (None or all zeros: unchecked)."""
-    path = Path(str(path).removeprefix("file://"))
-    if not path.is_file():
-        raise DatasetError(f"dataset {path} does not exist")
-    data = path.read_bytes()
-    if expected is not None and any(expected):
-        got = hashlib.sha256(data).digest()
-        if got != expected:
-            raise DatasetError(
-                f"dataset {path} sha256 {got.hex()[:16]}.. != job's {expected.hex()[:16]}.."
-            )
-    return data
-
-
 def load_text(
     path: str | os.PathLike, expected: bytes | None, ctx: int, heldout_fraction: float = 0.1
 ) -> TextData:
@@ -91,3 +90,6 @@ def load_text(
     if cut < 4 * (ctx + 1) or len(tokens) - cut < ctx + 1:
         raise DatasetError(f"dataset {path} of {len(tokens)} bytes is too small for ctx {ctx}")
     return TextData(tokens[:cut], tokens[cut:], ctx)
+
+
+__all__ = ["TextData", "build_stdlib_corpus", "load_documents", "load_text", "read_dataset"]

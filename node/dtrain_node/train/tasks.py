@@ -1,12 +1,9 @@
-"""Offline tasks with checkable answers and the JSONL dataset files of SFT, DPO and GRPO.
-
-Formats (one JSON object per line, UTF-8; see docs/methods.md):
-  sft:  {"prompt": str, "response": str}
+"""Offline tasks with checkable answers, written as the JSONL dataset files of SFT, DPO and GRPO:
+  sft:  {"prompt": str, "completion": str}
   dpo:  {"prompt": str, "chosen": str, "rejected": str}
   grpo: {"prompt": str, "answer": str}
-CPT uses raw text files (corpus.py). A dataset is addressed by its file's sha256, which goes into
-the job spec; `load_records` checks it and validates every record before training starts, so a
-bad record fails the job up front with its 1-based record number instead of mid-epoch.
+Reading them back (`load_records`, `split`) is dataset.py's, re-exported here: it checks the
+file's sha256 and validates every line before training starts (docs/methods.md "Data formats").
 """
 
 from __future__ import annotations
@@ -19,15 +16,9 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-from dtrain_node.errors import DatasetError
-from dtrain_node.train.corpus import read_dataset
+from dtrain_node.train.dataset import check_dataset, load_records, split
 
-FIELDS = {
-    "sft": ("prompt", "response"),
-    "dpo": ("prompt", "chosen", "rejected"),
-    "grpo": ("prompt", "answer"),
-}
-MAX_BYTES = 120  # prompt + longest completion (UTF-8 bytes); the tiny model's ctx is 128 tokens
+METHODS = ("sft", "dpo", "grpo")
 
 
 @dataclass(frozen=True)
@@ -126,7 +117,7 @@ def wrong_answer(p: Problem, rng: random.Random, alphabet: str = "") -> str:
 
 def records(problems: list[Problem], method: str, seed: int = 0) -> list[dict[str, str]]:
     if method == "sft":
-        return [{"prompt": p.prompt, "response": p.answer} for p in problems]
+        return [{"prompt": p.prompt, "completion": p.answer} for p in problems]
     if method == "dpo":
         rng = random.Random(seed)
         alphabet = "".join(sorted({c for p in problems for c in p.answer}))
@@ -136,7 +127,7 @@ def records(problems: list[Problem], method: str, seed: int = 0) -> list[dict[st
         ]
     if method == "grpo":
         return [{"prompt": p.prompt, "answer": p.answer} for p in problems]
-    raise ValueError(f"no record format for method {method!r}; known: {', '.join(FIELDS)}")
+    raise ValueError(f"no record format for method {method!r}; known: {', '.join(METHODS)}")
 
 
 def write_jsonl(path: str | os.PathLike, recs: list[dict[str, str]]) -> bytes:
@@ -154,78 +145,6 @@ def make_dataset(
     return write_jsonl(path, records(problems, method, seed))
 
 
-def _check(rec: object, method: str, number: int, max_bytes: int) -> dict[str, str]:
-    if not isinstance(rec, dict):
-        raise DatasetError(f"record {number}: expected a JSON object, got {type(rec).__name__}")
-    out = {}
-    for f in FIELDS[method]:
-        if f not in rec:
-            raise DatasetError(
-                f"record {number}: missing field {f!r} ({method} needs {FIELDS[method]})"
-            )
-        v = rec[f]
-        if not isinstance(v, str):
-            raise DatasetError(
-                f"record {number}: field {f!r} must be a string, got {type(v).__name__}"
-            )
-        if not v:
-            raise DatasetError(f"record {number}: field {f!r} is empty")
-        out[f] = v
-    longest = max(len(out[f].encode()) for f in FIELDS[method][1:])
-    size = len(out["prompt"].encode()) + longest
-    if size > max_bytes:
-        raise DatasetError(f"record {number}: {size} bytes is too long (limit {max_bytes})")
-    if method == "dpo" and out["chosen"] == out["rejected"]:
-        raise DatasetError(f"record {number}: chosen and rejected are the same")
-    return out
-
-
-def load_records(
-    path: str | os.PathLike, method: str, expected: bytes | None, max_bytes: int = MAX_BYTES
-) -> list[dict[str, str]]:
-    """Every record of a JSONL dataset, validated; raises DatasetError naming the first bad record.
-
-    `expected` is the sha256 from the job spec (None or all zeros: not checked, for local runs).
-    """
-    if method not in FIELDS:
-        raise DatasetError(f"no record format for method {method!r}; known: {', '.join(FIELDS)}")
-    data = read_dataset(path, expected)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"dataset {path} is not UTF-8: {exc}") from None
-    out = []
-    # Split on "\n" only: str.splitlines() would also split inside strings holding U+2028 etc.
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise DatasetError(f"record {number}: empty line")
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"record {number}: not JSON ({exc.msg})") from None
-        out.append(_check(rec, method, number, max_bytes))
-    if len(out) < 2:
-        raise DatasetError(f"dataset {path} has {len(out)} records; need >= 2 (train + held-out)")
-    return out
-
-
-def split(recs: list[dict[str, str]], heldout_fraction: float = 0.1) -> tuple[list, list]:
-    """(train, held-out), disjoint in prompts: the held-out split is the last fraction of records
-    (at least one) plus every other record with one of their prompts (in file order), so no
-    held-out prompt is ever trained on, even when a dataset repeats prompts."""
-    n_held = max(1, int(len(recs) * heldout_fraction))
-    held_prompts = {r["prompt"] for r in recs[-n_held:]}
-    train = [r for r in recs[:-n_held] if r["prompt"] not in held_prompts]
-    if not train:
-        raise DatasetError(
-            f"no training records left: all {len(recs)} share the held-out split's prompts"
-        )
-    return train, [r for r in recs if r["prompt"] in held_prompts]
-
-
 def last_letter(n: int, length: int = 4, seed: int = 0, alphabet: str = "abcdef") -> list[Problem]:
     """n distinct problems "last abcd:" -> "d": one-character answers, so a sampled guess is right
     with probability 1/len(alphabet) at the start (dense enough reward for GRPO from scratch).
@@ -233,3 +152,18 @@ def last_letter(n: int, length: int = 4, seed: int = 0, alphabet: str = "abcdef"
     Distinct prompts (n is capped at len(alphabet) ** length), shuffled.
     """
     return [Problem(f"last {s}:", s[-1]) for s in _distinct_strings(n, length, alphabet, seed)]
+
+
+__all__ = [
+    "Problem",
+    "addition",
+    "check_dataset",
+    "last_letter",
+    "load_records",
+    "make_dataset",
+    "records",
+    "reversal",
+    "split",
+    "write_jsonl",
+    "wrong_answer",
+]
