@@ -164,7 +164,7 @@ def test_exported_sft_model_scores_chat_template_as_training_does(sft) -> None:
     for r in sft.backend.eval_recs:
         user = [{"role": "user", "content": r["prompt"]}]
         p = tok.apply_chat_template(user, add_generation_prompt=True, return_dict=True)
-        full = [*user, {"role": "assistant", "content": r["response"]}]
+        full = [*user, {"role": "assistant", "content": r["completion"]}]
         s = tok.apply_chat_template(full, return_dict=True)["input_ids"]
         seqs.append(s)
         labels.append([losses.IGNORE] * len(p["input_ids"]) + s[len(p["input_ids"]) :])
