@@ -246,3 +246,55 @@ def test_chat_records_need_a_chat_template(gpt2, tmp_path) -> None:
     digest = checkpoint.hashlib.sha256(data.read_bytes()).digest()
     with pytest.raises(DatasetError, match="chat template"):
         make_backend(TrainJob(1, "sft", str(bare), str(data), digest))
+
+
+def test_lora_trains_only_adapters_identically_and_exports_merged(gpt2, tmp_path) -> None:
+    """A recipe with lora_rank > 0: two nodes build bitwise-identical adapters from the recipe's
+    seed, DeMo syncs only the adapter tensors (the base weights never move), and the export is
+    the merged model (loads with from_pretrained, computes what the adapted model computes)
+    plus the adapter in peft layout."""
+    from transformers import AutoModelForCausalLM
+
+    from dtrain.recipe import Recipe
+    from dtrain_node.train.backend import make_backend
+
+    data = sft_chat_file(tmp_path / "sft.jsonl")
+    digest = checkpoint.hashlib.sha256(data.read_bytes()).digest()
+    recipe = Recipe(lora_rank=4, lora_alpha=8.0, seed=3)
+    job = TrainJob(1, "sft", str(gpt2), str(data), digest, recipe=recipe)
+    a, b = make_backend(job), make_backend(job)
+    assert a.start_pin == start.model_hash(str(gpt2))  # the pin is the base model's
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    trainable = [n for n, p in a.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    base = {n: p.detach().clone() for n, p in a.model.named_parameters() if not p.requires_grad}
+    opts = [
+        DeMo(m.model.named_parameters(), DeMoConfig(mode="local", sync_interval=1), i)
+        for i, m in enumerate((a, b))
+    ]
+    for i, (m, o) in enumerate(zip((a, b), opts, strict=True)):
+        batch = next(m.batches(torch.arange(m.n_items()), 8, seed=i))
+        m.loss(batch).backward()
+        o.inner_step()
+    lockstep(opts)
+    assert all(
+        torch.equal(x, y) for x, y in zip(opts[0].theta_sync, opts[1].theta_sync, strict=True)
+    )
+    frozen = dict(a.model.named_parameters())
+    assert all(torch.equal(frozen[n], t) for n, t in base.items())
+    with torch.no_grad():  # make the adapters matter for the merged-model check
+        for n, p in a.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    out = a.export(tmp_path / "out")
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([a.coder.prompt("1+2=")])
+    with torch.no_grad():
+        want = a.model.eval()(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-4)
+    assert not torch.allclose(
+        got, start.start_model(str(gpt2)).fresh().eval()(input_ids=ids).logits, atol=1e-3
+    )

@@ -17,26 +17,32 @@ import torch
 
 from dtrain.models import Job
 from dtrain_node.errors import CheckpointInvalid
+from dtrain_node.operator.sources import Cache, resolve_file, resolve_model
 from dtrain_node.operator.transport import PeerSpec, Transport
 from dtrain_node.train import checkpoint
-from dtrain_node.train.start import StartModel, start_model
+from dtrain_node.train.backend import load_recipe
+from dtrain_node.train.start import adapt, export_model, start_model
 
 
-def export_final(job: Job, stream: Path, out: Path, model_uri: str | None = None) -> Path:
+def export_final(job: Job, stream: Path, out: Path, cache: Cache | None = None) -> Path:
     """The job's final checkpoint (its canonical stream, verified against the on-chain hash)
     exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it. Needs the
-    job's start model only (at `model_uri`, a local copy of the job's, when given), not its
-    dataset."""
+    job's start model and recipe only (fetched into `cache` when remote), never its dataset: a
+    caller fetching its model need not have it."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar on the operator's terminal
     digest = job.state.checkpoint
     tensors = checkpoint.from_stream(stream.read_bytes(), digest)
-    # The model alone (never the dataset: a caller fetching its model need not have it).
-    start = start_model(model_uri or job.spec.model_uri)
-    model = start.fresh()
+    spec, cache = job.spec, cache or Cache()
+    recipe = None
+    if any(bytes(spec.recipe_hash)):
+        local_recipe = resolve_file(spec.recipe_uri, None, cache, "recipe")
+        recipe = load_recipe(spec.recipe_hash, str(local_recipe))
+    start = start_model(resolve_model(spec.model_uri, cache))
+    model = adapt(start.fresh(), recipe)  # the trained structure: LoRA adapters if any
     model.load_state_dict(tensors)
-    path = start.export(model, out)
+    path = export_model(start, model, out)
     (path / "CHECKPOINT_SHA256").write_text(digest.hex() + "\n")
     return path
 
@@ -58,15 +64,15 @@ class Checkpoints:
         self._peers = peers  # members' addresses -> their (peer key, multiaddrs) on chain
         self._metric = metric
 
-    def start_state(self, job: Job, start: StartModel, model: torch.nn.Module) -> dict[str, Any]:
+    def start_state(self, job: Job, start_pin: bytes, model: torch.nn.Module) -> dict[str, Any]:
         """The epoch's start state, verified against the chain: epoch 0 the job's start model
-        (its pin: weights, config and tokenizer), epoch e the finalized checkpoint of e-1 (ours,
-        or fetched from a peer)."""
+        (`start_pin`, the pin of the weights, config and tokenizer it was built from, before any
+        adapter), epoch e the finalized checkpoint of e-1 (ours, or fetched from a peer)."""
         e = job.state.epoch
         expected = job.state.checkpoint
         if e == 0:
             tensors = {n: p.detach().clone() for n, p in model.state_dict().items()}
-            got = start.pin(tensors)
+            got = start_pin
             if any(expected) and got != expected:
                 raise CheckpointInvalid(
                     f"start model pin {got.hex()[:16]}.. != job's model hash "
@@ -112,7 +118,7 @@ class Checkpoints:
             self.transport.serve_file(job.state.checkpoint.hex(), path)
         return path
 
-    def export(self, job: Job) -> Path | None:
+    def export(self, job: Job, cache: Cache | None = None) -> Path | None:
         """The final checkpoint in Hugging Face format, if we hold the one the chain chose."""
         path = self.final_stream(job)
-        return None if path is None else export_final(job, path, self.dir / "final")
+        return None if path is None else export_final(job, path, self.dir / "final", cache)

@@ -51,6 +51,26 @@ def register(root: click.Group) -> None:
         data_group = data
         root.add_command(data)
     data_group.add_command(data_serve)
+    model_group = root.commands.get("model")
+    if isinstance(model_group, click.Group):
+        model_group.add_command(model_init)
+
+
+@click.command("init")
+@click.argument("arch", type=click.Choice(["gpt2", "llama"]))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--seed", default=0, show_default=True, help="Initialisation seed.")
+def model_init(arch: str, out: Path, seed: int) -> None:
+    """Write a small random-initialised ARCH model folder to OUT (a from_pretrained layout with
+    a BPE tokenizer trained on this machine's Python sources and a chat template): to try a job
+    on a model folder offline. A real job names your own folder or hf://org/name@revision."""
+    from dtrain_node.train.start import model_hash
+    from dtrain_node.train.toy_models import save
+
+    if out.exists() and any(out.iterdir()):
+        raise click.ClickException(f"{out} exists and is not empty: choose a new folder")
+    save(arch, out, seed=seed)
+    click.echo(f"wrote a toy {arch} model to {out}  (model hash 0x{model_hash(str(out)).hex()})")
 
 
 @click.group()

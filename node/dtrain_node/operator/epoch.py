@@ -144,7 +144,7 @@ class EpochTrainer:
         self.train_job = tj = TrainJob.from_job(job, env.cfg.batch_size, local)
         self.backend = make_backend(tj)
         model = self.backend.model
-        model.load_state_dict(env.checkpoints.start_state(job, self.backend.start, model))
+        model.load_state_dict(env.checkpoints.start_state(job, self.backend.start_pin, model))
         cfg = demo_config(env.cfg, job, tj.recipe)
         self.opt = DeMo(model.named_parameters(), cfg, sender=env.me.lower())
         self.context = RoundContext(self.opt.spec, env.me)

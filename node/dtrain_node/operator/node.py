@@ -566,7 +566,11 @@ class Node:
         if job.state.status == JobStatus.COMPLETED:
             ckpts = self.checkpoints(job.id)
             result["serving"] = ckpts.serve_final(job) is not None
-            out = ckpts.export(job) if self.cfg.export and result["serving"] else None
+            out = (
+                ckpts.export(job, self.cfg.source_cache())
+                if self.cfg.export and result["serving"]
+                else None
+            )
             if out is not None:
                 result["export"] = str(out)
         self._metric("job_done", **result)

@@ -30,7 +30,7 @@ def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
     try:
         local = fetch_job(job, cache) if cache is not None else None
         backend = make_backend(TrainJob.from_job(job, batch_size, local))
-        got = backend.start.pin(backend.model.state_dict())
+        got = backend.start_pin
         want = bytes(job.spec.model_hash)
         if got != want:
             raise CheckpointInvalid(

@@ -21,7 +21,7 @@ from dtrain_node.errors import BackendUnavailable, DatasetError, RecipeInvalid
 from dtrain_node.train import corpus, dataset, shard
 from dtrain_node.train import losses as methods
 from dtrain_node.train import models as hf
-from dtrain_node.train.start import StartModel, start_model
+from dtrain_node.train.start import StartModel, adapt, export_model, start_model
 
 if TYPE_CHECKING:
     from dtrain.models import Job
@@ -93,7 +93,8 @@ def load_recipe(recipe_hash: bytes, recipe_uri: str) -> Recipe | None:
 class Backend(Protocol):
     name: str
     model: torch.nn.Module
-    start: StartModel  # what the model started from: its pin, tokenizer and export
+    start: StartModel  # what the model started from: its tokenizer and export
+    start_pin: bytes  # the pin of the start weights (before any adapter): the job's modelHash
 
     def n_items(self) -> int: ...
 
@@ -151,7 +152,9 @@ class CausalLMBackend:
             self.data = corpus.load_text(job.dataset_uri, job.dataset_hash, self.ctx)
         else:
             self.data = token_text(job, self.start.tokenizer, self.ctx)
-        self.model = self.start.fresh()
+        base = self.start.fresh()
+        self.start_pin = self.start.pin(base.state_dict())
+        self.model = adapt(base, job.recipe)
         self.heldout = self.data.heldout_windows(heldout_windows)
 
     def n_items(self) -> int:
@@ -177,7 +180,7 @@ class CausalLMBackend:
         return {"heldout_loss": loss}
 
     def export(self, out_dir: str | Path) -> Path:
-        return self.start.export(self.model, out_dir)
+        return export_model(self.start, self.model, out_dir)
 
 
 EXTERNAL = {

@@ -20,7 +20,7 @@ import torch
 
 from dtrain_node.errors import DatasetError
 from dtrain_node.train import losses, models, rewards, shard, tasks
-from dtrain_node.train.start import start_model
+from dtrain_node.train.start import adapt, export_model, start_model
 
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
 Prompt = str | list[dict[str, str]]  # plain text, or chat messages ({"role", "content"})
@@ -210,7 +210,9 @@ class RecordBackend:
         self._check_lengths(recs)
         self.train, self.heldout = tasks.split(recs, self.opts.heldout_fraction)
         self.eval_recs = self.heldout[:EVAL_RECORDS]
-        self.model = self.start.fresh()
+        base = self.start.fresh()
+        self.start_pin = self.start.pin(base.state_dict())
+        self.model = adapt(base, getattr(job, "recipe", None))
 
     def _check_lengths(self, recs: list[dict[str, Any]]) -> None:
         """Every record's prompt + longest completion fits a training sequence."""
@@ -241,7 +243,7 @@ class RecordBackend:
         raise NotImplementedError
 
     def export(self, out_dir: str | Path) -> Path:
-        return self.start.export(self.model, out_dir)
+        return export_model(self.start, self.model, out_dir)
 
     @contextlib.contextmanager
     def _eval(self) -> Iterator[None]:

@@ -8,9 +8,11 @@ every node of a job starts from the same bits and the caller can put their hash 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +146,20 @@ def tokenizer(max_length: int | None = None):
 _GLOBAL_RNG = threading.Lock()
 
 
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """torch's global RNG seeded with `seed` inside, restored after. transformers and peft
+    initialise from the global RNG: builds in other threads (nodes in threads, as in the operator
+    tests) must not interleave their draws with ours."""
+    with _GLOBAL_RNG:
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(seed)
+            yield
+        finally:
+            torch.random.set_rng_state(state)
+
+
 def build(cfg: ModelConfig, seed: int):
     """A LlamaForCausalLM initialised deterministically on the CPU from `seed`."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -161,16 +177,8 @@ def build(cfg: ModelConfig, seed: int):
         eos_token_id=256 + SPECIALS.index(EOS),
         pad_token_id=256 + SPECIALS.index(PAD),
     )
-    # transformers initialises from torch's global RNG: builds in other threads (nodes in threads,
-    # as in the operator tests) must not interleave their draws with ours.
-    with _GLOBAL_RNG:
-        state = torch.random.get_rng_state()
-        try:
-            torch.manual_seed(seed)
-            model = LlamaForCausalLM(hf)
-        finally:
-            torch.random.set_rng_state(state)
-    return model
+    with seeded(seed):
+        return LlamaForCausalLM(hf)
 
 
 def export(model, out_dir: str | os.PathLike) -> Path:

@@ -196,3 +196,49 @@ def model_hash(uri: str) -> bytes:
     """The `modelHash` a job starting from model URI `uri` pins (`dtrain model hash URI`)."""
     start = start_model(uri)
     return start.pin(start.fresh().state_dict())
+
+
+def adapt(model: Any, recipe: Any) -> Any:
+    """The model a job trains: `model` itself, or with LoRA adapters (peft) when the recipe has
+    `lora_rank` > 0. Only the adapters train (DeMo syncs the trainable tensors only); their
+    initialisation is drawn from the recipe's seed, so every node starts from the same bits."""
+    rank = getattr(recipe, "lora_rank", 0)
+    if not rank:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ModelUnavailable(f"the recipe asks for LoRA, which needs peft: {exc}") from None
+    targets = [t.strip() for t in recipe.lora_targets.split(",") if t.strip()] or None
+    cfg = LoraConfig(
+        r=rank,
+        lora_alpha=recipe.lora_alpha,
+        lora_dropout=recipe.lora_dropout,
+        target_modules=targets,  # None: peft's default for the architecture (attention)
+        # GPT-2-style Conv1D layers store weights transposed
+        fan_in_fan_out=any(type(m).__name__ == "Conv1D" for m in model.modules()),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with models.seeded(recipe.seed):
+            return get_peft_model(model, cfg)
+    except ValueError as exc:  # e.g. target modules not in the model
+        raise ModelUnavailable(f"the recipe's LoRA settings do not fit the model: {exc}") from None
+
+
+def is_adapted(model: Any) -> bool:
+    return hasattr(model, "merge_and_unload")
+
+
+def export_model(start: StartModel, model: Any, out: str | Path) -> Path:
+    """The trained model in `from_pretrained` layout with its tokenizer; a LoRA model is
+    exported merged, with its adapter (peft layout) in `out/adapter`."""
+    out = Path(out)
+    if not is_adapted(model):
+        return start.export(model, out)
+    import copy
+
+    start.export(copy.deepcopy(model).merge_and_unload(), out)
+    model.save_pretrained(out / "adapter")
+    return out
