@@ -27,6 +27,16 @@ if ! echo '#include <gmp.h>' | gcc -E - >/dev/null 2>&1; then
     fail "GMP headers missing (libp2p builds fastecdsa): apt-get install libgmp-dev"
   fi
 fi
+# The job page's browser test drives Debian's Chromium (playwright cannot download one here).
+if [[ ! -x /usr/bin/chromium ]]; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing chromium (headless browser of the job page test)"
+    (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }) \
+      || fail "could not install chromium; install it and rerun"
+  else
+    fail "/usr/bin/chromium missing (the job page test drives it): apt-get install chromium"
+  fi
+fi
 
 stamp_ok() { [[ -f "$1" && "$(cat "$1")" == "$2" ]]; }
 

@@ -1015,11 +1015,41 @@ def _event_text(e: Any) -> str:
 @click.option("--from-block", type=int, default=0, show_default=True)
 @click.option("--follow/--no-follow", default=True, help="Keep polling until the job ends.")
 @click.option("--poll", type=float, default=1.0, show_default=True, help="Seconds between polls.")
+@click.option("--web", is_flag=True, help="Serve the job's page on localhost instead.")
+@click.option(
+    "--port", type=int, default=8765, show_default=True, help="Port of --web (0: a free one)."
+)
+@click.option(
+    "--metrics",
+    "metrics",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    metavar="PATH",
+    help="A member's node data dir or metrics.jsonl, for --web's loss curve (repeatable).",
+)
 @pass_ctx
-def job_watch(ctx: Ctx, job_id: int, from_block: int, follow: bool, poll: float) -> None:
+def job_watch(
+    ctx: Ctx,
+    job_id: int,
+    from_block: int,
+    follow: bool,
+    poll: float,
+    web: bool,
+    port: int,
+    metrics: tuple[Path, ...],
+) -> None:
     """Print the job's events as they happen (amounts in ETH, local times, slash reasons by
-    name; --json keeps the raw values). Example: dtrain job watch 1 --no-follow"""
+    name; --json keeps the raw values). Example: dtrain job watch 1 --no-follow
+
+    --web serves a page of the job instead (epochs, members, payouts, slashes and, from the
+    members' --metrics, the loss curve), refreshed every few seconds, until Ctrl-C. Example:
+    dtrain job watch 1 --web --metrics op1 --metrics op2"""
+    if metrics and not web:
+        raise click.UsageError("--metrics needs --web")
     bsm = ctx.bsm(signing=False)
+    if web:
+        _serve_job_page(ctx, bsm, job_id, port, metrics)
+        return
     bsm.job(job_id)  # unknown job: error before waiting
     done = {"flag": False}
 
@@ -1042,6 +1072,19 @@ def job_watch(ctx: Ctx, job_id: int, from_block: int, follow: bool, poll: float)
         return
     for e in bsm.watch(from_block, JOB_EVENTS, job_id, poll, stop=ended):
         show(e)
+
+
+def _serve_job_page(ctx: Ctx, bsm: BSM, job_id: int, port: int, metrics: tuple[Path, ...]) -> None:
+    from .jobpage import JobPage, JobPageServer
+
+    server = JobPageServer(JobPage(bsm, job_id, metrics), port=port)
+    try:  # a Ctrl-C right after the URL is printed stops as cleanly as a later one
+        emit(ctx, {"url": server.url}, f"job {job_id}: {server.url} (Ctrl-C stops)")
+        server.serve_forever()
+    except KeyboardInterrupt:
+        click.echo(f"stopped serving the page of job {job_id}", err=True)
+    finally:
+        server.server_close()
 
 
 # ---------------------------------------------------------------------- rewards

@@ -1,0 +1,661 @@
+"""A job's page in the browser: `dtrain job watch JOB --web`.
+
+A small local HTTP server (stdlib, one thread per request) serves `GET /`, one self-contained
+HTML page (inline CSS and JS, no network), and `GET /api/job`, the job as JSON, which the page
+polls. The JSON is assembled from on-chain reads and events (`assemble`, pure) and from the
+members' metrics files for the loss curve (each node appends a `round` record with the mean
+training loss of every sync round to `metrics.jsonl` in its data directory).
+
+Payouts follow the contract's split of a paid operator-epoch (`_pay`, `_payShared`): the
+operator's and the stake pool's cuts, the developer's cut and the rest to the protocol
+treasury; a pool's cut goes to the treasury instead when no share of the pool earned yet or the
+epoch was finalized too late, which the `Credited` event logged just before its `OperatorPaid`
+says. Amounts travel as strings (wei does not fit a JavaScript number) next to their ETH text.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from .client import BSM, JOB_EVENTS
+from .errors import ConfigError, DtrainError
+from .models import Event, Job, JobStatus, Params, SlashReason
+from .units import format_eth
+
+METRICS_FILE = "metrics.jsonl"
+POLL_S = 3  # how often the page asks for the job again
+BPS = 10_000
+SETTLED_BY = {"EpochFinalized": "finalized", "JobAborted": "aborted"}
+ENDS = ("JobCompleted", "JobFailed", "JobCancelled", "JobAborted")  # each with its refund
+VOTERS = ("CheckpointCommitted", "CheckpointRevealed", "OperatorPaid", "Slashed")
+
+
+# ---------------------------------------------------------------------------- the JSON (pure)
+
+
+def _amount(wei: int) -> dict[str, str]:
+    return {"wei": str(wei), "eth": format_eth(wei)}
+
+
+@dataclass(frozen=True)
+class Cuts:
+    """One paid operator-epoch split as the contract splits it."""
+
+    operator: int
+    stakers: int
+    protocol: int
+    developer: int
+
+    @classmethod
+    def of(cls, price: int, params: Params, stakers_to_treasury: bool = False) -> Cuts:
+        operator = price * params.operator_bps // BPS
+        stakers = price * params.staker_bps // BPS
+        developer = price * params.developer_bps // BPS
+        protocol = price - operator - stakers - developer
+        if stakers_to_treasury:
+            stakers, protocol = 0, protocol + stakers
+        return cls(operator, stakers, protocol, developer)
+
+    def __add__(self, other: Cuts) -> Cuts:
+        return Cuts(
+            self.operator + other.operator,
+            self.stakers + other.stakers,
+            self.protocol + other.protocol,
+            self.developer + other.developer,
+        )
+
+    @property
+    def total(self) -> int:
+        return self.operator + self.stakers + self.protocol + self.developer
+
+    def as_json(self) -> dict[str, Any]:
+        names = ("operator", "stakers", "protocol", "developer", "total")
+        return {n: _amount(getattr(self, n)) for n in names}
+
+
+NO_CUTS = Cuts(0, 0, 0, 0)
+
+
+def _stakers_to_treasury(
+    paid: Event, credited: Mapping[tuple[str, int], Event], treasury: str, stakers_cut: int
+) -> bool:
+    """The pool's cut of `paid` went to the treasury: `_pay` credited it there just before
+    emitting `OperatorPaid`."""
+    before = credited.get((paid.tx_hash, paid.log_index - 1))
+    return (
+        stakers_cut > 0
+        and before is not None
+        and before.args["account"] == treasury
+        and before.args["amount"] == stakers_cut
+    )
+
+
+def payouts(events: Sequence[Event], credited: Sequence[Event], params: Params) -> dict[str, Any]:
+    """Per paid operator (`address`): operator-epochs paid and each party's cut of them; and
+    the totals."""
+    by_position = {(c.tx_hash, c.log_index): c for c in credited}
+    rows: dict[str, tuple[int, Cuts]] = {}
+    for e in events:
+        if e.name != "OperatorPaid":
+            continue
+        price, op = e.args["price"], e.args["operator"]
+        late = _stakers_to_treasury(
+            e, by_position, params.treasury, price * params.staker_bps // BPS
+        )
+        epochs, sums = rows.get(op, (0, NO_CUTS))
+        rows[op] = (epochs + 1, sums + Cuts.of(price, params, late))
+    total = sum((c for _, c in rows.values()), NO_CUTS)
+    return {
+        "rows": [{"address": op, "epochs": n, **c.as_json()} for op, (n, c) in rows.items()],
+        "total": {"epochs": sum(n for n, _ in rows.values()), **total.as_json()},
+        "split_bps": {
+            "operator": params.operator_bps,
+            "stakers": params.staker_bps,
+            "protocol": params.protocol_bps,
+            "developer": params.developer_bps,
+        },
+        "treasury": params.treasury,
+        "developer": params.developer,
+    }
+
+
+def slashes(events: Sequence[Event]) -> list[dict[str, Any]]:
+    return [
+        {
+            "operator": e.args["operator"],
+            "epoch": e.args["epoch"] + 1,
+            "reason": SlashReason(e.args["reason"]).label,
+            "amount": _amount(e.args["amount"]),
+            "reporter": e.args["reporter"],
+        }
+        for e in events
+        if e.name == "Slashed"
+    ]
+
+
+def _addresses(items: Iterable[str]) -> list[str]:
+    """Each address once, in one order on every row."""
+    return sorted(set(items), key=str.lower)
+
+
+def _epoch_status(job: Job, epoch: int, mine: Sequence[Event]) -> str:
+    settled = [SETTLED_BY[e.name] for e in mine if e.name in SETTLED_BY]
+    if settled:
+        return settled[-1]
+    running = job.state.status == JobStatus.RUNNING and job.state.epoch == epoch
+    if running:
+        return "running"
+    if any(e.name == "EpochStarted" for e in mine):
+        return "failed"
+    return "not started"
+
+
+def epochs(job: Job, events: Sequence[Event]) -> list[dict[str, Any]]:
+    """Every epoch of the job (1-based): its state, members, who was paid and slashed."""
+    out = []
+    for epoch in range(job.spec.total_epochs):
+        mine = [e for e in events if e.args.get("epoch") == epoch]
+        status = _epoch_status(job, epoch, mine)
+        # Once settled, every member voted, was paid or was slashed (a silent one as a dropout).
+        members = _addresses(
+            job.members
+            if status == "running"
+            else (e.args["operator"] for e in mine if e.name in VOTERS)
+        )
+        finalized = [e for e in mine if e.name == "EpochFinalized"]
+        out.append(
+            {
+                "epoch": epoch + 1,
+                "status": status,
+                "attempts": sum(e.name == "EpochStarted" for e in mine),
+                "members": members,
+                "paid": _addresses(e.args["operator"] for e in mine if e.name == "OperatorPaid"),
+                "slashed": _addresses(e.args["operator"] for e in mine if e.name == "Slashed"),
+                "checkpoint": "0x" + finalized[-1].args["checkpoint"].hex() if finalized else None,
+            }
+        )
+    return out
+
+
+def _refund(events: Sequence[Event]) -> dict[str, str] | None:
+    ends = [e for e in events if e.name in ENDS]
+    return _amount(ends[-1].args["refund"]) if ends else None
+
+
+def epochs_done(job: Job) -> int:
+    """Epochs settled with a quorum (the chain's epoch counter)."""
+    return job.state.epoch
+
+
+def loss_series(records: Iterable[Mapping[str, Any]], job: Job) -> list[dict[str, Any]]:
+    """Per member, its training loss at the end of each sync round, by training step (a retried
+    epoch's rounds replace the failed attempt's)."""
+    rounds, sync = job.spec.rounds_per_epoch, job.spec.sync_interval
+    by_member: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") != "round" or r.get("job") != job.id or "node" not in r:
+            continue
+        step = (r["epoch"] * rounds + r["round"] + 1) * sync
+        point = {"step": step, "epoch": r["epoch"] + 1, "round": r["round"] + 1, "loss": r["loss"]}
+        by_member.setdefault(r["node"], {})[step] = point
+    return [
+        {"member": m, "points": [pts[s] for s in sorted(pts)]}
+        for m, pts in sorted(by_member.items())
+    ]
+
+
+def assemble(
+    job: Job,
+    events: Sequence[Event],
+    credited: Sequence[Event],
+    params: Params,
+    records: Iterable[Mapping[str, Any]] = (),
+    metrics_sources: Sequence[str] = (),
+    block: int = 0,
+) -> dict[str, Any]:
+    """The page's JSON: `events` are the job's (block order), `credited` the `Credited` events
+    of the transactions that paid its members, `records` the members' metrics records."""
+    s, st = job.spec, job.state
+    return {
+        "block": block or job.block,
+        "job": {
+            "id": job.id,
+            "method": s.method.name,
+            "state": st.status.name.lower(),
+            "caller": st.caller,
+            "price": _amount(s.price_per_operator_epoch),
+            "escrow": _amount(st.escrow),
+            "seat_bond": _amount(s.seat_bond),
+            "epochs_done": epochs_done(job),
+            "epochs_total": s.total_epochs,
+            "steps_per_epoch": s.steps_per_epoch,
+            "sync_interval": s.sync_interval,
+            "min_operators": s.min_operators,
+            "max_operators": s.max_operators,
+            "model_uri": s.model_uri,
+            "dataset_uri": s.dataset_uri,
+            "checkpoint": "0x" + st.checkpoint.hex(),
+        },
+        "members": list(job.members),
+        "pending_joins": list(job.pending_joins),
+        "epochs": epochs(job, events),
+        "payouts": payouts(events, credited, params),
+        "slashes": slashes(events),
+        "refund": _refund(events),
+        "loss": {"sources": list(metrics_sources), "series": loss_series(records, job)},
+    }
+
+
+# ---------------------------------------------------------------------------- metrics files
+
+
+def metrics_file(path: Path) -> Path:
+    """A node's metrics file: `path` itself, or `metrics.jsonl` in a node's data directory."""
+    return path / METRICS_FILE if path.is_dir() else path
+
+
+def check_metrics_paths(paths: Iterable[Path]) -> list[Path]:
+    """The metrics files of `paths` (node data directories or metrics files); a path that does
+    not exist is a typo, not a node that has not started yet."""
+    out = []
+    for p in paths:
+        if not p.exists():
+            raise ConfigError(
+                f"no metrics at {p}: give a node's data directory or its {METRICS_FILE}"
+            )
+        out.append(metrics_file(p))
+    return out
+
+
+def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every JSON record of `files` (a missing file, or a line being written, is skipped)."""
+    out = []
+    for f in files:
+        try:
+            lines = f.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+# ---------------------------------------------------------------------------- chain reads
+
+
+class JobPage:
+    """What the page shows of one job, read from the chain (events incrementally) and the
+    members' metrics files on every `snapshot`."""
+
+    def __init__(self, bsm: BSM, job_id: int, metrics: Sequence[Path] = ()) -> None:
+        self.bsm, self.job_id = bsm, job_id
+        self.metrics = check_metrics_paths(metrics)
+        self.bsm.job(job_id)  # an unknown job fails here, before serving
+        self._params = bsm.params()
+        self._events: list[Event] = []
+        self._credited: list[Event] = []
+        self._next_block = 0
+        self._lock = threading.Lock()
+
+    def _catch_up(self) -> int:
+        head = self.bsm.w3.eth.block_number
+        if head >= self._next_block:
+            new = self.bsm.events(self._next_block, head, JOB_EVENTS, self.job_id)
+            for block in sorted({e.block for e in new if e.name == "OperatorPaid"}):
+                self._credited += self.bsm.events(block, block, ["Credited"])
+            self._events += new
+            self._next_block = head + 1
+        return head
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            head = self._catch_up()
+            events, credited = list(self._events), list(self._credited)
+        return assemble(
+            self.bsm.job(self.job_id),
+            events,
+            credited,
+            self._params,
+            read_records(self.metrics),
+            [str(p) for p in self.metrics],
+            block=head,
+        )
+
+
+# ---------------------------------------------------------------------------- the server
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: JobPageServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/":
+            self._send(200, "text/html; charset=utf-8", PAGE.encode())
+        elif path == "/api/job":
+            try:
+                body, code = self.server.page.snapshot(), 200
+            except (DtrainError, OSError, ValueError) as exc:
+                body, code = {"error": f"{type(exc).__name__}: {exc}"}, 502
+            self._send(code, "application/json", json.dumps(body).encode())
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the terminal shows the URL and the exit line only."""
+
+
+class JobPageServer(ThreadingHTTPServer):
+    """Serves `page` on host:port (port 0: a free one) from `start()` until `close()`."""
+
+    daemon_threads = True
+
+    def __init__(self, page: JobPage, host: str = "127.0.0.1", port: int = 0) -> None:
+        try:
+            super().__init__((host, port), _Handler)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+        self.page = page
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def start(self) -> JobPageServer:
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join()
+        self.server_close()
+
+    def __enter__(self) -> JobPageServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+PAGE = (
+    """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>dtrain job</title>
+<style>
+  body { font: 14px/1.45 system-ui, sans-serif; margin: 24px 32px; color: #1d2330;
+         background: #f6f7f9; }
+  h1 { font-size: 22px; margin: 0 0 4px; }
+  h2 { font-size: 16px; margin: 24px 0 8px; }
+  .card { background: #fff; border: 1px solid #dde1e7; border-radius: 8px; padding: 14px 18px;
+          margin-bottom: 16px; }
+  .badge { display: inline-block; padding: 2px 10px; border-radius: 12px; font-size: 13px;
+           font-weight: 600; background: #e3e8ef; vertical-align: middle; }
+  .badge.completed { background: #d6f5df; color: #116329; }
+  .badge.running, .badge.open { background: #dbeafe; color: #1e4fa3; }
+  .badge.failed, .badge.cancelled { background: #fde2e1; color: #a1231b; }
+  dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 0; }
+  dt { color: #5b6576; } dd { margin: 0; overflow-wrap: anywhere; }
+  table { border-collapse: collapse; width: 100%; }
+  th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid #e6e9ee; }
+  th { color: #5b6576; font-weight: 600; font-size: 13px; }
+  td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+  tfoot td { font-weight: 700; border-top: 2px solid #c9ced6; }
+  code, .addr { font-family: ui-monospace, monospace; font-size: 12.5px; }
+  .swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
+            margin-right: 6px; vertical-align: -1px; }
+  .note { color: #5b6576; }
+  #members li { margin: 2px 0; }
+  #headline { font-size: 15px; margin: 2px 0; }
+  .row { display: flex; gap: 16px; flex-wrap: wrap; }
+  .row > .card { flex: 1 1 420px; min-width: 0; }
+  .who { white-space: nowrap; margin-right: 10px; display: inline-block; }
+  svg text { font: 11px system-ui, sans-serif; fill: #5b6576; }
+</style>
+</head>
+<body>
+<h1>Job <span id="job-id">?</span> <span id="method"></span>
+  <span id="state" class="badge">loading</span></h1>
+<div id="headline"></div>
+<div class="note" id="updated">reading the chain...</div>
+<div class="card"><h2>Loss curve</h2>
+  <svg id="loss-chart" width="100%" viewBox="0 0 1000 300"></svg>
+  <div id="legend"></div><div class="note" id="loss-note"></div>
+</div>
+<div class="card"><h2>Payouts</h2>
+  <table id="payouts"><thead><tr><th>operator</th><th class="num">epochs paid</th>
+  <th class="num">operator</th><th class="num">stakers</th><th class="num">protocol</th>
+  <th class="num">developer</th><th class="num">total</th></tr></thead><tbody></tbody>
+  <tfoot></tfoot></table><div class="note" id="payout-note"></div></div>
+<div class="card"><h2>Epochs</h2>
+  <table id="epochs"><thead><tr><th>epoch</th><th>state</th><th>members</th><th>paid</th>
+  <th>slashed</th><th>checkpoint</th></tr></thead><tbody></tbody></table></div>
+<div class="card"><h2>Slashes</h2>
+  <table id="slashes" hidden><thead><tr><th>operator</th><th>epoch</th><th>reason</th>
+  <th class="num">amount</th><th>finalized by</th></tr></thead><tbody></tbody></table>
+  <div class="note" id="slash-note"></div></div>
+<div class="row">
+  <div class="card"><h2>Members</h2><ul id="members"></ul></div>
+  <div class="card"><h2>Job</h2><dl id="summary"></dl></div>
+</div>
+<script>
+"use strict";
+const POLL_MS = """
+    + str(POLL_S * 1000)
+    + """;
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2",
+                "#db2777", "#65a30d"];
+const SVG = "http://www.w3.org/2000/svg";
+const $ = (sel) => document.querySelector(sel);
+const short = (a) => a.slice(0, 6) + "\\u2026" + a.slice(-4);
+
+function el(tag, attrs, ...children) {
+  const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4))
+                                      : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  for (const c of children) node.append(c);
+  return node;
+}
+function cell(text, cls) { return el("td", cls ? {class: cls} : {}, text); }
+function amount(a) { return el("td", {class: "num", "data-wei": a.wei}, a.eth); }
+function addr(a) { return el("span", {class: "addr", title: a}, a); }
+function member(m) {
+  return el("span", {class: "who"},
+    el("span", {class: "swatch", style: `background:${colorOf[m] || "#999"}`}), addr(m));
+}
+function fill(node, ...children) { node.replaceChildren(...children); }
+
+let colorOf = {};
+function colors(data) {
+  const all = [...data.members];
+  for (const e of data.epochs) all.push(...e.members);
+  for (const s of data.loss.series) all.push(s.member);
+  for (const m of all) {
+    if (!(m in colorOf)) colorOf[m] = COLORS[Object.keys(colorOf).length % COLORS.length];
+  }
+}
+
+function taking(d) {
+  const ended = ["completed", "failed", "cancelled"].includes(d.job.state);
+  const took = new Set(d.epochs.flatMap((e) => e.members)).size;
+  return ended ? `${took} operators took part` : `${d.members.length} members now`;
+}
+
+function summary(d) {
+  const j = d.job;
+  $("#job-id").textContent = j.id;
+  $("#method").textContent = j.method;
+  const state = $("#state");
+  state.textContent = j.state;
+  state.className = "badge " + j.state;
+  const rows = [
+    ["epochs", `${j.epochs_done}/${j.epochs_total} done`],
+    ["price", `${j.price.eth} per operator-epoch`],
+    ["members", `${j.min_operators} to ${j.max_operators} per epoch`],
+    ["steps", `${j.steps_per_epoch} per epoch, sync every ${j.sync_interval}`],
+    ["escrow", `${j.escrow.eth} unearned`],
+    ["seat bond", j.seat_bond.eth],
+    ["model", j.model_uri || "-"],
+    ["dataset", j.dataset_uri || "-"],
+    ["checkpoint", j.checkpoint],
+    ["caller", j.caller],
+  ];
+  if (d.refund) rows.push(["refund", `${d.refund.eth} to the caller`]);
+  $("#headline").textContent = `epoch ${j.epochs_done}/${j.epochs_total} done \u00b7 ` +
+    `${j.price.eth} per operator-epoch \u00b7 ${taking(d)} \u00b7 ` +
+    `paid so far ${d.payouts.total.total.eth}`;
+  fill($("#summary"), ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+function members(d) {
+  const all = [...new Set([...d.members, ...d.epochs.flatMap((e) => e.members)])];
+  const current = new Set(d.members);
+  const items = all.map((m) => el("li", {"data-member": m},
+    el("span", {class: "swatch", style: `background:${colorOf[m]}`}), addr(m),
+    current.has(m) ? " (member now)" : ""));
+  for (const m of d.pending_joins) items.push(el("li", {"data-member": m}, addr(m), " (joining)"));
+  fill($("#members"), ...(items.length ? items : [el("li", {}, "nobody yet")]));
+}
+
+function chart(d) {
+  const svg = $("#loss-chart"), series = d.loss.series.filter((s) => s.points.length);
+  const W = 1000, H = 300, L = 56, R = 16, T = 12, B = 36;
+  const pts = series.flatMap((s) => s.points);
+  const parts = [];
+  const note = $("#loss-note");
+  if (!d.loss.sources.length) {
+    note.textContent = "No metrics given: the curve comes from the members' metrics files " +
+      "(`dtrain job watch " + d.job.id + " --web --metrics NODE_DATA_DIR`, once per member; " +
+      "each node writes metrics.jsonl in its --data-dir).";
+  } else if (!pts.length) {
+    note.textContent = "No training rounds of this job yet in " + d.loss.sources.join(", ") + ".";
+  } else {
+    note.textContent = "Training loss at each sync round, from " + d.loss.sources.join(", ") + ".";
+  }
+  const stepsTotal = d.job.steps_per_epoch * d.job.epochs_total;
+  const x0 = 0, x1 = Math.max(stepsTotal, ...pts.map((p) => p.step), 1);
+  let y0 = Math.min(...pts.map((p) => p.loss)), y1 = Math.max(...pts.map((p) => p.loss));
+  if (!pts.length) { y0 = 0; y1 = 1; }
+  const pad = (y1 - y0) * 0.08 || 0.5;
+  y0 -= pad; y1 += pad;
+  const X = (s) => L + (s - x0) / (x1 - x0) * (W - L - R);
+  const Y = (v) => T + (y1 - v) / (y1 - y0) * (H - T - B);
+  parts.push(el("svg:rect", {x: L, y: T, width: W - L - R, height: H - T - B, fill: "#fbfcfd",
+                             stroke: "#dde1e7"}));
+  for (let i = 0; i <= 4; i++) {
+    const v = y0 + (y1 - y0) * i / 4;
+    parts.push(el("svg:line", {x1: L, x2: W - R, y1: Y(v), y2: Y(v), stroke: "#eceff3"}));
+    const t = el("svg:text", {x: L - 6, y: Y(v) + 4, "text-anchor": "end"}, v.toFixed(3));
+    parts.push(t);
+  }
+  for (let e = 0; e <= d.job.epochs_total; e++) {
+    const s = e * d.job.steps_per_epoch, x = X(s);
+    parts.push(el("svg:line", {x1: x, x2: x, y1: T, y2: H - B, stroke: "#c9ced6",
+                               "stroke-dasharray": e && e < d.job.epochs_total ? "4 3" : ""}));
+    parts.push(el("svg:text", {x: x, y: H - B + 14, "text-anchor": "middle"}, String(s)));
+    if (e < d.job.epochs_total) {
+      parts.push(el("svg:text", {x: X(s + d.job.steps_per_epoch / 2), y: T + 14,
+                                 "text-anchor": "middle"}, "epoch " + (e + 1)));
+    }
+  }
+  parts.push(el("svg:text", {x: L + (W - L - R) / 2, y: H - 4, "text-anchor": "middle"},
+                "training step"));
+  parts.push(el("svg:text", {x: 14, y: T + (H - T - B) / 2, "text-anchor": "middle",
+                             transform: `rotate(-90 14 ${T + (H - T - B) / 2})`}, "loss"));
+  for (const s of series) {
+    const color = colorOf[s.member];
+    parts.push(el("svg:polyline", {class: "series", "data-member": s.member,
+      "data-points": s.points.length, fill: "none", stroke: color, "stroke-width": 2,
+      points: s.points.map((p) => `${X(p.step).toFixed(1)},${Y(p.loss).toFixed(1)}`).join(" ")}));
+    for (const p of s.points) {
+      const dot = el("svg:circle", {cx: X(p.step), cy: Y(p.loss), r: 3, fill: color});
+      const tip = `${short(s.member)} epoch ${p.epoch} round ${p.round}: ${p.loss}`;
+      dot.append(el("svg:title", {}, tip));
+      parts.push(dot);
+    }
+  }
+  fill(svg, ...parts);
+  fill($("#legend"), ...series.map((s) => el("span", {class: "who"},
+    el("span", {class: "swatch", style: `background:${colorOf[s.member]}`}), addr(s.member),
+    ` (${s.points.length} rounds, last ${s.points[s.points.length - 1].loss})`)));
+}
+
+function who(m) {
+  return el("span", {class: "who", title: m},
+    el("span", {class: "swatch", style: `background:${colorOf[m] || "#999"}`}), short(m));
+}
+function list(xs) { return el("td", {}, ...(xs.length ? xs.map(who) : ["-"])); }
+
+function epochTable(d) {
+  fill($("#epochs tbody"), ...d.epochs.map((e) => el("tr", {"data-epoch": e.epoch},
+    cell(String(e.epoch)), cell(e.status + (e.attempts > 1 ? ` (${e.attempts} attempts)` : "")),
+    list(e.members), list(e.paid), list(e.slashed),
+    el("td", {}, el("code", {}, e.checkpoint ? e.checkpoint.slice(0, 18) + "\\u2026" : "-")))));
+}
+
+function payoutTable(d) {
+  const p = d.payouts, cols = ["operator", "stakers", "protocol", "developer", "total"];
+  fill($("#payouts tbody"), ...p.rows.map((r) => el("tr", {"data-operator": r.address},
+    el("td", {}, member(r.address)), cell(String(r.epochs), "num"),
+    ...cols.map((c) => amount(r[c])))));
+  fill($("#payouts tfoot"), el("tr", {"data-total": ""}, cell("total"),
+    cell(String(p.total.epochs), "num"), ...cols.map((c) => amount(p.total[c]))));
+  const b = p.split_bps, pc = (x) => (x / 100) + "%";
+  $("#payout-note").textContent = (p.rows.length ? "" : "Nobody paid yet. ") +
+    `Each paid operator-epoch: ${pc(b.operator)} to the operator, ${pc(b.stakers)} to its ` +
+    `stake pool, ${pc(b.protocol)} to the protocol treasury ${short(p.treasury)}, ` +
+    `${pc(b.developer)} to the developer ${short(p.developer)}.`;
+}
+
+function slashTable(d) {
+  fill($("#slashes tbody"), ...d.slashes.map((s) => el("tr", {},
+    el("td", {}, member(s.operator)), cell(String(s.epoch)), cell(s.reason), amount(s.amount),
+    el("td", {}, addr(s.reporter)))));
+  $("#slashes").hidden = !d.slashes.length;
+  $("#slash-note").textContent = d.slashes.length ? "" : "No slashes.";
+}
+
+async function refresh() {
+  try {
+    const r = await fetch("/api/job", {cache: "no-store"});
+    const d = await r.json();
+    if (!r.ok) throw new Error(d.error || r.statusText);
+    colors(d);
+    summary(d); members(d); chart(d); epochTable(d); payoutTable(d); slashTable(d);
+    document.title = `dtrain job ${d.job.id}: ${d.job.state}`;
+    $("#updated").textContent = `block ${d.block}, read ${new Date().toLocaleTimeString()}` +
+      `; refreshed every ${POLL_MS / 1000} s`;
+    document.body.dataset.block = d.block;
+  } catch (err) {
+    $("#updated").textContent = "cannot read the job: " + err.message;
+  }
+}
+refresh();
+setInterval(refresh, POLL_MS);
+</script>
+</body>
+</html>
+"""
+)

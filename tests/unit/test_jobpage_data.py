@@ -1,0 +1,234 @@
+"""The job page's JSON, assembled from events, a job snapshot and metrics records (pure), and
+its server over a canned snapshot."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dtrain.errors import ConfigError
+from dtrain.jobpage import PAGE, JobPageServer, assemble, check_metrics_paths, read_records
+from dtrain.models import Event, Job, JobSpec, JobState, JobStatus, Params, SlashReason
+
+ETH = 10**18
+PRICE = ETH // 100
+A, B, C = ("0x" + c * 40 for c in "abc")
+TREASURY, DEVELOPER, CALLER = ("0x" + c * 40 for c in "def")
+PARAMS = Params(treasury=TREASURY, developer=DEVELOPER)
+CKPT = bytes(range(32))
+
+
+class Log:
+    """Events in block order, each in its own transaction unless told."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def add(self, name: str, tx: str = "", **args: Any) -> Event:
+        index = sum(e.tx_hash == tx for e in self.events) if tx else 0
+        e = Event(name, args, len(self.events) + 1, tx or f"0x{len(self.events):064x}", index)
+        self.events.append(e)
+        return e
+
+
+def job(status: JobStatus, epoch: int, members: tuple[str, ...] = (), epochs: int = 2) -> Job:
+    spec = JobSpec(
+        price_per_operator_epoch=PRICE,
+        total_epochs=epochs,
+        steps_per_epoch=4,
+        sync_interval=2,
+        min_operators=2,
+        max_operators=3,
+        model_uri="builtin:tiny",
+    )
+    state = JobState(CALLER, status, epoch, 0, epoch + 1, 0, PRICE, CKPT)
+    return Job(id=7, spec=spec, state=state, members=members, block=42)
+
+
+def settle_epoch(log: Log, epoch: int, paid: list[str], late: str = "") -> None:
+    """A finalize transaction paying `paid` (the pool's cut of `late` to the treasury)."""
+    tx = f"0xf{epoch:063x}"
+    for op in paid:
+        log.add("Credited", tx, account=op, amount=PRICE * 4 // 10)
+        if op == late:
+            log.add("Credited", tx, account=TREASURY, amount=PRICE * 2 // 10)
+        log.add("OperatorPaid", tx, jobId=7, epoch=epoch, operator=op, price=PRICE)
+    log.add("EpochFinalized", tx, jobId=7, epoch=epoch, checkpoint=CKPT, paidMembers=len(paid))
+
+
+def two_epochs() -> tuple[list[Event], list[Event]]:
+    """Epoch 1: A and B paid, C silent and slashed; epoch 2: A and B paid, B's pool had no
+    earning shares (its cut went to the treasury). Returns (job events, Credited events)."""
+    log = Log()
+    log.add("EpochStarted", jobId=7, epoch=0, attempt=1, memberCount=3)
+    for op in (A, B):
+        log.add("CheckpointCommitted", jobId=7, epoch=0, operator=op, commitment=CKPT)
+    log.add(
+        "Slashed",
+        operator=C,
+        jobId=7,
+        epoch=0,
+        reason=int(SlashReason.DROPOUT),
+        amount=ETH // 20,
+        reporter=A,
+    )
+    settle_epoch(log, 0, [A, B])
+    log.add("EpochStarted", jobId=7, epoch=1, attempt=2, memberCount=2)
+    settle_epoch(log, 1, [A, B], late=B)
+    log.add("JobCompleted", jobId=7, finalCheckpoint=CKPT, refund=2 * PRICE)
+    credited = [e for e in log.events if e.name == "Credited"]
+    return [e for e in log.events if e.name != "Credited"], credited
+
+
+def test_payouts_split_each_paid_operator_epoch_as_the_contract_does() -> None:
+    events, credited = two_epochs()
+    p = assemble(job(JobStatus.COMPLETED, 2), events, credited, PARAMS)["payouts"]
+    rows = {r["address"]: r for r in p["rows"]}
+    assert list(rows) == [A, B]
+    assert rows[A]["epochs"] == 2 and rows[B]["epochs"] == 2
+    assert rows[A]["operator"] == {"wei": str(8 * PRICE // 10), "eth": "0.008 ETH"}
+    assert rows[A]["stakers"]["wei"] == str(4 * PRICE // 10)
+    # B's second pool cut went to the treasury: protocol, not stakers.
+    assert rows[B]["stakers"]["wei"] == str(2 * PRICE // 10)
+    assert rows[B]["protocol"]["wei"] == str(6 * PRICE // 10)
+    assert rows[A]["developer"]["eth"] == "0.004 ETH"
+    total = p["total"]
+    assert total["epochs"] == 4 and total["total"]["wei"] == str(4 * PRICE)
+    parts = ("operator", "stakers", "protocol", "developer")
+    assert sum(int(total[k]["wei"]) for k in parts) == 4 * PRICE
+    assert p["split_bps"] == {
+        "operator": 4000,
+        "stakers": 2000,
+        "protocol": 2000,
+        "developer": 2000,
+    }
+
+
+def test_epochs_members_slashes_and_refund_from_events() -> None:
+    events, credited = two_epochs()
+    d = assemble(job(JobStatus.COMPLETED, 2), events, credited, PARAMS)
+    e1, e2 = d["epochs"]
+    assert (e1["epoch"], e1["status"], e1["attempts"]) == (1, "finalized", 1)
+    assert e1["members"] == [A, B, C]  # C never voted: a member all the same, slashed
+    assert e1["paid"] == [A, B] and e1["slashed"] == [C]
+    assert e1["checkpoint"] == "0x" + CKPT.hex()
+    assert e2["members"] == [A, B] and e2["slashed"] == []
+    assert d["slashes"] == [
+        {
+            "operator": C,
+            "epoch": 1,
+            "reason": "dropout",
+            "amount": {"wei": str(ETH // 20), "eth": "0.05 ETH"},
+            "reporter": A,
+        }
+    ]
+    assert d["refund"]["eth"] == "0.02 ETH"
+    j = d["job"]
+    assert (j["state"], j["epochs_done"], j["epochs_total"], j["method"]) == (
+        "completed",
+        2,
+        2,
+        "CPT",
+    )
+    assert j["price"]["eth"] == "0.01 ETH"
+    assert d["block"] == 42
+
+
+def test_running_epoch_shows_the_current_members_and_a_failed_attempt() -> None:
+    log = Log()
+    log.add("EpochStarted", jobId=7, epoch=0, attempt=1, memberCount=2)
+    log.add("CheckpointCommitted", jobId=7, epoch=0, operator=A, commitment=CKPT)
+    log.add("EpochFailed", jobId=7, epoch=0, failedEpochs=1)
+    log.add("EpochStarted", jobId=7, epoch=0, attempt=2, memberCount=2)
+    d = assemble(job(JobStatus.RUNNING, 0, members=(A, B)), log.events, [], PARAMS)
+    e1, e2 = d["epochs"]
+    assert (e1["status"], e1["attempts"], e1["members"]) == ("running", 2, [A, B])
+    assert e2["status"] == "not started"
+    assert d["payouts"]["rows"] == [] and d["payouts"]["total"]["total"]["wei"] == "0"
+    assert d["refund"] is None and d["members"] == [A, B]
+
+
+def test_loss_curve_per_member_by_step_of_this_job_only() -> None:
+    def rnd(node: str, epoch: int, r: int, loss: float, job_id: int = 7) -> dict[str, Any]:
+        return {"kind": "round", "node": node, "job": job_id, "epoch": epoch, "round": r,
+                "loss": loss}  # fmt: skip
+
+    records = [
+        {"kind": "epoch_start", "node": A, "job": 7, "epoch": 0},
+        rnd(A, 0, 0, 5.0),
+        rnd(A, 0, 1, 4.0),
+        rnd(A, 0, 1, 3.9),  # a retried attempt's round replaces the first one's
+        rnd(A, 1, 0, 3.5),
+        rnd(B, 0, 0, 5.1),
+        rnd(B, 0, 0, 9.9, job_id=8),
+    ]
+    d = assemble(job(JobStatus.RUNNING, 1, (A, B)), [], [], PARAMS, records, ["op1", "op2"])
+    series = {s["member"]: s["points"] for s in d["loss"]["series"]}
+    assert [(p["step"], p["loss"]) for p in series[A]] == [(2, 5.0), (4, 3.9), (6, 3.5)]
+    assert series[A][2] == {"step": 6, "epoch": 2, "round": 1, "loss": 3.5}
+    assert [p["loss"] for p in series[B]] == [5.1]
+    assert d["loss"]["sources"] == ["op1", "op2"]
+
+
+def test_metrics_paths_are_data_dirs_or_files_and_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "op1").mkdir()
+    (tmp_path / "op1" / "metrics.jsonl").write_text('{"kind": "round"}\n{"kind": "ro')
+    (tmp_path / "m.jsonl").write_text('{"kind": "joined"}\n')
+    files = check_metrics_paths([tmp_path / "op1", tmp_path / "m.jsonl"])
+    assert files == [tmp_path / "op1" / "metrics.jsonl", tmp_path / "m.jsonl"]
+    # A line being written is skipped; a data dir without its file yet reads as nothing.
+    assert read_records(files) == [{"kind": "round"}, {"kind": "joined"}]
+    (tmp_path / "op2").mkdir()
+    assert read_records(check_metrics_paths([tmp_path / "op2"])) == []
+    with pytest.raises(ConfigError, match=r"no metrics at .*typo"):
+        check_metrics_paths([tmp_path / "typo"])
+
+
+def test_page_is_self_contained() -> None:
+    """Offline: nothing loaded from elsewhere (the only URL is the SVG namespace)."""
+    assert "src=" not in PAGE and "href=" not in PAGE and "@import" not in PAGE
+    assert PAGE.count("http") == 1 and "http://www.w3.org/2000/svg" in PAGE
+
+
+class Canned:
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self._snapshot = snapshot
+
+    def snapshot(self) -> dict[str, Any]:
+        if "error" in self._snapshot:
+            raise ConfigError(self._snapshot["error"])
+        return self._snapshot
+
+
+def _get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def test_server_serves_the_page_and_the_json() -> None:
+    with JobPageServer(Canned({"job": {"id": 7}}), port=0) as server:  # type: ignore[arg-type]
+        assert server.url.startswith("http://127.0.0.1:")
+        code, kind, body = _get(server.url)
+        assert (code, kind, body.decode()) == (200, "text/html; charset=utf-8", PAGE)
+        code, kind, body = _get(server.url + "api/job")
+        assert (code, kind, json.loads(body)) == (200, "application/json", {"job": {"id": 7}})
+        assert _get(server.url + "nothing")[0] == 404
+    with JobPageServer(Canned({"error": "RPC down"}), port=0) as server:  # type: ignore[arg-type]
+        code, _, body = _get(server.url + "api/job")
+        assert code == 502 and json.loads(body) == {"error": "ConfigError: RPC down"}
+
+
+def test_a_taken_port_is_one_config_error() -> None:
+    with (
+        JobPageServer(Canned({}), port=0) as server,  # type: ignore[arg-type]
+        pytest.raises(ConfigError, match=r"cannot serve on 127\.0\.0\.1:"),
+    ):
+        JobPageServer(Canned({}), port=server.server_address[1])  # type: ignore[arg-type]
