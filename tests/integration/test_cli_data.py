@@ -1,0 +1,121 @@
+"""`dtrain data check` and the dataset validation of `dtrain job submit`: a bad file is refused
+with its line numbers before any transaction is sent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dtrain.cli import main
+
+USER = {"role": "user", "content": "2+2="}
+BOT = {"role": "assistant", "content": "4"}
+
+
+@pytest.fixture
+def run(chain, bsm, capsys):
+    """Runs `dtrain` in-process with --rpc-url and --contract set; returns (code, out, err)."""
+
+    def _run(*args: str, key: str | None = None):
+        argv = ["--rpc-url", chain.url, "--contract", bsm.address]
+        code = main([*argv, *(["--key", key] if key else []), *args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return _run
+
+
+def jsonl(path, lines: list[object]) -> str:
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return str(path)
+
+
+@pytest.fixture
+def good(tmp_path) -> str:
+    return jsonl(tmp_path / "good.jsonl", [{"messages": [USER, BOT]}] * 3)
+
+
+@pytest.fixture
+def bad(tmp_path) -> str:
+    return jsonl(
+        tmp_path / "bad.jsonl",
+        [{"messages": [USER, BOT]}, {"prompt": "2+2=", "complection": "4"}, "{oops"],
+    )
+
+
+def test_data_check_prints_a_summary_or_the_bad_lines(run, good, bad, tmp_path) -> None:
+    code, out, err = run("data", "check", good, "--method", "sft")
+    assert code == 0, err
+    assert out.strip() == f"dataset  {good}  3 records (sft, messages)"
+    code, out, err = run("--json", "data", "check", good, "--method", "sft")
+    assert code == 0 and json.loads(out)["summary"] == "3 records (sft, messages)", err
+    code, out, err = run("data", "check", bad, "--method", "sft")
+    assert code == 1 and not out
+    assert f"dataset {bad} line 2: unknown key 'complection' (did you mean 'completion'?)" in err
+    assert f"dataset {bad} line 3: is not JSON" in err
+    code, _, err = run("data", "check", good, "--method", "dpo")
+    assert code == 1 and "line 1: a messages record: unknown key 'messages'" not in err
+    assert "line 1: unknown key 'messages'" in err, err
+    text = tmp_path / "corpus.txt"
+    text.write_text("def f():\n    return 1\n")
+    code, out, err = run("data", "check", str(text), "--method", "cpt")
+    assert code == 0 and "1 document, 22 characters (cpt, text)" in out, err
+
+
+def test_data_check_reads_the_reward_from_the_recipe(run, tmp_path) -> None:
+    data = jsonl(tmp_path / "g.jsonl", [{"prompt": "2+2=", "answer": "4"}] * 2 + [
+        {"prompt": "name?", "answer": "four"}
+    ])  # fmt: skip
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('reward = "numeric"\n')
+    code, out, err = run("data", "check", data, "--method", "grpo")
+    assert code == 0 and "3 records (grpo, text, reward exact)" in out, err
+    code, _, err = run("data", "check", data, "--method", "grpo", "--recipe", str(recipe))
+    assert code == 1 and "line 3: answer 'four' is not a number" in err, err
+
+
+def test_submit_validates_the_dataset_before_any_transaction(
+    run, bsm, accounts, good, bad, tmp_path
+) -> None:
+    before = bsm.next_job_id()
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--method", "sft", "--dataset-uri", bad,
+        key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 1 and not out
+    assert f"dataset {bad} line 2: " in err and f"dataset {bad} line 3: " in err, err
+    assert bsm.next_job_id() == before  # nothing created
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--method", "dpo", "--dataset-uri", good,
+        key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 1 and "line 1: unknown key 'messages'" in err, err
+    assert bsm.next_job_id() == before
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('reward = "regex"\n')
+    grpo = jsonl(tmp_path / "g.jsonl", [{"prompt": "p", "answer": "[0-9"}] * 2)
+    code, _, err = run(
+        "job", "submit", "--price", "1gwei", "--method", "grpo", "--dataset-uri", grpo,
+        "--recipe", str(recipe), key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 1 and "line 1: answer '[0-9' is not a valid regex" in err, err
+    assert bsm.next_job_id() == before
+
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--method", "sft", "--dataset-uri", good,
+        key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "(sha256), 3 records (sft, messages)" in out
+    assert bsm.next_job_id() == before + 1
+
+
+def test_submit_with_a_given_hash_does_not_read_the_file(run, bsm, accounts, bad) -> None:
+    """--dataset-hash pins a file only the operators have: nothing here is read or checked."""
+    code, out, err = run(
+        "--json", "job", "submit", "--price", "1gwei", "--method", "sft", "--dataset-uri", bad,
+        "--dataset-hash", "0x" + "ab" * 32, key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["dataset_summary"] == ""
