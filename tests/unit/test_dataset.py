@@ -257,6 +257,10 @@ def test_cpt_text_and_jsonl_documents(tmp_path):
     jsonl = write(tmp_path, [{"text": "one"}, {"text": "two"}], "c.jsonl")
     assert load_documents(jsonl) == ["one", "two"]
     assert check_dataset(str(jsonl), "cpt") == "2 documents, 6 characters (cpt, jsonl)"
+    cached = write(tmp_path, [{"text": "one"}, {"text": "two"}], "0f" * 32)  # a cache's name
+    assert load_documents(cached) == ["one", "two"]
+    code = write(tmp_path, ["{", '  "not": "a record"', "}"], "c.jsonl")  # a JSON text
+    assert load_documents(code) == [code.read_text()]
 
 
 def test_cpt_errors_name_the_line(tmp_path):
@@ -270,7 +274,7 @@ def test_cpt_errors_name_the_line(tmp_path):
     txt.write_bytes(b" \n")
     with pytest.raises(DatasetError, match="holds no text"):
         load_documents(txt)
-    jsonl = write(tmp_path, [{"text": "one"}, {"txt": "two"}, {"text": ""}], "c.jsonl")
+    jsonl = write(tmp_path, [{"text": "one"}, {"txt": "two"}, {"text": ""}], "c.txt")
     with pytest.raises(DatasetError) as exc:
         load_documents(jsonl)
     assert bad_lines(exc) == {
@@ -278,7 +282,7 @@ def test_cpt_errors_name_the_line(tmp_path):
         3: "text is empty",
     }
     (tmp_path / "e.jsonl").write_bytes(b"")
-    with pytest.raises(DatasetError, match="holds no documents"):
+    with pytest.raises(DatasetError, match="holds no text"):
         load_documents(tmp_path / "e.jsonl")
 
 

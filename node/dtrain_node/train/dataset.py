@@ -1,8 +1,8 @@
 """A job's dataset file, read, checked against its sha256 and validated whole before training.
 
 Formats (docs/methods.md "Data formats"; JSONL: one JSON object per line, UTF-8, "\\n"-separated):
-  cpt:  a text file (any name but *.jsonl: the whole file is one document), or JSONL
-        {"text": str} (one document per line)
+  cpt:  a UTF-8 text file (the whole file is one document), or JSONL {"text": str} (one
+        document per line): JSONL when the first line is a JSON object, whatever the file's name
   sft:  {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]} (at least
         one user message; the last is the assistant's), or {"prompt": Prompt, "completion": str}
         ("response" is read as the old name of "completion")
@@ -331,18 +331,25 @@ def load_records(
     return recs
 
 
-def is_jsonl(path: str | os.PathLike) -> bool:
-    return str(path).lower().endswith(".jsonl")
+def is_jsonl(data: bytes) -> bool:
+    """Whether a CPT file is JSONL documents: its first line is a JSON object. Decided by the
+    bytes, never the file's name: an operator reads a fetched dataset from its cache, where
+    files are named by their sha256 alone, and must read it as the caller did."""
+    first = data.split(b"\n", 1)[0].removeprefix(codecs.BOM_UTF8).strip()
+    if not first.startswith(b"{"):
+        return False
+    try:
+        return isinstance(_json(first), dict)
+    except _Bad:
+        return False
 
 
 def load_documents(path: str | os.PathLike, expected: bytes | None = None) -> list[str]:
-    """A CPT dataset's documents: a *.jsonl file's {"text"} lines, else the whole file (UTF-8
-    text, no byte order mark) as one document."""
+    """A CPT dataset's documents: the {"text"} lines of a JSONL file (one whose first line is a
+    JSON object), else the whole file (UTF-8 text, no byte order mark) as one document."""
     data = read_dataset(path, expected)
-    if is_jsonl(path):
-        recs, _ = parse_jsonl(path, data, "cpt")
-        if not recs:
-            raise DatasetError(f"dataset {path} holds no documents")
+    if is_jsonl(data):
+        recs, _ = parse_jsonl(path, data, "cpt")  # one record at least: its first line is one
         return [r["text"] for r in recs]
     if data.startswith(codecs.BOM_UTF8):
         raise DatasetError(
@@ -375,7 +382,7 @@ def check_dataset(path: str, method: str, recipe: Any = None) -> str:
         rewards.reward_fn(reward, getattr(recipe, "reward_pattern", ""))
     if method == "cpt":
         docs = load_documents(path)
-        form = "jsonl" if is_jsonl(path) else "text"
+        form = "jsonl" if is_jsonl(read_dataset(path, None)) else "text"
         chars = sum(len(d) for d in docs)
         return f"{_count(len(docs), 'document')}, {_count(chars, 'character')} (cpt, {form})"
     if method not in PARSERS:
