@@ -381,3 +381,32 @@ def test_any_valid_dpo_records_roundtrip(tmp_path_factory, rows):
     recs = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in rows]
     h = tasks.write_jsonl(path, recs)
     assert load_records(path, "dpo", h) == recs
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=200) | LINE, name=st.sampled_from(["c.txt", "c.jsonl", "0f" * 32]))
+def test_fuzz_documents_are_text_or_raise_dataset_error(tmp_path_factory, data, name):
+    path = tmp_path_factory.mktemp("fuzz") / name
+    path.write_bytes(data)
+    try:
+        docs = load_documents(path)
+    except DatasetError as exc:
+        assert re.search(r"line \d+: |holds no text", str(exc)), str(exc)
+        return
+    assert docs and all(isinstance(d, str) and d for d in docs)
+
+
+# ---------------------------------------------------------------------- the SDK's view
+
+
+def test_sdk_check_turns_dataset_errors_into_config_errors(tmp_path):
+    from dtrain import pins
+    from dtrain.errors import ConfigError
+
+    path = write(tmp_path, [{"prompt": "a", "completion": "b"}, {"prompt": "a"}])
+    with pytest.raises(ConfigError, match=r"line 2: missing key 'completion'"):
+        pins.check_dataset(str(path), "sft")
+    path = write(tmp_path, [{"prompt": "a", "completion": "b"}] * 2)
+    assert pins.check_dataset(f"file://{path}", "sft") == "2 records (sft, prompt/completion)"
+    assert [pins.is_local(u) for u in ["d.jsonl", "/a/d.txt", "file:///a", "C:\\d"]] == [True] * 4
+    assert not any(pins.is_local(u) for u in ["p2p:/ip4/1.2.3.4/tcp/1/p2p/Qm", "https://x/d"])
