@@ -111,9 +111,8 @@ def test_string_and_bool_fields(tmp_path) -> None:
     r = Recipe.from_toml(p)
     assert (r.reward, r.reward_pattern, r.bf16) == ("format", "<answer>(.*)</answer>", True)
     assert r.lora_targets == "q_proj,v_proj"  # one spelling, one hash
-    assert r.hash() == Recipe(lora_targets="v_proj,q_proj", **{
-        k: getattr(r, k) for k in ("reward", "reward_pattern", "bf16", "lora_rank")
-    }).hash()  # fmt: skip
+    same = {k: getattr(r, k) for k in ("reward", "reward_pattern", "bf16", "lora_rank")}
+    assert r.hash() == Recipe(lora_targets="v_proj,q_proj", **same).hash()
     canonical = json.loads(r.canonical())
     assert canonical["bf16"] is True and canonical["reward"] == "format"
     assert Recipe().lora_targets == "" and Recipe(lora_targets=" ").lora_targets == ""
