@@ -111,11 +111,13 @@ class Cluster:
     (for the end-to-end tests and the node benchmark). `options` are the other `JobOptions`
     fields."""
 
-    def __init__(self, tmp: Path, operators: int, **options: Any) -> None:
+    def __init__(self, tmp: Path, operators: int, create_job: bool = True, **options: Any) -> None:
         self.tmp = tmp
         options.setdefault("corpus_bytes", TEST_CORPUS_BYTES)
         self.options = JobOptions(operators, **options)
+        self.create_job = create_job  # False: the test submits the job itself (set job_id)
         self.procs: list[Proc] = []
+        self.job_id = 0
 
     def __enter__(self) -> Cluster:
         from dtrain import BSM, LocalChain
@@ -130,13 +132,14 @@ class Cluster:
             acc[0].key,
             deploy_params(self.treasury.address, self.developer.address),
         )
-        self.spec, _ = tiny_job(self.bsm, self.tmp, o)
-        self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
+        if self.create_job:
+            self.spec, _ = tiny_job(self.bsm, self.tmp, o)
+            self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
         return self
 
-    def spawn(self, i: int, faults: list[str] | None = None) -> Proc:
+    def spawn(self, i: int, faults: list[str] | None = None, linger: float = 0.0) -> Proc:
         config = NodeConfig(
-            self.chain.url, self.bsm.address, self.job_id, self.options.round_deadline
+            self.chain.url, self.bsm.address, self.job_id, self.options.round_deadline, linger
         )
         p = spawn_node(node_name(i), self.ops[i], self.tmp / node_name(i), config, faults or [])
         self.procs.append(p)

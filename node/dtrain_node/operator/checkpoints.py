@@ -17,18 +17,24 @@ import torch
 
 from dtrain.models import Job
 from dtrain_node.errors import CheckpointInvalid
-from dtrain_node.operator.sources import Cache, resolve_file, resolve_model
+from dtrain_node.operator.sources import Cache, cached_job_files, resolve_file, resolve_model
 from dtrain_node.operator.transport import PeerSpec, Transport
 from dtrain_node.train import checkpoint
 from dtrain_node.train.backend import load_recipe
 from dtrain_node.train.start import adapt, export_model, start_model
 
 
-def export_final(job: Job, stream: Path, out: Path, cache: Cache | None = None) -> Path:
+def export_final(
+    job: Job,
+    stream: Path,
+    out: Path,
+    cache: Cache | None = None,
+    mirrors: list[PeerSpec] | None = None,
+) -> Path:
     """The job's final checkpoint (its canonical stream, verified against the on-chain hash)
     exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it. Needs the
-    job's start model and recipe only (fetched into `cache` when remote), never its dataset: a
-    caller fetching its model need not have it."""
+    job's start model and recipe only (fetched into `cache` when remote, from their URI's peer
+    or else from `mirrors`), never its dataset: a caller fetching its model need not have it."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar on the operator's terminal
@@ -37,9 +43,9 @@ def export_final(job: Job, stream: Path, out: Path, cache: Cache | None = None) 
     spec, cache = job.spec, cache or Cache()
     recipe = None
     if any(bytes(spec.recipe_hash)):
-        local_recipe = resolve_file(spec.recipe_uri, None, cache, "recipe")
+        local_recipe = resolve_file(spec.recipe_uri, None, cache, "recipe", mirrors)
         recipe = load_recipe(spec.recipe_hash, str(local_recipe))
-    start = start_model(resolve_model(spec.model_uri, cache))
+    start = start_model(resolve_model(spec.model_uri, cache, mirrors))
     model = adapt(start.fresh(), recipe)  # the trained structure: LoRA adapters if any
     model.load_state_dict(tensors)
     path = export_model(start, model, out)
@@ -111,11 +117,15 @@ class Checkpoints:
             self.adopt_local(job.state.checkpoint, path)
         return path if path.is_file() else None
 
-    def serve_final(self, job: Job) -> Path | None:
-        """Serve the final checkpoint to callers (`dtrain job fetch`) if we hold it."""
+    def serve_final(self, job: Job, cache: Cache | None = None) -> Path | None:
+        """Serve the final checkpoint to callers (`dtrain job fetch`) if we hold it, with the
+        job's p2p-named model pack and recipe from our `cache` (what the export needs besides
+        the checkpoint), for a caller that stopped serving them."""
         path = self.final_stream(job)
         if path is not None:
             self.transport.serve_file(job.state.checkpoint.hex(), path)
+            for sha, file in cached_job_files(job, cache) if cache else []:
+                self.transport.serve_file(sha, file)
         return path
 
     def export(self, job: Job, cache: Cache | None = None) -> Path | None:

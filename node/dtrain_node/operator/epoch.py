@@ -35,7 +35,7 @@ from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import round_deadline
 from dtrain_node.operator.faults import Faults, RoundContext
-from dtrain_node.operator.sources import fetch_job
+from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
@@ -140,7 +140,10 @@ class EpochTrainer:
 
     def _build(self) -> None:
         env, job = self.env, self.job
-        local = fetch_job(job, env.cfg.source_cache())  # cached by pre-flight: verified, no copy
+        cache = env.cfg.source_cache()
+        local = fetch_job(job, cache)  # cached by pre-flight: verified, no copy
+        for sha, path in cached_job_files(job, cache):  # on to late joiners, by hash
+            env.transport.serve_file(sha, path)
         self.train_job = tj = TrainJob.from_job(job, env.cfg.batch_size, local)
         self.backend = make_backend(tj)
         model = self.backend.model

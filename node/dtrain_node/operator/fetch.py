@@ -56,4 +56,6 @@ def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) ->
     finally:
         g.stop()
         libp2p.setLevel(level)
-    return export_final(job, stream, out), digest
+    # The model pack and recipe the export needs: from the caller's own peer if it still
+    # serves them, else from the holders, which keep what they fetched.
+    return export_final(job, stream, out, mirrors=peers), digest

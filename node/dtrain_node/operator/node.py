@@ -565,7 +565,7 @@ class Node:
         }
         if job.state.status == JobStatus.COMPLETED:
             ckpts = self.checkpoints(job.id)
-            result["serving"] = ckpts.serve_final(job) is not None
+            result["serving"] = ckpts.serve_final(job, self.cfg.source_cache()) is not None
             out = (
                 ckpts.export(job, self.cfg.source_cache())
                 if self.cfg.export and result["serving"]

@@ -102,8 +102,11 @@ class Fetcher:
     """Resolves URIs to local paths; starts a libp2p fetching host the first time a p2p URI
     needs it and stops it on `close()` (use it as a context manager)."""
 
-    def __init__(self, cache: Cache) -> None:
+    def __init__(self, cache: Cache, mirrors: list[tuple[bytes, list[str]]] | None = None) -> None:
         self.cache = cache
+        # Peers that may also hold a p2p-named file by its hash (a job's members keep what they
+        # fetched): tried after the URI's own peer, which may have stopped serving.
+        self.mirrors = list(mirrors or [])
         self._peer: DataPeer | None = None
 
     def __enter__(self) -> Fetcher:
@@ -225,7 +228,8 @@ class Fetcher:
             silence_libp2p()
             self._peer = DataPeer(cfg).start()
         before = self._peer.metrics()["bytes_in_total"]
-        self._peer.fetch(ref.sha256.hex(), [ref.peer], dest, resume=True, progress=bar)
+        peers = [ref.peer, *(m for m in self.mirrors if m[0] != ref.peer[0])]
+        self._peer.fetch(ref.sha256.hex(), peers, dest, resume=True, progress=bar)
         return self._peer.metrics()["bytes_in_total"] - before
 
 
@@ -244,16 +248,41 @@ def fetch_job(job: Job, cache: Cache) -> LocalSources:
     return LocalSources(model, str(data), recipe)
 
 
-def resolve_file(uri: str, sha256: bytes | None, cache: Cache, what: str = "file") -> Path:
+def resolve_file(
+    uri: str,
+    sha256: bytes | None,
+    cache: Cache,
+    what: str = "file",
+    mirrors: list[tuple[bytes, list[str]]] | None = None,
+) -> Path:
     """The local path of the file `uri` names (see `Fetcher.file`); DatasetError if not had."""
-    with Fetcher(cache) as f:
+    with Fetcher(cache, mirrors) as f:
         return f.file(uri, sha256, what)
 
 
-def resolve_model(uri: str, cache: Cache) -> str:
+def resolve_model(
+    uri: str, cache: Cache, mirrors: list[tuple[bytes, list[str]]] | None = None
+) -> str:
     """A model reference a backend loads (see `Fetcher.model`); ModelUnavailable if not had."""
-    with Fetcher(cache) as f:
+    with Fetcher(cache, mirrors) as f:
         return f.model(uri)
+
+
+def cached_job_files(job: Job, cache: Cache) -> list[tuple[str, Path]]:
+    """(sha256 hex, path) of the job's p2p-named files in our cache: what a member serves on to
+    late joiners and to the caller's `job fetch` once the caller stopped serving."""
+    out = []
+    for uri in (job.spec.model_uri, job.spec.dataset_uri, job.spec.recipe_uri):
+        if not uri.startswith("p2p:"):
+            continue
+        try:
+            _, sha = split_hash(uri)
+        except ValueError:
+            continue
+        path = cache.file(sha.hex()) if sha else None
+        if path is not None and path.is_file():
+            out.append((sha.hex(), path))
+    return out
 
 
 def silence_libp2p() -> None:
