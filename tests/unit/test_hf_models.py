@@ -298,3 +298,19 @@ def test_lora_trains_only_adapters_identically_and_exports_merged(gpt2, tmp_path
     assert not torch.allclose(
         got, start.start_model(str(gpt2)).fresh().eval()(input_ids=ids).logits, atol=1e-3
     )
+
+
+def test_byte_level_cpt_reads_jsonl_documents_not_their_json(tmp_path) -> None:
+    """A JSONL CPT dataset on a built-in model trains on the documents' bytes, each followed by
+    EOS, never on the JSON syntax around them."""
+    from dtrain_node.train import corpus
+
+    docs = [f"document {i}: " + "abc " * 50 for i in range(20)]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    data = corpus.load_text(path, None, ctx=64)
+    tokens = torch.cat([data.train, data.heldout]).tolist()
+    want = []
+    for d in docs:
+        want += [*d.encode(), corpus.BYTE_EOS]
+    assert tokens == want

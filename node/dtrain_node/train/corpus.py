@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dtrain_node.errors import DatasetError
-from dtrain_node.train.dataset import load_documents, read_dataset
+from dtrain_node.train.dataset import is_jsonl, load_documents, read_dataset
 
 
 def build_stdlib_corpus(path: str | os.PathLike, max_bytes: int = 2_000_000) -> bytes:
@@ -81,11 +81,21 @@ class TextData:
         return w[:, :-1], w[:, 1:]
 
 
+BYTE_EOS = 257  # the built-in byte tokenizer's EOS (models.SPECIALS)
+
+
 def load_text(
     path: str | os.PathLike, expected: bytes | None, ctx: int, heldout_fraction: float = 0.1
 ) -> TextData:
     data = read_dataset(path, expected)
-    tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+    if is_jsonl(data):  # documents: their UTF-8 bytes, each followed by EOS (never the JSON)
+        ids: list[int] = []
+        for doc in load_documents(path, expected):
+            ids += doc.encode()
+            ids.append(BYTE_EOS)
+        tokens = torch.tensor(ids, dtype=torch.long)
+    else:
+        tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
     cut = int(len(tokens) * (1 - heldout_fraction))
     if cut < 4 * (ctx + 1) or len(tokens) - cut < ctx + 1:
         raise DatasetError(f"dataset {path} of {len(tokens)} bytes is too small for ctx {ctx}")
