@@ -603,6 +603,8 @@ def _operators(text: str) -> tuple[int, int]:
 @click.option("--epoch-duration", type=DURATION, default="1h", show_default=True)
 @click.option(
     "--model-uri",
+    "--model",
+    "model_uri",
     default="builtin:tiny",
     show_default=True,
     help="The model the job starts from: builtin:tiny, builtin:small or a model config JSON; "
@@ -615,6 +617,8 @@ def _operators(text: str) -> tuple[int, int]:
 )
 @click.option(
     "--dataset-uri",
+    "--dataset",
+    "dataset_uri",
     required=True,
     help="The dataset file (a text corpus, or JSONL for SFT/DPO/GRPO) at the path the "
     "operators read.",
@@ -679,12 +683,17 @@ def job_submit(
     recipe = Recipe.from_toml(recipe_path) if recipe_path else None
     recipe_pin = recipe.hash() if recipe else ZERO_HASH
     lo, hi = _operators(operators_range)
-    model_pin = _hex32(model_hash, "--model-hash") if model_hash else pins.model_hash(model_uri)
     data_pin = (
         _hex32(dataset_hash, "--dataset-hash") if dataset_hash else pins.dataset_hash(dataset_uri)
     )
     validated = not dataset_hash and pins.is_local(dataset_uri)  # what we hash, we validate
     data_summary = pins.check_dataset(dataset_uri, method, recipe) if validated else ""
+    if model_hash:
+        model_pin = _hex32(model_hash, "--model-hash")
+    elif validated:  # a dry run of the job as the nodes will build it; its pin on the way
+        model_pin = pins.check_job(model_uri, dataset_uri, method, recipe)
+    else:
+        model_pin = pins.model_hash(model_uri)
     server = None
     if serve:  # hashes above come from the local files; the job names their p2p URIs
         server, model_uri, dataset_uri, recipe_path = _start_serving(

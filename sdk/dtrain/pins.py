@@ -90,3 +90,24 @@ def check_dataset(uri: str, method: str, recipe: Any = None) -> str:
         return str(check(uri.removeprefix("file://"), method, recipe))
     except ValueError as exc:  # the node's DatasetError is a ValueError
         raise ConfigError(str(exc)) from None
+
+
+JOB_CHECKERS = "dtrain.job_check"
+
+
+def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Any = None) -> bytes:
+    """Builds the job the way every node will (the model loads, the dataset's records fit its
+    tokenizer and sequence length, the recipe fits the model: LoRA targets, seq_len, GRPO's
+    answers) and returns the model's pin; a job that cannot train is a ConfigError."""
+    checkers = entry_points(group=JOB_CHECKERS)
+    if not checkers:
+        return model_hash(model_uri)  # no node package: the pin, without the dry run
+    checker = next(iter(checkers))
+    try:
+        check = checker.load()
+    except ImportError as exc:
+        raise ConfigError(f"the job checker {checker.value!r} cannot load: {exc}") from None
+    try:
+        return bytes(check(model_uri, dataset_uri.removeprefix("file://"), method, recipe))
+    except Exception as exc:  # the node's own error types: report the line it gives
+        raise ConfigError(f"this job could not train: {exc}") from None

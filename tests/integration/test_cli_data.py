@@ -31,9 +31,15 @@ def jsonl(path, lines: list[object]) -> str:
     return str(path)
 
 
+def chat(i: int) -> dict[str, object]:
+    user = {"role": "user", "content": f"{i}+{i}="}
+    return {"messages": [user, {"role": "assistant", "content": str(2 * i)}]}
+
+
 @pytest.fixture
 def good(tmp_path) -> str:
-    return jsonl(tmp_path / "good.jsonl", [{"messages": [USER, BOT]}] * 3)
+    """Ten distinct chat records: enough for a held-out split and training records."""
+    return jsonl(tmp_path / "good.jsonl", [chat(i) for i in range(10)])
 
 
 @pytest.fixture
@@ -47,9 +53,9 @@ def bad(tmp_path) -> str:
 def test_data_check_prints_a_summary_or_the_bad_lines(run, good, bad, tmp_path) -> None:
     code, out, err = run("data", "check", good, "--method", "sft")
     assert code == 0, err
-    assert out.strip() == f"dataset  {good}  3 records (sft, messages)"
+    assert out.strip() == f"dataset  {good}  10 records (sft, messages)"
     code, out, err = run("--json", "data", "check", good, "--method", "sft")
-    assert code == 0 and json.loads(out)["summary"] == "3 records (sft, messages)", err
+    assert code == 0 and json.loads(out)["summary"] == "10 records (sft, messages)", err
     code, out, err = run("data", "check", bad, "--method", "sft")
     assert code == 1 and not out
     assert f"dataset {bad} line 2: unknown key 'complection' (did you mean 'completion'?)" in err
@@ -107,7 +113,7 @@ def test_submit_validates_the_dataset_before_any_transaction(
         key=accounts[4].key,
     )  # fmt: skip
     assert code == 0, err
-    assert "(sha256), 3 records (sft, messages)" in out
+    assert "(sha256), 10 records (sft, messages)" in out
     assert bsm.next_job_id() == before + 1
 
 
@@ -119,3 +125,36 @@ def test_submit_with_a_given_hash_does_not_read_the_file(run, bsm, accounts, bad
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["dataset_summary"] == ""
+
+
+def test_submit_dry_runs_the_job_the_recipe_must_fit_the_model(
+    run, bsm, accounts, good, tmp_path
+) -> None:
+    """`job submit` builds the job as the nodes will: a recipe whose sequence length exceeds the
+    model's context, or whose LoRA targets are not in the model, is refused before any
+    transaction; a fitting one pins the same model hash `dtrain model hash` prints."""
+    from dtrain_node.train.start import model_hash
+    from dtrain_node.train.toy_models import save
+
+    model = save("gpt2", tmp_path / "my-model")
+    before = bsm.next_job_id()
+    for text, why in [
+        ("seq_len = 512\n", "recipe seq_len 512 exceeds the context"),
+        ('lora_rank = 4\nlora_targets = "no_such_module"\n', "LoRA settings do not fit"),
+    ]:
+        recipe = tmp_path / "recipe.toml"
+        recipe.write_text(text)
+        code, out, err = run(
+            "job", "submit", "--price", "1gwei", "--method", "sft", "--model", str(model),
+            "--dataset", good, "--recipe", str(recipe), key=accounts[4].key,
+        )  # fmt: skip
+        assert code == 1 and not out and why in err, err
+        assert bsm.next_job_id() == before
+    recipe.write_text("seq_len = 64\nlora_rank = 4\n")
+    code, out, err = run(
+        "--json", "job", "submit", "--price", "1gwei", "--method", "sft", "--model", str(model),
+        "--dataset", good, "--recipe", str(recipe), key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["model_hash"] == "0x" + model_hash(str(model)).hex()
+    assert bsm.next_job_id() == before + 1

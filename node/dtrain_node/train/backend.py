@@ -213,3 +213,12 @@ def make_backend(job: TrainJob, name: str = "builtin", options: Any = None) -> B
             )
         raise BackendUnavailable(f"backend {name!r} has no adapter in this version")
     raise ValueError(f"unknown backend {name!r}; known: builtin, {', '.join(EXTERNAL)}")
+
+
+def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Recipe | None) -> bytes:
+    """Builds the backend of a would-be job exactly as a node will (dataset unchecked by hash:
+    the caller hashes it separately) and returns its start pin, the job's `modelHash`. Raises
+    the node's error (DatasetError, ModelUnavailable, RecipeInvalid, ...) when it cannot train.
+    The `dtrain.job_check` entry point: `job submit` calls it before creating a job."""
+    job = TrainJob(0, method, model_uri, dataset_uri, ZERO_HASH, recipe=recipe)
+    return make_backend(job).start_pin
