@@ -154,7 +154,7 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes, data) -> None
         "job",
         "submit",
         "--method",
-        "dpo",
+        "cpt",
         "--epochs",
         "1",
         "--steps",
@@ -199,7 +199,7 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes, data) -> None
     assert str(status["reveal_deadline"]) not in out and str(status["deadline"]) not in out
     code, out, _ = run("job", "list")
     assert out.rstrip("\n") == (
-        f"{job_id:>4}  DPO   running    epoch 1/1    members 3/3  price 0.01 ETH per operator-epoch"
+        f"{job_id:>4}  CPT   running    epoch 1/1    members 3/3  price 0.01 ETH per operator-epoch"
     )
     for op in ops[1:]:
         votes.reveal(op, job_id, 0)
@@ -208,7 +208,7 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes, data) -> None
     assert "EpochFinalized" in out and "JobCompleted" in out
     assert f"epoch 1/1 of job {job_id} settled" in out
     code, out, _ = run("job", "list")
-    assert f"{job_id:>4}  DPO   completed  epoch 1/1    members 0/3  price 0.01 ETH" in out
+    assert f"{job_id:>4}  CPT   completed  epoch 1/1    members 0/3  price 0.01 ETH" in out
     code, out, _ = run("--json", "job", "status", str(job_id))
     holders = json.loads(out)["final_holders"]
     assert [h["operator"] for h in holders] == sorted(accounts[i].address for i in (1, 2, 3))

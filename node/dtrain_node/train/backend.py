@@ -20,7 +20,6 @@ from dtrain.recipe import ZERO_HASH, Recipe
 from dtrain_node.errors import BackendUnavailable, DatasetError, RecipeInvalid
 from dtrain_node.train import corpus, dataset, shard
 from dtrain_node.train import losses as methods
-from dtrain_node.train import models as hf
 from dtrain_node.train.start import StartModel, adapt, export_model, start_model
 
 if TYPE_CHECKING:
@@ -63,11 +62,6 @@ class TrainJob:
     def seed_offset(self) -> int:
         """The recipe's seed, added to the batch-order seed (0 without a recipe)."""
         return self.recipe.seed if self.recipe else 0
-
-    @property
-    def seed(self) -> int:
-        """The initialisation seed of the start model: from the model URI (`?seed=N`)."""
-        return hf.init_seed(self.model_uri)
 
 
 def load_recipe(recipe_hash: bytes, recipe_uri: str) -> Recipe | None:
