@@ -244,3 +244,29 @@ def test_fetch_job_gives_local_paths_for_p2p_references(serve: Any, tmp_path: Pa
     assert local.dataset_uri == str(tmp_path / "cache" / "sha256" / sha)
     assert local.model_uri == "builtin:tiny" and local.recipe_uri == ""
     assert Path(local.dataset_uri).read_bytes() == data.read_bytes()
+
+
+def test_preflight_retries_a_failed_check_after_a_while_and_never_a_passed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job refused because its caller's data server was not up yet is checked again once
+    `retry_s` has passed (an --auto node would otherwise pass it by for its whole run); a job
+    that passed is not rebuilt at every poll."""
+    answers = iter(["DatasetError: dataset p2p:...: no peer delivered it", None])
+    calls: list[int] = []
+
+    def check(job: Job, batch_size: int, cache: Any) -> str | None:
+        calls.append(job.id)
+        return next(answers)
+
+    monkeypatch.setattr(preflight, "check", check)
+    now = [0.0]
+    pf = preflight.Preflight(8, retry_s=300, clock=lambda: now[0])
+    job = job_of("p2p:/ip4/127.0.0.1/tcp/1/p2p/x#sha256=" + "ab" * 32, bytes(32))
+    assert pf(job) is not None and pf(job) is not None and len(calls) == 1
+    now[0] = 299.0
+    assert pf(job) is not None and len(calls) == 1
+    now[0] = 300.0
+    assert pf(job) is None and len(calls) == 2
+    now[0] = 10_000.0
+    assert pf(job) is None and len(calls) == 2

@@ -12,6 +12,8 @@ Results are kept per job, so `--auto` does not fetch or rebuild a job's model at
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dtrain_node.errors import CheckpointInvalid, DatasetError, ModelUnavailable, RecipeInvalid
@@ -43,14 +45,25 @@ def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
 
 
 class Preflight:
-    """`check` once per job id."""
+    """`check` once per job id; a failed check is tried again after `retry_s` (a caller whose
+    data server was not up yet, a peer that was briefly unreachable), a passed one never."""
 
-    def __init__(self, batch_size: int, cache: Cache | None = None) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        cache: Cache | None = None,
+        retry_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.batch_size = batch_size
         self.cache = cache
-        self._seen: dict[int, str | None] = {}
+        self.retry_s = retry_s
+        self._clock = clock
+        self._seen: dict[int, tuple[str | None, float]] = {}
 
     def __call__(self, job: Job) -> str | None:
-        if job.id not in self._seen:
-            self._seen[job.id] = check(job, self.batch_size, self.cache)
-        return self._seen[job.id]
+        now = self._clock()
+        seen = self._seen.get(job.id)
+        if seen is None or (seen[0] is not None and now - seen[1] >= self.retry_s):
+            self._seen[job.id] = (check(job, self.batch_size, self.cache), now)
+        return self._seen[job.id][0]
