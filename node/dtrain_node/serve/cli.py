@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import socket
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -100,11 +103,12 @@ def serve(
 
 def run(ctx: Ctx, cfg: ServeConfig, folder: Path, model: object | None = None) -> None:
     """Load the model in `folder`, listen, announce it, serve until Ctrl-C or SIGTERM."""
-    import uvicorn
+    from transformers.utils import logging as hf_logging
 
     from dtrain_node.serve.app import create_app
     from dtrain_node.serve.engine import TransformersEngine, engine_note
 
+    hf_logging.set_verbosity_error()  # not a warning per prompt longer than the context
     engine = TransformersEngine(folder, model)
     app = create_app(engine, cfg)
     sock = listen(cfg.host, cfg.port)
@@ -125,12 +129,35 @@ def run(ctx: Ctx, cfg: ServeConfig, folder: Path, model: object | None = None) -
         f"{engine_note()}) at {url}: listening until Ctrl-C",
     )
     sys.stdout.flush()
+    with sock:
+        serve_until_signal(app, sock)
+    emit(ctx, {"stopped": True}, "stopped serving")
+
+
+def serve_until_signal(app: object, sock: socket.socket) -> None:
+    """Serve `app` on `sock` until Ctrl-C or SIGTERM: calls in flight get GRACE_S to finish (a
+    second Ctrl-C cuts them short). Unlike uvicorn's own, the signal is not raised again once
+    stopped, so the command ends normally."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            signals = (signal.SIGINT, signal.SIGTERM)
+            previous = {s: signal.signal(s, self.handle_exit) for s in signals}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACE_S
     )
-    with sock:
-        uvicorn.Server(config).run(sockets=[sock])
-    emit(ctx, {"stopped": True}, "stopped serving")
+    Server(config).run(sockets=[sock])
 
 
 def listen(host: str, port: int) -> socket.socket:
