@@ -30,36 +30,64 @@ log = logging.getLogger("dtrain.serve")
 Choice = tuple[int, Step]  # (choice index, step)
 
 
+class Api:
+    """What the routes do: the model card, and a checked call admitted, run and answered."""
+
+    def __init__(self, engine: Engine, cfg: ServeConfig, payment: Payment) -> None:
+        self.engine, self.cfg, self.payment = engine, cfg, payment
+        self.worker = Worker()
+        self.created = int(time.time())
+
+    def model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.cfg.model_id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "dtrain",
+            "job_id": self.cfg.job_id,
+            "checkpoint": "0x" + self.cfg.checkpoint.hex(),
+            "context_length": self.engine.context,
+            "engine": self.engine.name,
+        }
+
+    def shape(self, kind: str) -> Shape:
+        return Shape(kind, self.cfg)
+
+    async def serve(self, request: Request, plan: Plan, shape: Shape) -> Response:
+        admission = await self.payment.admit(request, plan.call)
+        if admission.refusal is not None:
+            return admission.refusal
+        headers = dict(admission.headers)
+        if plan.call.stream:
+            return StreamingResponse(
+                _sse(request, plan, shape, self),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache"},
+            )
+        t0 = time.monotonic()
+        finals = await self.worker.run(lambda cancelled: _complete(self.engine, plan, cancelled))
+        usage = Usage(plan.prompt_tokens, sum(s.tokens for s in finals))
+        _log(plan, usage, t0)
+        await self.payment.settle(request, plan.call, usage)
+        return JSONResponse(shape.body(finals, usage), headers=headers)
+
+
 def create_app(engine: Engine, cfg: ServeConfig, payment: Payment | None = None) -> FastAPI:
-    payment = payment or Free()
-    worker = Worker()
-    created = int(time.time())
+    api = Api(engine, cfg, payment or Free())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        worker.close()
+        api.worker.close()
 
     app = FastAPI(
         title="dtrain serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     _error_handlers(app)
 
-    def model_card() -> dict[str, Any]:
-        return {
-            "id": cfg.model_id,
-            "object": "model",
-            "created": created,
-            "owned_by": "dtrain",
-            "job_id": cfg.job_id,
-            "checkpoint": "0x" + cfg.checkpoint.hex(),
-            "context_length": engine.context,
-            "engine": engine.name,
-        }
-
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [api.model_card()]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict[str, Any]:
@@ -67,35 +95,17 @@ def create_app(engine: Engine, cfg: ServeConfig, payment: Payment | None = None)
             raise ApiError(
                 f"The model `{model}` does not exist.", "model", "model_not_found", status=404
             )
-        return model_card()
-
-    async def serve(request: Request, plan: Plan, shape: Shape) -> Response:
-        admission = await payment.admit(request, plan.call)
-        if admission.refusal is not None:
-            return admission.refusal
-        headers = dict(admission.headers)
-        if plan.call.stream:
-            return StreamingResponse(
-                _sse(request, plan, shape, engine, worker, payment),
-                media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache"},
-            )
-        t0 = time.monotonic()
-        finals = await worker.run(lambda cancelled: _complete(engine, plan, cancelled))
-        usage = Usage(plan.prompt_tokens, sum(s.tokens for s in finals))
-        _log(plan, usage, t0)
-        await payment.settle(request, plan.call, usage)
-        return JSONResponse(shape.body(finals, usage), headers=headers)
+        return api.model_card()
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         plan = completion_plan(req, engine, cfg)
-        return await serve(request, plan, Shape("text_completion", cfg, engine))
+        return await api.serve(request, plan, api.shape("text_completion"))
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Response:
         plan = chat_plan(req, engine, cfg)
-        return await serve(request, plan, Shape("chat.completion", cfg, engine))
+        return await api.serve(request, plan, api.shape("chat.completion"))
 
     return app
 
@@ -103,7 +113,7 @@ def create_app(engine: Engine, cfg: ServeConfig, payment: Payment | None = None)
 class Shape:
     """Response bodies and stream chunks of one call, as OpenAI shapes them."""
 
-    def __init__(self, kind: str, cfg: ServeConfig, engine: Engine) -> None:
+    def __init__(self, kind: str, cfg: ServeConfig) -> None:
         self.chat = kind == "chat.completion"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.head = {
@@ -160,13 +170,11 @@ def _choices(engine: Engine, plan: Plan, cancelled: threading.Event) -> Iterator
             yield i, step
 
 
-async def _sse(
-    request: Request, plan: Plan, shape: Shape, engine: Engine, worker: Worker, payment: Payment
-) -> AsyncIterator[str]:
+async def _sse(request: Request, plan: Plan, shape: Shape, api: Api) -> AsyncIterator[str]:
     t0, tokens = time.monotonic(), [0] * len(plan.prompts)
     if shape.chat:
         yield _event(shape.chunk(0, None, None, first=True))
-    async for i, step in worker.stream(lambda c: _choices(engine, plan, c)):
+    async for i, step in api.worker.stream(lambda c: _choices(api.engine, plan, c)):
         tokens[i] = step.tokens
         if step.text or step.finish_reason:
             yield _event(shape.chunk(i, step.text, step.finish_reason))
@@ -175,7 +183,7 @@ async def _sse(
         yield _event(shape.usage_chunk(usage))
     yield "data: [DONE]\n\n"
     _log(plan, usage, t0)
-    await payment.settle(request, plan.call, usage)
+    await api.payment.settle(request, plan.call, usage)
 
 
 def _event(data: dict[str, Any]) -> str:
