@@ -146,6 +146,14 @@ def node() -> None:
     help="Where the jobs' fetched models and datasets are kept, by sha256 (shareable between "
     "nodes) [default: DATA_DIR/cache].",
 )
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where the inner steps run (auto: CUDA when present); the shared state stays on the "
+    "CPU, bitwise the same as every other node's.",
+)
 @click.pass_obj
 def node_run(
     ctx: Ctx,
@@ -162,6 +170,7 @@ def node_run(
     linger: float,
     no_withdraw: bool,
     cache_dir: Path | None,
+    device: str,
 ) -> None:
     """Register, join, train with DeMo over gossip, commit and reveal checkpoints, get paid,
     then serve the final checkpoint for --linger.
@@ -201,7 +210,12 @@ def node_run(
         withdraw=not no_withdraw,
         linger_s=linger,
         cache_dir=cache_dir.expanduser() if cache_dir else None,
+        device=device,
     )
+    if device == "cuda":
+        from dtrain_node.train.devices import pick
+
+        pick("cuda")  # no CUDA here: one line now, not at the first epoch
     live = terminal(data_dir)
     runner = Node(cfg)
     with live(runner.status):

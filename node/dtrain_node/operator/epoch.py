@@ -40,7 +40,7 @@ from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
-from dtrain_node.train import checkpoint, shard
+from dtrain_node.train import checkpoint, devices, shard
 from dtrain_node.train.backend import Backend, TrainJob, make_backend
 
 if TYPE_CHECKING:
@@ -148,6 +148,8 @@ class EpochTrainer:
         self.backend = make_backend(tj)
         model = self.backend.model
         model.load_state_dict(env.checkpoints.start_state(job, self.backend.start_pin, model))
+        self.device = devices.pick(env.cfg.device)
+        self.backend.to(self.device)  # inner steps there; the shared state stays on the CPU
         cfg = demo_config(env.cfg, job, tj.recipe)
         self.opt = DeMo(model.named_parameters(), cfg, sender=env.me.lower())
         self.context = RoundContext(self.opt.spec, env.me)
@@ -188,7 +190,8 @@ class EpochTrainer:
         tokens, loss_sum = 0, 0.0
         for _ in range(self.job.spec.sync_interval):
             batch = next(self.batches)
-            loss = self.backend.loss(batch)
+            with devices.autocast(self.device, self.train_job.recipe):
+                loss = self.backend.loss(batch)
             loss.backward()
             self.opt.inner_step()
             tokens += batch[0].numel()

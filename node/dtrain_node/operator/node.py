@@ -101,6 +101,7 @@ class NodeConfig:
     faults: Faults = field(default_factory=Faults)
     cache_dir: Path | None = None  # fetched models and datasets; None: data_dir / "cache"
     max_fetch_bytes: int = DEFAULT_MAX_BYTES  # the largest model pack or dataset we fetch
+    device: str = "auto"  # where inner steps run: auto (CUDA if present), cpu or cuda
 
     def source_cache(self) -> Cache:
         """Where the job's remote model, dataset and recipe are fetched to (operator.sources)."""

@@ -20,6 +20,7 @@ from dtrain.recipe import ZERO_HASH, Recipe
 from dtrain_node.errors import BackendUnavailable, DatasetError, RecipeInvalid
 from dtrain_node.train import corpus, dataset, shard
 from dtrain_node.train import losses as methods
+from dtrain_node.train.devices import to_device
 from dtrain_node.train.start import StartModel, adapt, export_model, start_model
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class Backend(Protocol):
 
     def export(self, out_dir: str | Path) -> Path: ...
 
+    def to(self, device: torch.device) -> None: ...
+
 
 def context(job: TrainJob, start: StartModel) -> int:
     """Tokens per training sequence: the recipe's `seq_len` (the reference default without a
@@ -151,6 +154,12 @@ class CausalLMBackend:
         self.model = adapt(base, job.recipe)
         self.heldout = self.data.heldout_windows(heldout_windows)
 
+    device = torch.device("cpu")
+
+    def to(self, device: torch.device) -> None:
+        self.model.to(device)
+        self.device = device
+
     def n_items(self) -> int:
         return self.data.n_windows
 
@@ -161,7 +170,7 @@ class CausalLMBackend:
             yield self.data.windows(idx)
 
     def loss(self, batch: Any) -> torch.Tensor:
-        x, y = batch
+        x, y = to_device(batch, self.device)
         return methods.cpt_loss(self.model(input_ids=x).logits, y)
 
     @torch.no_grad()

@@ -20,6 +20,7 @@ import torch
 
 from dtrain_node.errors import DatasetError
 from dtrain_node.train import losses, models, rewards, shard, tasks
+from dtrain_node.train.devices import to_device
 from dtrain_node.train.start import adapt, export_model, start_model
 
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
@@ -172,10 +173,11 @@ def greedy(
     model: torch.nn.Module, coder: Coder, prompts: Sequence[Prompt], max_new: int
 ) -> list[str]:
     """Greedy completions (full vocabulary, stop at EOS) without a KV cache: answers are short."""
-    ids, mask = left_pad([coder.prompt(p) for p in prompts], coder.pad)
+    dev = next(model.parameters()).device
+    ids, mask = to_device(left_pad([coder.prompt(p) for p in prompts], coder.pad), dev)
     eos, pad = coder.eos, coder.pad
-    out = torch.full((len(prompts), 0), pad, dtype=torch.long)
-    done = torch.zeros(len(prompts), dtype=torch.bool)
+    out = torch.full((len(prompts), 0), pad, dtype=torch.long, device=dev)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
     for _ in range(max_new):
         nxt = forward(model, ids, mask)[:, -1].argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
@@ -227,6 +229,17 @@ class RecordBackend:
                     f"sequence length {self.ctx} (shorten it or raise the recipe's seq_len)"
                 )
 
+    device = torch.device("cpu")
+
+    def to(self, device: torch.device) -> None:
+        """Train on `device` (the model, and the frozen reference when there is one)."""
+        self.model.to(device)
+        if getattr(self, "ref", None) is not None:
+            self.ref.to(device)
+        if getattr(self, "alphabet_ids", None) is not None:
+            self.alphabet_ids = self.alphabet_ids.to(device)
+        self.device = device
+
     def n_items(self) -> int:
         return len(self.train)
 
@@ -266,7 +279,7 @@ class SFTBackend(RecordBackend):
         return collate_labelled(self.coder, [(r["prompt"], r["completion"]) for r in recs])
 
     def loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        ids, labels, mask = batch
+        ids, labels, mask = to_device(batch, self.device)
         return losses.sft_loss(self.model(input_ids=ids, attention_mask=mask).logits, labels)
 
     def evaluate(self) -> dict[str, float]:
@@ -294,7 +307,7 @@ class DPOBackend(RecordBackend):
         return collate_labelled(self.coder, pairs)
 
     def _terms(self, batch: tuple[torch.Tensor, ...]):
-        ids, labels, mask = batch
+        ids, labels, mask = to_device(batch, self.device)
         pol = losses.sequence_logps(self.model(input_ids=ids, attention_mask=mask).logits, labels)
         with torch.no_grad():
             ref = losses.sequence_logps(self.ref(input_ids=ids, attention_mask=mask).logits, labels)
@@ -370,10 +383,11 @@ class GRPOBackend(RecordBackend):
     def sample(self, ids: torch.Tensor, mask: torch.Tensor, seed: int) -> torch.Tensor:
         """[N, W] alphabet indices sampled autoregressively, deterministic from `seed`."""
         g = torch.Generator().manual_seed(seed)
-        out = torch.zeros((ids.size(0), 0), dtype=torch.long)
+        out = torch.zeros((ids.size(0), 0), dtype=torch.long, device=ids.device)
         for _ in range(self.width):
             lp = self._next_logps(self.model, ids, mask)
-            nxt = torch.multinomial(lp.exp(), 1, generator=g)
+            # drawn on the CPU from the seeded generator, whatever the model's device
+            nxt = torch.multinomial(lp.exp().cpu(), 1, generator=g).to(ids.device)
             out = torch.cat([out, nxt], 1)
             ids = torch.cat([ids, self.alphabet_ids[nxt]], 1)
             mask = torch.cat([mask, torch.ones_like(nxt)], 1)
@@ -394,6 +408,7 @@ class GRPOBackend(RecordBackend):
         if self._rollout is not None and self._rollout[0] is batch:
             return self._rollout[1:]
         g = self.opts.grpo_group
+        ids, mask = to_device((ids, mask), self.device)
         ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
         was = self.model.training
         self.model.eval()  # the sampling policy pi_old, without dropout
@@ -407,7 +422,7 @@ class GRPOBackend(RecordBackend):
             [[self.reward(t, a) for t in texts[i * g : (i + 1) * g]] for i, a in enumerate(answers)]
         )
         self.last_reward = float(scores.mean())
-        adv = losses.group_advantages(scores).reshape(-1)
+        adv = losses.group_advantages(scores).reshape(-1).to(self.device)
         self._rollout = (batch, ids, mask, comp, old, ref, adv)
         return self._rollout[1:]
 
@@ -423,12 +438,13 @@ class GRPOBackend(RecordBackend):
         probability of the answer's W tokens); accuracy: the recipe's reward of the greedy
         (argmax) completions, averaged."""
         recs = self.eval_recs
-        ids, mask = left_pad([self.coder.prompt(r["prompt"]) for r in recs], self.coder.pad)
+        prompts = left_pad([self.coder.prompt(r["prompt"]) for r in recs], self.coder.pad)
+        ids, mask = to_device(prompts, self.device)
         index = {c: i for i, c in enumerate(self.alphabet)}
-        answer = torch.tensor([[index[c] for c in r["answer"]] for r in recs])
+        answer = torch.tensor([[index[c] for c in r["answer"]] for r in recs], device=self.device)
         with self._eval():
             p = self._completion_logps(self.model, ids, mask, answer).sum(-1).exp()
-            out = torch.zeros((len(recs), 0), dtype=torch.long)
+            out = torch.zeros((len(recs), 0), dtype=torch.long, device=self.device)
             cur_ids, cur_mask = ids, mask
             for _ in range(self.width):
                 nxt = self._next_logps(self.model, cur_ids, cur_mask).argmax(-1)
