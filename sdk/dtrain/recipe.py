@@ -25,6 +25,7 @@ ZERO_HASH = b"\x00" * 32
 
 
 REWARDS = ("exact", "numeric", "contains", "regex", "format")  # dtrain_node.train.rewards
+GRPO_COMPLETIONS = ("alphabet", "free")
 MAX_PATTERN = 200  # characters of a reward regex (the recipe's, or a GRPO record's answer)
 
 
@@ -130,6 +131,7 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     "reward": (str, lambda v: v in REWARDS, f"one of {', '.join(REWARDS)}"),
     "reward_pattern": (str, lambda v: True, "a regex (empty: none)"),
     "grpo_max_new_tokens": (int, lambda v: v >= 1, ">= 1"),
+    "grpo_completions": (str, lambda v: v in GRPO_COMPLETIONS, "alphabet or free"),
     "seq_len": (int, lambda v: v >= 8, ">= 8"),
     "lora_rank": (int, lambda v: v >= 0, ">= 0 (0: full fine-tuning)"),
     "lora_alpha": (float, lambda v: v > 0, "> 0"),
@@ -173,7 +175,10 @@ class Recipe:
     seed: int = 0  # added to the batch-order seed (job id * 1000 + attempt)
     reward: str = "exact"  # GRPO reward function (dtrain_node.train.rewards)
     reward_pattern: str = ""  # the `format` reward's regex, e.g. "<answer>(.*)</answer>"
-    grpo_max_new_tokens: int = 16  # tokens sampled per GRPO completion
+    grpo_max_new_tokens: int = 16  # tokens sampled per free GRPO completion
+    # "alphabet": answer-width completions over the answers' characters (cheap, for short
+    # fixed-width answers); "free": free text up to grpo_max_new_tokens, ending at EOS
+    grpo_completions: str = "alphabet"
     seq_len: int = 128  # tokens per training sequence (must fit the model's context)
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: float = 16.0

@@ -257,3 +257,67 @@ def test_cpt_shard_smaller_than_the_batch_still_yields(tmp_path):
         assert torch.equal(bx[:, 1:], by[:, :-1])
     with pytest.raises(DatasetError, match="no items"):
         next(b.batches(torch.tensor([], dtype=torch.long), 8, seed=0))
+
+
+# ---------------------------------------------------------------- GRPO: free-text completions
+
+EOS = finetune.EOS
+
+
+def free_backend(tmp_path, problems, **opts):
+    return grpo_backend(tmp_path, problems, grpo_completions="free", **opts)
+
+
+def test_free_grpo_samples_the_policy_and_stops_at_eos(tmp_path):
+    """After ':' the policy puts P_ANSWER on 'c' (else 'a'), after either letter EOS: the share
+    of completions that read "c" is P_ANSWER, every completion is one letter then EOS, the
+    tokens after EOS are masked out, and the teacher-forced pi_old scores the same positions."""
+    b = free_backend(tmp_path, tasks.last_letter(300, length=4, seed=0), grpo_max_new_tokens=4)
+    table = torch.full((VOCAB, VOCAB), float("-inf"))
+    table[:, EOS] = 0.0
+    table[tok(":")] = float("-inf")
+    table[tok(":"), tok("c")] = math.log(P_ANSWER)
+    table[tok(":"), tok("a")] = math.log(1 - P_ANSWER)
+    b.model = Bigram(table)
+    n = 4000
+    ids, mask = prompt_batch("abcd:", n)
+    comp, cmask = b.sample(ids, mask, seed=0)
+    texts = [b._text(r) for r in comp.tolist()]
+    assert set(texts) == {"a", "c"} and (comp[:, 1] == EOS).all()
+    assert cmask[:, :2].all() and not cmask[:, 2:].any()  # nothing sampled after EOS counts
+    hits = sum(t == "c" for t in texts) / n
+    assert abs(hits - P_ANSWER) < 4.5 * math.sqrt(P_ANSWER * (1 - P_ANSWER) / n), hits
+    lp = b._logps(b.model, ids[:1], mask[:1], comp[:1], cmask[:1])
+    want = P_ANSWER if texts[0] == "c" else 1 - P_ANSWER
+    assert lp.sum().exp().item() == pytest.approx(want, rel=1e-5)
+
+
+def test_free_grpo_scores_the_recipe_reward_and_steps_towards_it(tmp_path):
+    torch.manual_seed(0)
+    b = free_backend(
+        tmp_path, tasks.last_letter(100, length=4, seed=0), grpo_max_new_tokens=3, reward="regex"
+    )
+    batch = next(b.batches(torch.arange(b.n_items()), 8, seed=0))
+    b.reward = lambda text, answer: float(len(text) > 0 and ord(text[0]) % 2 == 0)
+    ids, mask, comp, cmask, old, _, adv = b.rollout(batch)
+    g = b.opts.grpo_group
+    texts = [b._text(r) for r in comp.tolist()]
+    rewards = torch.tensor([b.reward(t, "") for t in texts])
+    expect = losses.group_advantages(rewards.reshape(-1, g)).reshape(-1)
+    assert (expect != 0).any() and torch.allclose(adv, expect)
+    opt = torch.optim.SGD(b.model.parameters(), lr=0.1)
+    b.loss(batch).backward()
+    opt.step()
+    with torch.no_grad():
+        new = b._logps(b.model, ids, mask, comp, cmask).sum(-1)
+    assert (expect * (new - old.sum(-1))).sum().item() > 0
+
+
+def test_grpo_answers_of_several_widths_need_free_completions(tmp_path):
+    problems = tasks.addition(60, digits=1, seed=0)  # answers "0".."18": one or two digits
+    with pytest.raises(DatasetError, match='grpo_completions = "free"'):
+        grpo_backend(tmp_path, problems)
+    b = free_backend(tmp_path, problems, reward="numeric")
+    assert isinstance(b, finetune.FreeGRPOBackend)
+    got = b.evaluate()
+    assert 0 <= got["accuracy"] <= 1 and 0 < got["mean_reward"] < 1

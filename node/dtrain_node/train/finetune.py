@@ -40,6 +40,8 @@ class MethodOptions:
     heldout_fraction: float = 0.1
     reward: str = "exact"  # GRPO reward function (rewards.py)
     reward_pattern: str = ""  # the `format` reward's regex
+    grpo_completions: str = "alphabet"  # or "free" (FreeGRPOBackend)
+    grpo_max_new_tokens: int = 16  # free completions' length cap
 
     @classmethod
     def for_job(cls, job: Any) -> MethodOptions:
@@ -57,6 +59,8 @@ class MethodOptions:
             heldout_fraction=r.heldout_fraction,
             reward=r.reward,
             reward_pattern=r.reward_pattern,
+            grpo_completions=r.grpo_completions,
+            grpo_max_new_tokens=r.grpo_max_new_tokens,
         )
 
     def __post_init__(self) -> None:
@@ -72,6 +76,8 @@ class MethodOptions:
             raise ValueError(f"grpo_iterations must be >= 1, got {self.grpo_iterations}")
         if not 0 < self.heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {self.heldout_fraction}")
+        if self.grpo_completions not in ("alphabet", "free") or self.grpo_max_new_tokens < 1:
+            raise ValueError("need grpo_completions in (alphabet, free), grpo_max_new_tokens >= 1")
 
 
 class Coder:
@@ -343,7 +349,10 @@ class GRPOBackend(RecordBackend):
         answers = [r["answer"] for r in self.train + self.heldout]
         widths = {len(a.encode()) for a in answers}
         if len(widths) != 1:
-            raise DatasetError(f"GRPO answers must all have one width, got {sorted(widths)}")
+            raise DatasetError(
+                f"GRPO answers must all have one width, got {sorted(widths)}: for answers of "
+                'any length set grpo_completions = "free" in the recipe'
+            )
         self.width = widths.pop()
         chars = sorted({c for a in answers for c in a})
         if any(len(c.encode()) != 1 for c in chars):
@@ -456,4 +465,124 @@ class GRPOBackend(RecordBackend):
         return {"mean_reward": float(p.mean()), "accuracy": acc / len(recs)}
 
 
-BACKENDS = {"sft": SFTBackend, "dpo": DPOBackend, "grpo": GRPOBackend}
+class FreeGRPOBackend(GRPOBackend):
+    """GRPO over free-text completions (`grpo_completions = "free"`): up to
+    `grpo_max_new_tokens` tokens sampled from the model's whole vocabulary at the recipe's
+    temperature, each completion ending at its first EOS (the tokens after it are masked out of
+    the loss), decoded and scored by the recipe's reward. For answers of any length and shape
+    (numbers, regexes, a format), on a model that already produces sensible text."""
+
+    method = "grpo"
+
+    def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
+        RecordBackend.__init__(self, job, opts)
+        self.max_new = self.opts.grpo_max_new_tokens
+        longest = max(len(self.coder.prompt(r["prompt"])) for r in self.train + self.heldout)
+        if longest + self.max_new > self.ctx:
+            raise DatasetError(
+                f"dataset {job.dataset_uri}: a prompt of {longest} tokens plus "
+                f"grpo_max_new_tokens {self.max_new} exceeds the sequence length {self.ctx}"
+            )
+        self.ref = self.start.fresh().eval().requires_grad_(False)
+        self.reward = rewards.reward_fn(self.opts.reward, self.opts.reward_pattern)
+        self.last_reward = float("nan")
+        self.repeats = self.opts.grpo_iterations
+        self._rollout: tuple[Any, ...] | None = None
+
+    def _logps(self, model, ids, mask, comp, comp_mask) -> torch.Tensor:
+        """log pi(comp_t | prompt, comp_<t) [N, T] at the recipe's temperature (full
+        vocabulary of the tokenizer); zero where comp_mask is 0."""
+        full = torch.cat([ids, comp], 1)
+        fmask = torch.cat([mask, comp_mask], 1)
+        logits = forward(model, full, fmask)[:, -comp.size(1) - 1 : -1, : self.coder.vocab]
+        lp = torch.log_softmax(logits.float() / self.opts.grpo_temperature, dim=-1)
+        return lp.gather(-1, comp.unsqueeze(-1)).squeeze(-1) * comp_mask
+
+    @torch.no_grad()
+    def sample(self, ids: torch.Tensor, mask: torch.Tensor, seed: int) -> tuple[torch.Tensor, ...]:
+        """(completion ids [N, T], their mask: 1 up to and with the first EOS), drawn
+        autoregressively, deterministic from `seed` (on the CPU generator)."""
+        g = torch.Generator().manual_seed(seed)
+        eos, pad = self.coder.eos, self.coder.pad
+        comp = torch.zeros((ids.size(0), 0), dtype=torch.long, device=ids.device)
+        live = torch.ones(ids.size(0), dtype=torch.bool, device=ids.device)
+        cmask = torch.zeros((ids.size(0), 0), dtype=torch.long, device=ids.device)
+        for _ in range(self.max_new):
+            logits = forward(self.model, ids, mask)[:, -1, : self.coder.vocab].float()
+            p = torch.softmax(logits / self.opts.grpo_temperature, -1).cpu()
+            nxt = torch.multinomial(p, 1, generator=g).to(ids.device)[:, 0]
+            nxt = torch.where(live, nxt, torch.full_like(nxt, pad))
+            comp = torch.cat([comp, nxt[:, None]], 1)
+            cmask = torch.cat([cmask, live.long()[:, None]], 1)
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            mask = torch.cat([mask, live.long()[:, None]], 1)
+            live &= nxt != eos
+            if not live.any():
+                break
+        return comp, cmask
+
+    def _text(self, row: list[int]) -> str:
+        return self.coder.decode(row[: row.index(self.coder.eos)] if self.coder.eos in row else row)
+
+    def rollout(self, batch: tuple[Any, ...]) -> tuple[Any, ...]:
+        ids, mask, answers, seed = batch
+        if self._rollout is not None and self._rollout[0] is batch:
+            return self._rollout[1:]
+        g = self.opts.grpo_group
+        ids, mask = to_device((ids, mask), self.device)
+        ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
+        was = self.model.training
+        self.model.eval()
+        comp, cmask = self.sample(ids, mask, seed)
+        with torch.no_grad():
+            old = self._logps(self.model, ids, mask, comp, cmask)
+            ref = self._logps(self.ref, ids, mask, comp, cmask)
+        self.model.train(was)
+        texts = [self._text(row) for row in comp.tolist()]
+        scores = torch.tensor(
+            [[self.reward(t, a) for t in texts[i * g : (i + 1) * g]] for i, a in enumerate(answers)]
+        )
+        self.last_reward = float(scores.mean())
+        adv = losses.group_advantages(scores).reshape(-1).to(self.device)
+        self._rollout = (batch, ids, mask, comp, cmask, old, ref, adv)
+        return self._rollout[1:]
+
+    def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
+        ids, mask, comp, cmask, old, ref, adv = self.rollout(batch)
+        logp = self._logps(self.model, ids, mask, comp, cmask)
+        return losses.grpo_loss(
+            logp,
+            old,
+            ref,
+            adv,
+            cmask.bool(),
+            clip_eps=self.opts.grpo_clip,
+            kl_coef=self.opts.grpo_kl,
+        )
+
+    def evaluate(self) -> dict[str, float]:
+        """answer_prob: the policy's probability of each answer's tokens then EOS (the exact
+        expected reward of the `exact` reward); accuracy: the recipe's reward of the greedy
+        completions, averaged."""
+        recs = self.eval_recs
+        prompts = left_pad([self.coder.prompt(r["prompt"]) for r in recs], self.coder.pad)
+        ids, mask = to_device(prompts, self.device)
+        comp, cmask = to_device(
+            right_pad([self.coder.completion(r["answer"]) for r in recs], self.coder.pad),
+            self.device,
+        )
+        with self._eval():
+            p = self._logps(self.model, ids, mask, comp, cmask).sum(-1).exp()
+            got = greedy(self.model, self.coder, [r["prompt"] for r in recs], self.max_new)
+        acc = sum(self.reward(t, r["answer"]) for t, r in zip(got, recs, strict=True))
+        return {"mean_reward": float(p.mean()), "accuracy": acc / len(recs)}
+
+
+def grpo_backend(job: Any, opts: MethodOptions | None = None) -> GRPOBackend:
+    """The GRPO backend the recipe's `grpo_completions` names."""
+    opts = opts or MethodOptions.for_job(job)
+    free = opts.grpo_completions == "free"
+    return (FreeGRPOBackend if free else GRPOBackend)(job, opts)
+
+
+BACKENDS = {"sft": SFTBackend, "dpo": DPOBackend, "grpo": grpo_backend}
