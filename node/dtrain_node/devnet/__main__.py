@@ -49,17 +49,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the caller's dataset file for --method (default: one generated for the method)",
     )
+    ap.add_argument(
+        "--recipe",
+        default=None,
+        help="the job's recipe TOML (learning rates, batch size, seq_len, LoRA, ...)",
+    )
     ap.add_argument("--no-faults", action="store_true", help="every operator honest")
     ap.add_argument("--no-late-join", action="store_true", help="no operator joins later")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--run-dir", type=Path, default=None)
     a = ap.parse_args(argv)
-    if a.dataset and not Path(a.dataset).is_file():
-        ap.error(f"--dataset {a.dataset}: no such file")
-    if a.model.startswith("builtin:") is False and not a.model.startswith("hf://"):
+    if not a.model.startswith(("builtin:", "hf://")):
         a.model = str(Path(a.model).resolve())
-    if a.dataset:
-        a.dataset = str(Path(a.dataset).resolve())
+    for name in ("dataset", "recipe"):
+        if getattr(a, name):
+            if not Path(getattr(a, name)).is_file():
+                ap.error(f"--{name} {getattr(a, name)}: no such file")
+            setattr(a, name, str(Path(getattr(a, name)).resolve()))
     if a.operators < 2:
         ap.error("--operators must be at least 2: nobody certifies its own checkpoint")
     if not MIN_EPOCH_DURATION <= a.epoch_duration <= max_epoch_duration():

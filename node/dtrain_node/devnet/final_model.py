@@ -51,12 +51,13 @@ def evaluate_export(
     match the held-out continuations better than the initial model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dtrain_node.train.backend import TrainJob, make_backend
+    from dtrain_node.train.backend import TrainJob, load_recipe, make_backend
 
     local_model = local_model or spec.model_uri
-
+    recipe = load_recipe(spec.recipe_hash, spec.recipe_uri)
+    method = spec.method.name.lower()
     backend = make_backend(
-        TrainJob(job_id, spec.method.name.lower(), local_model, spec.dataset_uri, spec.dataset_hash)
+        TrainJob(job_id, method, local_model, spec.dataset_uri, spec.dataset_hash, recipe=recipe)
     )
     start = copy.deepcopy(backend.model).eval()
     before = backend.evaluate()

@@ -85,6 +85,7 @@ class JobOptions:
     corpus_bytes: int = CORPUS_BYTES  # for CPT
     model: str = "builtin:tiny"  # the start model: a model URI (a Hugging Face folder, ...)
     dataset: str | None = None  # the caller's dataset file; None: one generated for `method`
+    recipe: str | None = None  # the job's recipe TOML; None: the reference defaults
     # Members every epoch needs (the job's min_operators, at least 2); None: `operators`.
     min_operators: int | None = None
 
@@ -107,6 +108,7 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
     spec and the initial model."""
     from dtrain import JobSpec, Method
     from dtrain.pins import dataset_hash
+    from dtrain.recipe import ZERO_HASH, Recipe
     from dtrain_node.train.start import start_model
 
     o = options
@@ -116,6 +118,7 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         data, digest = make_dataset(run_dir, o.method, o.corpus_bytes)
     start = start_model(o.model)
     init = start.fresh()
+    recipe = Recipe.from_toml(o.recipe) if o.recipe else None
     job = JobSpec(
         price_per_operator_epoch=PRICE,
         total_epochs=o.epochs,
@@ -130,5 +133,7 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         dataset_uri=str(data),
         epoch_duration=o.epoch_duration,
         seat_bond=SEAT_BOND,
+        recipe_hash=recipe.hash() if recipe else ZERO_HASH,
+        recipe_uri=o.recipe or "",
     )
     return job, init
