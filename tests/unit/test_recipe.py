@@ -92,6 +92,8 @@ BAD = [
     ("lora_targets", "q_proj,,v_proj", "'lora_targets' must be comma-separated module names"),
     ("bf16", 1, "'bf16' must be true or false"),
     ("bf16", "true", "'bf16' must be true or false"),
+    ("backend", "torchtune", "'backend' must be builtin or trl, got 'torchtune'"),
+    ("backend", 1, "'backend' must be a string"),
 ]
 
 
@@ -125,7 +127,7 @@ def test_default_canonical_form_is_pinned() -> None:
     """The default recipe's hash changes only when a field is added or a default changes: then
     update docs/methods.md "Recipe" and this pin together."""
     assert Recipe().canonical() == (
-        '{"batch_size":8,"bf16":false,"dpo_beta":0.1,"grpo_clip":0.2,'
+        '{"backend":"builtin","batch_size":8,"bf16":false,"dpo_beta":0.1,"grpo_clip":0.2,'
         '"grpo_completions":"alphabet","grpo_group":8,"grpo_iterations":1,"grpo_kl":0.04,"grpo_max_new_tokens":16,"grpo_temperature":1.0,'
         '"heldout_fraction":0.1,"inner_beta1":0.9,"inner_beta2":0.95,"inner_lr":0.002,'
         '"inner_weight_decay":0.0,"lora_alpha":16.0,"lora_dropout":0.0,"lora_rank":0,'

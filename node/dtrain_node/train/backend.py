@@ -1,8 +1,9 @@
 """The interface the runner trains through, and the built-in PyTorch + Hugging Face backend.
 
 The runner only calls: `model`, `n_items()`, `batches(indices, batch_size, seed)`,
-`loss(batch)`, `evaluate()` and `export(out_dir)`. External backends (torchtune, axolotl,
-unsloth) plug in behind the same protocol and fail with a clear message when not installed.
+`loss(batch)`, `evaluate()` and `export(out_dir)`. External backends plug in behind the same
+protocol: `trl` (trl_backend.py, SFT and DPO, selected by the recipe's `backend`); torchtune,
+axolotl and unsloth fail with a clear message (not installed, or no adapter yet).
 """
 
 from __future__ import annotations
@@ -196,9 +197,17 @@ EXTERNAL = {
 METHODS = ("cpt", "sft", "dpo", "grpo")
 
 
-def make_backend(job: TrainJob, name: str = "builtin", options: Any = None) -> Backend:
-    """The backend `name` for the job's method; `options` is a finetune.MethodOptions (DPO beta,
-    GRPO group size / clip / KL coefficient), defaults when None."""
+def make_backend(job: TrainJob, name: str | None = None, options: Any = None) -> Backend:
+    """The backend `name` for the job's method (None: the recipe's `backend`, "builtin" without
+    a recipe); `options` is a finetune.MethodOptions (DPO beta, GRPO group size / clip / KL
+    coefficient), defaults when None."""
+    name = name or getattr(job.recipe, "backend", "builtin")
+    if name == "trl":
+        if job.method not in METHODS:
+            raise ValueError(f"unknown method {job.method!r}; known: {', '.join(METHODS)}")
+        from dtrain_node.train import trl_backend
+
+        return trl_backend.make(job, options)
     if name == "builtin":
         if job.method == "cpt":
             return CausalLMBackend(job)
@@ -215,7 +224,7 @@ def make_backend(job: TrainJob, name: str = "builtin", options: Any = None) -> B
                 f"backend {name!r} needs the {package} package, which is not installed: {install}"
             )
         raise BackendUnavailable(f"backend {name!r} has no adapter in this version")
-    raise ValueError(f"unknown backend {name!r}; known: builtin, {', '.join(EXTERNAL)}")
+    raise ValueError(f"unknown backend {name!r}; known: builtin, trl, {', '.join(EXTERNAL)}")
 
 
 def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Recipe | None) -> bytes:
