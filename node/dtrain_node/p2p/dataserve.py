@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import trio
 from libp2p import new_host
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
-from dtrain_node.errors import GossipError
 from dtrain_node.p2p import files, wire
 from dtrain_node.p2p import identity as ident
+from dtrain_node.p2p.looper import Looper
 from dtrain_node.p2p.metrics import Metrics
 
 DEFAULT_PORT = 4100
@@ -148,66 +147,26 @@ def public_addrs(listen_addrs: list[str], public_ip: str | None = None) -> list[
     return out
 
 
-class DataPeer:
+class DataPeer(Looper):
     """A file-serving/fetching libp2p host; every method is synchronous and thread-safe."""
 
+    thread_name = "data-peer"
+
     def __init__(self, config: DataConfig | None = None, seed: bytes | None = None) -> None:
+        super().__init__()
         self.config = config or DataConfig()
         self._kp = ident.key_pair(seed if seed is not None else secrets.token_bytes(32))
         self.peer_key = ident.peer_key_of(self._kp)
         self.peer_id = ident.peer_id_from_key(self.peer_key)
         self._state = _State(self.config)
         self._files = files.FileService(self._state, self.config.idle_timeout_s)
-        self._thread: threading.Thread | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._stop: trio.Event | None = None
         self.listen_addrs: list[str] = []
 
     @classmethod
     def with_key_file(cls, key_file: Path, config: DataConfig | None = None) -> DataPeer:
         return cls(config, load_or_create_key(key_file))
 
-    # -- lifecycle --------------------------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> DataPeer:
-        if self._thread is not None:
-            raise GossipError("start() called twice")
-        self._thread = threading.Thread(target=self._thread_main, name="data-peer", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop()
-            raise GossipError(f"libp2p host not ready after {timeout} s")
-        if self._error is not None:
-            raise GossipError(f"libp2p host failed to start: {self._error}") from self._error
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        t = self._thread
-        if t is None or not t.is_alive():
-            return
-        if self._token is not None and self._stop is not None:
-            with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        t.join(timeout)
-
-    def __enter__(self) -> DataPeer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _thread_main(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as e:  # reported by start(); a crashed host must not hang callers
-            self._error = e
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
+    async def _run(self) -> None:
         host = new_host(key_pair=self._kp)
         self._state.host = host
         async with host.run(listen_addrs=[Multiaddr(self.config.listen)]):
@@ -215,11 +174,6 @@ class DataPeer:
             self.listen_addrs = [str(a).split("/p2p/")[0] for a in host.get_transport_addrs()]
             self._ready.set()
             await self._stop.wait()
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        if self._token is None or self._thread is None or not self._thread.is_alive():
-            raise GossipError("data peer is not running")
-        return trio.from_thread.run(lambda: fn(*args, **kw), trio_token=self._token)
 
     # -- files ------------------------------------------------------------------------------
     def serve(self, path: Path | str, sha256_hex: str | None = None, check: bool = True) -> str:

@@ -12,10 +12,8 @@ gossip is only the fast path: the sync protocol is what makes a round complete.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from dtrain_node.p2p import envelope as envmod
 from dtrain_node.p2p import identity as ident
 from dtrain_node.p2p.collect import RoundCollector, RoundResult
 from dtrain_node.p2p.intake import Intake
+from dtrain_node.p2p.looper import Looper
 from dtrain_node.p2p.pubsub import SafePubsub
 from dtrain_node.p2p.rounds import PayloadValidator, RoundStore, StoreLimits
 from dtrain_node.p2p.state import HostState
@@ -105,10 +104,13 @@ class GossipConfig:
             raise ValueError("serve_rate_per_s, gossip_rate_per_s > 0 and gossip_degree >= 1")
 
 
-class GossipNode:
+class GossipNode(Looper):
     """The libp2p host of one member; every method is synchronous and thread-safe."""
 
+    thread_name = "gossip"
+
     def __init__(self, config: GossipConfig, account: LocalAccount) -> None:
+        super().__init__()
         self.config = config
         self.account = account
         self._kp = ident.key_pair(ident.load_or_create_seed(config.data_dir))
@@ -124,11 +126,6 @@ class GossipNode:
         self._sync_server = SyncServer(st)
         self._rounds = RoundCollector(st, self._sync)
         self._files = files.FileService(st)
-        self._thread: threading.Thread | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._stop: trio.Event | None = None
         self.listen_addrs: list[str] = []
 
     @property
@@ -136,46 +133,7 @@ class GossipNode:
         """Longest time a round may take after its deadline to agree with peers."""
         return self.config.settle_s
 
-    # -- lifecycle --------------------------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> GossipNode:
-        if self._thread is not None:
-            raise GossipError("start() called twice")
-        self._thread = threading.Thread(target=self._thread_main, name="gossip", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop()
-            raise GossipError(f"libp2p host not ready after {timeout} s")
-        if self._error is not None:
-            raise GossipError(f"libp2p host failed to start: {self._error!r}") from self._error
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        t = self._thread
-        if t is None or not t.is_alive():
-            return
-        if self._token is not None and self._stop is not None:
-            with contextlib.suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        t.join(timeout)
-
-    def __enter__(self) -> GossipNode:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _thread_main(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as e:  # reported by start(); a crashed host must not hang callers
-            self._error = e
-            log.exception("gossip host crashed")
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
+    async def _run(self) -> None:
         st = self._state
         st.changed = trio.Event()
         st.host = new_host(key_pair=self._kp)
@@ -203,17 +161,6 @@ class GossipNode:
         host.set_stream_handler(TProtocol(wire.SYNC_PROTOCOL), self._sync_server.serve)
         host.set_stream_handler(TProtocol(wire.CKPT_PROTOCOL), self._files.serve)
         return sub
-
-    def _running_token(self) -> trio.lowlevel.TrioToken:
-        if self._token is None or self._thread is None or not self._thread.is_alive():
-            raise GossipError("gossip node is not running")
-        return self._token
-
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return trio.from_thread.run(fn, *args, trio_token=self._running_token())
-
-    def _call_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._running_token())
 
     # -- peers and rounds --------------------------------------------------------------------
     def connect(self, peers: list[PeerSpec], timeout: float = 10.0) -> list[bytes]:
