@@ -427,13 +427,18 @@ class GRPOBackend(RecordBackend):
             ref = self._completion_logps(self.ref, ids, mask, comp)
         self.model.train(was)
         texts = ["".join(self.alphabet[i] for i in row) for row in comp.tolist()]
+        adv = self._advantages(texts, answers)
+        self._rollout = (batch, ids, mask, comp, old, ref, adv)
+        return self._rollout[1:]
+
+    def _advantages(self, texts: list[str], answers: Sequence[str]) -> torch.Tensor:
+        """Group-relative advantages of the completions' rewards (G per prompt, in order)."""
+        g = self.opts.grpo_group
         scores = torch.tensor(
             [[self.reward(t, a) for t in texts[i * g : (i + 1) * g]] for i, a in enumerate(answers)]
         )
         self.last_reward = float(scores.mean())
-        adv = losses.group_advantages(scores).reshape(-1).to(self.device)
-        self._rollout = (batch, ids, mask, comp, old, ref, adv)
-        return self._rollout[1:]
+        return losses.group_advantages(scores).reshape(-1).to(self.device)
 
     def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
         ids, mask, comp, old, ref, adv = self.rollout(batch)
@@ -538,12 +543,7 @@ class FreeGRPOBackend(GRPOBackend):
             old = self._logps(self.model, ids, mask, comp, cmask)
             ref = self._logps(self.ref, ids, mask, comp, cmask)
         self.model.train(was)
-        texts = [self._text(row) for row in comp.tolist()]
-        scores = torch.tensor(
-            [[self.reward(t, a) for t in texts[i * g : (i + 1) * g]] for i, a in enumerate(answers)]
-        )
-        self.last_reward = float(scores.mean())
-        adv = losses.group_advantages(scores).reshape(-1).to(self.device)
+        adv = self._advantages([self._text(row) for row in comp.tolist()], answers)
         self._rollout = (batch, ids, mask, comp, cmask, old, ref, adv)
         return self._rollout[1:]
 
