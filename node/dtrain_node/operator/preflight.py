@@ -16,14 +16,21 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dtrain_node.errors import CheckpointInvalid, DatasetError, ModelUnavailable, RecipeInvalid
+from dtrain_node.errors import (
+    BackendUnavailable,
+    CheckpointInvalid,
+    DatasetError,
+    ModelUnavailable,
+    RecipeInvalid,
+)
 from dtrain_node.operator.sources import Cache, fetch_job
 from dtrain_node.train.backend import TrainJob, make_backend
 
 if TYPE_CHECKING:
     from dtrain.models import Job
 
-CANNOT = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid)
+# A job we cannot do: skipped, never joined (a backend we lack, e.g. the recipe asks for trl).
+CANNOT = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid, BackendUnavailable)
 
 
 def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
