@@ -314,3 +314,50 @@ def test_byte_level_cpt_reads_jsonl_documents_not_their_json(tmp_path) -> None:
     for d in docs:
         want += [*d.encode(), corpus.BYTE_EOS]
     assert tokens == want
+
+
+def test_caller_export_of_a_lora_job_rebuilds_the_adapters_from_model_and_recipe(
+    gpt2, tmp_path
+) -> None:
+    """What `job fetch` does with a LoRA job's final checkpoint: from the job's model and
+    recipe alone (no dataset), the adapters are rebuilt, the verified tensors loaded and the
+    merged model exported: it computes what the trained model computed."""
+    from transformers import AutoModelForCausalLM
+
+    from dtrain.models import Job, JobSpec, JobState, JobStatus, Method
+    from dtrain.recipe import Recipe
+    from dtrain_node.operator.checkpoints import export_final
+    from dtrain_node.operator.sources import Cache
+    from dtrain_node.train.backend import make_backend
+
+    data = sft_chat_file(tmp_path / "sft.jsonl")
+    recipe = Recipe(lora_rank=4, seed=2)
+    recipe_file = tmp_path / "recipe.toml"
+    recipe_file.write_text(recipe.to_toml())
+    digest = checkpoint.hashlib.sha256(data.read_bytes()).digest()
+    b = make_backend(TrainJob(1, "sft", str(gpt2), str(data), digest, recipe=recipe))
+    with torch.no_grad():
+        for n, p in b.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
+    tensors = dict(b.model.state_dict())
+    stream = tmp_path / "final.stream"
+    stream.write_bytes(checkpoint.to_stream(tensors))
+    final = checkpoint.canonical_hash(tensors)
+    spec = JobSpec(
+        price_per_operator_epoch=1,
+        method=Method.SFT,
+        model_uri=str(gpt2),
+        dataset_uri=str(tmp_path / "not-here.jsonl"),  # the caller need not have it
+        recipe_hash=recipe.hash(),
+        recipe_uri=str(recipe_file),
+    )
+    job = Job(1, spec, JobState("0x" + "11" * 20, JobStatus.COMPLETED, 1, 0, 0, 0, 0, final))
+    out = export_final(job, stream, tmp_path / "out", Cache(tmp_path / "cache"))
+    assert (out / "CHECKPOINT_SHA256").read_text().strip() == final.hex()
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([b.coder.prompt("4+5=")])
+    with torch.no_grad():
+        want = b.model.eval()(input_ids=ids).logits
+        assert torch.allclose(merged(input_ids=ids).logits, want, atol=1e-4)
