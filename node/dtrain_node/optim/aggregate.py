@@ -17,6 +17,7 @@ converting to the parameter dtype and the elementwise apply are single IEEE oper
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
@@ -86,6 +87,26 @@ def _dense(idx, val, nc, ce, n, dims, Bq) -> torch.Tensor:
     return Bq.T @ A @ Bq
 
 
+def _merge(idx: torch.Tensor, val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries with the same index in a row summed into one (exact: integers below 2^53), rows
+    padded with (index 0, value 0) to the longest: senders mostly pick the same coefficients,
+    so the sparse inverse then does fewer products for the same integers."""
+    if idx.shape[1] < 2:
+        return idx, val
+    sidx, perm = idx.sort(dim=1)
+    first = torch.ones_like(sidx, dtype=torch.bool)
+    first[:, 1:] = sidx[:, 1:] != sidx[:, :-1]
+    pos = first.cumsum(1) - 1
+    u = int(pos[:, -1].max()) + 1 if pos.numel() else 0
+    if u == idx.shape[1]:
+        return idx, val
+    mval = torch.zeros(val.shape, dtype=val.dtype, device=val.device)
+    mval.scatter_add_(1, pos, val.gather(1, perm))
+    midx = torch.zeros_like(idx).scatter_(1, pos, sidx)
+    return midx[:, :u], mval[:, :u]
+
+
+@functools.cache
 def bound_shift(nsend: int, k: int, max_level: int, bmax: int, dims: int) -> int:
     """Largest scale spread s <= SHIFT_MAX such that the integer inverse stays below 2^53.
 
@@ -124,23 +145,42 @@ def aggregate(
     n = spec.cfg.chunk
     Bq = dct.basis_q(n).to(device=device, dtype=torch.float64)
     bmax = int(dct.basis_q(n).abs().max())
-    sums, exps = [], []
-    for i, (shape, (nc, ce, k, _, _)) in enumerate(zip(spec.shapes, spec.layout, strict=True)):
+    # per tensor: the senders' integer entries side by side (repeated indices add up inside the
+    # matmul); tensors of the same kind (matrix or vector) and width are then inverted in one
+    # batched pass: every product and partial sum is still an exact integer per chunk
+    exps: list[int] = []
+    groups: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+    for i, (nc, ce, k, _, _) in enumerate(spec.layout):
         dims = 1 if ce == n else 2
         s_max = bound_shift(len(order), k, spec.cfg.max_level, bmax, dims)
         ex = [p[1][i].exp for p in order]
         e0 = max(min(ex), max(ex) - s_max)
-        # all senders' entries side by side; repeated indices add up inside the matmul
         idx = torch.cat([p[1][i].idx.to(torch.int64) for p in order], dim=1)
-        val = torch.cat([_shift(p[1][i].lvl, e - e0) for p, e in zip(order, ex, strict=True)], 1)
+        if e0 <= min(ex):  # no sender is rounded: one shift for all (the common case)
+            sh = torch.tensor([e - e0 for e in ex]).repeat_interleave(k)
+            val = torch.cat([p[1][i].lvl for p in order], 1).to(torch.int64) << sh
+        else:
+            parts = [_shift(p[1][i].lvl, e - e0) for p, e in zip(order, ex, strict=True)]
+            val = torch.cat(parts, 1)
         l1 = int(val.abs().sum(1).max()) if nc else 0
         if l1 * bmax**dims >= LIMIT:  # guaranteed by bound_shift; checked because it MUST hold
             raise ValueError(f"{spec.names[i]}: sum|A|={l1} breaks the 2^53 exactness bound")
-        idx, val = idx.to(device), val.to(device=device, dtype=torch.float64)
-        if dense if dense is not None else val.shape[1] >= n:
-            X = _dense(idx, val, nc, ce, n, dims, Bq)
-        else:  # fewer products, the very same exact integers
-            X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
-        sums.append(dct.from_chunks(X, shape, n))
+        groups.setdefault((dims, idx.shape[1]), []).append((i, idx, val))
         exps.append(e0 - dims * dct.QBITS)
-    return Aggregate(sums, exps, senders)
+    sums: list[torch.Tensor | None] = [None] * len(spec.layout)
+    for (dims, width), items in groups.items():
+        counts = [it[1].shape[0] for it in items]
+        idx = torch.cat([it[1] for it in items]).to(device)
+        val = torch.cat([it[2] for it in items]).to(device=device, dtype=torch.float64)
+        if dense if dense is not None else width >= n:
+            X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
+        else:  # fewer products, the very same exact integers
+            idx, val = _merge(idx, val)
+            X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
+            if not bool((val != 0).any(1).all()):
+                # a chunk whose merged entries all cancelled must read +0 everywhere, as the
+                # sum of its unmerged products (never all zero: levels are not 0) does
+                X = X + 0.0
+        for (i, _, _), x in zip(items, X.split(counts), strict=True):
+            sums[i] = dct.from_chunks(x, spec.shapes[i], n)
+    return Aggregate(sums, exps, senders)  # type: ignore[arg-type]

@@ -37,6 +37,13 @@ def _basis64(n: int) -> torch.Tensor:
 
 
 @cache
+def basis_as(n: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The float basis converted once per (n, dtype, device): the very values of
+    basis(n).to(dtype), so every transform gives the same bits as converting on each call."""
+    return _basis64(n).to(device=device, dtype=dtype)
+
+
+@cache
 def basis_q(n: int = N) -> torch.Tensor:
     """Fixed-point basis Bq = round(B * 2^15) as int64, identical on every machine.
 
@@ -102,7 +109,7 @@ def from_chunks(c: torch.Tensor, shape: torch.Size | tuple[int, ...], n: int = N
 def dct(x: torch.Tensor, n: int = N) -> torch.Tensor:
     """Forward chunked DCT-II of x (any shape): returns (nchunks, chunk_elems) coefficients."""
     c = to_chunks(x, n)
-    B = _basis64(n).to(device=x.device, dtype=x.dtype)
+    B = basis_as(n, x.dtype, x.device)
     if c.dim() == 2:
         return c @ B.T
     return (B @ c @ B.T).reshape(c.shape[0], -1)
@@ -110,7 +117,7 @@ def dct(x: torch.Tensor, n: int = N) -> torch.Tensor:
 
 def idct(coef: torch.Tensor, shape: torch.Size | tuple[int, ...], n: int = N) -> torch.Tensor:
     """Inverse of dct: (nchunks, chunk_elems) coefficients -> tensor of the given shape."""
-    B = _basis64(n).to(device=coef.device, dtype=coef.dtype)
+    B = basis_as(n, coef.dtype, coef.device)
     if len(view2(shape)) == 1:
         return from_chunks(coef @ B, shape, n)
     c = coef.reshape(-1, n, n)
@@ -128,7 +135,7 @@ def ichunks_sparse(
     B defaults to the float basis; aggregation passes the integer basis as float64.
     """
     if B is None:
-        B = _basis64(n).to(device=val.device, dtype=val.dtype)
+        B = basis_as(n, val.dtype, val.device)
     if vector:
         return (val.unsqueeze(1) @ B[idx]).squeeze(1)  # (nc, 1, m) @ (nc, m, n)
     r, c = idx.div(n, rounding_mode="floor"), idx.remainder(n)

@@ -28,7 +28,7 @@ import torch
 from dtrain_node.optim import codec
 from dtrain_node.optim.aggregate import Aggregate, aggregate
 from dtrain_node.optim.codec import PacketError, Spec
-from dtrain_node.optim.compress import EXP_MAX, CompressConfig, compress_ef
+from dtrain_node.optim.compress import EXP_MAX, CompressConfig, compress_ef_many
 from dtrain_node.optim.robust import RobustConfig, screen
 
 E_MAX = 2.0 ** (EXP_MAX - 6)  # |e| bound: keeps every scale exponent <= EXP_MAX
@@ -146,7 +146,6 @@ class DeMo:
     def prepare(self) -> bytes:
         """Fold this round's pseudo-gradient into e, compress it (error feedback) and encode."""
         t0 = time.perf_counter()
-        out = []
         for i, p in enumerate(self.params):
             if self.cfg.mode == "paper":
                 if p.grad is None:
@@ -158,8 +157,8 @@ class DeMo:
             # local only: a broken local state must not stop the node (quantize would raise);
             # a 64x64 block's coefficients are at most 64 x its largest entry
             torch.nan_to_num_(self.e[i], 0.0, 0.0, 0.0).clamp_(-E_MAX, E_MAX)
-            out.append(compress_ef(self.e[i], self.cfg.compress))
-        data = codec.encode(self.spec, out)
+        # compress_ef on every tensor, batched over tensors (same bits)
+        data = codec.encode(self.spec, compress_ef_many(self.e, self.cfg.compress))
         self._compress_s = time.perf_counter() - t0
         return data
 
