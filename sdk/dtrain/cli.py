@@ -583,7 +583,7 @@ def _operators(text: str) -> tuple[int, int]:
 @click.option("--epochs", default=1, show_default=True, help="Total epochs.")
 @click.option("--steps", default=100, show_default=True, help="Training steps per epoch.")
 @click.option(
-    "--sync", "sync_interval", default=10, show_default=True, help="DeMo sync every K steps."
+    "--sync", "sync_interval", default=2, show_default=True, help="DeMo sync every K steps."
 )
 @click.option(
     "--operators",
@@ -629,7 +629,7 @@ def _operators(text: str) -> tuple[int, int]:
     help="Pin this sha256 instead of hashing --dataset-uri here (a file only operators have).",
 )
 @click.option("--topk", default=4, show_default=True, help="Top-k values per DCT chunk.")
-@click.option("--quant-bits", type=click.Choice(["1", "2"]), default="2", show_default=True)
+@click.option("--quant-bits", type=click.Choice(["1", "2"]), default="1", show_default=True)
 @click.option("--tee", is_flag=True, help="Require TEE-attested operators.")
 @click.option(
     "--recipe",

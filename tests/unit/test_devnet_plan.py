@@ -20,7 +20,7 @@ def test_default_story() -> None:
     assert p.late == 4 and p.operators == (0, 1, 2, 3, 4)
     assert p.fabricator == 1 and p.offline == 2 and p.poisoner == 3
     assert p.faults(1) == ["fabricate", "epoch=1"]
-    assert p.faults(2) == ["offline=2", "epoch=2"]  # 12 steps / sync 4: before the last round
+    assert p.faults(2) == ["offline=5", "epoch=2"]  # 12 steps / sync 2: before the last round
     assert p.faults(3) == ["attack=poison", "epoch=3"]  # the last of the 4 epochs
     assert p.faults(0) == [] and p.faults(4) == []  # the late joiner is honest
 

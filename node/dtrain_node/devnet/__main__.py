@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--operators", type=int, default=4, help="operators at the start")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=12, help="training steps per epoch")
-    ap.add_argument("--sync", type=int, default=4, help="DeMo sync every K steps")
+    ap.add_argument("--sync", type=int, default=2, help="DeMo sync every K steps")
     ap.add_argument(
         "--epoch-duration",
         type=int,

@@ -77,7 +77,7 @@ class JobOptions:
     operators: int  # operators starting with the job
     epochs: int = 1
     steps: int = 10  # training steps per epoch
-    sync: int = 5  # DeMo sync every K steps
+    sync: int = 2  # DeMo sync every K steps (the `dtrain job submit` default)
     epoch_duration: int = 150  # seconds
     round_deadline: float = 30.0  # seconds
     method: str = "cpt"
@@ -124,6 +124,8 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         total_epochs=o.epochs,
         steps_per_epoch=o.steps,
         sync_interval=o.sync,
+        topk_per_chunk=4,  # DeMo compression as `dtrain job submit` sets it by default
+        quant_bits=1,
         min_operators=o.min_operators or o.operators,
         max_operators=o.operators + o.late_seats,
         method=Method[o.method.upper()],
