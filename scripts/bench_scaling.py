@@ -17,8 +17,10 @@ commitment envelope sent before it) and codec time (compress + encode, decode of
     python scripts/bench_scaling.py                         # full matrix (hours on 2 cores)
     python scripts/bench_scaling.py --corpora code --workers 4 --seeds 2 \\
         --demo K=4,k=4 --demo K=4,k=16,bits=2               # a sweep
+    python scripts/bench_scaling.py --report --out docs/bench/scaling.json  # tables, plot only
 
-Writes --out (JSON: setup, per-run records, summary) and the same path with .md (tables).
+Writes --out (JSON: setup, per-run records, summary), the same path with .md (tables) and with
+.png (held-out loss curves, mean over seeds, per corpus and N).
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class Setup:
 
 QUICK = Setup(d=64, n_layer=2, n_head=1, ctx=64, bsz=4, steps=48, eval_every=8,
               eval_windows=32, max_train=300_000)  # fmt: skip
-DEFAULT_DEMO = Arm("demo", K=4, k=4, bits=1)
+# the product default (dtrain job submit --sync 2 --topk 4 --quant-bits 1, recipe outer_momentum)
+DEFAULT_DEMO = Arm("demo", K=2, k=4, bits=1, beta=0.95)
 
 
 def parse_demo(spec: str) -> Arm:
@@ -357,6 +360,49 @@ def table(rows: list[dict]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def plot(runs: list[dict], path: Path) -> None:
+    """Held-out loss curves, mean over seeds: one panel per (corpus, N), single in each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["corpus"], r["n"]) for r in runs if r["arm"] != "single"})
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (corpus, n) in zip(axes[0], panels, strict=True):
+        arms = dict.fromkeys(r["arm"] for r in runs if (r["corpus"], r["n"]) == (corpus, n))
+        for arm, nn in [("single", 1), *((a, n) for a in arms)]:
+            rs = [r for r in runs if (r["corpus"], r["n"], r["arm"]) == (corpus, nn, arm)]
+            if not rs:
+                continue
+            steps = [t for t, _ in rs[0]["curve"]]
+            mean = [statistics.mean(r["curve"][i][1] for r in rs) for i in range(len(steps))]
+            ax.plot(steps, mean, label=f"{arm} ({len(rs)} seeds)")
+        ax.set_title(f"{corpus}, N={n}")
+        ax.set_xlabel("step")
+        ax.set_ylim(top=min(ax.get_ylim()[1], 4.5))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out loss")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(runs: list[dict], s: Setup, out: Path, wall_s: int) -> str:
+    rows = summarize(runs, s)
+    meta = dict(setup=asdict(s), params=runs[0]["params"], wall_s=wall_s,
+                envelope_overhead=envelope.OVERHEAD, max_chunk=envelope.MAX_CHUNK)  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(meta=meta, summary=rows, runs=runs), indent=1) + "\n")
+    md = f"Model {runs[0]['params']:,} params; setup {asdict(s)}; wall {wall_s}s.\n\n" + table(rows)
+    out.with_suffix(".md").write_text(md)
+    plot(runs, out.with_suffix(".png"))
+    return md
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -403,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--resume", action="store_true", help="keep the runs already in --out (same setup)"
     )
+    ap.add_argument("--report", action="store_true", help="only rewrite tables + plot of --out")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     s = QUICK if a.quick else Setup()
@@ -412,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     a.workers = [int(x) for x in (a.workers or ("2" if a.quick else "2,4,8")).split(",")]
     a.seeds = a.seeds or (1 if a.quick else 3)
     a.out = a.out or Path("docs/bench/scaling_quick.json" if a.quick else "docs/bench/scaling.json")
+    if a.report:
+        old = json.loads(a.out.read_text())
+        s = Setup(**old["meta"]["setup"])
+        print(write_report(old["runs"], s, a.out, old["meta"].get("wall_s", 0)))
+        return 0
     jobs = plan(a, s)
     print(f"bench_scaling: {len(jobs)} runs, setup {asdict(s)}", flush=True)
     t0, runs, cache = time.time(), _previous(a.out, s) if a.resume else [], {}
@@ -431,18 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(dict(meta=dict(setup=asdict(s)), runs=runs)) + "\n")
-    rows = summarize(runs, s)
-    meta = dict(setup=asdict(s), params=runs[0]["params"], wall_s=round(time.time() - t0),
-                envelope_overhead=envelope.OVERHEAD, max_chunk=envelope.MAX_CHUNK)  # fmt: skip
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(dict(meta=meta, summary=rows, runs=runs), indent=1) + "\n")
-    md = (
-        f"Model {runs[0]['params']:,} params; setup {asdict(s)}; wall {meta['wall_s']}s.\n\n"
-        + table(rows)
-    )
-    a.out.with_suffix(".md").write_text(md)
-    print(md)
-    print(f"wrote {a.out} and {a.out.with_suffix('.md')}")
+    print(write_report(runs, s, a.out, round(time.time() - t0)))
+    print(f"wrote {a.out}, {a.out.with_suffix('.md')} and {a.out.with_suffix('.png')}")
     return 0
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DEMO = "demo K=2 k=4 1b beta=0.95"  # the default arm: the product's default DeMo setting
 
 
 def test_quick_run_writes_sane_json(tmp_path: Path) -> None:
@@ -21,15 +22,16 @@ def test_quick_run_writes_sane_json(tmp_path: Path) -> None:
     )
     data = json.loads(out.read_text())
     arms = {(r["arm"], r["n"]) for r in data["runs"]}
-    assert arms == {("single", 1), ("ddp", 2), ("demo K=4 k=4 1b", 2)}
+    assert arms == {("single", 1), ("ddp", 2), (DEMO, 2)}
     for r in data["runs"]:
         assert r["curve"][0][0] == 0 and r["curve"][-1][0] == data["meta"]["setup"]["steps"]
         assert all(0 < loss < 6 for _, loss in r["curve"])
     rows = {r["arm"]: r for r in data["summary"]}
     assert rows["ddp"]["gap_vs_ddp_pct_mean"] == 0.0
-    demo = rows["demo K=4 k=4 1b"]
+    demo = rows[DEMO]
     up = demo["upload"]
     # the real packet, one gossip chunk in its signed envelope, plus the commitment envelope
     assert up["chunks"] == 1 and up["total"] == up["packet"] + 2 * data["meta"]["envelope_overhead"]
     assert demo["x_vs_bf16_ring"] > 100 and 0 < demo["codec_pct"] < 1000
-    assert "| code | 2 | demo K=4 k=4 1b |" in out.with_suffix(".md").read_text()
+    assert f"| code | 2 | {DEMO} |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 1000  # the loss-curve plot
