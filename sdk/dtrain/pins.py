@@ -100,8 +100,8 @@ def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Any = None)
     tokenizer and sequence length, the recipe fits the model: LoRA targets, seq_len, GRPO's
     answers) and returns the model's pin; a job that cannot train is a ConfigError."""
     checkers = entry_points(group=JOB_CHECKERS)
-    if not checkers:
-        return model_hash(model_uri)  # no node package: the pin, without the dry run
+    if not checkers or not model_uri:  # no node package, or no model: model_hash says what
+        return model_hash(model_uri)
     checker = next(iter(checkers))
     try:
         check = checker.load()
