@@ -113,13 +113,16 @@ class DeMo:
             raise ValueError(
                 f"packet of {self.spec.packet_bytes} bytes exceeds limit {cfg.max_packet_bytes}"
             )
-        self.e = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        # The shared state and the error feedback live on the CPU whatever the model's device:
+        # every node computes them with the same CPU arithmetic, so they stay bitwise identical
+        # between a node training on a GPU and one on a CPU.
+        self.e = [torch.zeros(p.shape, dtype=torch.float32) for p in self.params]
         self.steps = 0
         self._compress_s = 0.0
         self.inner: torch.optim.Optimizer | None = None
         self.theta_sync: list[torch.Tensor] = []
         if cfg.mode == "local":
-            self.theta_sync = [p.detach().clone() for p in self.params]
+            self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
             self.inner = torch.optim.AdamW(
                 self.params,
                 lr=cfg.inner_lr,
@@ -150,9 +153,9 @@ class DeMo:
             if self.cfg.mode == "paper":
                 if p.grad is None:
                     raise RuntimeError(f"{self.names[i]} has no gradient")
-                delta = p.grad.float()
+                delta = p.grad.float().cpu()
             else:
-                delta = (self.theta_sync[i] - p).float()
+                delta = (self.theta_sync[i] - p.detach().cpu()).float()
             self.e[i].mul_(self.cfg.beta).add_(delta)
             # local only: a broken local state must not stop the node (quantize would raise);
             # a 64x64 block's coefficients are at most 64 x its largest entry
@@ -195,7 +198,7 @@ class DeMo:
         t1 = time.perf_counter()
         good, excluded = screen(self.spec, good, self.cfg.robust)
         t2 = time.perf_counter()
-        agg = aggregate(self.spec, good, device=self.params[0].device) if good else None
+        agg = aggregate(self.spec, good, device=torch.device("cpu")) if good else None
         dt = time.perf_counter() - t2 + t1 - t0
         st = SyncStats(rejected=rejected, excluded=excluded, aggregate_s=dt, screen_s=t2 - t1)
         st.compress_s = self._compress_s
@@ -213,7 +216,7 @@ class DeMo:
         c = self.cfg
         shared = self.theta_sync if c.mode == "local" else [p.data for p in self.params]
         for i, th in enumerate(shared):
-            u = agg.update(i, c.lr, c.sign, th.dtype)
+            u = agg.update(i, c.lr, c.sign, th.dtype).to(th.device)
             if c.weight_decay:
                 th.mul_(1.0 - c.lr * c.weight_decay)
             # elementwise, hence the same bits everywhere: no packet set makes the state non-finite
