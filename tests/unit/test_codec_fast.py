@@ -42,13 +42,15 @@ def _packets(cfg: CompressConfig, n: int, seed: int) -> tuple[codec.Spec, list]:
 
 
 @pytest.mark.parametrize("cfg", [CompressConfig(), CompressConfig(k2d=16, k1d=3, bits=2)])
-def test_one_pass_decode_matches_field_by_field(cfg, monkeypatch) -> None:
+def test_one_pass_codec_matches_field_by_field(cfg, monkeypatch) -> None:
     spec, pk = _packets(cfg, 3, 0)
     datas = [codec.encode(spec, s) for _, s in pk]
     fast = [codec.decode(spec, d) for d in datas]
     monkeypatch.setattr(codec, "_decode_fast", lambda *a: None)
     slow = [codec.decode(spec, d) for d in datas]
     assert fast == slow == [s for _, s in pk]
+    monkeypatch.setattr(codec, "_encode_fast", lambda *a: None)
+    assert [codec.encode(spec, s) for _, s in pk] == datas  # one-pass encode, the same bytes
 
 
 @pytest.mark.parametrize("n", [2, 5])
