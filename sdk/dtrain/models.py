@@ -172,7 +172,7 @@ class JobSpec(Decoded):
     price_per_operator_epoch: int
     total_epochs: int = 1
     steps_per_epoch: int = 100
-    sync_interval: int = 10
+    sync_interval: int = 2  # the measured default (docs/benchmarks.md, Scaling)
     min_operators: int = 2
     max_operators: int = 3
     method: Method = Method.CPT
@@ -181,7 +181,7 @@ class JobSpec(Decoded):
     dataset_hash: bytes = ZERO32
     dataset_uri: str = ""
     topk_per_chunk: int = 4
-    quant_bits: int = 2
+    quant_bits: int = 1
     epoch_duration: int = 3600
     tee_required: bool = False
     seat_bond: int = 0
