@@ -129,7 +129,12 @@ def test_two_phase_attacks_rejected_everywhere_and_rounds_agree(cluster: Any) ->
             assert r["latency_s"] < deadline + settle + 1.5, r  # nobody stalls
         dropped = res["metrics"]["dropped"]
         print(f"\nhonest {res['address'][:8]}: {dropped}")
-        for reason in ("no_commit", "commit_mismatch", "late_commit"):
+        for reason in ("no_commit", "commit_mismatch"):
             assert dropped.get(reason, 0) >= 1, f"{reason} not counted: {dropped}"
+    # A late commitment is rejected and not relayed, so an honest node outside the attacker's
+    # mesh may never receive it (and applies the same set anyway, checked above); the nodes
+    # that receive it count it.
+    late = [res["metrics"]["dropped"].get("late_commit", 0) for res in honest]
+    assert sum(late) >= 1, f"no honest node counted the late commitment: {late}"
     lat = {r["round"]: round(r["latency_s"], 2) for r in honest[0]["rounds"]}
     print(f"honest node 0 round latencies: {lat}")
