@@ -99,3 +99,50 @@ def test_member_starting_after_the_commit_phase_is_missing_everywhere(tmp_path: 
     finally:
         for n in nodes:
             n.stop()
+
+
+@pytest.mark.timeout(60)
+def test_member_committing_after_the_others_closed_withdraws_and_all_agree(tmp_path: Path) -> None:
+    """A member that begins round 0 after the others closed their commit phase, while they still
+    wait in step 3 for it to close its own: its commitment is late at both, so it withdraws
+    (does not reveal) and all three apply the round without it; round 1 has all three."""
+    members = [account(i).address for i in range(3)]
+    # rounds: C = 0.75 s; the others hold in step 3 until the late member closes (or C + 4 s)
+    cfg = {"round_deadline_s": 1.0, "settle_s": 4.0, "request_timeout_s": 1.0}
+    nodes = [
+        GossipNode(GossipConfig(tmp_path / f"n{i}", CHAIN_ID, CONTRACT, JOB_ID, **cfg), account(i))
+        for i in range(3)
+    ]
+    for n in nodes:
+        n.start()
+    try:
+        for n in nodes:
+            n.connect([(o.peer_key, o.listen_addrs) for o in nodes if o is not n])
+            n.set_epoch(0, members, None)
+        results: dict[int, list[RoundResult]] = {i: [] for i in range(3)}
+        started = threading.Event()
+
+        def run(i: int, node: GossipNode) -> None:
+            if i == 2:
+                started.wait(10)
+                time.sleep(2.0)  # the others' commit deadline (0.75 s in) is long past
+            else:
+                started.set()
+            for r in range(2):
+                results[i].append(node.collect_round(r, b"round %d from %d" % (r, i)))
+
+        threads = [threading.Thread(target=run, args=(i, n)) for i, n in enumerate(nodes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        first = [[s for s, _ in results[i][0].packets] for i in range(3)]
+        assert first == [sorted(members[:2])] * 3, first
+        late = nodes[2].metrics()
+        assert late["withdrawn"] == 1 and late["commit_timeouts"] == 0
+        assert all(n.metrics()["dropped"].get("late_commit", 0) >= 1 for n in nodes[:2])
+        second = [[s for s, _ in results[i][1].packets] for i in range(3)]
+        assert second == [sorted(members)] * 3, second
+    finally:
+        for n in nodes:
+            n.stop()

@@ -70,9 +70,11 @@ class RoundCollector:
         chunks: list[envmod.Envelope] = []
         # a packet of this round is out before we began: our commitment would be late at the
         # node that revealed it, so we only collect (docs/protocol.md 4.2, step 1)
+        behind = 0.0
         if payload and not store.seen_reveal(rnd):
             commit, chunks = self._seal(rnd, payload)
             store.offer(commit, relayed=True)
+            behind = store.began_behind_by(rnd, time.monotonic())
             await self._publish([commit])
             st.notify()
         # a member that will not commit (ourselves when only collecting) is not waited for
@@ -83,14 +85,44 @@ class RoundCollector:
 
         await self._wait(rnd, t0, commit_deadline, pending)
         agreed = True
+        # may run past D (a peer that began the round late): the round still ends by
+        # D + settle_s, since the packet phase then goes straight to its settle
+        hard = commit_deadline + st.config.settle_s
         if pending():
             store.close_commits(rnd)
-            # may run past D (a peer that began the round late): the round still ends by
-            # D + settle_s, since the packet phase then goes straight to its settle
-            hard = commit_deadline + st.config.settle_s
             agreed = await self._agree_commits(rnd, hard, pending)
             st.metrics.commit_timeouts += not agreed
+        # begun far behind a peer: that peer may have closed its commit phase without our
+        # commitment, and would then apply the round without us while we apply it with us
+        far_behind = behind > (commit_deadline - t0) / 2
+        if (
+            chunks
+            and far_behind
+            and not await self._confirm_own(rnd, chunks[0].payload_sha256, hard)
+        ):
+            store.withdraw(rnd, st.account.address)
+            st.metrics.withdrawn += 1
+            chunks = []
         return chunks, agreed
+
+    async def _confirm_own(self, rnd: int, digest: bytes, hard: float) -> bool:
+        """Step 3a (docs/protocol.md 4.2): False (withdraw: do not reveal) when every live peer
+        answered that it closed its commit phase without our commitment: none holds it, so none
+        can relay it and none will wait for our packet. True (reveal) as soon as one live peer
+        holds it or can still take it, or at `hard` without answers."""
+        st = self._state
+        ours = (st.account.address, digest)
+        while True:
+            views = list((await self._sync.ask_all(rnd)).values())
+            live = [v for v in views if v is None or v.reachable]
+            if any(v is not None and (ours in v.commits or v.phase <= Phase.COMMIT) for v in live):
+                return True
+            if live and all(v is not None for v in live):
+                return False  # every one closed without it
+            if time.monotonic() >= hard:
+                return True
+            with trio.move_on_at(min(hard, time.monotonic() + st.config.re_request_s)):
+                await st.changed.wait()
 
     def _seal(self, rnd: int, payload: bytes) -> tuple[envmod.Envelope, list[envmod.Envelope]]:
         st, cfg, store = self._state, self._state.config, self._state.store

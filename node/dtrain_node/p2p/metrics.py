@@ -29,6 +29,7 @@ class Metrics:
     rate_limited: int = 0
     settle_timeouts: int = 0
     commit_timeouts: int = 0  # rounds revealed before the peers agreed on the commitments
+    withdrawn: int = 0  # rounds we committed to but did not reveal (a peer closed without us)
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
     def add_in(self, peer: str, n: int) -> None:
@@ -58,6 +59,7 @@ class Metrics:
             "rate_limited": self.rate_limited,
             "settle_timeouts": self.settle_timeouts,
             "commit_timeouts": self.commit_timeouts,
+            "withdrawn": self.withdrawn,
             "dropped": dict(store.dropped),
             "signatures": dict(store.signatures),
             "pubsub_rpc_errors": dict(pubsub.rpc_errors) if pubsub is not None else {},

@@ -52,6 +52,10 @@ class _Round:
     commits: dict[str, dict[bytes, Envelope]] = field(default_factory=dict)
     # a packet chunk of this round was stored: someone revealed (docs/protocol.md 4.2, step 1)
     seen_reveal: bool = False
+    # when the first commitment of this round arrived, if that was before we began it
+    early_commit_at: float | None = None
+    # members whose committed packet will not come (ourselves after withdrawing, step 3a)
+    withdrawn: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,18 @@ class RoundStore:
     def seen_reveal(self, rnd: int) -> bool:
         st = self.rounds.get(rnd)
         return st is not None and st.seen_reveal
+
+    def began_behind_by(self, rnd: int, now: float) -> float:
+        """How long before `now` a commitment of this round reached us before we began it (0.0
+        if none did): how far behind the earliest peer we may have started."""
+        st = self.rounds.get(rnd)
+        if st is None or st.early_commit_at is None:
+            return 0.0
+        return max(0.0, now - st.early_commit_at)
+
+    def withdraw(self, rnd: int, sender: str) -> None:
+        """`sender` (this node) will not reveal its committed packet: nobody waits for it here."""
+        self.rounds.setdefault(rnd, _Round()).withdrawn.add(to_checksum_address(sender))
 
     def close_commits(self, rnd: int) -> None:
         """Commit deadline passed: first commitments now only by relay from a third member."""
@@ -243,6 +259,8 @@ class RoundStore:
         if not (timely or (relayed and third_party and st.phase <= Phase.COMMIT_CLOSED)):
             raise EnvelopeError("late_commit", f"round {env.round} {env.sender}")
         st.commits[env.sender] = {env.payload_sha256: env}
+        if st.phase == Phase.NOT_STARTED and st.early_commit_at is None:
+            st.early_commit_at = time.monotonic()
         return True
 
     def _complete(self, st: _Round, env: Envelope, pkt: _Packet, now: float | None) -> None:
@@ -299,7 +317,11 @@ class RoundStore:
         if st is None:
             return []
         got = self.usable(rnd)
-        return [m for m in self.members if len(st.commits.get(m, ())) == 1 and m not in got]
+        return [
+            m
+            for m in self.members
+            if len(st.commits.get(m, ())) == 1 and m not in got and m not in st.withdrawn
+        ]
 
     def envelopes_for(self, rnd: int, exclude: set[tuple[str, bytes]]) -> list[Envelope]:
         """All chunks of complete packets of a round that the asker does not hold."""
