@@ -445,7 +445,7 @@ def test_chain_up_writes_the_env_file_other_commands_read(tmp_path, monkeypatch,
         assert "RPC http://127.0.0.1:9 unreachable" in capsys.readouterr().err
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        proc.wait(timeout=90)  # a loaded machine stops anvil slowly
     assert proc.returncode == 0, proc.stderr.read()
     assert not env_file.exists()
     closed = Web3(Web3.HTTPProvider(data["url"], request_kwargs={"timeout": 2}))

@@ -158,7 +158,7 @@ def test_watch_web_serves_the_job_as_on_chain_until_ctrl_c(done: Done) -> None:
             data = json.load(r)
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err
     assert (out, err) == ("", f"stopped serving the page of job {done.job_id}\n")
 
