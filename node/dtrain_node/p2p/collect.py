@@ -115,9 +115,11 @@ class RoundCollector:
         while True:
             views = list((await self._sync.ask_all(rnd)).values())
             live = [v for v in views if v is None or v.reachable]
+            if not live:
+                return True  # nobody left to disagree with
             if any(v is not None and (ours in v.commits or v.phase <= Phase.COMMIT) for v in live):
                 return True
-            if live and all(v is not None for v in live):
+            if all(v is not None for v in live):
                 return False  # every one closed without it
             if time.monotonic() >= hard:
                 return True

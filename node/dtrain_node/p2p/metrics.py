@@ -29,7 +29,7 @@ class Metrics:
     rate_limited: int = 0
     settle_timeouts: int = 0
     commit_timeouts: int = 0  # rounds revealed before the peers agreed on the commitments
-    withdrawn: int = 0  # rounds we committed to but did not reveal (a peer closed without us)
+    withdrawn: int = 0  # committed, not revealed: every live peer closed without it
     rounds: list[dict[str, Any]] = field(default_factory=list)
 
     def add_in(self, peer: str, n: int) -> None:
