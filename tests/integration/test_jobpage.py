@@ -149,7 +149,14 @@ def test_watch_web_serves_the_job_as_on_chain_until_ctrl_c(done: Done) -> None:
     argv += ["--port", "0"]
     for d in done.data_dirs:
         argv += ["--metrics", str(d)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C must reach it even when the test run ignores SIGINT (a shell's background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         line = _wait_for_line(proc.stdout, 60)
         m = re.fullmatch(rf"job {done.job_id}: (http://127\.0\.0\.1:\d+/) \(Ctrl-C stops\)\n", line)
