@@ -58,57 +58,12 @@ def test_collect_before_set_epoch_is_an_error(tmp_path: Path) -> None:
         n.collect_round(0, b"x")
 
 
-@pytest.mark.timeout(90)
-def test_member_starting_after_the_commit_phase_is_missing_everywhere(tmp_path: Path) -> None:
-    """Two-phase rounds: a member that begins round 0 after the others' commit deadline (and
-    after their reveals reached it) does not commit; all three apply the same set, without it,
-    in every round until it has caught up, and then with it."""
+def _three_with_a_late_member(
+    tmp_path: Path, cfg: dict[str, float], late_s: float, rounds: int
+) -> tuple[list[str], dict[int, list[RoundResult]], list[dict[str, Any]]]:
+    """Three members on loopback; member 2 begins round 0 `late_s` after the others began.
+    Returns the members, each node's round results and each node's metrics at the end."""
     members = [account(i).address for i in range(3)]
-    cfg = {"round_deadline_s": 1.0, "settle_s": 1.0, "request_timeout_s": 1.0}
-    nodes = [
-        GossipNode(GossipConfig(tmp_path / f"n{i}", CHAIN_ID, CONTRACT, JOB_ID, **cfg), account(i))
-        for i in range(3)
-    ]
-    for n in nodes:
-        n.start()
-    try:
-        for n in nodes:
-            n.connect([(o.peer_key, o.listen_addrs) for o in nodes if o is not n])
-            n.set_epoch(0, members, None)
-        results: dict[int, list[RoundResult]] = {i: [] for i in range(3)}
-
-        def run(i: int, node: GossipNode) -> None:
-            if i == 2:
-                time.sleep(2.5)  # still training: the others revealed round 0 by now
-            for r in range(4):
-                results[i].append(node.collect_round(r, b"round %d from %d" % (r, i)))
-
-        threads = [threading.Thread(target=run, args=(i, n)) for i, n in enumerate(nodes)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        first = [[s for s, _ in results[i][0].packets] for i in range(3)]
-        assert first == [sorted(members[:2])] * 3, first
-        assert all(results[i][0].missing == [members[2]] for i in range(3))
-        assert all(results[i][0].latency_s < 1.0 + 1.0 + 1.0 for i in range(2))  # no stall
-        for r in range(4):  # every round: the same set everywhere
-            assert len({tuple(results[i][r].packets) for i in range(3)}) == 1, r
-        last = [[s for s, _ in results[i][3].packets] for i in range(3)]
-        assert last == [sorted(members)] * 3, last
-    finally:
-        for n in nodes:
-            n.stop()
-
-
-@pytest.mark.timeout(60)
-def test_member_committing_after_the_others_closed_withdraws_and_all_agree(tmp_path: Path) -> None:
-    """A member that begins round 0 after the others closed their commit phase, while they still
-    wait in step 3 for it to close its own: its commitment is late at both, so it withdraws
-    (does not reveal) and all three apply the round without it; round 1 has all three."""
-    members = [account(i).address for i in range(3)]
-    # rounds: C = 0.75 s; the others hold in step 3 until the late member closes (or C + 4 s)
-    cfg = {"round_deadline_s": 1.0, "settle_s": 4.0, "request_timeout_s": 1.0}
     nodes = [
         GossipNode(GossipConfig(tmp_path / f"n{i}", CHAIN_ID, CONTRACT, JOB_ID, **cfg), account(i))
         for i in range(3)
@@ -125,10 +80,10 @@ def test_member_committing_after_the_others_closed_withdraws_and_all_agree(tmp_p
         def run(i: int, node: GossipNode) -> None:
             if i == 2:
                 started.wait(10)
-                time.sleep(2.0)  # the others' commit deadline (0.75 s in) is long past
+                time.sleep(late_s)
             else:
                 started.set()
-            for r in range(2):
+            for r in range(rounds):
                 results[i].append(node.collect_round(r, b"round %d from %d" % (r, i)))
 
         threads = [threading.Thread(target=run, args=(i, n)) for i, n in enumerate(nodes)]
@@ -136,13 +91,42 @@ def test_member_committing_after_the_others_closed_withdraws_and_all_agree(tmp_p
             t.start()
         for t in threads:
             t.join(60)
-        first = [[s for s, _ in results[i][0].packets] for i in range(3)]
-        assert first == [sorted(members[:2])] * 3, first
-        late = nodes[2].metrics()
-        assert late["withdrawn"] == 1 and late["commit_timeouts"] == 0
-        assert all(n.metrics()["dropped"].get("late_commit", 0) >= 1 for n in nodes[:2])
-        second = [[s for s, _ in results[i][1].packets] for i in range(3)]
-        assert second == [sorted(members)] * 3, second
+        return members, results, [n.metrics() for n in nodes]
     finally:
         for n in nodes:
             n.stop()
+
+
+@pytest.mark.timeout(90)
+def test_member_starting_after_the_commit_phase_is_missing_everywhere(tmp_path: Path) -> None:
+    """Two-phase rounds: a member that begins round 0 after the others' commit deadline (and
+    after their reveals reached it) does not commit; all three apply the same set, without it,
+    in every round until it has caught up, and then with it."""
+    cfg = {"round_deadline_s": 1.0, "settle_s": 1.0, "request_timeout_s": 1.0}
+    # 2.5 s late: still training while the others revealed round 0
+    members, results, _ = _three_with_a_late_member(tmp_path, cfg, 2.5, rounds=4)
+    first = [[s for s, _ in results[i][0].packets] for i in range(3)]
+    assert first == [sorted(members[:2])] * 3, first
+    assert all(results[i][0].missing == [members[2]] for i in range(3))
+    assert all(results[i][0].latency_s < 1.0 + 1.0 + 1.0 for i in range(2))  # no stall
+    for r in range(4):  # every round: the same set everywhere
+        assert len({tuple(results[i][r].packets) for i in range(3)}) == 1, r
+    last = [[s for s, _ in results[i][3].packets] for i in range(3)]
+    assert last == [sorted(members)] * 3, last
+
+
+@pytest.mark.timeout(60)
+def test_member_committing_after_the_others_closed_withdraws_and_all_agree(tmp_path: Path) -> None:
+    """A member that begins round 0 after the others closed their commit phase, while they still
+    wait in step 3 for it to close its own: its commitment is late at both, so it withdraws
+    (does not reveal) and all three apply the round without it; round 1 has all three."""
+    # rounds: C = 0.75 s; the others hold in step 3 until the late member closes (or C + 4 s)
+    cfg = {"round_deadline_s": 1.0, "settle_s": 4.0, "request_timeout_s": 1.0}
+    # 2 s late: the others' commit deadline (0.75 s in) is long past
+    members, results, metrics = _three_with_a_late_member(tmp_path, cfg, 2.0, rounds=2)
+    first = [[s for s, _ in results[i][0].packets] for i in range(3)]
+    assert first == [sorted(members[:2])] * 3, first
+    assert metrics[2]["withdrawn"] == 1 and metrics[2]["commit_timeouts"] == 0
+    assert all(m["dropped"].get("late_commit", 0) >= 1 for m in metrics[:2])
+    second = [[s for s, _ in results[i][1].packets] for i in range(3)]
+    assert second == [sorted(members)] * 3, second

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import default_sigint
 from harness.chain import ETH, advance, peer_key, spec
 from web3 import Web3
 
@@ -409,12 +410,6 @@ def test_debug_shows_traceback(chain, bsm) -> None:
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 
-def _default_sigint() -> None:
-    # Ctrl-C must reach the command even when the test run itself ignores SIGINT (a
-    # background job of a shell does, and children inherit that)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _chain_up(*args: str, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
         [*DTRAIN, "--json", "chain", "up", "--accounts", "2", *args],
@@ -422,7 +417,7 @@ def _chain_up(*args: str, env: dict[str, str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import default_sigint
 from harness.browser import chromium_page
 from harness.chain import ETH
 from harness.loopback import LoopbackHub
@@ -154,8 +155,7 @@ def test_watch_web_serves_the_job_as_on_chain_until_ctrl_c(done: Done) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # Ctrl-C must reach it even when the test run ignores SIGINT (a shell's background job)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_sigint,
     )
     try:
         line = _wait_for_line(proc.stdout, 60)

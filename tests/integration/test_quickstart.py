@@ -35,6 +35,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from harness import default_sigint
 
 pytestmark = pytest.mark.slow
 
@@ -151,11 +152,6 @@ class Running:
         return self.log.read_text(errors="replace")
 
 
-def _default_sigint() -> None:
-    # A terminal's foreground job gets Ctrl-C even if the test runs with SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 class Terminal:
     """A shell session: working directory and environment carried from command to command."""
 
@@ -219,7 +215,7 @@ class Terminal:
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_default_sigint,
+            preexec_fn=default_sigint,  # a terminal's foreground job gets Ctrl-C
         )
         self.running = Running(command, proc, log)
         self.transcript.append((command, ""))
