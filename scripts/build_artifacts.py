@@ -30,6 +30,9 @@ SOLC = ROOT / "scripts" / "solc"
 VIEWS = f"{CONTRACT}Views"
 HOOKS = f"{CONTRACT}Hooks"
 EXTENSIONS = (VIEWS, HOOKS)
+# Devnet-only contracts (contracts/src/devnet) the SDK deploys on a local chain, shipped with
+# ABI and bytecode only, each as artifacts/<Name>.json.
+DEVNET = ("TestUSD",)
 OZ = ROOT / "scripts" / "toolchain" / "node_modules" / "@openzeppelin"
 
 
@@ -82,6 +85,12 @@ def standard_input() -> dict:
                     ]
                 }
                 for name in (CONTRACT, *EXTENSIONS)
+            }
+            | {
+                f"contracts/src/devnet/{name}.sol": {
+                    name: ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]
+                }
+                for name in DEVNET
             },
         },
     }
@@ -141,6 +150,18 @@ def main() -> int:
     ARTIFACT_PATH.parent.mkdir(parents=True, exist_ok=True)
     ARTIFACT_PATH.write_text(json.dumps(artifact, indent=1, sort_keys=True) + "\n")
     print(f"wrote {ARTIFACT_PATH.relative_to(ROOT)} ({len(artifact['bytecode']) // 2 - 1} bytes)")
+    for name in DEVNET:
+        d = out["contracts"][f"contracts/src/devnet/{name}.sol"][name]
+        path = ARTIFACT_PATH.parent / f"{name}.json"
+        devnet = {
+            "contractName": name,
+            "sourceHash": artifact["sourceHash"],
+            "abi": d["abi"],
+            "bytecode": "0x" + d["evm"]["bytecode"]["object"],
+            "deployedBytecode": "0x" + d["evm"]["deployedBytecode"]["object"],
+        }
+        path.write_text(json.dumps(devnet, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {path.relative_to(ROOT)} ({len(devnet['bytecode']) // 2 - 1} bytes)")
     return 0
 
 
