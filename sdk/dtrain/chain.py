@@ -119,6 +119,10 @@ class LocalChain:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            except KeyboardInterrupt:  # a second Ctrl-C while it stops: never leave it running
+                proc.kill()
+                proc.wait()
+                raise
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None

@@ -11,6 +11,7 @@ from web3 import Web3
 
 import dtrain
 from dtrain import artifacts, errors
+from dtrain.chain import LocalChain
 from dtrain.client import BSM, load_key
 from dtrain.models import (
     JobSpec,
@@ -611,3 +612,21 @@ def test_open_timeout_lets_anyone_fail_a_deserted_job(bsm: BSM, as_account, acco
     assert refund == spec(min_operators=2, max_operators=2).escrow
     assert bsm.job(job_id).state.status == JobStatus.FAILED
     assert bsm.credit_of(caller.sender) == refund and bsm.credit_of(stranger.sender) == 0
+
+
+def test_local_chain_stops_anvil_when_ctrl_c_lands_while_it_stops(monkeypatch) -> None:
+    """A second Ctrl-C while the chain waits for anvil to exit still kills anvil."""
+    c = LocalChain(accounts=1).start()
+    proc = c._proc
+    assert proc is not None and c.running
+    real_wait = proc.wait
+
+    def interrupted_wait(timeout: float | None = None) -> int:
+        if timeout is not None:  # the polite wait after SIGTERM: Ctrl-C lands here
+            raise KeyboardInterrupt
+        return real_wait()
+
+    monkeypatch.setattr(proc, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        c.stop()
+    assert proc.poll() is not None  # anvil is gone, not left running
