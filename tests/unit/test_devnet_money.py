@@ -54,6 +54,15 @@ def test_expected_credits_match_the_split() -> None:
     assert running[K] == 0 and running[T] == EXPECTED[T]
 
 
+def test_a_token_job_pays_the_escrow_part_in_the_token_and_the_slashes_in_ether() -> None:
+    eps = money.epoch_records(EVENTS, 3, {})
+    pay = money.expected_credits(eps, ROSTER, P, refund_escrow=12 * P, part="pay")
+    slash = money.expected_credits(eps, ROSTER, P, refund_escrow=12 * P, part="slash")
+    assert slash == {**dict.fromkeys(EXPECTED, 0), T: ETH // 10}  # only C's slash, in ether
+    assert pay[T] == EXPECTED[T] - ETH // 10 and pay[K] == EXPECTED[K]
+    assert {a: pay[a] + slash[a] for a in EXPECTED} == EXPECTED
+
+
 def slashes(reporter: str, *amounts: int, tx: str = "0xf1") -> list[Event]:
     return [
         ev("Slashed", tx=tx, epoch=0, operator=o, reason=1, amount=a, reporter=reporter)

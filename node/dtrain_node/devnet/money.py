@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dtrain import UNWORKABLE
 
@@ -217,11 +217,19 @@ def expected_credits(
     price: int,
     refund_escrow: int = 0,
     rules: Rules | None = None,
+    part: Literal["all", "pay", "slash"] = "all",
 ) -> dict[str, int]:
     """What every account should have been credited. `refund_escrow` is the job's escrow once
-    it has ended (what was not paid out goes back to the caller), 0 while it runs."""
+    it has ended (what was not paid out goes back to the caller), 0 while it runs. `part`
+    "pay" counts only what the escrow pays (the 40/20/20/20 cuts, compensation, the refund),
+    "slash" only what slashed stake pays (bounties, the treasury's rest): a job escrowed in a
+    token pays the first in the token and the second in ether, as stake is ether."""
     rules = rules or Rules()
     expected = dict.fromkeys(roster.names(), 0)
+    if part == "slash":
+        for ep in epochs:
+            _slashes(ep, roster, rules, expected)
+        return expected
     shares = {o: {o: roster.self_stake} for o in roster.operators}
     for staker, (op, amount) in roster.delegations.items():
         shares[op][staker] = amount
@@ -241,7 +249,8 @@ def expected_credits(
                 reward_per_share[op] += pool_cut * ETH // sum(shares[op].values())
             expected[roster.treasury] += treasury_cut
             expected[roster.developer] += dev_cut
-        _slashes(ep, roster, rules, expected)
+        if part == "all":
+            _slashes(ep, roster, rules, expected)
     for op, holders in shares.items():
         for who, sh in holders.items():
             expected[who] += sh * reward_per_share[op] // ETH
