@@ -66,6 +66,7 @@ class Arm:
     chunk: int = 64
     lr: float = 1.0
     beta: float = 0.9
+    mean: str = "senders"  # or "coef": each coefficient averaged over the senders that sent it
 
     @property
     def name(self) -> str:
@@ -80,6 +81,8 @@ class Arm:
             s += f" olr={self.lr:g}"
         if self.beta != 0.9:
             s += f" beta={self.beta:g}"
+        if self.mean != "senders":
+            s += f" mean={self.mean}"
         return s
 
 
@@ -112,6 +115,7 @@ def parse_demo(spec: str) -> Arm:
     """'K=4,k=16,bits=2,chunk=32,lr=0.8,beta=0.95,k1d=2' -> Arm (unset keys keep defaults)."""
     kw: dict = {}
     types = {"K": int, "k": int, "k1d": int, "bits": int, "chunk": int, "lr": float, "beta": float}
+    types["mean"] = str
     for part in filter(None, spec.split(",")):
         key, _, val = part.partition("=")
         if key.strip() not in types:
@@ -209,6 +213,7 @@ def _demo(s: Setup, data, ev, arm: Arm, base, st, curve, rec) -> None:
         lr=arm.lr,
         beta=arm.beta,
         inner_lr=s.inner_lr,
+        per_coefficient_mean=arm.mean == "coef",
         compress=CompressConfig(chunk=arm.chunk, k2d=arm.k, k1d=arm.k1d, bits=arm.bits),
     )
     ms = members(n)

@@ -142,3 +142,33 @@ def test_any_exponent_spread_aggregates():
     for i in range(len(SHAPES)):
         # the same sum (power-of-two scalings are exact in float64)
         assert torch.equal(agg.sums[i] * 2.0 ** agg.exps[i], ref.sums[i] * 2.0 ** ref.exps[i])
+
+
+def test_per_coefficient_mean_is_exact_and_averages_each_coefficient_over_its_senders():
+    spec, pk = packets(scale=1.0)
+    ref = aggregate(spec, pk, per_coefficient=True)
+    for seed in range(3):  # order-free, and the same bits through either inverse
+        p = list(pk)
+        random.Random(seed).shuffle(p)
+        assert aggregate(spec, p, per_coefficient=True).digest() == ref.digest()
+    for dense in (True, False):
+        assert aggregate(spec, pk, dense=dense, per_coefficient=True).digest() == ref.digest()
+    assert ref.digest() != aggregate(spec, pk).digest()
+    Bq = dct.basis_q().to(torch.float64)
+    for i, (_, shape) in enumerate(SHAPES):
+        two_d = len(dct.view2(shape)) == 2
+        A = torch.zeros(dct.nchunks(shape), dct.chunk_elems(shape), dtype=torch.float64)
+        count = torch.zeros_like(A)
+        for _, ts in pk:
+            t = ts[i]
+            A.scatter_add_(1, t.idx, t.lvl.to(torch.float64) * 2.0**t.exp)
+            count.scatter_add_(1, t.idx, torch.ones_like(t.lvl, dtype=torch.float64))
+        A = A / count.clamp(min=1)
+        X = Bq.T @ A.reshape(-1, 64, 64) @ Bq if two_d else A @ Bq
+        want = dct.from_chunks(X, shape) * 2.0 ** (-30 if two_d else -15)
+        got = ref.update(i, 1.0, False, torch.float64)
+        # the mean is rounded to 2^-MEAN_BITS of the smallest sender's unit, Bq to 2^-16
+        assert torch.allclose(got, want, atol=2e-2 * want.abs().max().item(), rtol=0)
+        if bool((count[count > 0] < len(pk)).any()):  # some coefficient sent by fewer than all
+            plain = aggregate(spec, pk).update(i, 1.0, False, torch.float64)
+            assert not torch.allclose(plain, want, atol=2e-2 * want.abs().max().item(), rtol=0)

@@ -32,6 +32,7 @@ from dtrain_node.optim.compress import Sparse
 
 LIMIT = 2**53  # float64 holds every integer below this exactly
 SHIFT_MAX = 24  # at most this many bits of dynamic range between senders' scales
+MEAN_BITS = 6  # extra fraction bits of a per-coefficient mean (integer division, rounded)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Aggregate:
     sums: list[torch.Tensor]
     exps: list[int]
     senders: tuple[Hashable, ...]
+    per_coefficient: bool = False  # sums already hold each coefficient's mean over its senders
 
     def update(
         self, i: int, lr: float, sign: bool, dtype: torch.dtype = torch.float32
@@ -54,7 +56,8 @@ class Aggregate:
         if sign:
             return (torch.sign(x) * float(lr)).to(dtype)
         # lr / N rounds once in Python float64; ldexp is exact; x * c rounds once per element
-        c = math.ldexp(float(lr) / len(self.senders), self.exps[i])
+        n = 1 if self.per_coefficient else len(self.senders)
+        c = math.ldexp(float(lr) / n, self.exps[i])
         return (x * c).to(dtype)
 
     def digest(self) -> str:
@@ -106,6 +109,21 @@ def _merge(idx: torch.Tensor, val: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return midx[:, :u], mval[:, :u]
 
 
+def _coefficient_mean(idx: torch.Tensor, val: torch.Tensor, m: int):
+    """Per row, each distinct index once with round(2^m * sum / count) of the senders that sent
+    it (integer division, half away from zero: exact and order-free), padded with (0, 0) to the
+    input width so tensors keep batching together."""
+    sidx, perm = idx.sort(dim=1)
+    first = torch.ones_like(sidx, dtype=torch.bool)
+    first[:, 1:] = sidx[:, 1:] != sidx[:, :-1]
+    pos = first.cumsum(1) - 1
+    total = torch.zeros_like(val).scatter_add_(1, pos, val.gather(1, perm))
+    count = torch.zeros_like(val).scatter_add_(1, pos, torch.ones_like(val)).clamp_(min=1)
+    num = total << m
+    q = (num.abs() * 2 + count).div(2 * count, rounding_mode="floor")
+    return torch.zeros_like(idx).scatter_(1, pos, sidx), torch.where(num < 0, -q, q)
+
+
 @functools.cache
 def bound_shift(nsend: int, k: int, max_level: int, bmax: int, dims: int) -> int:
     """Largest scale spread s <= SHIFT_MAX such that the integer inverse stays below 2^53.
@@ -130,11 +148,14 @@ def aggregate(
     packets: Sequence[tuple[Hashable, Sequence[Sparse]]],
     device: torch.device | str | None = None,
     dense: bool | None = None,
+    per_coefficient: bool = False,
 ) -> Aggregate:
     """Sum decoded packets exactly. Senders must be distinct and mutually sortable (ids).
 
     `dense` picks the inverse-transform algorithm (default: by sparsity); both give the same
-    bits because both compute exact integers.
+    bits because both compute exact integers. `per_coefficient` divides each DCT coefficient
+    by the number of senders that sent it (the DeMo reference's mean) instead of the whole sum
+    by the number of senders.
     """
     if not packets:
         raise ValueError("no packets to aggregate")
@@ -152,7 +173,8 @@ def aggregate(
     groups: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for i, (nc, ce, k, _, _) in enumerate(spec.layout):
         dims = 1 if ce == n else 2
-        s_max = bound_shift(len(order), k, spec.cfg.max_level, bmax, dims)
+        m = MEAN_BITS if per_coefficient else 0
+        s_max = bound_shift(len(order) << m, k, spec.cfg.max_level, bmax, dims)
         ex = [p[1][i].exp for p in order]
         e0 = max(min(ex), max(ex) - s_max)
         idx = torch.cat([p[1][i].idx.to(torch.int64) for p in order], dim=1)
@@ -162,11 +184,13 @@ def aggregate(
         else:
             parts = [_shift(p[1][i].lvl, e - e0) for p, e in zip(order, ex, strict=True)]
             val = torch.cat(parts, 1)
+        if per_coefficient:
+            idx, val = _coefficient_mean(idx, val, m)
         l1 = int(val.abs().sum(1).max()) if nc else 0
         if l1 * bmax**dims >= LIMIT:  # guaranteed by bound_shift; checked because it MUST hold
             raise ValueError(f"{spec.names[i]}: sum|A|={l1} breaks the 2^53 exactness bound")
         groups.setdefault((dims, idx.shape[1]), []).append((i, idx, val))
-        exps.append(e0 - dims * dct.QBITS)
+        exps.append(e0 - m - dims * dct.QBITS)
     sums: list[torch.Tensor | None] = [None] * len(spec.layout)
     for (dims, width), items in groups.items():
         counts = [it[1].shape[0] for it in items]
@@ -183,4 +207,4 @@ def aggregate(
                 X = X + 0.0
         for (i, _, _), x in zip(items, X.split(counts), strict=True):
             sums[i] = dct.from_chunks(x, spec.shapes[i], n)
-    return Aggregate(sums, exps, senders)  # type: ignore[arg-type]
+    return Aggregate(sums, exps, senders, per_coefficient)  # type: ignore[arg-type]

@@ -45,6 +45,8 @@ class DeMoConfig:
     lr: float = 1.0
     beta: float = 0.9  # decay of the error-feedback momentum e
     sign: bool = False  # outer step lr * sign(U) instead of lr * U
+    # U averages each DCT coefficient over the senders that sent it, not over all senders
+    per_coefficient_mean: bool = False
     weight_decay: float = 0.0  # decoupled, on theta_sync at each sync
     inner_lr: float = 1e-3
     inner_betas: tuple[float, float] = (0.9, 0.95)
@@ -198,7 +200,16 @@ class DeMo:
         t1 = time.perf_counter()
         good, excluded = screen(self.spec, good, self.cfg.robust)
         t2 = time.perf_counter()
-        agg = aggregate(self.spec, good, device=torch.device("cpu")) if good else None
+        agg = (
+            aggregate(
+                self.spec,
+                good,
+                device=torch.device("cpu"),
+                per_coefficient=self.cfg.per_coefficient_mean,
+            )
+            if good
+            else None
+        )
         dt = time.perf_counter() - t2 + t1 - t0
         st = SyncStats(rejected=rejected, excluded=excluded, aggregate_s=dt, screen_s=t2 - t1)
         st.compress_s = self._compress_s
