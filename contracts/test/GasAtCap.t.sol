@@ -119,8 +119,6 @@ contract GasAtCapTest is BaseTest {
         vm.prank(staker);
         bsm.withdrawUnbonded(a);
         vm.prank(a);
-        bsm.setAttestation(keccak256("r"), 1, address(1));
-        vm.prank(a);
         bsm.updateOperator(peerKeyOf(a), addrsOf(5), "gpu", 1);
     }
 
