@@ -155,28 +155,31 @@ def _abi_type(param: dict[str, Any]) -> str:
     return param["type"]
 
 
-def _message_template(signature: str) -> str:
+def _message_template(signature: str, artifact: Any = None) -> str:
     """The error's NatSpec as a one-line message template: `@notice` as written in
     contracts/src (a sentence's capital and full stop dropped, for library errors' `@dev`)."""
     from .artifacts import load
 
-    text = load().natspec("errors", signature).removesuffix(".")
+    text = (artifact or load()).natspec("errors", signature).removesuffix(".")
     if re.match(r"[A-Z][a-z]", text):
         text = text[0].lower() + text[1:]
     return text
 
 
 def _build_contract_errors() -> tuple[dict[str, type[ContractError]], dict[str, str]]:
-    from .artifacts import load
+    from .artifacts import VERIFIER, load, load_named
 
     classes: dict[str, type[ContractError]] = {}
     messages: dict[str, str] = {}
-    for item in load().abi:
-        if item["type"] != "error":
+    # The BSM's errors, then the attestation verifier's (they revert through submitAttestation).
+    bsm, verifier = load(), load_named(VERIFIER)
+    items = [(i, bsm) for i in bsm.abi] + [(i, verifier) for i in verifier.abi]
+    for item, artifact in items:
+        if item["type"] != "error" or item["name"] in classes:
             continue
         name = item["name"]
         abi_types = tuple(_abi_type(i) for i in item["inputs"])
-        messages[name] = _message_template(f"{name}({','.join(abi_types)})")
+        messages[name] = _message_template(f"{name}({','.join(abi_types)})", artifact)
         classes[name] = type(
             name,
             (ContractError,),
