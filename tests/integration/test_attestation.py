@@ -192,3 +192,32 @@ def test_serve_refuses_to_start_without_no_vendor_check(chain, bsm, capsys) -> N
     err = capsys.readouterr().err.strip()
     assert code == 1 and "\n" not in err
     assert "does not verify the TEE vendor's certificate chain" in err
+
+
+def test_the_node_attests_before_a_teeRequired_join_only_with_tee(
+    chain, bsm, as_account, verifier, tmp_path
+) -> None:
+    """`node run --tee --attestation-file`: the node submits the saved statement when its
+    record does not count, and without --tee it neither picks nor attests for such a job."""
+    from types import SimpleNamespace
+
+    from dtrain_node.operator.node import Node, NodeConfig
+
+    (a,) = operators(as_account, 1)
+    job = tee_job(bsm.with_account(as_account(5).account))
+    with service(chain, bsm, verifier, tmp_path) as url:
+        FakeKernel(tmp_path / "tsm", "a", "tdx_guest", tdx_quote)
+        answer = obtain(url, a, a.sender, peer_key(1), tmp_path / "tsm", entry="a")
+    saved = tmp_path / "statement.json"
+    saved.write_text(json.dumps(answer))
+    base = dict(key=a.account.key.hex(), rpc_url=chain.url, contract=bsm.address, job_id=job)
+    plain = Node(NodeConfig(data_dir=tmp_path / "plain", **base))
+    assert "run with --tee" in (plain.ensure_attested() or "")
+    assert not plain._acceptable(bsm.job(job), 10 * ETH)
+    assert not a.attestation_of(a.sender).valid
+    tee = Node(NodeConfig(data_dir=tmp_path / "tee", tee=True, attestation_file=saved, **base))
+    tee.transport = SimpleNamespace(peer_key=peer_key(1))
+    assert tee.ensure_attested() is None
+    assert a.attestation_of(a.sender).valid
+    a.join_job(job)
+    assert a.sender in bsm.job(job).pending_joins + bsm.job(job).members
