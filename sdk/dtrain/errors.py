@@ -114,6 +114,11 @@ TIMES: dict[str, frozenset[str]] = {
     "RevealClosed": frozenset({"closedAt", "nowTs"}),
     "OpenTimeoutPending": frozenset({"timeoutAt", "nowTs"}),
     "EpochNotFinalizable": frozenset({"deadline"}),
+    "AttestationRequired": frozenset({"expiresAt", "nowTs"}),
+    "AttestationExpired": frozenset({"expiresAt", "nowTs"}),
+    "StatementExpired": frozenset({"expiresAt", "nowTs"}),
+    "StatementNotYetValid": frozenset({"issuedAt", "nowTs"}),
+    "StatementBeforeRotation": frozenset({"issuedAt", "validSince"}),
 }
 _STATUS = ["None", "Open", "Running", "Completed", "Failed", "Cancelled"]
 
@@ -134,6 +139,8 @@ def _fmt(error: str, name: str, value: Any) -> str:
     if is_amount(error, name) and isinstance(value, int):
         return format_eth(value)
     if is_time(error, name) and isinstance(value, int):
+        if name == "expiresAt" and value == 0:
+            return "none"
         if name == "nowTs":  # the reverting block's time, which may lag the wall clock
             return f"{format_time(value).removesuffix(' (now)')} by the chain's clock"
         return format_time(value)

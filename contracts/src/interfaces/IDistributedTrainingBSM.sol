@@ -213,7 +213,7 @@ interface IDistributedTrainingBSMTypes {
     error AlreadyLeaving(uint256 jobId, address operator);
     /// @notice job price `price` below the operator's ask `ask`
     error PriceBelowAsk(uint256 price, uint256 ask);
-    /// @notice job `jobId` requires a TEE attestation from `operator` by an allowed verifier, bound to its peer key and unexpired (expires `expiresAt`, now `nowTs`)
+    /// @notice job `jobId` requires a TEE attestation of `operator` that counts: by a verifier still allowed, for its current peer key, unexpired (recorded one expires: `expiresAt`; now `nowTs`)
     /// @param expiresAt when the operator's recorded attestation expires (0: none).
     error AttestationRequired(uint256 jobId, address operator, uint256 expiresAt, uint256 nowTs);
     /// @notice job `jobId` is in epoch `current`, not `given`
@@ -392,7 +392,8 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
         uint256 minPricePerEpoch
     ) external payable;
 
-    /// @notice Replaces the sender's peer key, addresses, hardware and price ask.
+    /// @notice Replaces the sender's peer key, addresses, hardware and price ask. A new peer key
+    /// deletes the sender's TEE attestation (it was bound to the old key).
     function updateOperator(
         bytes32 peerKey,
         string[] calldata multiaddrs,
