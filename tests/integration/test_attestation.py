@@ -221,3 +221,41 @@ def test_the_node_attests_before_a_teeRequired_join_only_with_tee(
     assert a.attestation_of(a.sender).valid
     a.join_job(job)
     assert a.sender in bsm.job(job).pending_joins + bsm.job(job).members
+
+
+def test_attest_and_tee_options_refuse_bad_input_in_one_line(chain, bsm, accounts, capsys) -> None:
+    base = ["--rpc-url", chain.url, "--contract", bsm.address, "--key", accounts[1].key]
+    for args, words in (
+        (["attest", "submit"], "exactly one of --service URL or --file PATH"),
+        (["node", "run", "--data-dir", "/tmp/x", "--job", "1", "--tee"], "--attestation-service"),
+        (
+            ["node", "run", "--data-dir", "/tmp/x", "--job", "1", "--attestation-file", __file__],
+            "need --tee",
+        ),
+        (["attest", "allow", "0x" + "11" * 20], "only the blueprint developer"),
+    ):
+        code = main([*base, *args])
+        err = capsys.readouterr().err.strip()
+        assert code != 0 and words in err, (args, err)
+        assert (
+            len(
+                [
+                    line
+                    for line in err.splitlines()
+                    if line.startswith("Error") or line.startswith("error")
+                ]
+            )
+            == 1
+        )
+
+
+def test_a_nonce_flood_keeps_the_service_bounded(bsm) -> None:
+    from dtrain_node.operator import attest_service as svc
+
+    service = svc.AttestationService(Account.create(), bsm, bsm.address, vendor_check=False)
+    first = service.nonce()
+    for _ in range(svc.MAX_NONCES):
+        service.nonce()
+    assert len(service._nonces) == svc.MAX_NONCES and first not in service._nonces
+    with pytest.raises(AttestationRefused, match="vendor"):
+        svc.AttestationService(Account.create(), bsm, bsm.address)

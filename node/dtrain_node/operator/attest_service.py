@@ -40,6 +40,7 @@ from dtrain.errors import DtrainError
 from dtrain_node.operator import attest
 
 NONCE_TTL_S = 300.0
+MAX_NONCES = 10_000  # outstanding at once: a flood of GET /nonce evicts the oldest
 MAX_BODY_BYTES = 64 * 1024
 VENDOR_CHECK_MISSING = (
     "the reference attestation service does not verify the TEE vendor's certificate chain; "
@@ -77,6 +78,8 @@ class AttestationService:
         with self._lock:
             for old in [k for k, t in self._nonces.items() if now - t > NONCE_TTL_S]:
                 del self._nonces[old]
+            while len(self._nonces) >= MAX_NONCES:
+                del self._nonces[next(iter(self._nonces))]  # the oldest (insertion order)
             self._nonces[n] = now
         return n
 
@@ -173,15 +176,17 @@ def obtain(
     peer_key: bytes,
     root: Path = attest.TSM_REPORTS,
     timeout: float = 30.0,
+    entry: str | None = None,
 ) -> dict[str, Any]:
     """A signed statement for `operator`: a nonce from the service, a configfs-tsm report over
-    our binding, the service's answer (as `AttestationService.attest` returns it)."""
+    our binding (in the report entry `entry`, a new one by default), the service's answer (as
+    `AttestationService.attest` returns it)."""
     url = service_url.rstrip("/")
     try:
         got = requests.get(f"{url}/nonce", timeout=timeout)
         nonce = _hex(_json(got)["nonce"], 32)
         data = attest.binding(bsm.chain_id, bsm.address, operator, peer_key, nonce)
-        report = attest.request(data, root)
+        report = attest.request(data, root, name=entry)
         body = {
             "operator": operator,
             "peerKey": "0x" + peer_key.hex(),
