@@ -33,6 +33,9 @@ EXTENSIONS = (VIEWS, HOOKS)
 # Devnet-only contracts (contracts/src/devnet) the SDK deploys on a local chain, shipped with
 # ABI and bytecode only, each as artifacts/<Name>.json.
 DEVNET = ("TestUSD",)
+# Contracts the SDK deploys next to the BSM (contracts/src/<Name>.sol), shipped with ABI,
+# bytecode and NatSpec as artifacts/<Name>.json.
+COMPANIONS = ("SignedAttestationVerifier",)
 OZ = ROOT / "scripts" / "toolchain" / "node_modules" / "@openzeppelin"
 
 
@@ -91,6 +94,12 @@ def standard_input() -> dict:
                     name: ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]
                 }
                 for name in DEVNET
+            }
+            | {
+                f"contracts/src/{name}.sol": {
+                    name: ["abi", "userdoc", "evm.bytecode.object", "evm.deployedBytecode.object"]
+                }
+                for name in COMPANIONS
             },
         },
     }
@@ -150,8 +159,9 @@ def main() -> int:
     ARTIFACT_PATH.parent.mkdir(parents=True, exist_ok=True)
     ARTIFACT_PATH.write_text(json.dumps(artifact, indent=1, sort_keys=True) + "\n")
     print(f"wrote {ARTIFACT_PATH.relative_to(ROOT)} ({len(artifact['bytecode']) // 2 - 1} bytes)")
-    for name in DEVNET:
-        d = out["contracts"][f"contracts/src/devnet/{name}.sol"][name]
+    for name in (*DEVNET, *COMPANIONS):
+        where = "contracts/src/devnet" if name in DEVNET else "contracts/src"
+        d = out["contracts"][f"{where}/{name}.sol"][name]
         path = ARTIFACT_PATH.parent / f"{name}.json"
         devnet = {
             "contractName": name,
@@ -160,6 +170,8 @@ def main() -> int:
             "bytecode": "0x" + d["evm"]["bytecode"]["object"],
             "deployedBytecode": "0x" + d["evm"]["deployedBytecode"]["object"],
         }
+        if "userdoc" in d:
+            devnet["userdoc"] = d["userdoc"]
         path.write_text(json.dumps(devnet, indent=1, sort_keys=True) + "\n")
         print(f"wrote {path.relative_to(ROOT)} ({len(devnet['bytecode']) // 2 - 1} bytes)")
     return 0

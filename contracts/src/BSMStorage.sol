@@ -36,10 +36,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     struct Operator {
         bool registered;
         uint32 activeJobs;
-        uint8 teeType;
         uint96 minPricePerEpoch;
-        bytes32 attestationReport;
-        address attestationVerifier;
         bytes32 peerKey;
         string[] multiaddrs;
         string hardware;
@@ -127,6 +124,25 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(address operator => uint256) internal _nonces;
     /// Self-stake each operator has bonded for its seats (sum of its jobs' `seatBond`).
     mapping(address operator => uint256) internal _bonded;
+
+    // ---------------------------------------------------------------- TEE attestation
+
+    /// Most verifier contracts allowed at once.
+    uint256 internal constant _MAX_ATTESTATION_VERIFIERS = 8;
+
+    /// What an allowed verifier accepted for an operator (see `submitAttestation`).
+    struct Attestation {
+        address verifier;
+        uint64 expiresAt;
+        uint8 teeType;
+        uint64 issuedAt;
+        bytes32 measurement;
+        bytes32 peerKey; // the operator's peer key when it was accepted
+    }
+
+    mapping(address operator => Attestation) internal _attestations;
+    mapping(address verifier => bool) internal _attestationVerifiers;
+    uint256 internal _attestationVerifierCount;
 
     function _assetsOf(address operator, address account) internal view returns (uint256) {
         Pool storage p = _pools[operator];

@@ -5,7 +5,7 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 
-import {IDistributedTrainingBSMActions} from "./interfaces/IDistributedTrainingBSM.sol";
+import {IDistributedTrainingBSMActions, IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 import {DistributedTrainingBSMViews} from "./DistributedTrainingBSMViews.sol";
 import {DistributedTrainingBSMHooks} from "./DistributedTrainingBSMHooks.sol";
@@ -87,18 +87,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     ) external {
         Operator storage o = _operators[msg.sender];
         require(o.registered, NotRegistered(msg.sender));
+        // An attestation binds the peer key: a new key voids it.
+        if (peerKey != o.peerKey) delete _attestations[msg.sender];
         _setNetwork(o, peerKey, multiaddrs, hardware, minPricePerEpoch);
         emit OperatorUpdated(msg.sender, peerKey, minPricePerEpoch);
-    }
-
-    /// @inheritdoc IDistributedTrainingBSMActions
-    function setAttestation(bytes32 report, uint8 teeType, address verifier) external {
-        Operator storage o = _operators[msg.sender];
-        require(o.registered, NotRegistered(msg.sender));
-        o.attestationReport = report;
-        o.teeType = teeType;
-        o.attestationVerifier = verifier;
-        emit AttestationSet(msg.sender, report, teeType, verifier);
     }
 
     /// @inheritdoc IDistributedTrainingBSMActions
@@ -505,7 +497,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
             spec.pricePerOperatorEpoch >= o.minPricePerEpoch,
             PriceBelowAsk(spec.pricePerOperatorEpoch, o.minPricePerEpoch)
         );
-        require(!spec.teeRequired || o.attestationReport != bytes32(0), AttestationRequired(jobId, operator));
+        if (spec.teeRequired) _requireAttestation(jobId, operator);
         uint256 count = _members[jobId].length + _pending[jobId].length;
         require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
 
@@ -522,6 +514,13 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
             emit JoinRequested(jobId, operator, j.epoch);
             if (count + 1 >= spec.minOperators) _openAttempt(jobId, j);
         }
+    }
+
+    /// The attestation is judged by the views extension (`attestationOf`), reached through this
+    /// contract's own fallback; it counts only at join (see docs/contract.md).
+    function _requireAttestation(uint256 jobId, address operator) internal view {
+        (,, uint64 expiresAt,,,, bool valid) = IDistributedTrainingBSMViews(address(this)).attestationOf(operator);
+        require(valid, AttestationRequired(jobId, operator, expiresAt, block.timestamp));
     }
 
     function _leave(uint256 jobId, address operator) internal {

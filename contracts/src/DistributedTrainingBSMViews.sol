@@ -2,6 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
+import {IAttestationVerifier} from "./interfaces/IAttestationVerifier.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 
 /// @title DistributedTrainingBSMViews
@@ -45,10 +46,7 @@ contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews
             minPricePerEpoch: o.minPricePerEpoch,
             peerKey: o.peerKey,
             multiaddrs: o.multiaddrs,
-            hardware: o.hardware,
-            attestationReport: o.attestationReport,
-            teeType: o.teeType,
-            attestationVerifier: o.attestationVerifier
+            hardware: o.hardware
         });
     }
 
@@ -204,5 +202,65 @@ contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews
     /// @inheritdoc IDistributedTrainingBSMViews
     function operatorNonce(address operator) external view returns (uint256) {
         return _nonces[operator];
+    }
+
+    // ---------------------------------------------------------------- TEE attestation
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function submitAttestation(address verifier, bytes calldata evidence) external {
+        Operator storage o = _operators[msg.sender];
+        require(o.registered, NotRegistered(msg.sender));
+        require(_attestationVerifiers[verifier], VerifierNotAllowed(verifier));
+        bytes32 peerKey = o.peerKey;
+        // A view call (STATICCALL): the verifier cannot change state or re-enter.
+        (uint64 issuedAt, uint64 expiresAt, uint8 teeType, bytes32 measurement) =
+            IAttestationVerifier(verifier).verify(msg.sender, peerKey, evidence);
+        require(expiresAt > block.timestamp, AttestationExpired(expiresAt, block.timestamp));
+        _attestations[msg.sender] = Attestation(verifier, expiresAt, teeType, issuedAt, measurement, peerKey);
+        emit AttestationSubmitted(msg.sender, verifier, teeType, measurement, peerKey, expiresAt);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function setAttestationVerifier(address verifier, bool allowed) external {
+        address developer = _params.developer;
+        require(msg.sender == developer, NotDeveloper(msg.sender, developer));
+        if (_attestationVerifiers[verifier] == allowed) return;
+        if (allowed) {
+            require(verifier.code.length > 0, VerifierHasNoCode(verifier));
+            uint256 count = _attestationVerifierCount;
+            require(count < _MAX_ATTESTATION_VERIFIERS, TooManyVerifiers(count, _MAX_ATTESTATION_VERIFIERS));
+            _attestationVerifierCount = count + 1;
+        } else {
+            _attestationVerifierCount -= 1;
+        }
+        _attestationVerifiers[verifier] = allowed;
+        emit AttestationVerifierSet(verifier, allowed);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function isAttestationVerifier(address verifier) external view returns (bool) {
+        return _attestationVerifiers[verifier];
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function attestationOf(address operator)
+        external
+        view
+        returns (
+            address verifier,
+            uint64 issuedAt,
+            uint64 expiresAt,
+            uint8 teeType,
+            bytes32 measurement,
+            bytes32 peerKey,
+            bool valid
+        )
+    {
+        Attestation storage a = _attestations[operator];
+        (verifier, issuedAt, expiresAt, teeType, measurement, peerKey) =
+        (a.verifier, a.issuedAt, a.expiresAt, a.teeType, a.measurement, a.peerKey);
+        // Only an allowed verifier is asked whether its trust root changed since.
+        valid = _attestationVerifiers[verifier] && block.timestamp < expiresAt
+            && peerKey == _operators[operator].peerKey && issuedAt >= IAttestationVerifier(verifier).validSince();
     }
 }

@@ -3,6 +3,8 @@ pragma solidity ^0.8.28;
 
 import {BaseTest} from "./Base.t.sol";
 import {IDistributedTrainingBSMTypes as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
+import {ISignedAttestationVerifier as V} from "../src/interfaces/ISignedAttestationVerifier.sol";
+import {SignedAttestationVerifier} from "../src/SignedAttestationVerifier.sol";
 
 /// Gas of every external function with a job at the hard cap of 32 members. Gas is
 /// deterministic, so the bounds are asserted; `make gas` writes the table to docs/gas.md.
@@ -27,6 +29,34 @@ contract GasAtCapTest is BaseTest {
 
     function _gas() internal view returns (uint256) {
         return vm.lastCallGas().gasTotalUsed;
+    }
+
+    function test_gas_attestationCalls() public {
+        uint256 serviceKey = 0xA77E57;
+        SignedAttestationVerifier v = new SignedAttestationVerifier(developer, vm.addr(serviceKey));
+        vm.prank(developer);
+        bsm.setAttestationVerifier(address(v), true);
+        address a = ops[0];
+        V.Statement memory st = V.Statement({
+            operator: a,
+            peerKey: peerKeyOf(a),
+            teeType: 1,
+            measurement: keccak256("mrtd"),
+            reportDataHash: keccak256("report data"),
+            issuedAt: uint64(block.timestamp),
+            expiresAt: uint64(block.timestamp + 1 days)
+        });
+        (uint8 sv, bytes32 r, bytes32 ss) = vm.sign(serviceKey, v.statementDigest(st));
+        bytes memory evidence = abi.encode(st, abi.encodePacked(r, ss, sv));
+        vm.prank(a);
+        bsm.submitAttestation(address(v), evidence);
+        vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "submitAttestation");
+        I.JobSpec memory s = spec(uint8(CAP), uint8(CAP), 1);
+        s.teeRequired = true;
+        uint256 job2 = createJob(s);
+        vm.prank(a);
+        bsm.joinJob(job2);
+        vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "joinJob teeRequired");
     }
 
     function test_gas_registerOperator() public {
@@ -118,8 +148,6 @@ contract GasAtCapTest is BaseTest {
         vm.warp(block.timestamp + UNBONDING);
         vm.prank(staker);
         bsm.withdrawUnbonded(a);
-        vm.prank(a);
-        bsm.setAttestation(keccak256("r"), 1, address(1));
         vm.prank(a);
         bsm.updateOperator(peerKeyOf(a), addrsOf(5), "gpu", 1);
     }

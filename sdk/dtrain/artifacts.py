@@ -12,6 +12,8 @@ from typing import Any
 
 CONTRACT = "DistributedTrainingBSM"
 ARTIFACT_PATH = Path(__file__).resolve().parent / "artifacts" / f"{CONTRACT}.json"
+# The attestation verifier the SDK deploys next to a BSM (artifacts/<name>.json).
+VERIFIER = "SignedAttestationVerifier"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,19 @@ def load() -> Artifact:
         source_hash=raw["sourceHash"],
         userdoc=raw.get("userdoc", {}),
         devdoc=raw.get("devdoc", {}),
+    )
+
+
+@cache
+def load_named(name: str) -> Artifact:
+    """A companion contract's artifact (e.g. `VERIFIER`), shipped next to the BSM's."""
+    raw = json.loads((ARTIFACT_PATH.parent / f"{name}.json").read_text())
+    return Artifact(
+        abi=raw["abi"],
+        bytecode=raw["bytecode"],
+        deployed_bytecode=raw["deployedBytecode"],
+        source_hash=raw["sourceHash"],
+        userdoc=raw.get("userdoc", {}),
     )
 
 

@@ -369,8 +369,15 @@ class BSM:
         )
         return self._transact(f)
 
-    def set_attestation(self, report: bytes, tee_type: int, verifier: str) -> Receipt:
-        f = self.contract.functions.setAttestation(_b32(report), tee_type, verifier)
+    def submit_attestation(self, verifier: str, evidence: bytes) -> Receipt:
+        """Records the sender's TEE attestation: the allowed `verifier` checks `evidence` for
+        the sender and its registered peer key (see dtrain.attestation for the signed kind)."""
+        f = self.contract.functions.submitAttestation(_addr(verifier), bytes(evidence))
+        return self._transact(f)
+
+    def set_attestation_verifier(self, verifier: str, allowed: bool = True) -> Receipt:
+        """Allows or disallows an attestation verifier (blueprint developer only)."""
+        f = self.contract.functions.setAttestationVerifier(_addr(verifier), allowed)
         return self._transact(f)
 
     def stake(self, amount: int) -> Receipt:
@@ -481,6 +488,21 @@ class BSM:
         info = self._read("getOperator", a)
         stake, pool, bonded = self.stake_of(a, a), self.pool(a), self.bonded_of(a)
         return m.Operator.from_struct(info, a, self_stake=stake, pool=pool, bonded=bonded)
+
+    def is_attestation_verifier(self, verifier: str) -> bool:
+        return bool(self._read("isAttestationVerifier", _addr(verifier)))
+
+    def attestation_of(self, operator: str) -> m.Attestation:
+        r = self._read("attestationOf", _addr(operator))
+        return m.Attestation(
+            verifier=r["verifier"],
+            issued_at=r["issuedAt"],
+            expires_at=r["expiresAt"],
+            tee_type=r["teeType"],
+            measurement=bytes(r["measurement"]),
+            peer_key=bytes(r["peerKey"]),
+            valid=bool(r["valid"]),
+        )
 
     def bonded_of(self, operator: str) -> int:
         """Self-stake `operator` has bonded to its seats (the sum of its jobs' seat bonds): it

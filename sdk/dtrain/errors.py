@@ -114,6 +114,11 @@ TIMES: dict[str, frozenset[str]] = {
     "RevealClosed": frozenset({"closedAt", "nowTs"}),
     "OpenTimeoutPending": frozenset({"timeoutAt", "nowTs"}),
     "EpochNotFinalizable": frozenset({"deadline"}),
+    "AttestationRequired": frozenset({"expiresAt", "nowTs"}),
+    "AttestationExpired": frozenset({"expiresAt", "nowTs"}),
+    "StatementExpired": frozenset({"expiresAt", "nowTs"}),
+    "StatementNotYetValid": frozenset({"issuedAt", "nowTs"}),
+    "StatementBeforeRotation": frozenset({"issuedAt", "validSince"}),
 }
 _STATUS = ["None", "Open", "Running", "Completed", "Failed", "Cancelled"]
 
@@ -134,6 +139,8 @@ def _fmt(error: str, name: str, value: Any) -> str:
     if is_amount(error, name) and isinstance(value, int):
         return format_eth(value)
     if is_time(error, name) and isinstance(value, int):
+        if name == "expiresAt" and value == 0:
+            return "none"
         if name == "nowTs":  # the reverting block's time, which may lag the wall clock
             return f"{format_time(value).removesuffix(' (now)')} by the chain's clock"
         return format_time(value)
@@ -155,28 +162,31 @@ def _abi_type(param: dict[str, Any]) -> str:
     return param["type"]
 
 
-def _message_template(signature: str) -> str:
+def _message_template(signature: str, artifact: Any = None) -> str:
     """The error's NatSpec as a one-line message template: `@notice` as written in
     contracts/src (a sentence's capital and full stop dropped, for library errors' `@dev`)."""
     from .artifacts import load
 
-    text = load().natspec("errors", signature).removesuffix(".")
+    text = (artifact or load()).natspec("errors", signature).removesuffix(".")
     if re.match(r"[A-Z][a-z]", text):
         text = text[0].lower() + text[1:]
     return text
 
 
 def _build_contract_errors() -> tuple[dict[str, type[ContractError]], dict[str, str]]:
-    from .artifacts import load
+    from .artifacts import VERIFIER, load, load_named
 
     classes: dict[str, type[ContractError]] = {}
     messages: dict[str, str] = {}
-    for item in load().abi:
-        if item["type"] != "error":
+    # The BSM's errors, then the attestation verifier's (they revert through submitAttestation).
+    bsm, verifier = load(), load_named(VERIFIER)
+    items = [(i, bsm) for i in bsm.abi] + [(i, verifier) for i in verifier.abi]
+    for item, artifact in items:
+        if item["type"] != "error" or item["name"] in classes:
             continue
         name = item["name"]
         abi_types = tuple(_abi_type(i) for i in item["inputs"])
-        messages[name] = _message_template(f"{name}({','.join(abi_types)})")
+        messages[name] = _message_template(f"{name}({','.join(abi_types)})", artifact)
         classes[name] = type(
             name,
             (ContractError,),

@@ -258,9 +258,6 @@ class Operator:
     peer_key: bytes
     multiaddrs: tuple[str, ...]
     hardware: str
-    attestation_report: bytes
-    tee_type: int
-    attestation_verifier: str
     self_stake: int = 0
     pool: Pool | None = None
     bonded: int = 0  # self-stake bonded by the operator's seats (sum of its jobs' seat bonds)
@@ -270,7 +267,7 @@ class Operator:
         cls, struct: Mapping[str, Any], address: str, self_stake: int, pool: Pool, bonded: int = 0
     ) -> Operator:
         """From `getOperator`'s `OperatorInfo`, plus the stake reads it does not hold."""
-        conv = {"peer_key": bytes, "multiaddrs": tuple, "attestation_report": bytes}
+        conv = {"peer_key": bytes, "multiaddrs": tuple}
         extra = {"address": address, "self_stake": self_stake, "pool": pool, "bonded": bonded}
         return from_struct(cls, struct, conv, **extra)
 
@@ -278,6 +275,21 @@ class Operator:
     def peer_id_bytes(self) -> bytes:
         """libp2p peer id of the Ed25519 key (identity multihash)."""
         return bytes.fromhex("002408011220") + self.peer_key
+
+
+@dataclass(frozen=True)
+class Attestation:
+    """An operator's TEE attestation as the BSM recorded it (`attestationOf`): which allowed
+    verifier accepted it, for which peer key, until when; `valid` says whether it counts now for
+    a `teeRequired` join."""
+
+    verifier: str
+    issued_at: int
+    expires_at: int
+    tee_type: int  # 1 TDX, 2 SEV-SNP
+    measurement: bytes
+    peer_key: bytes
+    valid: bool
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,8 @@ def test_operator_methods(as_account) -> None:
     op.update_operator(peer_key(2), ["/ip4/10.0.0.2/tcp/1", "/ip4/10.0.0.2/udp/1/quic"], "gpu", 7)
     info = op.operator(op.sender)
     assert info.multiaddrs[1].endswith("quic") and info.hardware == "gpu"
-    op.set_attestation(Web3.keccak(text="quote"), 3, op.sender)
-    assert op.operator(op.sender).tee_type == 3
+    none = op.attestation_of(op.sender)  # nothing recorded: no self-set attestation exists
+    assert not none.valid and none.expires_at == 0 and not op.is_attestation_verifier(op.sender)
     op.stake(ETH)
     op.unstake(2 * ETH)
     assert op.stake_of(op.sender, op.sender) == 2 * ETH

@@ -1,52 +1,15 @@
-"""TEE reports from configfs-tsm, against a fake configfs tree: a thread plays the kernel,
-answering the read of `outblob` (a FIFO) with a report over what was written to `inblob`."""
+"""TEE reports from configfs-tsm, against a fake configfs tree (harness.fake_tsm)."""
 
 from __future__ import annotations
 
-import os
-import threading
-from pathlib import Path
-
 import pytest
+from harness.fake_tsm import MRTD, SNP_MEASUREMENT, FakeKernel, snp_report, tdx_quote
 
 from dtrain_node.operator import attest
 
 CONTRACT = "0x" + "ab" * 20
 OPERATOR = "0x" + "cd" * 20
 PEER, NONCE = b"\x01" * 32, b"\x02" * 32
-
-
-def tdx_quote(report_data: bytes) -> bytes:
-    header = (4).to_bytes(2, "little") + (2).to_bytes(2, "little") + (0x81).to_bytes(4, "little")
-    header += b"\x00" * (48 - len(header))
-    body = b"\x11" * 520 + report_data
-    return header + body + b"\x00" * 200  # the signature data that follows
-
-
-def snp_report(report_data: bytes) -> bytes:
-    raw = bytearray(b"\x22" * attest.SNP_REPORT_BYTES)
-    raw[attest.SNP_REPORT_DATA_AT : attest.SNP_REPORT_DATA_AT + 64] = report_data
-    return bytes(raw)
-
-
-class FakeKernel:
-    """One configfs-tsm entry: `outblob` is a FIFO; the kernel thread waits for the reader,
-    reads `inblob`, bumps `generation` and writes the report `make(inblob)`."""
-
-    def __init__(self, root: Path, name: str, provider: str, make, bump: int = 1) -> None:
-        self.entry = root / name
-        self.entry.mkdir(parents=True)
-        (self.entry / "provider").write_text(provider + "\n")
-        (self.entry / "generation").write_text("0\n")
-        os.mkfifo(self.entry / "outblob")
-        self.thread = threading.Thread(target=self._answer, args=(make, bump), daemon=True)
-        self.thread.start()
-
-    def _answer(self, make, bump: int) -> None:
-        with open(self.entry / "outblob", "wb") as out:  # blocks until the reader opens it
-            data = (self.entry / "inblob").read_bytes()
-            (self.entry / "generation").write_text(f"{bump}\n")
-            out.write(make(data))
 
 
 @pytest.mark.parametrize(
@@ -59,6 +22,8 @@ def test_a_report_carries_the_operators_binding(tmp_path, provider, make) -> Non
     kernel.thread.join(5)
     assert report.provider == provider and report.report_data == want
     assert report.tee_type == attest.TEE_TYPES[provider]
+    want_m = MRTD if provider == "tdx_guest" else SNP_MEASUREMENT
+    assert attest.measurement_of(provider, report.raw) == want_m
     attest.check_bound(report, want)
     assert (tmp_path / "r" / "inblob").read_bytes() == want  # what the kernel was asked for
 

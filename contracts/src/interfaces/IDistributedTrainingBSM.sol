@@ -130,9 +130,6 @@ interface IDistributedTrainingBSMTypes {
         bytes32 peerKey;
         string[] multiaddrs;
         string hardware;
-        bytes32 attestationReport;
-        uint8 teeType;
-        address attestationVerifier;
     }
 
     struct PoolInfo {
@@ -216,8 +213,9 @@ interface IDistributedTrainingBSMTypes {
     error AlreadyLeaving(uint256 jobId, address operator);
     /// @notice job price `price` below the operator's ask `ask`
     error PriceBelowAsk(uint256 price, uint256 ask);
-    /// @notice job `jobId` requires a TEE attestation from `operator`
-    error AttestationRequired(uint256 jobId, address operator);
+    /// @notice job `jobId` requires a TEE attestation of `operator` that counts: by a verifier still allowed, for its current peer key, unexpired (recorded one expires: `expiresAt`; now `nowTs`)
+    /// @param expiresAt when the operator's recorded attestation expires (0: none).
+    error AttestationRequired(uint256 jobId, address operator, uint256 expiresAt, uint256 nowTs);
     /// @notice job `jobId` is in epoch `current`, not `given`
     error WrongEpoch(uint256 jobId, uint256 given, uint256 current);
     /// @notice epoch deadline `deadline` has passed (now `nowTs`)
@@ -268,6 +266,18 @@ interface IDistributedTrainingBSMTypes {
     /// @param nonce the operator's next nonce (`operatorNonce`), which the signature must cover.
     error InvalidOperatorSignature(address operator, uint256 nonce);
 
+    // TEE attestation
+    /// @notice verifier `verifier` is not allowed by the blueprint developer
+    error VerifierNotAllowed(address verifier);
+    /// @notice only the blueprint developer `developer` may do this (caller `caller`)
+    error NotDeveloper(address caller, address developer);
+    /// @notice `count` attestation verifiers allowed already, the most is `max`
+    error TooManyVerifiers(uint256 count, uint256 max);
+    /// @notice verifier `verifier` has no code
+    error VerifierHasNoCode(address verifier);
+    /// @notice the verifier returned an attestation that expires at `expiresAt` (now `nowTs`)
+    error AttestationExpired(uint256 expiresAt, uint256 nowTs);
+
     // ---------------------------------------------------------------- events
 
     /// @notice `operator` registered with `stake` wei of self-stake.
@@ -276,8 +286,6 @@ interface IDistributedTrainingBSMTypes {
     event OperatorUpdated(address indexed operator, bytes32 peerKey, uint256 minPricePerEpoch);
     /// @notice `operator` deregistered; all its self-stake started unbonding.
     event OperatorDeregistered(address indexed operator);
-    /// @notice `operator` recorded a TEE attestation.
-    event AttestationSet(address indexed operator, bytes32 report, uint8 teeType, address verifier);
     /// @notice `account` added `amount` wei to `operator`'s stake pool, receiving `shares` shares.
     event Staked(address indexed operator, address indexed account, uint256 amount, uint256 shares);
     /// @notice `amount` wei of `account`'s stake with `operator` started unbonding until `unlockAt`.
@@ -349,6 +357,20 @@ interface IDistributedTrainingBSMTypes {
     event Credited(address indexed account, uint256 amount);
     /// @notice `account` withdrew `amount` wei of credit.
     event Withdrawn(address indexed account, uint256 amount);
+
+    // TEE attestation
+    /// @notice Verifier `verifier` accepted a TEE attestation of `operator` (TEE type `teeType`,
+    /// measurement `measurement`) bound to peer key `peerKey`, valid until `expiresAt`.
+    event AttestationSubmitted(
+        address indexed operator,
+        address indexed verifier,
+        uint8 teeType,
+        bytes32 measurement,
+        bytes32 peerKey,
+        uint64 expiresAt
+    );
+    /// @notice The blueprint developer allowed (or disallowed) attestation verifier `verifier`.
+    event AttestationVerifierSet(address indexed verifier, bool allowed);
 }
 
 /// @title IDistributedTrainingBSMActions
@@ -370,16 +392,14 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
         uint256 minPricePerEpoch
     ) external payable;
 
-    /// @notice Replaces the sender's peer key, addresses, hardware and price ask.
+    /// @notice Replaces the sender's peer key, addresses, hardware and price ask. A new peer key
+    /// deletes the sender's TEE attestation (it was bound to the old key).
     function updateOperator(
         bytes32 peerKey,
         string[] calldata multiaddrs,
         string calldata hardware,
         uint256 minPricePerEpoch
     ) external;
-
-    /// @notice Records a TEE attestation (report hash, TEE type, verifier) for the sender.
-    function setAttestation(bytes32 report, uint8 teeType, address verifier) external;
 
     /// @notice Adds `msg.value` to the sender's self-stake.
     function stake() external payable;
@@ -518,6 +538,38 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
         external
         view
         returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve);
+
+    // ---------------------------------------------------------------- TEE attestation
+    // Run in the views extension (cold code), on the BSM's storage.
+
+    /// @notice Records the sender's TEE attestation: the allowed `verifier` must accept
+    /// `evidence` for the sender and its registered peer key (`IAttestationVerifier.verify`).
+    /// Replaces any earlier attestation. It counts for `teeRequired` joins while `verifier` stays
+    /// allowed, until it expires, while the sender keeps that peer key, and while it was issued
+    /// no earlier than the verifier's `validSince()`.
+    function submitAttestation(address verifier, bytes calldata evidence) external;
+
+    /// @notice Allows or disallows an attestation verifier (blueprint developer only; at most 8
+    /// allowed at once). Disallowing one voids every attestation it accepted, for later joins.
+    function setAttestationVerifier(address verifier, bool allowed) external;
+
+    /// @notice Whether the blueprint developer allows `verifier`.
+    function isAttestationVerifier(address verifier) external view returns (bool);
+
+    /// @notice `operator`'s recorded attestation and whether it counts now for a `teeRequired`
+    /// join (`valid`).
+    function attestationOf(address operator)
+        external
+        view
+        returns (
+            address verifier,
+            uint64 issuedAt,
+            uint64 expiresAt,
+            uint8 teeType,
+            bytes32 measurement,
+            bytes32 peerKey,
+            bool valid
+        );
 }
 
 /// @title IDistributedTrainingBSM

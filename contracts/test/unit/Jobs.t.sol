@@ -235,21 +235,6 @@ contract JoinJobTest is BaseTest {
         bsm.joinJob(jobId);
     }
 
-    function test_revert_AttestationRequired() public {
-        address[] memory ops = registerN(1);
-        I.JobSpec memory s = spec(2, 2, 2);
-        s.teeRequired = true;
-        uint256 jobId = createJob(s);
-        vm.prank(ops[0]);
-        vm.expectRevert(abi.encodeWithSelector(I.AttestationRequired.selector, jobId, ops[0]));
-        bsm.joinJob(jobId);
-        vm.prank(ops[0]);
-        bsm.setAttestation(keccak256("quote"), 1, address(0));
-        vm.prank(ops[0]);
-        bsm.joinJob(jobId);
-        vm.assertEq(bsm.getMembers(jobId).length, 1);
-    }
-
     function test_revert_InsufficientFreeStake() public {
         address[] memory ops = registerN(1);
         vm.prank(core);

@@ -155,25 +155,6 @@ contract UpdateOperatorTest is BaseTest {
     }
 }
 
-contract SetAttestationTest is BaseTest {
-    function test_records() public {
-        address a = op(1);
-        register(a, MIN_STAKE);
-        vm.prank(a);
-        bsm.setAttestation(keccak256("report"), 2, address(0xBEEF));
-        I.OperatorInfo memory o = bsm.getOperator(a);
-        vm.assertEq(o.attestationReport, keccak256("report"));
-        vm.assertEq(o.teeType, 2);
-        vm.assertEq(o.attestationVerifier, address(0xBEEF));
-    }
-
-    function test_revert_NotRegistered() public {
-        vm.prank(staker);
-        vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, staker));
-        bsm.setAttestation(bytes32(uint256(1)), 1, address(0));
-    }
-}
-
 contract DeregisterOperatorTest is BaseTest {
     function test_queuesAllStake() public {
         address a = op(1);

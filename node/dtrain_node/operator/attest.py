@@ -9,9 +9,9 @@ configfs-tsm (Linux >= 6.7, `Documentation/ABI/testing/configfs-tsm`): make a di
 whose generation is not the one our write made was produced for somebody else's data.
 
 This module produces, parses and checks the binding of a report. It does not check the hardware
-vendor's signature chain over it: that is for an attestation service, whose signature an
-on-chain verifier contract is to check. Until that verifier exists, the contract's `teeRequired`
-still accepts any recorded report hash (issue "pay/serve/attest").
+vendor's signature chain over it: that is the attestation service's job (`attest_service`, whose
+reference implementation does not do it either), whose signed statement an allowed on-chain
+verifier contract checks before the BSM counts the attestation for `teeRequired` jobs.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ TDX_REPORT_DATA_AT = 48 + 520  # quote header, then the TD report body's REPORTD
 SNP_REPORT_DATA_AT = 0x50
 SNP_MEASUREMENT_AT = 0x90
 SNP_REPORT_BYTES = 0x4A0
+TDX_MRTD_AT = 48 + 136  # the TD report body's MRTD (after TEE_TCB_SVN, MRSEAM, ... XFAM)
+MEASUREMENT_BYTES = 48
 TEE_TYPES = {"tdx_guest": 1, "sev_guest": 2}  # the contract's teeType
 
 
@@ -88,6 +90,14 @@ def report_data_of(provider: str, raw: bytes) -> bytes:
             raise AttestationError(f"SEV-SNP report of {len(raw)} bytes is too short")
         return raw[SNP_REPORT_DATA_AT : SNP_REPORT_DATA_AT + REPORT_DATA_BYTES]
     raise AttestationError(f"unknown TEE provider {provider!r}; known: {', '.join(TEE_TYPES)}")
+
+
+def measurement_of(provider: str, raw: bytes) -> bytes:
+    """The TEE's launch measurement (TDX MRTD, SEV-SNP MEASUREMENT: 48 bytes) in a report
+    that `report_data_of` accepts."""
+    report_data_of(provider, raw)  # same shape checks
+    at = TDX_MRTD_AT if provider == "tdx_guest" else SNP_MEASUREMENT_AT
+    return raw[at : at + MEASUREMENT_BYTES]
 
 
 def request(report_data: bytes, root: Path = TSM_REPORTS, name: str | None = None) -> Report:

@@ -54,9 +54,11 @@ def register(root: click.Group) -> None:
     model_group = root.commands.get("model")
     if isinstance(model_group, click.Group):
         model_group.add_command(model_init)
+    from dtrain_node.operator.attest_cli import register as register_attest
     from dtrain_node.serve.cli import serve
 
     root.add_command(serve)
+    register_attest(root)
 
 
 @click.command("init")
@@ -154,6 +156,25 @@ def node() -> None:
     help="Where the inner steps run (auto: CUDA when present); the shared state stays on the "
     "CPU, bitwise the same as every other node's.",
 )
+@click.option(
+    "--tee",
+    is_flag=True,
+    help="Join teeRequired jobs: attest first (a configfs-tsm report signed by "
+    "--attestation-service, or the statement in --attestation-file) and submit it.",
+)
+@click.option("--attestation-service", help="URL of the attestation service (with --tee).")
+@click.option(
+    "--attestation-file",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="A statement saved by `dtrain attest request` (with --tee).",
+)
+@click.option(
+    "--tsm-root",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="/sys/kernel/config/tsm/report",
+    show_default=True,
+    help="configfs-tsm report directory (with --tee --attestation-service).",
+)
 @click.pass_obj
 def node_run(
     ctx: Ctx,
@@ -171,6 +192,10 @@ def node_run(
     no_withdraw: bool,
     cache_dir: Path | None,
     device: str,
+    tee: bool,
+    attestation_service: str | None,
+    attestation_file: Path | None,
+    tsm_root: Path,
 ) -> None:
     """Register, join, train with DeMo over gossip, commit and reveal checkpoints, get paid,
     then serve the final checkpoint for --linger.
@@ -193,6 +218,10 @@ def node_run(
         raise ConfigError("node run needs --rpc-url, --contract and --key")
     if (job_id is None) == (not auto):
         raise click.UsageError("give exactly one of --job ID or --auto")
+    if tee and (attestation_service is None) == (attestation_file is None):
+        raise click.UsageError("--tee needs one of --attestation-service URL or --attestation-file")
+    if not tee and (attestation_service or attestation_file):
+        raise click.UsageError("--attestation-service and --attestation-file need --tee")
     cfg = NodeConfig(
         key=ctx.key,
         rpc_url=ctx.rpc_url,
@@ -211,6 +240,10 @@ def node_run(
         linger_s=linger,
         cache_dir=cache_dir.expanduser() if cache_dir else None,
         device=device,
+        tee=tee,
+        attestation_service=attestation_service,
+        attestation_file=attestation_file,
+        tsm_root=tsm_root,
     )
     if device == "cuda":
         from dtrain_node.train.devices import pick

@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.client import BSM
-from dtrain.errors import ContractError, TransactionFailed
+from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
 from dtrain_node.errors import StopRequested
-from dtrain_node.operator import vote
+from dtrain_node.operator import attest, attest_service, vote
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
 from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer
@@ -72,6 +72,7 @@ log = logging.getLogger("dtrain.node")
 FINALIZE_GAS = 6_000_000  # above finalizeEpoch at the 32-member cap (docs/gas.md)
 REVEAL_GAS = 1_000_000  # above revealCheckpoint at the 32-member cap (first sight of a vote)
 SETTLE_EVENTS = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted")
+ATTEST_MARGIN_S = 600  # a recorded attestation this close to expiry is renewed before a join
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ class NodeConfig:
     cache_dir: Path | None = None  # fetched models and datasets; None: data_dir / "cache"
     max_fetch_bytes: int = DEFAULT_MAX_BYTES  # the largest model pack or dataset we fetch
     device: str = "auto"  # where inner steps run: auto (CUDA if present), cpu or cuda
+    # TEE: join teeRequired jobs, attesting first through the service (a configfs-tsm report
+    # from `tsm_root`) or with a statement saved to `attestation_file`.
+    tee: bool = False
+    attestation_service: str | None = None
+    attestation_file: Path | None = None
+    tsm_root: Path = attest.TSM_REPORTS
 
     def source_cache(self) -> Cache:
         """Where the job's remote model, dataset and recipe are fetched to (operator.sources)."""
@@ -116,6 +123,8 @@ class NodeConfig:
             raise ValueError("batch_size >= 1, round_deadline_s > 0 and poll_s > 0 required")
         if not self.step_s >= 0:
             raise ValueError(f"step_s must be >= 0, got {self.step_s}")
+        if self.tee and (self.attestation_service is None) == (self.attestation_file is None):
+            raise ValueError("tee needs exactly one of attestation_service or attestation_file")
 
 
 class Node:
@@ -282,12 +291,42 @@ class Node:
             self._metric("rejoined", job=job_id)
             return None
         why = self._preflight(job)
+        if why is None and job.spec.tee_required:
+            why = self.ensure_attested()
         if why is not None:
             log.warning("not joining job %s: %s", job_id, why)
             self._metric("refused", job=job_id, reason=why)
             return why
         self.bsm.join_job(job_id)
         self._metric("joined", job=job_id)
+        return None
+
+    def ensure_attested(self) -> str | None:
+        """Before joining a teeRequired job: None when our recorded attestation counts for
+        another `ATTEST_MARGIN_S` at least, or after obtaining and submitting a fresh one;
+        else why we cannot attest."""
+        if not self.cfg.tee:
+            return "the job requires a TEE attestation: run with --tee"
+        now = self.bsm.latest_block_timestamp()
+        have = self.bsm.attestation_of(self.me)
+        if have.valid and have.expires_at > now + ATTEST_MARGIN_S:
+            return None
+        try:
+            if self.cfg.attestation_file is not None:
+                answer = attest_service.load_answer(self.cfg.attestation_file)
+            else:
+                answer = attest_service.obtain(
+                    self.cfg.attestation_service or "",
+                    self.bsm,
+                    self.me,
+                    self.transport.peer_key,
+                    self.cfg.tsm_root,
+                )
+            attest_service.submit(self.bsm, answer)
+        except DtrainError as exc:
+            return f"TEE attestation failed: {exc}"
+        got = self.bsm.attestation_of(self.me)
+        self._metric("attested", verifier=got.verifier, expires=got.expires_at)
         return None
 
     def _pick_job(self) -> int | None:
@@ -310,6 +349,7 @@ class Node:
         return (
             live
             and room
+            and (self.cfg.tee or not s.tee_required)
             and s.price_per_operator_epoch >= self.cfg.min_price
             and s.epoch_duration >= need
             and s.seat_bond <= free_stake
