@@ -32,7 +32,7 @@ HOOKS = f"{CONTRACT}Hooks"
 EXTENSIONS = (VIEWS, HOOKS)
 # Devnet-only contracts (contracts/src/devnet) the SDK deploys on a local chain, shipped with
 # ABI and bytecode only, each as artifacts/<Name>.json.
-DEVNET = ("TestUSD",)
+DEVNET = ("TestUSD", "DevMulticall")
 OZ = ROOT / "scripts" / "toolchain" / "node_modules" / "@openzeppelin"
 
 
