@@ -106,11 +106,11 @@ def _multicall_code() -> str:
 def install_multicall(w3: Web3) -> bool:
     """Put DevMulticall's runtime code at Multicall3's address on a local anvil chain, where
     nothing is deployed there (x402's facilitator batches its diagnostic reads through it).
-    True when it installed it."""
+    True when it installed it; a chain that has no `anvil_setCode` is left as it is."""
     if len(w3.eth.get_code(Web3.to_checksum_address(MULTICALL3))) > 0:
         return False
-    w3.provider.make_request("anvil_setCode", [MULTICALL3, _multicall_code()])
-    return True
+    answer = w3.provider.make_request("anvil_setCode", [MULTICALL3, _multicall_code()])
+    return "error" not in answer
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,22 @@ class X402:
         self.paywall, self.price, self.description = paywall, price, description
         self.requirements = paywall.requirements(price)
 
+    def terms(self) -> dict[str, object]:
+        """The price as the listening line's JSON reports it."""
+        return {
+            "amount": self.price,
+            "token": self.paywall.token.address,
+            "pay_to": self.paywall.pay_to,
+            "network": self.paywall.network,
+            "facilitator": self.paywall.facilitator.address,
+        }
+
+    def note(self) -> str:
+        return (
+            f"each call costs {self.paywall.token.show(self.price)} paid over x402 to "
+            f"{self.paywall.pay_to}"
+        )
+
     async def admit(self, request: Request, call: Call) -> Admission:
         try:
             verified = await self.paywall.verify(payment_header(request.headers), self.requirements)
