@@ -1,4 +1,4 @@
-"""`dtrain serve`'s app in this process: uvicorn on a thread, on a free loopback port."""
+"""Our HTTP apps in this process: uvicorn on a thread, on a free loopback port."""
 
 from __future__ import annotations
 
@@ -18,7 +18,13 @@ from dtrain_node.serve.payment import Payment
 @contextmanager
 def served(engine: Any, cfg: ServeConfig, payment: Payment | None = None) -> Iterator[str]:
     """The app over `engine`, listening until the block ends; its base URL (…/v1)."""
-    app = create_app(engine, cfg, payment)
+    with listening(create_app(engine, cfg, payment)) as url:
+        yield url + "/v1"
+
+
+@contextmanager
+def listening(app: Any) -> Iterator[str]:
+    """An ASGI app listening until the block ends; its base URL (http://127.0.0.1:PORT)."""
     sock = socket.create_server(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     started = threading.Event()
@@ -33,7 +39,7 @@ def served(engine: Any, cfg: ServeConfig, payment: Payment | None = None) -> Ite
     thread.start()
     try:
         assert started.wait(30), "the server did not start"
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(30)

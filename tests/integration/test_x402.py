@@ -14,12 +14,11 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
+from harness.payments import payment_for
 from harness.served import served
 from openai import AsyncOpenAI, OpenAI
-from x402 import x402ClientSync
 from x402.http.utils import decode_payment_required_header, encode_payment_signature_header
-from x402.mechanisms.evm.exact import register_exact_evm_client
-from x402.schemas import PaymentPayload, PaymentRequired, PaymentRequirements
+from x402.schemas import PaymentPayload, PaymentRequirements
 
 from dtrain.chain import DevAccount, LocalChain
 from dtrain.client import load_key
@@ -97,11 +96,7 @@ def signed(d: Devnet, req: PaymentRequirements, **change) -> str:
 
 def official(d: Devnet, req: PaymentRequirements) -> str:
     """The payment header the official client makes for `req`."""
-    client = x402ClientSync()
-    register_exact_evm_client(client, load_key(d.payer.key))
-    client.set_spend_controls(False)
-    payload = client.create_payment_payload(PaymentRequired(accepts=[req]))
-    return encode_payment_signature_header(payload)
+    return payment_for(d.payer.key, req)
 
 
 def refused(d: Devnet, header: str | None, req: PaymentRequirements) -> str:
