@@ -19,7 +19,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 from web3 import Web3
-from web3.exceptions import ContractCustomError, ContractLogicError, ContractPanicError
+from web3.exceptions import (
+    ContractCustomError,
+    ContractLogicError,
+    ContractPanicError,
+    MismatchedABI,
+    Web3ValidationError,
+)
 
 from dtrain.client import BSM, NONCES
 from dtrain.devtoken import TestUSD
@@ -151,7 +157,8 @@ class Gateway:
                 raise Refused(
                     400, problem.error_name, f"the contract refuses this job: {problem}"
                 ) from None
-        except (ValueError, TypeError, OverflowError) as exc:  # a field out of its ABI type
+        except (MismatchedABI, Web3ValidationError, ValueError, TypeError, OverflowError) as exc:
+            # a field out of its ABI type (e.g. total_epochs over uint32)
             raise Refused(400, "invalid_job_spec", f"the job spec does not encode: {exc}") from None
 
     def create(self, spec: JobSpec, owner: str) -> tuple[int, str]:
