@@ -214,8 +214,6 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     /// Bit i set: the pool has earned rewards in `_paymentTokens[i]`.
     mapping(address operator => uint256) internal _poolTokenMask;
     mapping(address operator => mapping(uint256 index => TokenPool)) internal _tokenPools;
-    mapping(address operator => mapping(address account => mapping(uint256 index => uint256))) internal
-        _tokenRpsPaid;
-    mapping(address operator => mapping(uint256 index => mapping(uint64 period => uint256))) internal
-        _maturedTokenRps;
+    mapping(address operator => mapping(address account => mapping(uint256 index => uint256))) internal _tokenRpsPaid;
+    mapping(address operator => mapping(uint256 index => mapping(uint64 period => uint256))) internal _maturedTokenRps;
 }

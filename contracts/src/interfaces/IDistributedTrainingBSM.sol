@@ -557,9 +557,7 @@ interface IDistributedTrainingBSMTokens is IDistributedTrainingBSMTypes {
     /// escrow, price x maxOperators x totalEpochs, with `transferFrom` (approve it first); the
     /// BSM's balance of `token` must grow by exactly that. `owner` is the job's caller: it may
     /// cancel the job and receives its refunds.
-    function createJobWithToken(JobSpec calldata spec, address token, address owner)
-        external
-        returns (uint256 jobId);
+    function createJobWithToken(JobSpec calldata spec, address token, address owner) external returns (uint256 jobId);
 
     /// @notice Allows `token` for new jobs, or stops allowing it (jobs already escrowed in it
     /// run on). Blueprint developer only; at most `MAX_PAYMENT_TOKENS` (4) distinct tokens ever.
