@@ -183,6 +183,11 @@ contract HandlerSmokeTest is BaseTest {
         vm.assertEq(h.usd().balanceOf(address(bsm)), r);
         vm.assertEq(h.ghostTokenIn() - h.ghostTokenOut(), r);
         assertConserved();
+        // A whole token job in one step pays in the token too.
+        h.wholeJob(2, 2, false, uint256(1) << 132);
+        vm.assertEq(h.ghostTokenJobs(), 2);
+        vm.assertEq(h.ghostTokenPaidEpochs(), 9);
+        vm.assertEq(h.ghostSettlementViolations() + h.ghostWhoViolations() + h.ghostSplitViolations(), 0);
     }
 
     /// Everyone votes UNWORKABLE: the job aborts, nobody is slashed, voters are compensated.
