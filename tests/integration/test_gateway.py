@@ -59,8 +59,7 @@ class Shop:
 
 
 def allow_token(bsm: BSM, developer: str, token: str, allowed: bool = True) -> None:
-    dev = bsm.with_account(developer)
-    dev._transact(dev.contract.functions.setPaymentToken(token, allowed))
+    bsm.with_account(developer).set_payment_token(token, allowed)
 
 
 def make_gateway(
@@ -119,6 +118,9 @@ def test_a_spec_the_contract_refuses_is_a_400_before_any_money_moves(shop: Shop)
         assert r.status_code == 400 and r.json()["error"]["code"] == code, (change, r.text)
     r = shop.post({**spec_to_json(shop.job()), "total_epochs": 2**40})  # over its uint32
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_job_spec", r.text
+    assert r.json()["error"]["message"] == (
+        "total_epochs: 1099511627776 does not fit the contract's uint32"
+    )
     assert shop.balances() == before and shop.bsm.next_job_id() == jobs
 
 
@@ -158,7 +160,7 @@ def test_a_job_bought_over_x402_is_the_payers_escrowed_in_the_token_and_pays_the
     assert escrow == 60_000 and bought.escrow == escrow and bought.payer == shop.payer.address
     on_chain = shop.bsm.job(bought.job_id)
     assert on_chain.state.caller == shop.payer.address and on_chain.state.escrow == escrow
-    assert shop.bsm.contract.functions.jobToken(bought.job_id).call() == shop.usd.address
+    assert shop.bsm.job_token(bought.job_id) == shop.usd.address
     assert shop.balances() == (10 * UNIT - escrow, 0, escrow)
     rc = shop.bsm.w3.eth.get_transaction_receipt(bought.create_tx)
     assert rc["from"] == shop.gateway.address and rc["status"] == 1
@@ -172,15 +174,16 @@ def test_a_job_bought_over_x402_is_the_payers_escrowed_in_the_token_and_pays_the
         shop.bsm.finalize_epoch(bought.job_id, epoch)
     assert shop.bsm.job(bought.job_id).state.status == JobStatus.COMPLETED
     paid = 2 * PRICE  # per operator
-    credit = shop.bsm.contract.functions.tokenCreditOf
-    assert credit(shop.usd.address, accounts[DEVELOPER].address).call() == 3 * paid * 20 // 100
-    assert credit(shop.usd.address, accounts[TREASURY].address).call() == 3 * paid * 20 // 100
-    assert credit(shop.usd.address, ops[0].sender).call() == paid * 40 // 100
+    credit = shop.bsm.token_credit_of
+    assert credit(shop.usd.address, accounts[DEVELOPER].address) == 3 * paid * 20 // 100
+    assert credit(shop.usd.address, accounts[TREASURY].address) == 3 * paid * 20 // 100
+    assert credit(shop.usd.address, ops[0].sender) == paid * 40 // 100
+    assert shop.bsm.token_accounting(shop.usd.address).escrow == 0  # all of it earned
     for who in (accounts[DEVELOPER], accounts[OPS[0]]):
-        me = shop.bsm.with_account(who.key)
-        owed = credit(shop.usd.address, who.address).call()
-        me._transact(me.contract.functions.withdrawToken(shop.usd.address))
+        owed = credit(shop.usd.address, who.address)
+        shop.bsm.with_account(who.key).withdraw_token(shop.usd.address)
         assert shop.usd.balance_of(who.address) == owed > 0
+        assert credit(shop.usd.address, who.address) == 0
 
 
 def test_when_creation_fails_after_payment_the_payer_is_refunded(

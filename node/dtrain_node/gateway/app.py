@@ -30,7 +30,7 @@ from web3.exceptions import (
 from dtrain.client import BSM, NONCES
 from dtrain.devtoken import TestUSD
 from dtrain.errors import ContractError, DtrainError, decode_revert
-from dtrain.models import JobSpec
+from dtrain.models import JobSpec, snake_case
 from dtrain.paidjobs import SpecError, spec_from_json
 from dtrain.x402 import PaymentRefused, Paywall, Settled, payment_header
 
@@ -145,10 +145,10 @@ class Gateway:
     def check(self, spec: JobSpec, owner: str) -> None:
         """Refused(400) when the contract would refuse the spec: createJobWithToken simulated;
         its escrow transfer (which comes after every check of the spec) may fail here."""
-        fn = self.bsm.contract.functions.createJobWithToken(
-            spec.as_tuple(), self.paywall.token.address, Web3.to_checksum_address(owner)
-        )
         try:
+            fn = self.bsm.contract.functions.createJobWithToken(
+                spec.as_tuple(), self.paywall.token.address, Web3.to_checksum_address(owner)
+            )
             fn.call({"from": self.address})
         except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
             data = getattr(exc, "data", None)
@@ -157,9 +157,19 @@ class Gateway:
                 raise Refused(
                     400, problem.error_name, f"the contract refuses this job: {problem}"
                 ) from None
-        except (MismatchedABI, Web3ValidationError, ValueError, TypeError, OverflowError) as exc:
-            # a field out of its ABI type (e.g. total_epochs over uint32)
-            raise Refused(400, "invalid_job_spec", f"the job spec does not encode: {exc}") from None
+        except (MismatchedABI, Web3ValidationError, ValueError, TypeError, OverflowError):
+            raise Refused(400, "invalid_job_spec", self._too_large(spec)) from None
+
+    def _too_large(self, spec: JobSpec) -> str:
+        """Which field does not fit its type in the contract's JobSpec (e.g. a uint32)."""
+        fn = self.bsm.contract.get_function_by_name("createJobWithToken")
+        for part in fn.abi["inputs"][0]["components"]:
+            bits = part["type"].removeprefix("uint")
+            name = snake_case(part["name"])
+            value = getattr(spec, name, None)
+            if bits.isdigit() and isinstance(value, int) and value >= 2 ** int(bits):
+                return f"{name}: {value} does not fit the contract's {part['type']}"
+        return "the job spec does not fit the contract's JobSpec"
 
     def create(self, spec: JobSpec, owner: str) -> tuple[int, str]:
         """Approve the BSM for the escrow (when needed), then createJobWithToken for `owner`."""
