@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import cache
@@ -221,7 +222,7 @@ class Paywall:
         self.server = x402ResourceServer(facilitator)
         register_exact_evm_server(self.server, networks=self.network)
         self.server.initialize()
-        self._claims: set[tuple[str, str]] = set()
+        self._claims: dict[tuple[str, str], int] = {}  # -> validBefore: forgotten after it
         self._lock = threading.Lock()
 
     def requirements(self, amount: int) -> PaymentRequirements:
@@ -271,10 +272,17 @@ class Paywall:
                 f"{req.asset}) paid to {req.pay_to} on {req.network}",
             )
         claim = (str(auth["from"]).lower(), str(auth["nonce"]).lower())
+        try:
+            valid_before = int(auth.get("validBefore", 0))
+        except (TypeError, ValueError):
+            raise PaymentRefused("invalid_payload", "validBefore is not a number") from None
         with self._lock:
+            now = int(time.time())  # an expired authorization never verifies: no claim needed
+            for old in [c for c, until in self._claims.items() if until < now]:
+                del self._claims[old]
             if claim in self._claims:
                 raise PaymentRefused("payment_already_used", "this authorization was used")
-            self._claims.add(claim)
+            self._claims[claim] = valid_before
         try:
             result = await self.server.verify_payment(payload, req)
         except Exception as exc:
@@ -301,7 +309,7 @@ class Paywall:
     def release_claim(self, claim: tuple[str, str]) -> None:
         """The call was not served and not settled: the authorization may pay another call."""
         with self._lock:
-            self._claims.discard(claim)
+            self._claims.pop(claim, None)
 
 
 def payment_header(headers: Any) -> str | None:
