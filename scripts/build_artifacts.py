@@ -32,7 +32,7 @@ HOOKS = f"{CONTRACT}Hooks"
 EXTENSIONS = (VIEWS, HOOKS)
 # Devnet-only contracts (contracts/src/devnet) the SDK deploys on a local chain, shipped with
 # ABI and bytecode only, each as artifacts/<Name>.json.
-DEVNET = ("TestUSD",)
+DEVNET = ("TestUSD", "DevMulticall")
 # Contracts the SDK deploys next to the BSM (contracts/src/<Name>.sol), shipped with ABI,
 # bytecode and NatSpec as artifacts/<Name>.json.
 COMPANIONS = ("SignedAttestationVerifier",)

@@ -195,4 +195,41 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         require(spec.pricePerOperatorEpoch > 0, ZeroValue());
         require(spec.seatBond >= _params.minSeatBond, SeatBondTooLow(spec.seatBond, _params.minSeatBond));
     }
+
+    // ---------------------------------------------------------------- payment tokens
+    // Jobs escrowed in an ERC-20 token: every amount of such a job is in its token, kept in
+    // the per-token state below. Stake, slashes and bounties stay in ether.
+
+    /// Distinct payment tokens ever allowed: bounds every per-token loop (a pool's claim).
+    uint256 internal constant _MAX_PAYMENT_TOKENS = 4;
+
+    /// `slot` = index in `_paymentTokens` + 1 (0: never allowed).
+    struct PaymentToken {
+        uint8 slot;
+        bool allowed;
+    }
+
+    /// Running totals of one token; their sum is the BSM's balance of it.
+    struct TokenTotals {
+        uint256 escrow;
+        uint256 credits;
+        uint256 rewardReserve;
+    }
+
+    /// A stake pool's reward accumulator in one token (same scale as `Pool.rewardPerShare`).
+    struct TokenPool {
+        uint256 rewardPerShare;
+        uint256 rewardReserve;
+    }
+
+    address[] internal _paymentTokens;
+    mapping(address token => PaymentToken) internal _tokenInfo;
+    mapping(uint256 jobId => address token) internal _jobToken;
+    mapping(address token => mapping(address account => uint256)) internal _tokenCredits;
+    mapping(address token => TokenTotals) internal _tokenTotals;
+    /// Bit i set: the pool has earned rewards in `_paymentTokens[i]`.
+    mapping(address operator => uint256) internal _poolTokenMask;
+    mapping(address operator => mapping(uint256 index => TokenPool)) internal _tokenPools;
+    mapping(address operator => mapping(address account => mapping(uint256 index => uint256))) internal _tokenRpsPaid;
+    mapping(address operator => mapping(uint256 index => mapping(uint64 period => uint256))) internal _maturedTokenRps;
 }

@@ -361,12 +361,23 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         Pool storage p = _pools[operator];
         uint64 cur = _period();
         if (p.freshA > 0 && p.periodA <= cur) {
-            _maturedRps[operator][p.periodA] = p.rewardPerShare;
+            _snapshotRps(operator, p.periodA, p.rewardPerShare);
             p.freshA = 0;
         }
         if (p.freshB > 0 && p.periodB <= cur) {
-            _maturedRps[operator][p.periodB] = p.rewardPerShare;
+            _snapshotRps(operator, p.periodB, p.rewardPerShare);
             p.freshB = 0;
+        }
+    }
+
+    /// Records the reward rates (ether and every token the pool earned in) that shares
+    /// maturing at `period` earn from.
+    function _snapshotRps(address operator, uint64 period, uint256 rps) internal {
+        _maturedRps[operator][period] = rps;
+        uint256 mask = _poolTokenMask[operator];
+        for (uint256 i; mask != 0; ++i) {
+            if (mask & 1 != 0) _maturedTokenRps[operator][i][period] = _tokenPools[operator][i].rewardPerShare;
+            mask >>= 1;
         }
     }
 
@@ -421,11 +432,18 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         Position storage pos = _positions[operator][account];
         uint256 rps = p.rewardPerShare;
         uint256 fresh = pos.freshShares;
+        uint64 fp = pos.freshPeriod;
+        // Matured: its slot rolls (if it has not) so the pool counts these shares as earning.
+        uint256 matured = fresh > 0 && fp <= _period() ? fresh : 0;
+        if (matured > 0) _roll(operator);
+        uint256 mask = _poolTokenMask[operator];
+        for (uint256 i; mask != 0; ++i) {
+            if (mask & 1 != 0) _settleToken(operator, account, i, pos.shares - fresh, matured, fp);
+            mask >>= 1;
+        }
         uint256 earned = (pos.shares - fresh) * (rps - pos.rewardPerSharePaid) / _ACC;
-        if (fresh > 0 && pos.freshPeriod <= _period()) {
-            // Matured: its slot rolls (if it has not) so the pool counts these shares as earning.
-            _roll(operator);
-            earned += fresh * (rps - _maturedRps[operator][pos.freshPeriod]) / _ACC;
+        if (matured > 0) {
+            earned += matured * (rps - _maturedRps[operator][fp]) / _ACC;
             pos.freshShares = 0;
         }
         if (pos.rewardPerSharePaid != rps) pos.rewardPerSharePaid = rps;
@@ -434,6 +452,24 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         _totalRewardReserve -= earned;
         _credit(account, earned);
         emit RewardsClaimed(operator, account, earned);
+    }
+
+    /// `_settle` in the pool's token `i`: `mature` shares earn since they last settled,
+    /// `matured` ones since their period `fp` began.
+    function _settleToken(address operator, address account, uint256 i, uint256 mature, uint256 matured, uint64 fp)
+        internal
+    {
+        TokenPool storage tp = _tokenPools[operator][i];
+        uint256 rps = tp.rewardPerShare;
+        uint256 paid = _tokenRpsPaid[operator][account][i];
+        uint256 earned = mature * (rps - paid) / _ACC;
+        if (matured > 0) earned += matured * (rps - _maturedTokenRps[operator][i][fp]) / _ACC;
+        if (paid != rps) _tokenRpsPaid[operator][account][i] = rps;
+        if (earned == 0) return;
+        address token = _paymentTokens[i];
+        tp.rewardReserve -= earned;
+        _tokenTotals[token].rewardReserve -= earned;
+        _creditIn(token, account, earned);
     }
 
     /// Takes `bps` of the pool's active and unbonding assets; returns the amount, which the
@@ -457,6 +493,14 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         _credits[account] += amount;
         _totalCredits += amount;
         emit Credited(account, amount);
+    }
+
+    /// Credits `amount` of `token` (address(0): ether) to `account`.
+    function _creditIn(address token, address account, uint256 amount) internal {
+        if (token == address(0)) return _credit(account, amount);
+        _tokenCredits[token][account] += amount;
+        _tokenTotals[token].credits += amount;
+        emit TokenCredited(token, account, amount);
     }
 
     // ================================================================ internal: jobs
@@ -639,6 +683,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         uint256 paid; // members paid (or compensated, when unworkable)
         uint256 slashed;
         bool stakersLate; // finalized more than a reward period after the epoch began
+        address token; // the job's payment token; address(0): ether
     }
 
     /// Settles members `[cursor, cursor + maxMembers)` of the epoch; the call that settles the
@@ -664,6 +709,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         c.price =
             c.unworkable ? spec.pricePerOperatorEpoch * _params.unworkableCompBps / _BPS : spec.pricePerOperatorEpoch;
         c.stakersLate = block.timestamp > j.epochStart - _params.startGrace + _rewardPeriod();
+        c.token = _jobToken[jobId];
         Vote memory v = c.quorum ? _voteData[c.attempt][t.leaderKey] : Vote(bytes32(0), 0);
         c.syncFailures = v.syncFailures;
         Progress memory g = _progress[jobId];
@@ -672,8 +718,8 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
             _settleMember(c, members[i], i);
         }
         if (c.paid > 0) {
-            if (c.unworkable) _fromEscrow(j, c.price * c.paid);
-            else _payShared(c.paid, c.price, j);
+            if (c.unworkable) _fromEscrow(j, c.price * c.paid, c.token);
+            else _payShared(c, j);
         }
         if (c.slashed > 0) {
             // Slashed stake goes to the treasury; the finalizer earns a small bounded reward
@@ -732,7 +778,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         bytes32 key = _votesOf[c.attempt][op];
         if (c.unworkable) {
             if (key == _UNWORKABLE) {
-                _credit(op, c.price);
+                _creditIn(c.token, op, c.price);
                 c.paid += 1;
             }
         } else if (key == bytes32(0) || (c.quorum && key == _UNWORKABLE)) {
@@ -745,7 +791,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         } else if (c.syncFailures & (1 << i) != 0) {
             c.slashed += _slashMember(c, op, _params.syncFailSlashBps, SlashReason.SyncFailure);
         } else {
-            _pay(c.jobId, c.epoch, op, c.price, c.stakersLate);
+            _pay(c, op);
             c.paid += 1;
         }
     }
@@ -759,35 +805,48 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     /// Operator share and stake-pool share of one paid operator-epoch.
     /// The stake-pool share goes to the pool's shares present for the whole epoch (mature
     /// ones); with none, or when the epoch was finalized too late to tell, to the treasury.
-    function _pay(uint256 jobId, uint256 epoch, address op, uint256 price, bool stakersLate) internal {
-        _credit(op, price * _params.operatorBps / _BPS);
+    function _pay(Settlement memory c, address op) internal {
+        uint256 price = c.price;
+        address token = c.token;
+        _creditIn(token, op, price * _params.operatorBps / _BPS);
         uint256 stakerCut = price * _params.stakerBps / _BPS;
         _roll(op);
         Pool storage p = _pools[op];
         uint256 earning = uint256(p.totalShares) - p.freshA - p.freshB;
-        if (earning == 0 || stakersLate) {
-            _credit(_params.treasury, stakerCut);
-        } else {
+        if (earning == 0 || c.stakersLate) {
+            _creditIn(token, _params.treasury, stakerCut);
+        } else if (token == address(0)) {
             p.rewardPerShare += stakerCut * _ACC / earning;
             p.rewardReserve += stakerCut;
             _totalRewardReserve += stakerCut;
+        } else {
+            // The pool's accumulator in this token; its bit lets claims find it.
+            uint256 i = _tokenInfo[token].slot - 1;
+            TokenPool storage tp = _tokenPools[op][i];
+            tp.rewardPerShare += stakerCut * _ACC / earning;
+            tp.rewardReserve += stakerCut;
+            _tokenTotals[token].rewardReserve += stakerCut;
+            _poolTokenMask[op] |= 1 << i;
         }
-        emit OperatorPaid(jobId, epoch, op, price);
+        emit OperatorPaid(c.jobId, c.epoch, op, price);
     }
 
     /// Developer and protocol shares of `paid` operator-epochs; rounding dust to the treasury.
-    function _payShared(uint256 paid, uint256 price, JobState storage j) internal {
+    function _payShared(Settlement memory c, JobState storage j) internal {
+        (uint256 price, uint256 paid) = (c.price, c.paid);
         uint256 developerCut = price * _params.developerBps / _BPS;
         uint256 memberCut = price * _params.operatorBps / _BPS + price * _params.stakerBps / _BPS;
         uint256 protocolCut = price - memberCut - developerCut;
-        _credit(_params.developer, developerCut * paid);
-        _credit(_params.treasury, protocolCut * paid);
-        _fromEscrow(j, price * paid);
+        _creditIn(c.token, _params.developer, developerCut * paid);
+        _creditIn(c.token, _params.treasury, protocolCut * paid);
+        _fromEscrow(j, price * paid, c.token);
     }
 
-    function _fromEscrow(JobState storage j, uint256 amount) internal {
+    /// Takes `amount` out of job escrow `j`, held in `token` (address(0): ether).
+    function _fromEscrow(JobState storage j, uint256 amount, address token) internal {
         j.escrow -= amount;
-        _totalEscrow -= amount;
+        if (token == address(0)) _totalEscrow -= amount;
+        else _tokenTotals[token].escrow -= amount;
     }
 
     /// Applies leaves and joins at an epoch boundary and starts the next epoch, or leaves the
@@ -855,9 +914,9 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         delete _pending[jobId];
         refund = j.escrow;
         if (refund > 0) {
-            j.escrow = 0;
-            _totalEscrow -= refund;
-            _credit(j.caller, refund);
+            address token = _jobToken[jobId];
+            _fromEscrow(j, refund, token);
+            _creditIn(token, j.caller, refund);
         }
     }
 

@@ -4,13 +4,15 @@ pragma solidity ^0.8.28;
 import {IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
 import {IAttestationVerifier} from "./interfaces/IAttestationVerifier.sol";
 import {BSMStorage} from "./BSMStorage.sol";
+import {BSMTokenPayments} from "./BSMTokenPayments.sol";
 
 /// @title DistributedTrainingBSMViews
 /// @notice The read-only half of the BSM. `DistributedTrainingBSM` deploys it in its
 /// constructor and delegates every call it does not implement to it, so these functions run
 /// on the BSM's storage; called directly, it reads its own empty state. What it does not
-/// implement either (the Tangle hooks) it delegates on to the hooks extension.
-contract DistributedTrainingBSMViews is BSMStorage, IDistributedTrainingBSMViews {
+/// implement either (the Tangle hooks) it delegates on to the hooks extension. It also holds
+/// the entry points of jobs paid in ERC-20 tokens (BSMTokenPayments).
+contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, IDistributedTrainingBSMViews {
     address private immutable _HOOKS;
 
     constructor(address hooks) {

@@ -5,6 +5,7 @@ import {BaseTest} from "./Base.t.sol";
 import {IDistributedTrainingBSMTypes as I} from "../src/interfaces/IDistributedTrainingBSM.sol";
 import {ISignedAttestationVerifier as V} from "../src/interfaces/ISignedAttestationVerifier.sol";
 import {SignedAttestationVerifier} from "../src/SignedAttestationVerifier.sol";
+import {MintableToken} from "./utils/BadTokens.sol";
 
 /// Gas of every external function with a job at the hard cap of 32 members. Gas is
 /// deterministic, so the bounds are asserted; `make gas` writes the table to docs/gas.md.
@@ -166,5 +167,87 @@ contract GasAtCapTest is BaseTest {
         register(fresh, MIN_STAKE);
         vm.prank(fresh);
         bsm.deregisterOperator();
+    }
+
+    // ------------------------------------------------------------ jobs paid in tokens
+
+    event log_named_uint(string key, uint256 val);
+
+    /// Allows four tokens and has every operator's pool earn in each (one 32-member job each).
+    function _earnInFourTokens() internal returns (MintableToken[] memory ts) {
+        ts = new MintableToken[](4);
+        for (uint256 k; k < 4; ++k) {
+            ts[k] = new MintableToken("T");
+            vm.prank(developer);
+            bsm.setPaymentToken(address(ts[k]), true);
+        }
+        for (uint256 k; k < 4; ++k) {
+            uint256 id = _tokenJob(ts[k], 1);
+            joinAll(id, ops);
+            submitAll(id, keccak256("t"));
+            finalize(id);
+        }
+    }
+
+    function _tokenJob(MintableToken t, uint32 epochs) internal returns (uint256 id) {
+        I.JobSpec memory s = spec(uint8(CAP), uint8(CAP), epochs);
+        s.pricePerOperatorEpoch = 2_000_000;
+        t.mint(caller, escrowOf(s));
+        vm.startPrank(caller);
+        t.approve(address(bsm), escrowOf(s));
+        id = bsm.createJobWithToken(s, address(t), caller);
+        vm.stopPrank();
+    }
+
+    /// A 32-member token job whose members' pools have earned in all four tokens.
+    function test_gas_finalizeEpoch_tokenJobFourTokens() public {
+        MintableToken[] memory ts = _earnInFourTokens();
+        uint256 id = _tokenJob(ts[0], 2);
+        joinAll(id, ops);
+        submitAll(id, keccak256("c"));
+        finalize(id);
+        uint256 g = _gas();
+        emit log_named_uint("finalizeEpoch, token job, pools in 4 tokens", g);
+        vm.assertLe(g, FINALIZE_LIMIT, "finalizeEpoch token job");
+        vm.prank(staker);
+        bsm.claimRewards(ops[0]);
+        g = _gas();
+        emit log_named_uint("claimRewards, pool in 4 tokens", g);
+        // Ether and four tokens settled and credited (each a fresh credit slot): ~45k per token.
+        vm.assertLe(g, 250_000, "claimRewards in 4 tokens");
+        vm.prank(ops[0]);
+        bsm.withdrawToken(address(ts[0]));
+        vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "withdrawToken");
+    }
+
+    /// Worst case: every member's pool has a fresh slot maturing at this finalize, so each
+    /// payment snapshots the pool's rates in ether and all four tokens.
+    function test_gas_finalizeEpoch_tokenJobFourTokensRolling() public {
+        MintableToken[] memory ts = _earnInFourTokens();
+        for (uint256 i; i < CAP; ++i) {
+            vm.prank(staker);
+            bsm.delegate{value: 1 ether}(ops[i]); // fresh: the operator is in a job
+        }
+        vm.warp(block.timestamp + 2 * bsm.rewardPeriod());
+        uint256 id = _tokenJob(ts[3], 1);
+        joinAll(id, ops);
+        submitAll(id, keccak256("c"));
+        finalize(id);
+        uint256 g = _gas();
+        emit log_named_uint("finalizeEpoch, token job, 4 tokens, every pool rolling", g);
+        vm.assertLe(g, FINALIZE_LIMIT, "finalizeEpoch token job rolling");
+        vm.prank(staker);
+        bsm.claimRewards(ops[0]);
+        vm.assertLe(_gas(), 250_000, "claimRewards after roll");
+    }
+
+    function test_gas_createJobWithToken() public {
+        MintableToken t = new MintableToken("T");
+        vm.prank(developer);
+        bsm.setPaymentToken(address(t), true);
+        _tokenJob(t, 3);
+        uint256 g = _gas();
+        emit log_named_uint("createJobWithToken", g);
+        vm.assertLe(g, 400_000, "createJobWithToken");
     }
 }

@@ -652,6 +652,14 @@ def _operators(text: str) -> tuple[int, int]:
     show_default=True,
     help="With --serve: the TCP port to serve on.",
 )
+@click.option(
+    "--x402",
+    "x402_url",
+    default=None,
+    metavar="URL",
+    help="Buy the job from the `dtrain gateway` at URL instead: pay its escrow in the "
+    "gateway's token over x402 (--price is then in the token's base units); the job is yours.",
+)
 @pass_ctx
 def job_submit(
     ctx: Ctx,
@@ -673,12 +681,14 @@ def job_submit(
     recipe_path: str | None,
     serve: bool,
     serve_port: int,
+    x402_url: str | None,
 ) -> None:
     """Create a job, escrowing price x max operators x epochs.
 
     The model and dataset hashes are computed from --model-uri and --dataset-uri (and
     printed), unless given; so is the recipe's, from --recipe. Each member bonds --seat-bond of
-    its self-stake while in the job.
+    its self-stake while in the job. With --x402 URL the job is bought from a gateway, its
+    escrow paid in the gateway's token over x402.
     """
     recipe = Recipe.from_toml(recipe_path) if recipe_path else None
     recipe_pin = recipe.hash() if recipe else ZERO_HASH
@@ -699,7 +709,9 @@ def job_submit(
         server, model_uri, dataset_uri, recipe_path = _start_serving(
             model_uri, dataset_uri, recipe_path or "", serve_port
         )
-    bsm = ctx.bsm()
+    if x402_url is not None and serve:
+        raise click.UsageError("--x402 and --serve do not go together")
+    bsm = ctx.bsm() if x402_url is None else None
     spec = JobSpec(
         price_per_operator_epoch=price,
         total_epochs=epochs,
@@ -716,10 +728,13 @@ def job_submit(
         quant_bits=int(quant_bits),
         epoch_duration=epoch_duration,
         tee_required=tee,
-        seat_bond=seat_bond or bsm.params().min_seat_bond,
+        seat_bond=seat_bond or (bsm.params().min_seat_bond if bsm else 0),
         recipe_hash=recipe_pin,
         recipe_uri=recipe_path or "",
     )
+    if bsm is None:
+        _buy_job(ctx, x402_url or "", spec)
+        return
     job_id = bsm.create_job(spec)
     emit(
         ctx,
@@ -742,6 +757,32 @@ def job_submit(
     )
     if server is not None:
         _serve_until_ended(ctx, server, bsm, job_id)
+
+
+def _buy_job(ctx: Ctx, url: str, spec: JobSpec) -> None:
+    """`job submit --x402`: pay the gateway exactly the escrow, in its token, for the job."""
+    from decimal import Decimal
+
+    from .paidjobs import buy_job, gateway_terms
+
+    if not ctx.key:
+        raise ConfigError("no key: pass --key or set DTRAIN_KEY (the account that pays)")
+    terms = gateway_terms(url)
+    bought = buy_job(url, spec, load_key(ctx.key), spec.escrow, terms["token"])
+    amount = f"{Decimal(bought.escrow) / 10 ** int(terms['decimals']):f} {terms['tokenName']}"
+    emit(
+        ctx,
+        {
+            "job_id": bought.job_id,
+            "escrow": bought.escrow,
+            "token": bought.token,
+            "owner": bought.payer,
+            "settlement_tx": bought.settlement_tx,
+            "create_tx": bought.create_tx,
+        },
+        f"job {bought.job_id} created by the gateway for {bought.payer}, {amount} escrowed "
+        f"(paid in {bought.settlement_tx}, created in {bought.create_tx})",
+    )
 
 
 def _start_serving(

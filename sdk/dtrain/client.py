@@ -44,6 +44,7 @@ from .errors import (
 
 JOB_EVENTS = (
     "JobCreated",
+    "JobEscrowedInToken",
     "JobCancelled",
     "JoinRequested",
     "LeaveRequested",
@@ -403,6 +404,60 @@ class BSM:
 
     def withdraw(self) -> Receipt:
         return self._transact(self.contract.functions.withdraw())
+
+    # ------------------------------------------------------------------ payment tokens
+
+    def create_job_with_token(self, spec: m.JobSpec, token: str, owner: str | None = None) -> int:
+        """Creates a job priced in ERC-20 `token` (`spec.price_per_operator_epoch` in its base
+        units); the sender pays `spec.escrow` of it and `owner` (default: the sender) owns the
+        job. Approves the BSM first when the allowance is short. Returns the job id."""
+        from . import erc20
+
+        if spec.seat_bond == 0:
+            spec = replace(spec, seat_bond=self.params().min_seat_bond)
+        t = erc20.contract(self.w3, token)
+        balance = int(self._call(t.functions.balanceOf(self.sender)))
+        if balance < spec.escrow:
+            raise erc20.InsufficientTokenBalance(
+                f"{self.sender} holds {balance} of token {t.address}, the escrow is {spec.escrow}"
+            )
+        if int(self._call(t.functions.allowance(self.sender, self.address))) < spec.escrow:
+            self._transact(t.functions.approve(self.address, spec.escrow))
+        f = self.contract.functions.createJobWithToken(
+            spec.as_tuple(), t.address, _addr(owner or self.sender)
+        )
+        return int(self._transact(f).first("JobCreated").args["jobId"])
+
+    def set_payment_token(self, token: str, allowed: bool = True) -> Receipt:
+        """Allows `token` for new jobs (or stops allowing it); blueprint developer only."""
+        return self._transact(self.contract.functions.setPaymentToken(_addr(token), allowed))
+
+    def withdraw_token(self, token: str) -> Receipt:
+        """Sends the sender all its credit in `token`."""
+        return self._transact(self.contract.functions.withdrawToken(_addr(token)))
+
+    def token_credit_of(self, token: str, account: str) -> int:
+        return int(self._call(self.contract.functions.tokenCreditOf(_addr(token), _addr(account))))
+
+    def pending_token_rewards(self, token: str, operator: str, account: str) -> int:
+        f = self.contract.functions.pendingTokenRewards(
+            _addr(token), _addr(operator), _addr(account)
+        )
+        return int(self._call(f))
+
+    def token_accounting(self, token: str) -> m.TokenAccounting:
+        return m.TokenAccounting.from_struct(self._read("tokenAccounting", _addr(token)))
+
+    def job_token(self, job_id: int) -> str | None:
+        """The token job `job_id` is priced in; None for ether."""
+        a = str(self._call(self.contract.functions.jobToken(job_id)))
+        return None if int(a, 16) == 0 else a
+
+    def is_payment_token(self, token: str) -> bool:
+        return bool(self._call(self.contract.functions.isPaymentToken(_addr(token))))
+
+    def payment_tokens(self) -> list[str]:
+        return [str(a) for a in self._call(self.contract.functions.paymentTokens())]
 
     # ------------------------------------------------------------------ jobs
 

@@ -318,6 +318,19 @@ class Accounting(Decoded):
 
 
 @dataclass(frozen=True)
+class TokenAccounting(Decoded):
+    """Running totals of one payment token whose sum equals the contract's balance of it."""
+
+    escrow: int
+    credits: int
+    reward_reserve: int
+
+    @property
+    def total(self) -> int:
+        return sum(astuple(self))
+
+
+@dataclass(frozen=True)
 class Balances:
     """What an account holds: in its wallet and as claimable credit in the contract."""
 

@@ -25,7 +25,9 @@ from openai import OpenAI
 from safetensors.torch import load_file, save_file
 
 from dtrain import BSM, JobSpec, Method, pins
-from dtrain.client import NONCES
+from dtrain.client import NONCES, load_key
+from dtrain.devtoken import UNIT, TestUSD
+from dtrain.x402 import paying_http_client_sync, settlement_of
 from dtrain_node.operator.node import Node, NodeConfig
 from dtrain_node.serve.engine import Sampling, TransformersEngine
 from dtrain_node.train import corpus
@@ -304,3 +306,58 @@ def test_without_model_dir_it_fetches_from_the_operators(trained: Trained) -> No
     assert r.returncode == 1 and r.stdout == ""
     [line] = r.stderr.strip().splitlines()
     assert line.startswith(f"error: job {trained.job_id}: nobody serves"), line
+
+
+@pytest.mark.timeout(300)
+def test_dtrain_serve_with_a_price_is_paid_per_call_over_x402(
+    trained: Trained, accounts, tmp_path: Path
+) -> None:
+    """`--price 0.05 --token TestUSD`: the official client unpaid gets a 402 naming the price;
+    paying through the x402 httpx client it gets its answer, and the payee holds exactly the
+    price, settled by the facilitator account."""
+    payer, payee, settler = accounts[5], accounts[6], accounts[7]
+    usd = TestUSD.deploy(trained.rpc_url, accounts[0].key)
+    usd.mint(payer.address, UNIT)
+    argv = trained.argv("--model-dir", str(trained.export), "--port", "0", "--price", "0.05")
+    argv += ["--token", usd.address, "--pay-to", payee.address]
+    server = Server([*argv, "--facilitator-key", settler.key], tmp_path / "serve.log")
+    try:
+        model_id, url = server.listening().groups()
+        unpaid = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.APIStatusError) as err:
+            unpaid.completions.create(model=model_id, prompt="def ", max_tokens=8)
+        assert err.value.status_code == 402
+        assert err.value.response.json()["accepts"][0]["amount"] == "50000"
+        with paying_http_client_sync(load_key(payer.key), 50_000, usd.address) as http:
+            client = OpenAI(base_url=url, api_key="unused", max_retries=0, http_client=http)
+            raw = client.completions.with_raw_response.create(
+                model=model_id, prompt="def ", max_tokens=8, temperature=0
+            )
+        settlement = settlement_of(raw.http_response)
+        assert raw.parse().choices[0].finish_reason in ("stop", "length")
+    finally:
+        code, _ = server.stop()
+    assert code == 0, server.log.read_text()
+    assert settlement is not None and settlement["payer"] == payer.address
+    assert (usd.balance_of(payer.address), usd.balance_of(payee.address)) == (UNIT - 50_000, 50_000)
+    tx = trained.bsm.w3.eth.get_transaction(settlement["transaction"])
+    assert tx["from"] == settler.address and tx["to"] == usd.address
+    assert "paid 0.05 TestUSD by " + payer.address in server.log.read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_price_that_cannot_be_charged_is_refused_in_one_line(trained: Trained, accounts) -> None:
+    usd = TestUSD.deploy(trained.rpc_url, accounts[0].key)
+    model = ["--model-dir", str(trained.export), "--port", "0"]
+    cases = [
+        (["--price", "0.05"], 2, "--price needs --token"),
+        (["--price", "0.0000001", "--token", usd.address], 1, "not a non-negative multiple"),
+        (["--price", "1", "--token", accounts[3].address], 1, "not an EIP-3009 token"),
+        (["--price", "0", "--token", usd.address], 2, "must be above 0"),
+        (["--price", "0.05", "--token", usd.address], 1, "needs a key that settles payments"),
+        (["--token", usd.address], 2, "go with --price"),
+    ]
+    for args, status, message in cases:
+        r = subprocess.run(trained.argv(*model, *args), capture_output=True, text=True, timeout=60)
+        assert r.returncode == status and r.stdout == "", (args, r.stderr)
+        assert message in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)

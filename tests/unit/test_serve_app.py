@@ -5,7 +5,6 @@ are served one at a time; a client leaving mid-stream stops its generation, not 
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,12 +15,11 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
+from harness.served import served as harness_served
 from openai import OpenAI
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from dtrain_node.serve.app import create_app
 from dtrain_node.serve.config import ServeConfig
 from dtrain_node.serve.engine import Sampling, Step, TransformersEngine
 from dtrain_node.serve.payment import Admission, Call, Payment, Usage
@@ -72,26 +70,8 @@ class Counting:
 @contextmanager
 def served(engine: Any, payment: Payment | None = None) -> Iterator[str]:
     """The app on a free loopback port, in this process; its base URL."""
-    app = create_app(engine, ServeConfig(7, CHECKPOINT, max_tokens_cap=CAP), payment)
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    started = threading.Event()
-
-    async def startup_then_flag(*args: Any, **kw: Any) -> None:
-        await original_startup(*args, **kw)
-        started.set()
-
-    original_startup = server.startup
-    server.startup = startup_then_flag  # type: ignore[method-assign]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        assert started.wait(30), "the server did not start"
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with harness_served(engine, ServeConfig(7, CHECKPOINT, max_tokens_cap=CAP), payment) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

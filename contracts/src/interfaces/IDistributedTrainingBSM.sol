@@ -278,6 +278,17 @@ interface IDistributedTrainingBSMTypes {
     /// @notice the verifier returned an attestation that expires at `expiresAt` (now `nowTs`)
     error AttestationExpired(uint256 expiresAt, uint256 nowTs);
 
+    // Payment tokens (jobs escrowed in an ERC-20 token).
+
+    /// @notice token `token` is not an allowed payment token
+    error TokenNotAllowed(address token);
+    /// @notice `count` payment tokens were already allowed, at most `max` may ever be
+    error TooManyPaymentTokens(uint256 count, uint256 max);
+    /// @notice `token` is not a contract
+    error NotAToken(address token);
+    /// @notice a job's owner must not be the zero address
+    error ZeroOwner();
+
     // ---------------------------------------------------------------- events
 
     /// @notice `operator` registered with `stake` wei of self-stake.
@@ -371,6 +382,18 @@ interface IDistributedTrainingBSMTypes {
     );
     /// @notice The blueprint developer allowed (or disallowed) attestation verifier `verifier`.
     event AttestationVerifierSet(address indexed verifier, bool allowed);
+
+    // Payment tokens: amounts in these events are in the token's own units.
+
+    /// @notice The blueprint developer allowed (or stopped allowing) `token` for new jobs.
+    event PaymentTokenSet(address indexed token, bool allowed);
+    /// @notice Job `jobId` is priced and escrowed in `token`: `payer` paid its `escrow` (its
+    /// `JobCreated` names the job's owner). Every amount of the job is in `token`.
+    event JobEscrowedInToken(uint256 indexed jobId, address indexed token, address indexed payer, uint256 escrow);
+    /// @notice `amount` of `token` were credited to `account`, claimable with `withdrawToken`.
+    event TokenCredited(address indexed token, address indexed account, uint256 amount);
+    /// @notice `account` withdrew `amount` of its `token` credit.
+    event TokenWithdrawn(address indexed token, address indexed account, uint256 amount);
 }
 
 /// @title IDistributedTrainingBSMActions
@@ -572,6 +595,45 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
         );
 }
 
+/// @title IDistributedTrainingBSMTokens
+/// @notice Jobs priced and escrowed in an ERC-20 token the blueprint developer allowed
+/// (implemented by BSMTokenPayments in the views extension, reached through the BSM's
+/// fallback). Such a job's escrow, refunds, unworkable compensation and 40/20/20/20 split are
+/// in its token: credits and staker rewards are kept per token and withdrawn with
+/// `withdrawToken`. Stake, slashing and the finalizer's bounty stay in ether.
+interface IDistributedTrainingBSMTokens is IDistributedTrainingBSMTypes {
+    /// @notice Creates a job priced in `token`: `pricePerOperatorEpoch` is in the token's units
+    /// (`seatBond` stays in wei of self-stake). Same validation as `createJob`. The sender pays the
+    /// escrow, price x maxOperators x totalEpochs, with `transferFrom` (approve it first); the
+    /// BSM's balance of `token` must grow by exactly that. `owner` is the job's caller: it may
+    /// cancel the job and receives its refunds.
+    function createJobWithToken(JobSpec calldata spec, address token, address owner) external returns (uint256 jobId);
+
+    /// @notice Allows `token` for new jobs, or stops allowing it (jobs already escrowed in it
+    /// run on). Blueprint developer only; at most `MAX_PAYMENT_TOKENS` (4) distinct tokens ever.
+    function setPaymentToken(address token, bool allowed) external;
+
+    /// @notice Sends the sender all its credit in `token`.
+    function withdrawToken(address token) external;
+
+    /// @notice Credit of `account` in `token`, claimable with `withdrawToken`.
+    function tokenCreditOf(address token, address account) external view returns (uint256);
+    /// @notice Staking rewards in `token` that `account` can claim from `operator`'s pool
+    /// (`claimRewards` credits rewards in ether and every token at once).
+    function pendingTokenRewards(address token, address operator, address account) external view returns (uint256);
+    /// @notice Running totals of `token` whose sum equals the BSM's balance of it.
+    function tokenAccounting(address token)
+        external
+        view
+        returns (uint256 escrow, uint256 credits, uint256 rewardReserve);
+    /// @notice Token job `jobId` is priced in; address(0) for ether.
+    function jobToken(uint256 jobId) external view returns (address);
+    /// @notice Whether new jobs may be priced in `token`.
+    function isPaymentToken(address token) external view returns (bool);
+    /// @notice Every token ever allowed, in the order it was first allowed (allowed now or not).
+    function paymentTokens() external view returns (address[] memory);
+}
+
 /// @title IDistributedTrainingBSM
 /// @notice Membership, jobs, epochs, checkpoint commitments, fees and slashing for distributed
 /// training with DeMo. Operators stake and register permissionlessly, stakers delegate to them,
@@ -585,4 +647,8 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
 /// @dev Money is pull-only: every payout is a credit claimed with `withdraw()`. At all times
 /// `address(this).balance == staked + unbonding + escrow + credits + rewardReserve` (see
 /// `accounting()`).
-interface IDistributedTrainingBSM is IDistributedTrainingBSMActions, IDistributedTrainingBSMViews {}
+interface IDistributedTrainingBSM is
+    IDistributedTrainingBSMActions,
+    IDistributedTrainingBSMViews,
+    IDistributedTrainingBSMTokens
+{}

@@ -4,9 +4,12 @@ pragma solidity ^0.8.28;
 import {Test, Vm} from "../utils/Test.sol";
 import {IBSM} from "../utils/IBSM.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+import {TestUSD} from "../../src/devnet/TestUSD.sol";
 
 /// Drives random sequences of every state-changing call across several actors and keeps
-/// running totals of the ether that entered and left, plus per-epoch settlement checks.
+/// running totals of the ether that entered and left, plus per-epoch settlement checks. Half
+/// the jobs are priced in a token (TestUSD, paid by a gateway for the caller): their
+/// settlement is checked in the token, with running totals of the token that entered and left.
 contract Handler is Test {
     IBSM public bsm;
     address public core;
@@ -37,6 +40,12 @@ contract Handler is Test {
     uint256 public ghostAbortedJobs; // jobs a quorum voted UNWORKABLE
     uint256 public ghostExpiredJobs; // started jobs failed by a stranger after the open timeout
     uint256 public ghostWithheldReveals; // commitments never revealed
+    TestUSD public usd;
+    address public gateway;
+    uint256 public ghostTokenIn;
+    uint256 public ghostTokenOut;
+    uint256 public ghostTokenJobs;
+    uint256 public ghostTokenPaidEpochs;
 
     /// What each member committed to, revealed later.
     struct Hidden {
@@ -71,6 +80,20 @@ contract Handler is Test {
         actors.push(treasury_);
         actors.push(developer_);
         actors.push(makeAddr("inv-caller2"));
+        usd = new TestUSD();
+        gateway = makeAddr("inv-gateway");
+        vm.prank(developer_);
+        bsm_.setPaymentToken(address(usd), true);
+    }
+
+    /// Credit of `a` in the unit `token` (address(0): ether).
+    function _cr(address token, address a) internal view returns (uint256) {
+        return token == address(0) ? bsm.creditOf(a) : bsm.tokenCreditOf(token, a);
+    }
+
+    function _escrowIn(address token) internal view returns (uint256 e) {
+        if (token == address(0)) (,, e,,) = bsm.accounting();
+        else (e,,) = bsm.tokenAccounting(token);
     }
 
     function _op(uint256 s) internal view returns (address) {
@@ -175,6 +198,17 @@ contract Handler is Test {
         ghostOut += credit;
     }
 
+    function withdrawToken(uint256 s) external {
+        address who = _actor(s);
+        uint256 credit = bsm.tokenCreditOf(address(usd), who);
+        if (credit == 0) return;
+        uint256 before = usd.balanceOf(who);
+        vm.prank(who);
+        bsm.withdrawToken(address(usd));
+        if (usd.balanceOf(who) - before != credit) ++ghostWhoViolations;
+        ghostTokenOut += credit;
+    }
+
     function coreSlash(uint256 o, uint256 pct) external {
         pct = bound(pct, 1, 50);
         vm.prank(core);
@@ -215,9 +249,20 @@ contract Handler is Test {
         });
         uint256 escrow = s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
         address c = (price >> 130) & 1 == 1 ? actors[11] : actors[7];
-        _fund(c, escrow);
-        vm.prank(c);
-        jobs.push(bsm.createJob{value: escrow}(s));
+        if ((price >> 132) & 1 == 1) {
+            // Paid in the token by a gateway; the caller owns the job.
+            usd.mint(gateway, escrow);
+            ghostTokenIn += escrow;
+            vm.startPrank(gateway);
+            usd.approve(address(bsm), escrow);
+            jobs.push(bsm.createJobWithToken(s, address(usd), c));
+            vm.stopPrank();
+            ++ghostTokenJobs;
+        } else {
+            _fund(c, escrow);
+            vm.prank(c);
+            jobs.push(bsm.createJob{value: escrow}(s));
+        }
         if (short) ++ghostShortEpochJobs;
     }
 
@@ -249,7 +294,7 @@ contract Handler is Test {
         n = bound(n, 2, 3);
         _ensureOperators(n);
         uint256 price = 0.01 ether;
-        this.createJob(n, n, epochs, price | (r & (7 << 128)));
+        this.createJob(n, n, epochs, price | (r & (23 << 128)));
         uint256 id = jobs[jobs.length - 1];
         for (uint256 i; i < n; ++i) {
             (, I.JobState memory st0) = bsm.getJob(id);
@@ -294,14 +339,15 @@ contract Handler is Test {
         uint256 at = uint256(st.epochStart) + bsm.params().openTimeout;
         if (block.timestamp <= at) vm.warp(at + 1);
         address stranger = actors[r % 9];
-        uint256 c0 = bsm.creditOf(st.caller);
-        uint256 s0 = bsm.creditOf(stranger);
-        (,, uint256 e0,,) = bsm.accounting();
+        address token = bsm.jobToken(id);
+        uint256 c0 = _cr(token, st.caller);
+        uint256 s0 = _cr(token, stranger);
+        uint256 e0 = _escrowIn(token);
         vm.prank(stranger);
         bsm.cancelJob(id);
-        (,, uint256 e1,,) = bsm.accounting();
-        if (bsm.creditOf(st.caller) - c0 != st.escrow || e0 - e1 != st.escrow) ++ghostWhoViolations;
-        if (stranger != st.caller && bsm.creditOf(stranger) != s0) ++ghostWhoViolations;
+        uint256 e1 = _escrowIn(token);
+        if (_cr(token, st.caller) - c0 != st.escrow || e0 - e1 != st.escrow) ++ghostWhoViolations;
+        if (stranger != st.caller && _cr(token, stranger) != s0) ++ghostWhoViolations;
         ghostRefundedTo[st.caller] += st.escrow;
         ++ghostExpiredJobs;
     }
@@ -385,16 +431,22 @@ contract Handler is Test {
         }
     }
 
+    /// Ether stake held, and the job's unit (ether or its token): escrow, owed, developer's credit.
     struct Books {
         uint256 held; // staked + unbonding
         uint256 escrow;
         uint256 owed; // credits + pool rewards
         uint256 developer;
+        uint256 etherOwed;
     }
 
-    function _books() internal view returns (Books memory b) {
+    function _books(address token) internal view returns (Books memory b) {
         (uint256 s, uint256 u, uint256 e, uint256 c, uint256 r) = bsm.accounting();
-        b = Books(s + u, e, c + r, bsm.creditOf(developer));
+        b = Books(s + u, e, c + r, bsm.creditOf(developer), c + r);
+        if (token != address(0)) {
+            (e, c, r) = bsm.tokenAccounting(token);
+            (b.escrow, b.owed, b.developer) = (e, c + r, bsm.tokenCreditOf(token, developer));
+        }
     }
 
     function finalize(uint256 j, uint256 r) external {
@@ -402,6 +454,7 @@ contract Handler is Test {
     }
 
     struct Who {
+        address token; // the job's unit; bounties and slashes are in ether
         address caller;
         address reporter;
         uint256 callerCredit;
@@ -415,9 +468,10 @@ contract Handler is Test {
 
     function _who(uint256 id, address reporter) internal view returns (Who memory w) {
         (, I.JobState memory st) = bsm.getJob(id);
+        w.token = bsm.jobToken(id);
         w.caller = st.caller;
         w.reporter = reporter;
-        w.callerCredit = bsm.creditOf(st.caller);
+        w.callerCredit = _cr(w.token, st.caller);
         w.reporterCredit = bsm.creditOf(reporter);
         w.members = bsm.getMembers(id);
         address[] memory pending = bsm.getPendingJoins(id);
@@ -429,7 +483,7 @@ contract Handler is Test {
         w.memberVote = new bytes32[](w.members.length);
         for (uint256 i; i < w.members.length; ++i) {
             (,, w.memberVote[i]) = bsm.submissionOf(id, w.members[i]);
-            w.memberCredit[i] = bsm.creditOf(w.members[i]);
+            w.memberCredit[i] = _cr(w.token, w.members[i]);
             I.PoolInfo memory p = bsm.getPool(w.members[i]);
             w.memberPool[i] = p.totalAssets + p.unbondingAssets;
         }
@@ -444,25 +498,24 @@ contract Handler is Test {
         if (revealed < bsm.getMembers(id).length && block.timestamp <= bsm.revealDeadline(id)) {
             vm.warp(bsm.revealDeadline(id) + 1);
         }
-        Books memory b0 = _books();
         // The finalizer earns slash bounties, so it is never the developer (checked below).
         // It may be the job's caller, a member, a staker or an outsider.
         address reporter = actors[r % 9];
         Who memory w = _who(id, reporter);
+        Books memory b0 = _books(w.token);
         vm.recordLogs();
         vm.prank(reporter);
         bsm.finalizeEpoch(id, st.epoch);
         Vm.Log[] memory logs = vm.getRecordedLogs();
         (uint256 paid, uint256 slashed, uint256 comp) = _settledFromLogs(logs);
-        Books memory b1 = _books();
+        Books memory b1 = _books(w.token);
         (, st) = bsm.getJob(id);
         uint256 price = spec.pricePerOperatorEpoch;
         uint256 refund = b0.escrow - b1.escrow - paid * price - comp; // underflow: escrow fell short
         bool ended = st.status == I.JobStatus.Completed || st.status == I.JobStatus.Failed;
         if (!ended && refund != 0) ++ghostSettlementViolations;
-        // Everything that left escrow and stake arrived as credits or pool rewards.
-        if (b1.owed - b0.owed != paid * price + slashed + refund + comp) ++ghostSettlementViolations;
-        if (b0.held - b1.held != slashed) ++ghostSettlementViolations;
+        _checkOwed(w.token, b0, b1, paid * price + refund + comp, slashed);
+        if (w.token != address(0)) ghostTokenPaidEpochs += paid;
         // The developer receives exactly its share of each paid operator-epoch.
         uint256 devCut = price * bsm.params().developerBps / 10000;
         if (b1.developer - b0.developer != paid * devCut) ++ghostSplitViolations;
@@ -478,6 +531,18 @@ contract Handler is Test {
         if (st.status == I.JobStatus.Failed && refund > 0) ++ghostFailedRefunds;
     }
 
+    /// Everything that left escrow and stake arrived as credits or pool rewards, each in its
+    /// unit: the job's (ether or its token) for the escrow `fromEscrow`, ether for slashed stake.
+    function _checkOwed(address token, Books memory b0, Books memory b1, uint256 fromEscrow, uint256 slashed) internal {
+        if (token == address(0)) {
+            if (b1.owed - b0.owed != fromEscrow + slashed) ++ghostSettlementViolations;
+        } else {
+            if (b1.owed - b0.owed != fromEscrow) ++ghostSettlementViolations;
+            if (b1.etherOwed - b0.etherOwed != slashed) ++ghostSettlementViolations;
+        }
+        if (b0.held - b1.held != slashed) ++ghostSettlementViolations;
+    }
+
     /// Each member got exactly its 40% if paid and nothing else (no bounty); a slashed member's
     /// pool lost exactly its logged slash and an unslashed one nothing; the caller got only the
     /// refund; the finalizer at most `maxReporterBounty`, and nothing if it is caller or member.
@@ -490,13 +555,13 @@ contract Handler is Test {
             if (m == w.reporter) reporterInside = true;
             (bool paidM, uint256 slashedM) = _forMember(logs, m);
             uint256 due = (paidM ? opCut : 0) + (w.memberVote[i] == _UNWORKABLE ? comp : 0);
-            if (bsm.creditOf(m) - w.memberCredit[i] != due + (m == w.caller ? refund : 0)) ++ghostWhoViolations;
+            if (_cr(w.token, m) - w.memberCredit[i] != due + (m == w.caller ? refund : 0)) ++ghostWhoViolations;
             I.PoolInfo memory p = bsm.getPool(m);
             if (w.memberPool[i] - (p.totalAssets + p.unbondingAssets) != slashedM) ++ghostWhoViolations;
             if (paidM) ghostPaidTo[m] += opCut;
             ghostSlashedFrom[m] += slashedM;
         }
-        uint256 dCaller = bsm.creditOf(w.caller) - w.callerCredit;
+        uint256 dCaller = _cr(w.token, w.caller) - w.callerCredit;
         bool callerIsMember;
         for (uint256 i; i < w.members.length; ++i) {
             if (w.members[i] == w.caller) callerIsMember = true;

@@ -45,6 +45,29 @@ contract InvariantsTest is BaseTest {
         vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
     }
 
+    /// Per token: the BSM's balance == escrow + credits + unclaimed staker rewards in it.
+    function invariant_tokenBalanceEqualsAccounting() public view {
+        (uint256 e, uint256 c, uint256 r) = bsm.tokenAccounting(address(handler.usd()));
+        vm.assertEq(handler.usd().balanceOf(address(bsm)), e + c + r, "token balance != accounted");
+    }
+
+    /// Every token unit that came in is either still held or was withdrawn.
+    function invariant_tokenInMinusOut() public view {
+        vm.assertEq(
+            handler.usd().balanceOf(address(bsm)), handler.ghostTokenIn() - handler.ghostTokenOut(), "token in - out"
+        );
+    }
+
+    /// The token credits ledger is the sum of every actor's token credit.
+    function invariant_tokenCreditsLedgerComplete() public view {
+        (, uint256 credits,) = bsm.tokenAccounting(address(handler.usd()));
+        uint256 sum;
+        for (uint256 i; i < handler.actorCount(); ++i) {
+            sum += bsm.tokenCreditOf(address(handler.usd()), handler.actors(i));
+        }
+        vm.assertEq(sum, credits, "token credits ledger");
+    }
+
     /// Pending staker rewards never exceed what the pool holds for them.
     function invariant_rewardsCovered() public view {
         for (uint256 o; o < 4; ++o) {
@@ -84,6 +107,8 @@ contract ReachTest is BaseTest {
         _add("unworkable aborts", handler.ghostAbortedJobs());
         _add("open-timeout failures", handler.ghostExpiredJobs());
         _add("withheld reveals", handler.ghostWithheldReveals());
+        _add("token jobs", handler.ghostTokenJobs());
+        _add("token paid operator-epochs", handler.ghostTokenPaidEpochs());
     }
 
     function _add(string memory key, uint256 n) internal {
@@ -127,6 +152,42 @@ contract HandlerSmokeTest is BaseTest {
         vm.assertEq(h.ghostSettlementViolations(), 0);
         vm.assertEq(h.ghostWhoViolations(), 0);
         assertConserved();
+    }
+
+    /// A job paid in the token settles in the token: the split, the refund and the books.
+    function test_handlerSettlesTokenJob() public {
+        Handler h = new Handler(bsm, core, treasury, developer);
+        for (uint256 i; i < 3; ++i) {
+            h.register(i, 2 ether);
+        }
+        h.createJob(3, 4, 2, 0.01 ether | (uint256(1) << 132)); // min 3, max 4: one seat refunded
+        vm.assertEq(bsm.jobToken(1), address(h.usd()));
+        for (uint256 i; i < 3; ++i) {
+            h.join(i, 0);
+        }
+        h.submit(0, 0);
+        h.finalize(0, 0);
+        h.submit(0, uint256(1) << 18); // member 2 forges: slashed in ether
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostTokenPaidEpochs(), 5);
+        vm.assertTrue(h.ghostSlashed() > 0);
+        vm.assertEq(h.ghostCompletedJobs(), 1);
+        vm.assertEq(h.ghostSplitViolations(), 0);
+        vm.assertEq(h.ghostSettlementViolations(), 0);
+        vm.assertEq(h.ghostWhoViolations(), 0);
+        for (uint256 i; i < h.actorCount(); ++i) {
+            h.withdrawToken(i);
+        }
+        (uint256 e, uint256 c, uint256 r) = bsm.tokenAccounting(address(h.usd()));
+        vm.assertEq(e + c, 0);
+        vm.assertEq(h.usd().balanceOf(address(bsm)), r);
+        vm.assertEq(h.ghostTokenIn() - h.ghostTokenOut(), r);
+        assertConserved();
+        // A whole token job in one step pays in the token too.
+        h.wholeJob(2, 2, false, uint256(1) << 132);
+        vm.assertEq(h.ghostTokenJobs(), 2);
+        vm.assertEq(h.ghostTokenPaidEpochs(), 9);
+        vm.assertEq(h.ghostSettlementViolations() + h.ghostWhoViolations() + h.ghostSplitViolations(), 0);
     }
 
     /// Everyone votes UNWORKABLE: the job aborts, nobody is slashed, voters are compensated.

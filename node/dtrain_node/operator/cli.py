@@ -54,10 +54,12 @@ def register(root: click.Group) -> None:
     model_group = root.commands.get("model")
     if isinstance(model_group, click.Group):
         model_group.add_command(model_init)
+    from dtrain_node.gateway.cli import gateway
     from dtrain_node.operator.attest_cli import register as register_attest
     from dtrain_node.serve.cli import serve
 
     root.add_command(serve)
+    root.add_command(gateway)
     register_attest(root)
 
 

@@ -65,10 +65,19 @@ class Api:
                 headers={**headers, "Cache-Control": "no-cache"},
             )
         t0 = time.monotonic()
-        finals = await self.worker.run(lambda cancelled: _complete(self.engine, plan, cancelled))
+        try:
+            finals = await self.worker.run(lambda c: _complete(self.engine, plan, c))
+        except BaseException:
+            release = getattr(self.payment, "release", None)
+            if release is not None:  # not served, not settled: the payment is not spent
+                await release(request)
+            raise
         usage = Usage(plan.prompt_tokens, sum(s.tokens for s in finals))
         _log(plan, usage, t0)
-        await self.payment.settle(request, plan.call, usage)
+        settled = await self.payment.settle(request, plan.call, usage)
+        if isinstance(settled, Response):
+            return settled  # the payment did not settle: the answer is withheld
+        headers.update(settled or {})
         return JSONResponse(shape.body(finals, usage), headers=headers)
 
 

@@ -12,12 +12,16 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from dtrain.cli import Ctx, emit
 from dtrain.errors import ConfigError
 from dtrain_node.serve.config import DEFAULT_MAX_TOKENS_CAP, ServeConfig
+
+if TYPE_CHECKING:
+    from dtrain_node.serve.payment import X402
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(message)s"
 GRACE_S = 5  # in-flight calls get this long to finish on Ctrl-C
@@ -60,6 +64,29 @@ GRACE_S = 5  # in-flight calls get this long to finish on Ctrl-C
     show_default=True,
     help="Seconds to wait for the operators' checkpoint when fetching.",
 )
+@click.option(
+    "--price",
+    default=None,
+    help="Charge this many tokens (e.g. 0.05) per generating call, paid over x402 in --token; "
+    "unpaid calls are answered HTTP 402 with the payment requirements.",
+)
+@click.option(
+    "--token",
+    default=None,
+    help="The EIP-3009 token (address) calls are paid in, e.g. the devnet's TestUSD.",
+)
+@click.option(
+    "--pay-to",
+    default=None,
+    help="Who is paid [default: the --key account].",
+)
+@click.option(
+    "--facilitator-key",
+    envvar="DTRAIN_FACILITATOR_KEY",
+    default=None,
+    help="The account that settles payments on-chain and pays their gas [env "
+    "DTRAIN_FACILITATOR_KEY; default: --key].",
+)
 @click.pass_obj
 def serve(
     ctx: Ctx,
@@ -70,6 +97,10 @@ def serve(
     model_dir: Path | None,
     max_tokens_cap: int,
     timeout: float,
+    price: str | None,
+    token: str | None,
+    pay_to: str | None,
+    facilitator_key: str | None,
 ) -> None:
     """Serve a completed job's final model over an OpenAI-compatible HTTP API: /v1/models,
     /v1/completions and /v1/chat/completions (streaming too), model id dtrain-job-JOB.
@@ -79,17 +110,23 @@ def serve(
     (chat messages through its tokenizer's chat template). One generation runs at a time;
     others wait their turn. Serves until Ctrl-C.
 
+    With --price each call is paid over x402 (`exact` EVM scheme, an EIP-3009 authorization
+    of --token to --pay-to): verified before generating, settled on-chain by this process
+    (the --facilitator-key account submits it) after.
+
     \b
     Example:
       dtrain serve 1 --port 8000
       curl localhost:8000/v1/completions -H 'content-type: application/json' \\
         -d '{"model": "dtrain-job-1", "prompt": "def ", "max_tokens": 32}'
+      dtrain serve 1 --price 0.05 --token 0x5FbD...  # 0.05 TestUSD a call
     """
     from dtrain_node.serve import source
 
     if out is not None and model_dir is not None:
         raise click.UsageError("give --out (where to fetch to) or --model-dir, not both")
     bsm = ctx.bsm(signing=False)
+    payment = paid(ctx, job_id, price, token, pay_to, facilitator_key)
     with contextlib.ExitStack() as stack:
         if model_dir is not None:
             verified = source.exported(bsm.job(job_id), model_dir)
@@ -98,10 +135,52 @@ def serve(
                 out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dtrain-model-")))
             verified = source.fetched(bsm, job_id, out, timeout)
         cfg = ServeConfig(job_id, verified.checkpoint, host, port, max_tokens_cap)
-        run(ctx, cfg, verified.folder, verified.model)
+        run(ctx, cfg, verified.folder, verified.model, payment)
 
 
-def run(ctx: Ctx, cfg: ServeConfig, folder: Path, model: object | None = None) -> None:
+def paid(
+    ctx: Ctx,
+    job_id: int,
+    price: str | None,
+    token: str | None,
+    pay_to: str | None,
+    facilitator_key: str | None,
+) -> X402 | None:
+    """The x402 payment --price asks for (None: free), its token read from the chain."""
+    if price is None:
+        if token or pay_to or facilitator_key:
+            raise click.UsageError("--token, --pay-to and --facilitator-key go with --price")
+        return None
+    from dtrain.client import connect, load_key
+    from dtrain.x402 import LocalFacilitator, Paywall, Token, install_multicall
+    from dtrain_node.serve.payment import X402
+
+    if not token:
+        raise click.UsageError("--price needs --token (the token calls are paid in)")
+    assert ctx.rpc_url is not None  # ctx.bsm() checked it
+    w3 = connect(ctx.rpc_url)
+    coin = Token.read(w3, token)
+    amount = coin.units(price)
+    if amount == 0:
+        raise click.UsageError("--price must be above 0 (leave it out to serve for free)")
+    settler = facilitator_key or ctx.key
+    if not settler:
+        raise ConfigError("--price needs a key that settles payments: --facilitator-key or --key")
+    payee = pay_to or (load_key(ctx.key).address if ctx.key else None)
+    if not payee:
+        raise ConfigError("--price needs --pay-to (or --key, whose account is then paid)")
+    install_multicall(w3)
+    paywall = Paywall(LocalFacilitator(ctx.rpc_url, load_key(settler).key.hex()), coin, payee)
+    return X402(paywall, amount, f"a completion from dtrain-job-{job_id}")
+
+
+def run(
+    ctx: Ctx,
+    cfg: ServeConfig,
+    folder: Path,
+    model: object | None = None,
+    payment: X402 | None = None,
+) -> None:
     """Load the model in `folder`, listen, announce it, serve until Ctrl-C or SIGTERM."""
     from transformers.utils import logging as hf_logging
 
@@ -110,7 +189,7 @@ def run(ctx: Ctx, cfg: ServeConfig, folder: Path, model: object | None = None) -
 
     hf_logging.set_verbosity_error()  # not a warning per prompt longer than the context
     engine = TransformersEngine(folder, model)
-    app = create_app(engine, cfg)
+    app = create_app(engine, cfg, payment)
     sock = listen(cfg.host, cfg.port)
     port = sock.getsockname()[1]
     url = f"http://{url_host(cfg.host)}:{port}/v1"
@@ -124,9 +203,11 @@ def run(ctx: Ctx, cfg: ServeConfig, folder: Path, model: object | None = None) -
             "engine": engine.name,
             "url": url,
             "listening": True,
+            "price": None if payment is None else payment.terms(),
         },
         f"serving {cfg.model_id} (checkpoint 0x{cfg.checkpoint.hex()[:16]}.., engine "
-        f"{engine_note()}) at {url}: listening until Ctrl-C",
+        f"{engine_note()}) at {url}: listening until Ctrl-C"
+        + ("" if payment is None else f"; {payment.note()}"),
     )
     sys.stdout.flush()
     with sock:

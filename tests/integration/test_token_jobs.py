@@ -1,0 +1,113 @@
+"""Jobs priced in TestUSD on a real anvil through the SDK: a gateway pays the escrow for an
+owner, operators train two epochs (commit, reveal, finalize), and every account's TestUSD
+after withdrawing is the 40/20/20/20 split; a cancelled token job refunds its owner, not the
+gateway; the contract's refusals decode to their typed errors."""
+
+from __future__ import annotations
+
+import pytest
+from harness.chain import ETH, peer_key, spec
+from web3 import Web3
+
+from dtrain import errors
+from dtrain.chain import DevAccount, LocalChain
+from dtrain.client import BSM
+from dtrain.devtoken import UNIT, TestUSD
+from dtrain.erc20 import InsufficientTokenBalance
+from dtrain.models import JobStatus
+
+TREASURY, DEVELOPER = 10, 11
+
+
+@pytest.fixture
+def usd(chain: LocalChain, accounts: list[DevAccount], bsm: BSM) -> TestUSD:
+    token = TestUSD.deploy(chain.url, accounts[0].key)
+    bsm.with_account(accounts[DEVELOPER].key).set_payment_token(token.address)
+    token.mint(accounts[7].address, 1_000 * UNIT)  # the gateway's balance
+    return token
+
+
+def register(bsm: BSM, i: int) -> str:
+    bsm.register_operator(ETH, peer_key(i), [f"/ip4/127.0.0.1/tcp/{4000 + i}"], "cpu:2", 0)
+    return bsm.sender
+
+
+def test_token_job_trains_and_splits_40_20_20_20(bsm: BSM, as_account, accounts, usd, votes):
+    ops = [as_account(i) for i in (1, 2, 3)]
+    for i, op in enumerate(ops):
+        register(op, i)
+    staker = as_account(5)
+    staker.delegate(ops[0].sender, 3 * ETH)  # op0's pool: 1 self + 3 delegated
+    gateway, owner = as_account(7), accounts[4].address
+    price = 2 * UNIT
+    job_id = gateway.create_job_with_token(spec(price_per_operator_epoch=price), usd.address, owner)
+    job = bsm.job(job_id)
+    assert job.state.caller == owner
+    assert bsm.job_token(job_id) == usd.address
+    assert usd.balance_of(bsm.address) == job.state.escrow == 2 * 3 * price
+    for op in ops:
+        op.join_job(job_id)
+    for epoch in range(2):
+        ckpt = Web3.keccak(text=f"token-epoch-{epoch}")
+        votes.cast(ops, job_id, epoch, ckpt, [4] * 3)
+        bsm.finalize_epoch(job_id, epoch)
+    assert bsm.job(job_id).state.status == JobStatus.COMPLETED
+
+    paid = 2 * price  # two epochs per operator
+    pool = paid * 20 // 100
+    expected = {
+        ops[0].sender: paid * 40 // 100 + pool // 4,
+        ops[1].sender: paid * 40 // 100 + pool,
+        ops[2].sender: paid * 40 // 100 + pool,
+        staker.sender: pool * 3 // 4,
+        accounts[TREASURY].address: 3 * paid * 20 // 100,
+        accounts[DEVELOPER].address: 3 * paid * 20 // 100,
+    }
+    ether_credit = {who: bsm.credit_of(who) for who in expected}
+    for who, amount in expected.items():
+        b = bsm.with_account(next(a.key for a in accounts if a.address == who))
+        for op in ops:
+            if b.pending_token_rewards(usd.address, op.sender, who):
+                b.claim_rewards(op.sender)
+        assert b.token_credit_of(usd.address, who) == amount, who
+        b.withdraw_token(usd.address)
+        assert usd.balance_of(who) == amount, who
+    assert sum(expected.values()) == 3 * paid
+    # Nothing of the job was paid in ether, and nothing of it is left in the contract.
+    assert {who: bsm.credit_of(who) for who in expected} == ether_credit
+    assert usd.balance_of(bsm.address) == 0
+    assert bsm.token_accounting(usd.address).total == 0
+    assert bsm.accounting().escrow == 0
+
+
+def test_cancelled_token_job_refunds_the_owner(bsm: BSM, as_account, accounts, usd):
+    gateway, owner = as_account(7), as_account(4)
+    s = spec(price_per_operator_epoch=UNIT)
+    job_id = gateway.create_job_with_token(s, usd.address, owner.sender)
+    before = usd.balance_of(accounts[7].address)
+    with pytest.raises(errors.NotJobCaller):
+        gateway.cancel_job(job_id)
+    owner.cancel_job(job_id)
+    assert bsm.job(job_id).state.status == JobStatus.CANCELLED
+    assert owner.token_credit_of(usd.address, owner.sender) == 3 * 2 * UNIT
+    assert gateway.token_credit_of(usd.address, gateway.sender) == 0
+    owner.withdraw_token(usd.address)
+    assert usd.balance_of(owner.sender) == 3 * 2 * UNIT
+    assert usd.balance_of(accounts[7].address) == before
+
+
+def test_token_refusals_decode(bsm: BSM, as_account, accounts, usd):
+    gateway = as_account(7)
+    stranger = as_account(6)
+    with pytest.raises(errors.NotDeveloper, match="only the blueprint developer"):
+        stranger.set_payment_token(usd.address)
+    other = TestUSD.deploy(bsm.w3, accounts[0].key)
+    other.mint(gateway.sender, 100 * UNIT)
+    with pytest.raises(errors.TokenNotAllowed, match="not an allowed payment token"):
+        gateway.create_job_with_token(spec(price_per_operator_epoch=UNIT), other.address)
+    with pytest.raises(InsufficientTokenBalance):
+        stranger.create_job_with_token(spec(price_per_operator_epoch=UNIT), usd.address)
+    with pytest.raises(errors.NothingToWithdraw):
+        stranger.withdraw_token(usd.address)
+    assert bsm.payment_tokens() == [usd.address]
+    assert bsm.is_payment_token(usd.address) and not bsm.is_payment_token(other.address)
