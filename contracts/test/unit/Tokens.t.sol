@@ -423,6 +423,30 @@ contract TokenSettlementTest is TokenBase {
     }
 }
 
+contract ReRegisterTokenTest is TokenBase {
+    /// An operator that deregisters after its pool earned in a token and registers again earns
+    /// nothing twice: its new self-stake starts from the pool's current token rate.
+    function test_reRegisteredOperatorEarnsNoPastTokenRewards() public {
+        (uint256 jobId, address[] memory ops) = runningTokenJob(2, 1);
+        submitAll(jobId, keccak256("c"));
+        finalize(jobId);
+        uint256 due = bsm.pendingTokenRewards(address(usd), ops[0], ops[0]);
+        vm.assertApproxEqAbs(due, TPRICE * 2000 / 10_000, 1, "self-stake earned");
+        vm.prank(ops[0]);
+        bsm.deregisterOperator(); // unbonds all self-stake, settling its rewards
+        vm.assertEq(bsm.tokenCreditOf(address(usd), ops[0]), TPRICE * 4000 / 10_000 + due);
+        vm.warp(block.timestamp + UNBONDING);
+        vm.prank(ops[0]);
+        bsm.withdrawUnbonded(ops[0]);
+        register(ops[0], MIN_STAKE);
+        vm.assertEq(bsm.pendingTokenRewards(address(usd), ops[0], ops[0]), 0);
+        vm.prank(ops[0]);
+        bsm.claimRewards(ops[0]);
+        vm.assertEq(bsm.tokenCreditOf(address(usd), ops[0]), TPRICE * 4000 / 10_000 + due);
+        assertTokenConserved(address(usd));
+    }
+}
+
 contract WithdrawTokenTest is TokenBase {
     function test_withdrawsOnce() public {
         uint256 jobId = createTokenJob(tspec(2, 2, 1), address(usd));
