@@ -432,16 +432,27 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         Position storage pos = _positions[operator][account];
         uint256 rps = p.rewardPerShare;
         uint256 fresh = pos.freshShares;
-        uint64 fp = pos.freshPeriod;
-        // Matured: its slot rolls (if it has not) so the pool counts these shares as earning.
-        uint256 matured = fresh > 0 && fp <= _period() ? fresh : 0;
-        if (matured > 0) _roll(operator);
-        uint256 mask = _poolTokenMask[operator];
-        for (uint256 i; mask != 0; ++i) {
-            if (mask & 1 != 0) _settleToken(operator, account, i, pos.shares - fresh, matured, fp);
-            mask >>= 1;
+        uint256 matured;
+        uint64 fp;
+        if (fresh > 0) {
+            fp = pos.freshPeriod;
+            // Matured: its slot rolls (if it has not) so the pool counts these shares as earning.
+            if (fp <= _period()) {
+                matured = fresh;
+                _roll(operator);
+            }
         }
-        uint256 earned = (pos.shares - fresh) * (rps - pos.rewardPerSharePaid) / _ACC;
+        uint256 mature = pos.shares - fresh;
+        // An operator's own position holds no shares only when it registers, and its pool
+        // earns nothing while it is not registered: its token rates are already current.
+        if (fresh + mature > 0 || account != operator) {
+            uint256 mask = _poolTokenMask[operator];
+            for (uint256 i; mask != 0; ++i) {
+                if (mask & 1 != 0) _settleToken(operator, account, i, mature, matured, fp);
+                mask >>= 1;
+            }
+        }
+        uint256 earned = mature * (rps - pos.rewardPerSharePaid) / _ACC;
         if (matured > 0) {
             earned += matured * (rps - _maturedRps[operator][fp]) / _ACC;
             pos.freshShares = 0;

@@ -13,6 +13,8 @@ contract GasAtCapTest is BaseTest {
     uint256 internal constant CAP = 32;
     uint256 internal constant PER_OPERATOR_LIMIT = 200_000;
     uint256 internal constant FINALIZE_LIMIT = 5_000_000;
+    /// claimRewards of a pool that earned in ether and all four payment tokens.
+    uint256 internal constant CLAIM_FOUR_TOKENS_LIMIT = 350_000;
 
     uint256 internal jobId;
     address[] internal ops;
@@ -213,8 +215,9 @@ contract GasAtCapTest is BaseTest {
         bsm.claimRewards(ops[0]);
         g = _gas();
         emit log_named_uint("claimRewards, pool in 4 tokens", g);
-        // Ether and four tokens settled and credited (each a fresh credit slot): ~45k per token.
-        vm.assertLe(g, 250_000, "claimRewards in 4 tokens");
+        // Ether and four tokens settled and credited (each a fresh credit slot): ~45k per
+        // token here, ~60k in a transaction of its own (cold storage: docs/gas.md).
+        vm.assertLe(g, CLAIM_FOUR_TOKENS_LIMIT, "claimRewards in 4 tokens");
         vm.prank(ops[0]);
         bsm.withdrawToken(address(ts[0]));
         vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "withdrawToken");
@@ -238,7 +241,7 @@ contract GasAtCapTest is BaseTest {
         vm.assertLe(g, FINALIZE_LIMIT, "finalizeEpoch token job rolling");
         vm.prank(staker);
         bsm.claimRewards(ops[0]);
-        vm.assertLe(_gas(), 250_000, "claimRewards after roll");
+        vm.assertLe(_gas(), CLAIM_FOUR_TOKENS_LIMIT, "claimRewards after roll");
     }
 
     function test_gas_createJobWithToken() public {

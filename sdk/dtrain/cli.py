@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from enum import Enum
 from importlib.metadata import entry_points
@@ -26,8 +26,9 @@ from typing import Any
 
 import click
 import requests
+from web3 import Web3
 
-from . import pins
+from . import erc20, pins
 from .chain import LocalChain
 from .client import BSM, FINALIZE_GAS, JOB_EVENTS, connect, load_key
 from .envfile import env_path, read_env, remove_env, update_env, write_env
@@ -592,7 +593,19 @@ def _operators(text: str) -> tuple[int, int]:
     show_default=True,
     help="MIN:MAX operators (MIN at least 2).",
 )
-@click.option("--price", type=AMOUNT, required=True, help="Price per operator-epoch.")
+@click.option(
+    "--price",
+    required=True,
+    help="Price per operator-epoch: an ether amount (1gwei, 0.01ether), or with --token whole "
+    "tokens (2.5).",
+)
+@click.option(
+    "--token",
+    default=None,
+    metavar="ADDRESS",
+    help="Price and escrow the job in this ERC-20 payment token (one the blueprint developer "
+    "allowed) instead of ether; the escrow is approved and paid from the --key account.",
+)
 @click.option(
     "--seat-bond",
     type=AMOUNT,
@@ -668,7 +681,8 @@ def job_submit(
     steps: int,
     sync_interval: int,
     operators_range: str,
-    price: int,
+    price: str,
+    token: str | None,
     seat_bond: int | None,
     epoch_duration: int,
     model_hash: str,
@@ -687,9 +701,12 @@ def job_submit(
 
     The model and dataset hashes are computed from --model-uri and --dataset-uri (and
     printed), unless given; so is the recipe's, from --recipe. Each member bonds --seat-bond of
-    its self-stake while in the job. With --x402 URL the job is bought from a gateway, its
-    escrow paid in the gateway's token over x402.
+    its self-stake while in the job. With --token the job is priced, escrowed, paid and
+    refunded in that token (stake and seat bonds stay in ether). With --x402 URL the job is
+    bought from a gateway, its escrow paid in the gateway's token over x402 (--price is then in
+    that token).
     """
+    price_units = 0 if token or x402_url else _price(price, None)
     recipe = Recipe.from_toml(recipe_path) if recipe_path else None
     recipe_pin = recipe.hash() if recipe else ZERO_HASH
     lo, hi = _operators(operators_range)
@@ -709,11 +726,20 @@ def job_submit(
         server, model_uri, dataset_uri, recipe_path = _start_serving(
             model_uri, dataset_uri, recipe_path or "", serve_port
         )
-    if x402_url is not None and serve:
-        raise click.UsageError("--x402 and --serve do not go together")
+    if x402_url is not None and (serve or token):
+        raise click.UsageError("--x402 goes with neither --serve nor --token")
     bsm = ctx.bsm() if x402_url is None else None
+    terms = _gateway_terms(x402_url) if x402_url is not None else None
+    if bsm is not None and token:
+        unit: _TokenUnit | None = _TokenUnit.of(bsm, token)
+    elif terms is not None:
+        unit = _TokenUnit(terms["token"], int(terms["decimals"]), terms["tokenName"])
+    else:
+        unit = None
+    if unit:
+        price_units = _price(price, unit)
     spec = JobSpec(
-        price_per_operator_epoch=price,
+        price_per_operator_epoch=price_units,
         total_epochs=epochs,
         steps_per_epoch=steps,
         sync_interval=sync_interval,
@@ -733,13 +759,15 @@ def job_submit(
         recipe_uri=recipe_path or "",
     )
     if bsm is None:
-        _buy_job(ctx, x402_url or "", spec)
+        _buy_job(ctx, x402_url or "", spec, unit)
         return
-    job_id = bsm.create_job(spec)
+    job_id = bsm.create_job_with_token(spec, unit.address) if unit else bsm.create_job(spec)
+    fmt = unit.format if unit else format_eth
     emit(
         ctx,
         {
             "job_id": job_id,
+            "token": unit.address if unit else None,
             "escrow": spec.escrow,
             "seat_bond": spec.seat_bond,
             "model_hash": "0x" + model_pin.hex(),
@@ -748,7 +776,7 @@ def job_submit(
             "recipe_hash": "0x" + recipe_pin.hex(),
             "recipe_uri": spec.recipe_uri,
         },
-        f"job {job_id} created, {format_eth(spec.escrow)} escrowed, "
+        f"job {job_id} created, {fmt(spec.escrow)} escrowed, "
         f"{format_eth(spec.seat_bond)} seat bond\n"
         f"  model    {model_uri}  0x{model_pin.hex()}\n"
         f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)"
@@ -759,17 +787,21 @@ def job_submit(
         _serve_until_ended(ctx, server, bsm, job_id)
 
 
-def _buy_job(ctx: Ctx, url: str, spec: JobSpec) -> None:
-    """`job submit --x402`: pay the gateway exactly the escrow, in its token, for the job."""
-    from decimal import Decimal
+def _gateway_terms(url: str) -> dict[str, Any]:
+    from .paidjobs import gateway_terms
 
-    from .paidjobs import buy_job, gateway_terms
+    return gateway_terms(url)
+
+
+def _buy_job(ctx: Ctx, url: str, spec: JobSpec, unit: _TokenUnit | None) -> None:
+    """`job submit --x402`: pay the gateway exactly the escrow, in its token, for the job."""
+    from .paidjobs import buy_job
 
     if not ctx.key:
         raise ConfigError("no key: pass --key or set DTRAIN_KEY (the account that pays)")
-    terms = gateway_terms(url)
-    bought = buy_job(url, spec, load_key(ctx.key), spec.escrow, terms["token"])
-    amount = f"{Decimal(bought.escrow) / 10 ** int(terms['decimals']):f} {terms['tokenName']}"
+    assert unit is not None  # the gateway's token, read from its terms
+    bought = buy_job(url, spec, load_key(ctx.key), spec.escrow, unit.address)
+    amount = unit.format(bought.escrow)
     emit(
         ctx,
         {
@@ -783,6 +815,50 @@ def _buy_job(ctx: Ctx, url: str, spec: JobSpec) -> None:
         f"job {bought.job_id} created by the gateway for {bought.payer}, {amount} escrowed "
         f"(paid in {bought.settlement_tx}, created in {bought.create_tx})",
     )
+
+
+def _job_unit(bsm: BSM, job_id: int) -> _TokenUnit | None:
+    """The payment token job `job_id` is priced in (None: ether)."""
+    token = bsm.job_token(job_id)
+    return _TokenUnit.of(bsm, token) if token else None
+
+
+def _fmt_in(unit: _TokenUnit | None, amount: int) -> str:
+    return unit.format(amount) if unit else format_eth(amount)
+
+
+def _price(text: str, unit: _TokenUnit | None) -> int:
+    """--price in wei (an ether amount) or, for a token job, in the token's base units."""
+    try:
+        return erc20.parse_units(text, unit.decimals) if unit else parse_amount(text)
+    except DtrainError as exc:
+        raise click.BadParameter(str(exc), param_hint="--price") from None
+
+
+@dataclass(frozen=True)
+class _TokenUnit:
+    """A payment token as the CLI reads and prints its amounts (its own decimals)."""
+
+    address: str
+    decimals: int
+    symbol: str
+
+    @classmethod
+    def of(cls, bsm: BSM, token: str) -> _TokenUnit:
+        try:
+            address = Web3.to_checksum_address(token)
+        except ValueError:
+            raise click.BadParameter(f"not an address: {token!r}", param_hint="--token") from None
+        t = erc20.contract(bsm.w3, address)
+        try:
+            decimals = int(t.functions.decimals().call())
+            symbol = str(t.functions.symbol().call())
+        except Exception:  # no code, or not an ERC-20
+            raise ConfigError(f"{address} is not an ERC-20 token on this chain") from None
+        return cls(address, decimals, symbol)
+
+    def format(self, amount: int) -> str:
+        return erc20.format_units(amount, self.decimals, self.symbol)
 
 
 def _start_serving(
@@ -882,7 +958,7 @@ def _epoch_of(j: Any) -> str:
     return f"{shown}/{total}"
 
 
-def _job_lines(j: Any, holders: list[Any]) -> str:
+def _job_lines(j: Any, holders: list[Any], fmt: Callable[[int], str] = format_eth) -> str:
     s, st = j.spec, j.state
     lines = [
         f"job {j.id}  {s.method.name}  {st.status.name.lower()}",
@@ -899,9 +975,9 @@ def _job_lines(j: Any, holders: list[Any]) -> str:
             f"  reveal by   {format_time(j.reveal_deadline)}",
         ]
     lines += [
-        f"  price       {format_eth(s.price_per_operator_epoch)} per operator-epoch",
+        f"  price       {fmt(s.price_per_operator_epoch)} per operator-epoch",
         f"  seat bond   {format_eth(s.seat_bond)} of each member's self-stake",
-        f"  escrow      {format_eth(st.escrow)} unearned",
+        f"  escrow      {fmt(st.escrow)} unearned",
         f"  checkpoint  0x{st.checkpoint.hex()}",
     ]
     if st.status == JobStatus.COMPLETED:
@@ -923,8 +999,13 @@ def job_status(ctx: Ctx, job_id: int) -> None:
     bsm = ctx.bsm(signing=False)
     j = bsm.job(job_id)
     holders = bsm.final_holders(job_id) if j.state.status == JobStatus.COMPLETED else []
-    data = {**_jsonable(j), "final_holders": _jsonable(holders)}
-    emit(ctx, data, _job_lines(j, holders))
+    unit = _job_unit(bsm, job_id)
+    data = {
+        **_jsonable(j),
+        "token": unit.address if unit else None,
+        "final_holders": _jsonable(holders),
+    }
+    emit(ctx, data, _job_lines(j, holders, unit.format if unit else format_eth))
 
 
 @job.command("list")
@@ -933,11 +1014,13 @@ def job_list(ctx: Ctx) -> None:
     """List every job: method, state, epoch, members (n/max) and price per operator-epoch.
 
     Example: dtrain --json job list"""
-    jobs = ctx.bsm(signing=False).jobs()
+    bsm = ctx.bsm(signing=False)
+    jobs = bsm.jobs()
+    units = {j.id: _job_unit(bsm, j.id) for j in jobs}
     human = "\n".join(
         f"{j.id:>4}  {j.spec.method.name:<4}  {j.state.status.name.lower():<9}  "
         f"epoch {_epoch_of(j):<5}  members {len(j.members)}/{j.spec.max_operators}  "
-        f"price {format_eth(j.spec.price_per_operator_epoch)} per operator-epoch"
+        f"price {_fmt_in(units[j.id], j.spec.price_per_operator_epoch)} per operator-epoch"
         for j in jobs
     )
     emit(ctx, jobs, human or "no jobs")
@@ -967,17 +1050,20 @@ def job_cancel(ctx: Ctx, job_id: int) -> None:
 
     Example: dtrain job cancel 1
     """
-    rc = ctx.bsm().cancel_job(job_id)
+    bsm = ctx.bsm()
+    rc = bsm.cancel_job(job_id)
+    unit = _job_unit(bsm, job_id)
+    fmt = unit.format if unit else format_eth  # the refund's unit
     if rc.all("JobFailed"):
         refund = rc.first("JobFailed").args["refund"]
         human = (
             f"job {job_id} failed: it waited the open timeout for members; "
-            f"{format_eth(refund)} of escrow credited to its caller"
+            f"{fmt(refund)} of escrow credited to its caller"
         )
         outcome = "failed"
     else:
         refund = rc.first("JobCancelled").args["refund"]
-        human = f"job {job_id} cancelled; {format_eth(refund)} of escrow credited, see rewards"
+        human = f"job {job_id} cancelled; {fmt(refund)} of escrow credited, see rewards"
         outcome = "cancelled"
     emit(ctx, {"tx": rc.tx_hash, "status": outcome, "refund": refund}, human)
 
@@ -1154,8 +1240,16 @@ def rewards() -> None:
     metavar="ADDRESS",
     help="Only these pools (repeatable) [default: every pool ADDRESS staked in].",
 )
+@click.option(
+    "--token",
+    default=None,
+    metavar="ADDRESS",
+    help="Show credit and pending rewards in this payment token instead of ether.",
+)
 @pass_ctx
-def rewards_show(ctx: Ctx, address: str | None, operators: tuple[str, ...]) -> None:
+def rewards_show(
+    ctx: Ctx, address: str | None, operators: tuple[str, ...], token: str | None
+) -> None:
     """Show wallet balance, claimable credit and pending rewards of ADDRESS (default: the --key
     account) in every pool it staked in (an operator's own pool included).
 
@@ -1164,6 +1258,9 @@ def rewards_show(ctx: Ctx, address: str | None, operators: tuple[str, ...]) -> N
     bsm = ctx.bsm(signing=False)
     account = address or _key_address(ctx)
     pools = operators or tuple(bsm.staked_with(account))
+    if token:
+        _rewards_show_token(ctx, bsm, _TokenUnit.of(bsm, token), account, pools)
+        return
     b = bsm.balances(account, pools)
     lines = [
         f"account  {b.address}",
@@ -1177,14 +1274,48 @@ def rewards_show(ctx: Ctx, address: str | None, operators: tuple[str, ...]) -> N
     emit(ctx, b, "\n".join(lines))
 
 
+def _rewards_show_token(
+    ctx: Ctx, bsm: BSM, unit: _TokenUnit, account: str, pools: Sequence[str]
+) -> None:
+    wallet = int(erc20.contract(bsm.w3, unit.address).functions.balanceOf(account).call())
+    credit = bsm.token_credit_of(unit.address, account)
+    pending = {op: bsm.pending_token_rewards(unit.address, op, account) for op in pools}
+    pending = {op: v for op, v in pending.items() if v}
+    lines = [
+        f"account  {account}",
+        f"wallet   {unit.format(wallet)}",
+        f"credit   {unit.format(credit)} (withdraw with "
+        f"`dtrain rewards withdraw --token {unit.address}`)",
+    ]
+    lines += [f"pending  {unit.format(v)} from the pool of {k}" for k, v in pending.items()]
+    data = {"account": account, "token": unit.address, "wallet": wallet, "credit": credit}
+    emit(ctx, {**data, "pending_rewards": pending}, "\n".join(lines))
+
+
 @rewards.command("withdraw")
 @click.option("--claim", "claim_from", multiple=True, help="Claim pool rewards first (repeatable).")
+@click.option(
+    "--token",
+    default=None,
+    metavar="ADDRESS",
+    help="Withdraw the credit in this payment token instead of ether.",
+)
 @pass_ctx
-def rewards_withdraw(ctx: Ctx, claim_from: tuple[str, ...]) -> None:
+def rewards_withdraw(ctx: Ctx, claim_from: tuple[str, ...], token: str | None) -> None:
     """Claim pool rewards (optional) and withdraw all credit. Example: dtrain rewards withdraw"""
     bsm = ctx.bsm()
     for op in claim_from:
         bsm.claim_rewards(op)
+    if token:
+        unit = _TokenUnit.of(bsm, token)
+        amount = bsm.token_credit_of(unit.address, bsm.sender)
+        rc = bsm.withdraw_token(unit.address)
+        emit(
+            ctx,
+            {"tx": rc.tx_hash, "amount": amount, "token": unit.address},
+            f"withdrew {unit.format(amount)}",
+        )
+        return
     amount = bsm.credit_of(bsm.sender)
     rc = bsm.withdraw()
     emit(ctx, {"tx": rc.tx_hash, "amount": amount}, f"withdrew {format_eth(amount)}")

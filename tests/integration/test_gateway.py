@@ -234,14 +234,14 @@ def test_dtrain_gateway_and_job_submit_x402_as_subprocesses(
             assert m, line
             url = m.group(1)
             submit = [*base, "--key", accounts[PAYER].key, "--json", "job", "submit"]
-            submit += ["--x402", url, "--price", str(PRICE), "--operators", "3:3", "--epochs", "2"]
+            submit += ["--x402", url, "--price", "0.01", "--operators", "3:3", "--epochs", "2"]
             submit += ["--dataset", "corpus.txt", "--dataset-hash", "0x" + "11" * 32]
             submit += ["--model-hash", "0x" + "22" * 32, "--steps", "20", "--sync", "5"]
             r = subprocess.run(submit, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
             out = json.loads(r.stdout.strip().splitlines()[-1])
             over = subprocess.run(
-                [*submit, "--price", str(10 * UNIT)],  # the last --price wins
+                [*submit, "--price", "10"],  # TestUSD per operator-epoch; the last --price wins
                 capture_output=True,
                 text=True,
                 timeout=120,

@@ -5,12 +5,15 @@ gateway; the contract's refusals decode to their typed errors."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from harness.chain import ETH, peer_key, spec
 from web3 import Web3
 
 from dtrain import errors
 from dtrain.chain import DevAccount, LocalChain
+from dtrain.cli import main
 from dtrain.client import BSM
 from dtrain.devtoken import UNIT, TestUSD
 from dtrain.erc20 import InsufficientTokenBalance
@@ -25,6 +28,24 @@ def usd(chain: LocalChain, accounts: list[DevAccount], bsm: BSM) -> TestUSD:
     bsm.with_account(accounts[DEVELOPER].key).set_payment_token(token.address)
     token.mint(accounts[7].address, 1_000 * UNIT)  # the gateway's balance
     return token
+
+
+@pytest.fixture
+def data_file(tmp_path) -> str:
+    path = tmp_path / "corpus.txt"
+    path.write_text("def f(x):\n    return x + 1\n" * 50)
+    return str(path)
+
+
+@pytest.fixture
+def run(chain, bsm, capsys):
+    def _run(*args: str, key: str | None = None):
+        argv = ["--rpc-url", chain.url, "--contract", bsm.address]
+        code = main([*argv, *(["--key", key] if key else []), *args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return _run
 
 
 def register(bsm: BSM, i: int) -> str:
@@ -111,3 +132,34 @@ def test_token_refusals_decode(bsm: BSM, as_account, accounts, usd):
         stranger.withdraw_token(usd.address)
     assert bsm.payment_tokens() == [usd.address]
     assert bsm.is_payment_token(usd.address) and not bsm.is_payment_token(other.address)
+
+
+def test_cli_token_job_in_token_units(run, bsm, accounts, usd, data_file):
+    """`job submit --token` reads --price in whole tokens and prints amounts in the token's
+    units (6 decimals for TestUSD); cancel, status and `rewards --token` do too."""
+    code, out, err = run(
+        "job", "submit", "--token", usd.address, "--price", "2.5",
+        "--dataset-uri", data_file, key=accounts[7].key,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "7.5 TUSD escrowed" in out  # 2.5 x 3 operators x 1 epoch
+    job_id = bsm.next_job_id() - 1
+    assert bsm.job(job_id).spec.price_per_operator_epoch == 2_500_000
+    code, out, err = run("job", "status", str(job_id))
+    assert "price       2.5 TUSD per operator-epoch" in out
+    code, out, err = run("job", "cancel", str(job_id), key=accounts[7].key)
+    assert code == 0, err
+    assert "7.5 TUSD of escrow credited" in out
+    code, out, err = run("rewards", "show", "--token", usd.address, key=accounts[7].key)
+    assert "credit   7.5 TUSD" in out, out
+    code, out, err = run(
+        "--json", "rewards", "withdraw", "--token", usd.address, key=accounts[7].key
+    )
+    assert code == 0, err
+    assert json.loads(out)["amount"] == 7_500_000
+    assert usd.balance_of(accounts[7].address) == 1_000 * UNIT
+    code, out, err = run(
+        "job", "submit", "--token", usd.address, "--price", "0.0000001",
+        "--dataset-uri", data_file, key=accounts[7].key,
+    )  # fmt: skip
+    assert code != 0 and "more than 6 decimal places" in err + out

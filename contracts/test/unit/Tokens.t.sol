@@ -5,6 +5,7 @@ import {BaseTest} from "../Base.t.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {TestUSD} from "../../src/devnet/TestUSD.sol";
 import {MintableToken, FeeOnTransferToken, LyingToken, ReentrantToken} from "../utils/BadTokens.sol";
+import {HooksBase} from "./Hooks.t.sol";
 
 interface IERC20Errors {
     error ERC20InsufficientAllowance(address spender, uint256 allowance, uint256 needed);
@@ -423,6 +424,30 @@ contract TokenSettlementTest is TokenBase {
     }
 }
 
+contract ReRegisterTokenTest is TokenBase {
+    /// An operator that deregisters after its pool earned in a token and registers again earns
+    /// nothing twice: its new self-stake starts from the pool's current token rate.
+    function test_reRegisteredOperatorEarnsNoPastTokenRewards() public {
+        (uint256 jobId, address[] memory ops) = runningTokenJob(2, 1);
+        submitAll(jobId, keccak256("c"));
+        finalize(jobId);
+        uint256 due = bsm.pendingTokenRewards(address(usd), ops[0], ops[0]);
+        vm.assertApproxEqAbs(due, TPRICE * 2000 / 10_000, 1, "self-stake earned");
+        vm.prank(ops[0]);
+        bsm.deregisterOperator(); // unbonds all self-stake, settling its rewards
+        vm.assertEq(bsm.tokenCreditOf(address(usd), ops[0]), TPRICE * 4000 / 10_000 + due);
+        vm.warp(block.timestamp + UNBONDING);
+        vm.prank(ops[0]);
+        bsm.withdrawUnbonded(ops[0]);
+        register(ops[0], MIN_STAKE);
+        vm.assertEq(bsm.pendingTokenRewards(address(usd), ops[0], ops[0]), 0);
+        vm.prank(ops[0]);
+        bsm.claimRewards(ops[0]);
+        vm.assertEq(bsm.tokenCreditOf(address(usd), ops[0]), TPRICE * 4000 / 10_000 + due);
+        assertTokenConserved(address(usd));
+    }
+}
+
 contract WithdrawTokenTest is TokenBase {
     function test_withdrawsOnce() public {
         uint256 jobId = createTokenJob(tspec(2, 2, 1), address(usd));
@@ -503,5 +528,63 @@ contract ClaimRewardsTokensTest is TokenBase {
             vm.assertEq(ts[k].balanceOf(staker), due[k]);
             assertTokenConserved(address(ts[k]));
         }
+    }
+}
+
+/// A token job finalized through the hooks stays under the core's gas cap per call, in the
+/// worst case measured: every member's pool earned in four tokens and rolls a fresh slot.
+contract HookGasCapTokenTest is HooksBase {
+    event log_named_uint(string key, uint256 val);
+
+    function test_hookGasCap_tokenJobFourTokensRolling() public {
+        address[] memory ops = registerN(32);
+        for (uint256 i; i < 32; ++i) {
+            vm.prank(staker);
+            bsm.delegate{value: 1 ether}(ops[i]);
+        }
+        MintableToken[] memory ts = new MintableToken[](4);
+        for (uint256 k; k < 4; ++k) {
+            ts[k] = new MintableToken("T");
+            vm.prank(developer);
+            bsm.setPaymentToken(address(ts[k]), true);
+            uint256 id = _tokenJob(ts[k]);
+            joinAll(id, ops);
+            submitAll(id, keccak256("t"));
+            finalize(id);
+        }
+        // Fresh delegations (the operators are in a job), matured two periods later.
+        uint256[2] memory held = [_tokenJob(ts[0]), _tokenJob(ts[0])];
+        for (uint256 i; i < 32; ++i) {
+            vm.prank(ops[i]);
+            bsm.joinJob(held[i / 31]); // 31 and 1 of the 32 needed: both stay open
+            vm.prank(staker);
+            bsm.delegate{value: 1 ether}(ops[i]);
+        }
+        vm.startPrank(caller);
+        bsm.cancelJob(held[0]);
+        bsm.cancelJob(held[1]);
+        vm.stopPrank();
+        vm.warp(block.timestamp + 2 * bsm.rewardPeriod());
+        uint256 jobId = _tokenJob(ts[1]);
+        for (uint256 i; i < 32; ++i) {
+            vm.prank(ops[i]);
+            tangle.submitResult(JOIN, abi.encode(jobId));
+        }
+        submitAll(jobId, keccak256("c0"));
+        uint256 calls = hookFinalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
+        emit log_named_uint("max gas of one hook call, token job rolling", tangle.maxGas());
+        vm.assertLe(tangle.maxGas(), tangle.HOOK_GAS());
+        vm.assertGe(calls, 11);
+    }
+
+    function _tokenJob(MintableToken t) internal returns (uint256 id) {
+        I.JobSpec memory s = spec(32, 32, 1);
+        s.pricePerOperatorEpoch = 2_000_000;
+        t.mint(caller, escrowOf(s));
+        vm.startPrank(caller);
+        t.approve(address(bsm), escrowOf(s));
+        id = bsm.createJobWithToken(s, address(t), caller);
+        vm.stopPrank();
     }
 }
