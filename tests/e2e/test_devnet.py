@@ -106,3 +106,26 @@ def test_sft_job_in_the_devnet(tmp_path) -> None:
             trained = next(r for r in m if r["kind"] == "epoch_trained")
             assert trained["checkpoint"] == job.state.checkpoint.hex()
             assert trained["heldout_loss"] < start["heldout_loss"]
+
+
+@pytest.mark.timeout(900)
+def test_demo_job_paid_over_x402_and_model_served_for_a_fee(tmp_path) -> None:
+    """`make demo ARGS="--x402 --serve"`, small: the caller buys the job from `dtrain gateway`
+    in TestUSD, the split is paid in TestUSD to the unit, then an operator serves the final
+    model and the caller pays one chat completion over x402."""
+    args = ["--x402", "--serve", "--operators", "2", "--epochs", "2", "--no-faults"]
+    code = devnet.main([*args, "--no-late-join", "--run-dir", str(tmp_path), "--timeout", "600"])
+    result = json.loads((tmp_path / "demo-result.json").read_text())
+    failed = [c for c in result["checks"] if not c["ok"]]
+    assert code == 0 and not failed, failed
+    names = {b["address"]: b["account"] for b in result["token_balances"]}
+    assert names[result["purchase"]["owner"]] == "caller"
+    escrow = result["purchase"]["escrow"]  # price x seats x epochs, in TestUSD base units
+    assert escrow % (10_000 * 2) == 0 and escrow >= 10_000 * 2 * 2
+    token = {b["account"]: b for b in result["token_balances"]}
+    assert all(b["ok"] for b in result["token_balances"]) and token["op1"]["credited"] > 0
+    assert token["developer"]["credited"] == token["treasury"]["credited"] > 0
+    assert all(b["credited"] == 0 for b in result["balances"])  # nobody slashed: no ether moved
+    inference = result["inference"]
+    assert names[inference["payee"]] == "op1" and inference["price"] == 50_000
+    assert inference["settlement_tx"].startswith("0x")

@@ -16,6 +16,7 @@ from .plan import POISON_EPOCH, Plan
 if TYPE_CHECKING:
     from dtrain.models import Event
 
+TOKEN_UNIT = 10**6  # TestUSD has 6 decimals
 MIN_RATIO_VS_BF16 = 50  # DeMo's upload per sync must be at least this far below dense bf16
 
 
@@ -64,6 +65,9 @@ class Observed:
     n_params: int
     rules: Rules = field(default_factory=Rules)
     block_time: dict[int, int] = field(default_factory=dict)  # block: timestamp
+    # A job escrowed in a token: `credited` is then the ether part (slashes), this the token's
+    token: str | None = None
+    token_credited: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,6 +81,10 @@ class DemoResult:
     checks: Checks
     names: dict[str, str] = field(default_factory=dict)  # address: account name
     final_model: dict[str, Any] = field(default_factory=dict)  # the caller's copy, evaluated
+    token: str | None = None  # the job's payment token (None: ether)
+    token_balances: list[Balance] = field(default_factory=list)  # in the token, 6 decimals
+    purchase: dict[str, Any] = field(default_factory=dict)  # the job bought over x402
+    inference: dict[str, Any] = field(default_factory=dict)  # a paid chat completion
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +93,13 @@ class DemoResult:
             "final_checkpoint": self.final_checkpoint,
             "epochs": [asdict(ep) for ep in self.epochs],
             "balances": [asdict(b) for b in self.balances],
+            **(
+                {"token": self.token, "token_balances": [asdict(b) for b in self.token_balances]}
+                if self.token
+                else {}
+            ),
+            **({"purchase": self.purchase} if self.purchase else {}),
+            **({"inference": self.inference} if self.inference else {}),
             "communication": self.communication,
             **self.final_model,
             "checks": self.checks.to_json(),
@@ -95,6 +110,16 @@ class DemoResult:
 
     def print_table(self) -> None:
         print_table(self.epochs, self.balances, self.names, self.communication)
+        if self.token_balances:
+            print(f"\nin TestUSD (the job's escrow and its split; token {self.token})")
+            print_balances(self.token_balances, TOKEN_UNIT, "TestUSD")
+        if self.inference:
+            i, n = self.inference, self.names
+            print(
+                f"\ninference  {n.get(i['payer'], i['payer'])} paid "
+                f"{n.get(i['payee'], i['payee'])} {i['price'] / TOKEN_UNIT:g} TestUSD over x402 "
+                f"for one chat completion (settled in {i['settlement_tx'][:12]}..)"
+            )
 
 
 def communication(bytes_out: list[int], n_params: int, members: int) -> dict[str, Any]:
@@ -121,11 +146,19 @@ def build(obs: Observed, checks: Checks) -> DemoResult:
         obs.rules.reward_period,
     )
     refund = obs.escrow if obs.ended else 0
-    expected = money.expected_credits(epochs, obs.roster, obs.price, refund, obs.rules)
-    balances = money.balances(obs.roster, expected, obs.credited, obs.wallets_before)
+    r = obs.roster
+    token_balances: list[Balance] = []
+    if obs.token is None:
+        expected = money.expected_credits(epochs, r, obs.price, refund, obs.rules)
+        balances = money.balances(r, expected, obs.credited, obs.wallets_before)
+    else:  # the escrow's part in the token, slashed stake's in ether
+        pay = money.expected_credits(epochs, r, obs.price, refund, obs.rules, part="pay")
+        slash = money.expected_credits(epochs, r, obs.price, refund, obs.rules, part="slash")
+        token_balances = money.balances(r, pay, obs.token_credited, obs.wallets_before)
+        balances = money.balances(r, slash, obs.credited)
     checks.add(
         "every account's credit matches 40/20/20/20 and the slashes",
-        all(b.ok for b in balances),
+        all(b.ok for b in (*balances, *token_balances)),
     )
     story_checks(obs, epochs, checks)
     members = max((len(ep.members) for ep in epochs), default=0)
@@ -145,6 +178,8 @@ def build(obs: Observed, checks: Checks) -> DemoResult:
         communication=comm,
         checks=checks,
         names=obs.roster.names(),
+        token=obs.token,
+        token_balances=token_balances,
     )
 
 
@@ -210,13 +245,17 @@ def print_table(
             f"{ep.epoch:>5}  {' '.join(n(m) for m in ep.members):<22}  "
             f"{quorum[:18]:<18} {' '.join(n(m) for m in paid):<21} {slashed}"
         )
-    print("\naccount     expected credit   credited          ok")
-    for b in balances:
-        print(
-            f"{b.account:<11} {b.expected / ETH:<17.6f} {b.credited / ETH:<17.6f} "
-            f"{'yes' if b.ok else 'NO'}"
-        )
+    print_balances(balances, ETH, "ETH")
     print(
         f"\nupload per sync {comm['upload_bytes_per_sync']:,} B vs dense bf16 all-reduce "
         f"{comm['dense_bf16_allreduce_bytes']:,} B ({comm['ratio_vs_bf16']}x less)"
     )
+
+
+def print_balances(balances: list[Balance], unit: int, name: str) -> None:
+    print(f"\naccount     expected ({name:<7})  credited          ok")
+    for b in balances:
+        print(
+            f"{b.account:<11} {b.expected / unit:<17.6f} {b.credited / unit:<17.6f} "
+            f"{'yes' if b.ok else 'NO'}"
+        )

@@ -5,11 +5,12 @@ runs, wait for the job to end (or a node to fail), observe, fetch the final mode
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import report
+from . import paid, report
 from .cluster import NodeConfig, Proc, read_metrics, spawn_node, stop_all
 from .final_model import fetch_and_evaluate
 from .job import JobOptions, deploy_params, tiny_job
@@ -20,8 +21,9 @@ from .report import Checks, DemoResult, Observed
 if TYPE_CHECKING:
     from dtrain import LocalChain
 
-ACCOUNTS = 14  # dev accounts: 0 deploys, 1.. operators, then these roles
+ACCOUNTS = 16  # dev accounts: 0 deploys, 1.. operators, then these roles
 CALLER, TREASURY, DEVELOPER, STAKERS = 9, 10, 11, (12, 13)
+GATEWAY, FACILITATOR = 14, 15  # --x402: sells the job; settles x402 payments (pays their gas)
 DELEGATIONS = (2 * ETH, ETH)  # staker1 delegates to op1, staker2 to op2
 LINGER = 60.0  # seconds a node keeps serving its checkpoint after the job ended
 POLL = 0.5
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace, plan: Plan, run_dir: Path, checks: Checks) -> 
                 story.spawn(i)
             story.watch()
             result = report.build(story.observe(), checks)
-            result.print_table()
+            result.purchase = story.purchase
             result.final_model = fetch_and_evaluate(
                 chain.url,
                 story.bsm.address,
@@ -48,6 +50,11 @@ def run(args: argparse.Namespace, plan: Plan, run_dir: Path, checks: Checks) -> 
                 run_dir / "final-model",
                 checks,
             )
+            if args.serve and result.final_model:
+                result.inference = story.serve(run_dir / "final-model", checks)
+            elif args.serve:
+                checks.add("the trained model answered a paid chat completion", False, "no model")
+            result.print_table()
         finally:
             stop_all(story.procs)
     return result
@@ -81,6 +88,8 @@ class Story:
         )
         self.procs: list[Proc] = []
         self.members_by_epoch: dict[int, list[str]] = {}
+        self.usd = None  # TestUSD, with --x402 or --serve
+        self.purchase: dict = {}
 
     def set_up(self) -> None:
         """Deploys the BSM; operators register up front so stakers can delegate (nodes then
@@ -96,19 +105,35 @@ class Story:
         for s in self.stakers:
             target, amount = r.delegations[s.address]
             self.bsm.with_account(s.key).delegate(target, amount)
+        if self.args.x402 or self.args.serve:
+            acc = self.chain.accounts
+            self.usd = paid.set_up_token(self.chain, self.bsm, acc[0], acc[DEVELOPER], self.caller)
+            print(f"TestUSD {self.usd.address} allowed for jobs")
         self.submit_job()
 
     def submit_job(self) -> None:
         a = self.args
         self.spec, init = tiny_job(self.bsm, self.run_dir, self.job)
         self.n_params = sum(p.numel() for p in init.parameters())
-        balance = self.bsm.w3.eth.get_balance
+        if a.x402:
+            self.spec = dataclasses.replace(self.spec, price_per_operator_epoch=paid.TOKEN_PRICE)
+            balance = self.usd.balance_of  # type: ignore[union-attr]
+        else:
+            balance = self.bsm.w3.eth.get_balance
         self.wallets_before = {x.address: balance(x.address) for x in self.chain.accounts}
-        self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
+        if a.x402:
+            acc = self.chain.accounts
+            self.job_id, self.purchase = paid.buy_job(
+                self.chain.url, self.bsm.address, self.usd, self.spec, acc[GATEWAY],
+                self.caller, self.run_dir,
+            )  # fmt: skip
+            escrow = f"{self.spec.escrow / 10**6:g} TestUSD"
+        else:
+            self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
+            escrow = f"{self.spec.escrow / ETH:g} ETH"
         print(
             f"job {self.job_id}: {a.method.upper()}, {a.epochs} epochs x {a.steps} steps, "
-            f"sync every {a.sync}, {self.n_params:,} parameters, "
-            f"escrow {self.spec.escrow / ETH:g} ETH"
+            f"sync every {a.sync}, {self.n_params:,} parameters, escrow {escrow}"
         )
 
     def spawn(self, i: int) -> Proc:
@@ -154,6 +179,14 @@ class Story:
             return False
         return p.popen.poll() not in (None, 0)
 
+    def serve(self, model_dir: Path, checks: Checks) -> dict:
+        """The first operator serves the caller's verified copy of the model, paid per call."""
+        acc = self.chain.accounts
+        return paid.serve_and_chat(
+            self.chain.url, self.bsm.address, self.usd, self.job_id, model_dir, self.ops[0],
+            acc[FACILITATOR], self.caller, self.run_dir, checks,
+        )  # fmt: skip
+
     def observe(self) -> Observed:
         bsm, r = self.bsm, self.roster
         job = bsm.job(self.job_id)
@@ -162,6 +195,16 @@ class Story:
             a: bsm.credit_of(a) + sum(bsm.pending_rewards(o, a) for o in r.operators)
             for a in r.names()
         }
+        token = bsm.job_token(self.job_id)
+        token_credited = (
+            {
+                a: bsm.token_credit_of(token, a)
+                + sum(bsm.pending_token_rewards(token, o, a) for o in r.operators)
+                for a in r.names()
+            }
+            if token
+            else {}
+        )
         bytes_out = [
             m["bytes_out"]
             for p in self.procs
@@ -186,4 +229,6 @@ class Story:
             n_params=self.n_params,
             rules=Rules.from_params(self.params),
             block_time=self.block_times(events),
+            token=token,
+            token_credited=token_credited,
         )

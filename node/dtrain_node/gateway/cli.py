@@ -42,7 +42,7 @@ def gateway(ctx: Ctx, host: str, port: int, token: str, facilitator_key: str | N
     \b
     Example:
       dtrain gateway --token 0x5FbD... --port 8402
-      dtrain job submit --x402 http://127.0.0.1:8402 --price 10000 --dataset corpus.txt
+      dtrain job submit --x402 http://127.0.0.1:8402 --price 0.01 --dataset corpus.txt
     """
     from dtrain.client import connect
     from dtrain.x402 import LocalFacilitator, Paywall, Token, install_multicall
