@@ -231,5 +231,6 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(address operator => uint256) internal _poolTokenMask;
     mapping(address operator => mapping(uint256 index => TokenPool)) internal _tokenPools;
     mapping(address operator => mapping(address account => mapping(uint256 index => uint256))) internal _tokenRpsPaid;
+    /// Token rate + 1 that shares maturing at `period` earn from (0: never recorded).
     mapping(address operator => mapping(uint256 index => mapping(uint64 period => uint256))) internal _maturedTokenRps;
 }

@@ -102,7 +102,8 @@ abstract contract BSMTokenPayments is BSMStorage, IDistributedTrainingBSMTokens,
         if (fresh > 0 && fp <= _period()) {
             // Matured: earns from the rate recorded when its slot rolled (now, if not yet).
             bool rolled = !(p.periodA == fp && p.freshA > 0) && !(p.periodB == fp && p.freshB > 0);
-            earned += fresh * (rps - (rolled ? _maturedTokenRps[operator][i][fp] : rps)) / _ACC;
+            uint256 recorded = _maturedTokenRps[operator][i][fp]; // plus one; 0: never recorded
+            earned += fresh * (rps - (rolled ? (recorded == 0 ? 0 : recorded - 1) : rps)) / _ACC;
         }
     }
 

@@ -336,6 +336,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
             _moveFresh(p, target, fresh, true);
         }
         _moveFresh(p, target, shares, true);
+        _prepareTokenSnapshots(operator, target);
         pos.freshShares = (fresh + shares).toUint128();
         pos.freshPeriod = target;
         emit Staked(operator, account, amount, shares);
@@ -371,12 +372,23 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     /// Records the reward rates (ether and every token the pool earned in) that shares
-    /// maturing at `period` earn from.
+    /// maturing at `period` earn from. Token rates are stored plus one (0: never recorded).
     function _snapshotRps(address operator, uint64 period, uint256 rps) internal {
         _maturedRps[operator][period] = rps;
         uint256 mask = _poolTokenMask[operator];
         for (uint256 i; mask != 0; ++i) {
-            if (mask & 1 != 0) _maturedTokenRps[operator][i][period] = _tokenPools[operator][i].rewardPerShare;
+            if (mask & 1 != 0) _maturedTokenRps[operator][i][period] = _tokenPools[operator][i].rewardPerShare + 1;
+            mask >>= 1;
+        }
+    }
+
+    /// The deposit that makes shares fresh until `period` pays for the storage of that period's
+    /// token rates (a placeholder meaning rate 0), so the finalize that later records them
+    /// rewrites slots instead of creating them.
+    function _prepareTokenSnapshots(address operator, uint64 period) internal {
+        uint256 mask = _poolTokenMask[operator];
+        for (uint256 i; mask != 0; ++i) {
+            if (mask & 1 != 0 && _maturedTokenRps[operator][i][period] == 0) _maturedTokenRps[operator][i][period] = 1;
             mask >>= 1;
         }
     }
@@ -474,7 +486,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         uint256 rps = tp.rewardPerShare;
         uint256 paid = _tokenRpsPaid[operator][account][i];
         uint256 earned = mature * (rps - paid) / _ACC;
-        if (matured > 0) earned += matured * (rps - _maturedTokenRps[operator][i][fp]) / _ACC;
+        if (matured > 0) {
+            uint256 recorded = _maturedTokenRps[operator][i][fp];
+            earned += matured * (rps - (recorded == 0 ? 0 : recorded - 1)) / _ACC;
+        }
         if (paid != rps) _tokenRpsPaid[operator][account][i] = rps;
         if (earned == 0) return;
         address token = _paymentTokens[i];

@@ -244,6 +244,31 @@ contract GasAtCapTest is BaseTest {
         vm.assertLe(_gas(), CLAIM_FOUR_TOKENS_LIMIT, "claimRewards after roll");
     }
 
+    /// Both fresh slots of every member's pool mature at this finalize (deposits by two
+    /// accounts in consecutive reward periods): each payment records the rates twice.
+    function test_gas_finalizeEpoch_tokenJobTwoSlotsRolling() public {
+        MintableToken[] memory ts = _earnInFourTokens();
+        address late = makeAddr("late");
+        vm.deal(late, 1 ether);
+        for (uint256 i; i < CAP; ++i) {
+            vm.prank(staker);
+            bsm.delegate{value: 1 ether}(ops[i]);
+        }
+        vm.warp(block.timestamp + bsm.rewardPeriod());
+        for (uint256 i; i < CAP; ++i) {
+            vm.prank(late);
+            bsm.delegate{value: 1}(ops[i]);
+        }
+        vm.warp(block.timestamp + 3 * bsm.rewardPeriod());
+        uint256 id = _tokenJob(ts[3], 1);
+        joinAll(id, ops);
+        submitAll(id, keccak256("c"));
+        finalize(id);
+        uint256 g = _gas();
+        emit log_named_uint("finalizeEpoch, token job, 4 tokens, both slots of every pool rolling", g);
+        vm.assertLe(g, FINALIZE_LIMIT, "finalizeEpoch token job, two slots rolling");
+    }
+
     function test_gas_createJobWithToken() public {
         MintableToken t = new MintableToken("T");
         vm.prank(developer);

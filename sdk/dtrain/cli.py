@@ -1107,7 +1107,8 @@ def job_finalize(ctx: Ctx, job_id: int) -> None:
     shown = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted", "JobCompleted", "JobFailed")
     names = [e.name for e in rc.events if e.name in shown]
     lines = [f"epoch {epoch + 1}/{j.spec.total_epochs} of job {job_id} settled"]
-    lines += [f"  {_event_text(e)}" for e in rc.events if e.name in shown]
+    unit = _job_unit(bsm, job_id)
+    lines += [f"  {_event_text(e, unit)}" for e in rc.events if e.name in shown]
     if stale:
         lines.append(
             f"  (the chain's latest block, {format_time(block_ts)}, was older than the reveal "
@@ -1122,10 +1123,11 @@ AMOUNT_ARGS = frozenset(
 TIME_ARGS = frozenset({"deadline", "unlockAt"})
 
 
-def _arg_text(name: str, value: Any) -> str:
-    """An event argument as people read it: ETH, local times, reasons and methods by name."""
+def _arg_text(name: str, value: Any, fmt: Callable[[int], str] = format_eth) -> str:
+    """An event argument as people read it: ETH (or `fmt`'s unit), local times, reasons and
+    methods by name."""
     if name in AMOUNT_ARGS and isinstance(value, int):
-        return format_eth(value)
+        return fmt(value)
     if name in TIME_ARGS and isinstance(value, int):
         return format_time(value)
     if name == "reason" and isinstance(value, int):
@@ -1140,10 +1142,12 @@ def _arg_text(name: str, value: Any) -> str:
 HIDDEN_ARGS = ("attempt",)  # chain-wide counters that read as per-job ones (kept in --json)
 
 
-def _event_text(e: Any) -> str:
-    """ "Slashed: operator 0xab.., jobId 1, epoch 0, reason dropout, amount 0.05 ETH, ..."."""
+def _event_text(e: Any, unit: _TokenUnit | None = None) -> str:
+    """ "Slashed: operator 0xab.., jobId 1, epoch 0, reason dropout, amount 0.05 ETH, ...".
+    A token job's amounts are in its token (`unit`), except slashes: staked ether."""
+    fmt = unit.format if unit and e.name != "Slashed" else format_eth
     shown = ((k, v) for k, v in e.args.items() if k not in HIDDEN_ARGS)
-    return f"{e.name}: " + ", ".join(f"{k} {_arg_text(k, v)}" for k, v in shown)
+    return f"{e.name}: " + ", ".join(f"{k} {_arg_text(k, v, fmt)}" for k, v in shown)
 
 
 @job.command("watch")
@@ -1187,6 +1191,7 @@ def job_watch(
         _serve_job_page(ctx, bsm, job_id, port, metrics)
         return
     bsm.job(job_id)  # unknown job: error before waiting
+    unit = _job_unit(bsm, job_id)
     done = {"flag": False}
 
     def ended() -> bool:
@@ -1196,7 +1201,9 @@ def job_watch(
         if e.name in ("JobCompleted", "JobFailed", "JobCancelled", "JobAborted"):
             done["flag"] = True
         args = {k: ("0x" + v.hex() if isinstance(v, bytes) else v) for k, v in e.args.items()}
-        emit(ctx, {"event": e.name, "block": e.block, **args}, f"[{e.block}] {_event_text(e)}")
+        emit(
+            ctx, {"event": e.name, "block": e.block, **args}, f"[{e.block}] {_event_text(e, unit)}"
+        )
 
     if not follow:
         for e in bsm.events(from_block, "latest", JOB_EVENTS, job_id):

@@ -150,6 +150,10 @@ def test_cli_token_job_in_token_units(run, bsm, accounts, usd, data_file):
     code, out, err = run("job", "cancel", str(job_id), key=accounts[7].key)
     assert code == 0, err
     assert "7.5 TUSD of escrow credited" in out
+    code, out, err = run("job", "watch", str(job_id), "--no-follow")
+    assert code == 0, err
+    assert "JobCreated:" in out and "escrow 7.5 TUSD" in out, out
+    assert "JobCancelled:" in out and "refund 7.5 TUSD" in out, out
     code, out, err = run("rewards", "show", "--token", usd.address, key=accounts[7].key)
     assert "credit   7.5 TUSD" in out, out
     code, out, err = run(

@@ -448,6 +448,37 @@ contract ReRegisterTokenTest is TokenBase {
     }
 }
 
+contract MaturedTokenRewardsTest is TokenBase {
+    /// A delegation made while the operator is in a job earns its share of the token epochs
+    /// paid after it matures, from the rate recorded when it matured.
+    function test_maturedDelegationEarnsLaterTokenEpochs() public {
+        (uint256 first, address[] memory ops) = runningTokenJob(2, 1);
+        submitAll(first, keccak256("c"));
+        finalize(first); // the pools now earn in the token
+        uint256 waiting = createTokenJob(tspec(3, 3, 1), address(usd));
+        joinAll(waiting, ops); // 2 of 3: open, but the operators are in a job
+        address late = makeAddr("late");
+        vm.deal(late, 10 ether);
+        vm.prank(late);
+        bsm.delegate{value: MIN_STAKE}(ops[0]); // fresh
+        vm.assertEq(bsm.pendingTokenRewards(address(usd), ops[0], late), 0);
+        vm.warp(block.timestamp + 2 * bsm.rewardPeriod());
+        vm.prank(owner);
+        bsm.cancelJob(waiting);
+        uint256 jobId = createTokenJob(tspec(2, 2, 1), address(usd));
+        joinAll(jobId, ops);
+        submitAll(jobId, keccak256("d"));
+        finalize(jobId);
+        // Half the pool's shares are the delegation's: half the epoch's 20%.
+        uint256 due = bsm.pendingTokenRewards(address(usd), ops[0], late);
+        vm.assertApproxEqAbs(due, TPRICE * 2000 / 10_000 / 2, 1, "matured share");
+        vm.prank(late);
+        bsm.claimRewards(ops[0]);
+        vm.assertEq(credit(late), due);
+        assertTokenConserved(address(usd));
+    }
+}
+
 contract WithdrawTokenTest is TokenBase {
     function test_withdrawsOnce() public {
         uint256 jobId = createTokenJob(tspec(2, 2, 1), address(usd));
