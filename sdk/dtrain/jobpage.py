@@ -10,14 +10,15 @@ Payouts follow the contract's split of a paid operator-epoch (`_pay`, `_payShare
 operator's and the stake pool's cuts, the developer's cut and the rest to the protocol
 treasury; a pool's cut goes to the treasury instead when no share of the pool earned yet or the
 epoch was finalized too late, which the `Credited` event logged just before its `OperatorPaid`
-says. Amounts travel as strings (wei does not fit a JavaScript number) next to their ETH text.
+says. Amounts travel as strings of base units (wei does not fit a JavaScript number) next to
+their text, in ether or, for a job escrowed in a token, in the token.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,8 +40,12 @@ VOTERS = ("CheckpointCommitted", "CheckpointRevealed", "OperatorPaid", "Slashed"
 # ---------------------------------------------------------------------------- the JSON (pure)
 
 
-def _amount(wei: int) -> dict[str, str]:
-    return {"wei": str(wei), "eth": format_eth(wei)}
+Fmt = Callable[[int], str]
+
+
+def _amount(wei: int, fmt: Fmt = format_eth) -> dict[str, str]:
+    """An amount in base units (wei, or the job's token's) as a string, and its text."""
+    return {"wei": str(wei), "text": fmt(wei)}
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,9 @@ class Cuts:
     def total(self) -> int:
         return self.operator + self.stakers + self.protocol + self.developer
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, fmt: Fmt = format_eth) -> dict[str, Any]:
         names = ("operator", "stakers", "protocol", "developer", "total")
-        return {n: _amount(getattr(self, n)) for n in names}
+        return {n: _amount(getattr(self, n), fmt) for n in names}
 
 
 NO_CUTS = Cuts(0, 0, 0, 0)
@@ -96,7 +101,9 @@ def _stakers_to_treasury(
     )
 
 
-def payouts(events: Sequence[Event], credited: Sequence[Event], params: Params) -> dict[str, Any]:
+def payouts(
+    events: Sequence[Event], credited: Sequence[Event], params: Params, fmt: Fmt = format_eth
+) -> dict[str, Any]:
     """Per paid operator (`address`): operator-epochs paid and each party's cut of them; and
     the totals."""
     by_position = {(c.tx_hash, c.log_index): c for c in credited}
@@ -112,8 +119,8 @@ def payouts(events: Sequence[Event], credited: Sequence[Event], params: Params) 
         rows[op] = (epochs + 1, sums + Cuts.of(price, params, late))
     total = sum((c for _, c in rows.values()), NO_CUTS)
     return {
-        "rows": [{"address": op, "epochs": n, **c.as_json()} for op, (n, c) in rows.items()],
-        "total": {"epochs": sum(n for n, _ in rows.values()), **total.as_json()},
+        "rows": [{"address": op, "epochs": n, **c.as_json(fmt)} for op, (n, c) in rows.items()],
+        "total": {"epochs": sum(n for n, _ in rows.values()), **total.as_json(fmt)},
         "split_bps": {
             "operator": params.operator_bps,
             "stakers": params.staker_bps,
@@ -183,9 +190,9 @@ def epochs(job: Job, events: Sequence[Event]) -> list[dict[str, Any]]:
     return out
 
 
-def _refund(events: Sequence[Event]) -> dict[str, str] | None:
+def _refund(events: Sequence[Event], fmt: Fmt = format_eth) -> dict[str, str] | None:
     ends = [e for e in events if e.name in ENDS]
-    return _amount(ends[-1].args["refund"]) if ends else None
+    return _amount(ends[-1].args["refund"], fmt) if ends else None
 
 
 def epochs_done(job: Job) -> int:
@@ -218,9 +225,13 @@ def assemble(
     records: Iterable[Mapping[str, Any]] = (),
     metrics_sources: Sequence[str] = (),
     block: int = 0,
+    token: str | None = None,
+    fmt: Fmt = format_eth,
 ) -> dict[str, Any]:
-    """The page's JSON: `events` are the job's (block order), `credited` the `Credited` events
-    of the transactions that paid its members, `records` the members' metrics records."""
+    """The page's JSON: `events` are the job's (block order), `credited` the `Credited` (or,
+    for a job in `token`, `TokenCredited`) events of the transactions that paid its members,
+    `records` the members' metrics records. `fmt` writes the job's amounts (ether, or the
+    token's units); the seat bond is always ether."""
     s, st = job.spec, job.state
     return {
         "block": block or job.block,
@@ -229,8 +240,9 @@ def assemble(
             "method": s.method.name,
             "state": st.status.name.lower(),
             "caller": st.caller,
-            "price": _amount(s.price_per_operator_epoch),
-            "escrow": _amount(st.escrow),
+            "token": token,
+            "price": _amount(s.price_per_operator_epoch, fmt),
+            "escrow": _amount(st.escrow, fmt),
             "seat_bond": _amount(s.seat_bond),
             "epochs_done": epochs_done(job),
             "epochs_total": s.total_epochs,
@@ -245,9 +257,9 @@ def assemble(
         "members": list(job.members),
         "pending_joins": list(job.pending_joins),
         "epochs": epochs(job, events),
-        "payouts": payouts(events, credited, params),
+        "payouts": payouts(events, credited, params, fmt),
         "slashes": slashes(events),
-        "refund": _refund(events),
+        "refund": _refund(events, fmt),
         "loss": {"sources": list(metrics_sources), "series": loss_series(records, job)},
     }
 
@@ -301,6 +313,14 @@ class JobPage:
         self.metrics = check_metrics_paths(metrics)
         self.bsm.job(job_id)  # an unknown job fails here, before serving
         self._params = bsm.params()
+        self._token = bsm.job_token(job_id)
+        self._fmt: Fmt = format_eth
+        if self._token:
+            from . import erc20
+
+            t = erc20.contract(bsm.w3, self._token)
+            decimals, symbol = int(t.functions.decimals().call()), str(t.functions.symbol().call())
+            self._fmt = lambda x: erc20.format_units(x, decimals, symbol)
         self._events: list[Event] = []
         self._credited: list[Event] = []
         self._next_block = 0
@@ -310,8 +330,9 @@ class JobPage:
         head = self.bsm.w3.eth.block_number
         if head >= self._next_block:
             new = self.bsm.events(self._next_block, head, JOB_EVENTS, self.job_id)
+            credit = "TokenCredited" if self._token else "Credited"
             for block in sorted({e.block for e in new if e.name == "OperatorPaid"}):
-                self._credited += self.bsm.events(block, block, ["Credited"])
+                self._credited += self.bsm.events(block, block, [credit])
             self._events += new
             self._next_block = head + 1
         return head
@@ -328,6 +349,8 @@ class JobPage:
             read_records(self.metrics),
             [str(p) for p in self.metrics],
             block=head,
+            token=self._token,
+            fmt=self._fmt,
         )
 
 
@@ -479,7 +502,7 @@ function el(tag, attrs, ...children) {
   return node;
 }
 function cell(text, cls) { return el("td", cls ? {class: cls} : {}, text); }
-function amount(a) { return el("td", {class: "num", "data-wei": a.wei}, a.eth); }
+function amount(a) { return el("td", {class: "num", "data-wei": a.wei}, a.text); }
 function addr(a) { return el("span", {class: "addr", title: a}, a); }
 function member(m) {
   return el("span", {class: "who"},
@@ -512,20 +535,20 @@ function summary(d) {
   state.className = "badge " + j.state;
   const rows = [
     ["epochs", `${j.epochs_done}/${j.epochs_total} done`],
-    ["price", `${j.price.eth} per operator-epoch`],
+    ["price", `${j.price.text} per operator-epoch`],
     ["members", `${j.min_operators} to ${j.max_operators} per epoch`],
     ["steps", `${j.steps_per_epoch} per epoch, sync every ${j.sync_interval}`],
-    ["escrow", `${j.escrow.eth} unearned`],
-    ["seat bond", j.seat_bond.eth],
+    ["escrow", `${j.escrow.text} unearned`],
+    ["seat bond", j.seat_bond.text],
     ["model", j.model_uri || "-"],
     ["dataset", j.dataset_uri || "-"],
     ["checkpoint", j.checkpoint],
     ["caller", j.caller],
   ];
-  if (d.refund) rows.push(["refund", `${d.refund.eth} to the caller`]);
+  if (d.refund) rows.push(["refund", `${d.refund.text} to the caller`]);
   $("#headline").textContent = `epoch ${j.epochs_done}/${j.epochs_total} done \u00b7 ` +
-    `${j.price.eth} per operator-epoch \u00b7 ${taking(d)} \u00b7 ` +
-    `paid so far ${d.payouts.total.total.eth}`;
+    `${j.price.text} per operator-epoch \u00b7 ${taking(d)} \u00b7 ` +
+    `paid so far ${d.payouts.total.total.text}`;
   fill($("#summary"), ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
 

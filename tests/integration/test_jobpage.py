@@ -171,11 +171,11 @@ def test_watch_web_serves_the_job_as_on_chain_until_ctrl_c(done: Done) -> None:
 
     job = data["job"]
     assert (job["state"], job["epochs_done"], job["epochs_total"]) == ("completed", 2, 2)
-    assert job["price"] == {"wei": str(ETH // 100), "eth": "0.01 ETH"}
+    assert job["price"] == {"wei": str(ETH // 100), "text": "0.01 ETH"}
     for e in data["epochs"]:
         assert e["status"] == "finalized" and sorted(e["members"]) == sorted(done.members)
         assert sorted(e["paid"]) == sorted(done.members) and e["slashed"] == []
-    assert data["slashes"] == [] and data["refund"]["eth"] == "0 ETH"
+    assert data["slashes"] == [] and data["refund"]["text"] == "0 ETH"
     total = data["payouts"]["total"]
     want = chain_totals(done.bsm, done.members)
     assert {k: int(total[k]["wei"]) for k in PARTS} == want

@@ -17,6 +17,7 @@ from dtrain.cli import main
 from dtrain.client import BSM
 from dtrain.devtoken import UNIT, TestUSD
 from dtrain.erc20 import InsufficientTokenBalance
+from dtrain.jobpage import JobPage
 from dtrain.models import JobStatus
 
 TREASURY, DEVELOPER = 10, 11
@@ -73,6 +74,10 @@ def test_token_job_trains_and_splits_40_20_20_20(bsm: BSM, as_account, accounts,
         votes.cast(ops, job_id, epoch, ckpt, [4] * 3)
         bsm.finalize_epoch(job_id, epoch)
     assert bsm.job(job_id).state.status == JobStatus.COMPLETED
+    page = JobPage(bsm, job_id).snapshot()  # the job page shows the job's amounts in TestUSD
+    assert page["job"]["token"] == usd.address and page["job"]["price"]["text"] == "2 TUSD"
+    assert page["payouts"]["total"]["total"] == {"wei": str(6 * price), "text": "12 TUSD"}
+    assert page["payouts"]["total"]["stakers"]["text"] == "2.4 TUSD"
 
     paid = 2 * price  # two epochs per operator
     pool = paid * 20 // 100

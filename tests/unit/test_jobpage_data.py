@@ -91,12 +91,12 @@ def test_payouts_split_each_paid_operator_epoch_as_the_contract_does() -> None:
     rows = {r["address"]: r for r in p["rows"]}
     assert list(rows) == [A, B]
     assert rows[A]["epochs"] == 2 and rows[B]["epochs"] == 2
-    assert rows[A]["operator"] == {"wei": str(8 * PRICE // 10), "eth": "0.008 ETH"}
+    assert rows[A]["operator"] == {"wei": str(8 * PRICE // 10), "text": "0.008 ETH"}
     assert rows[A]["stakers"]["wei"] == str(4 * PRICE // 10)
     # B's second pool cut went to the treasury: protocol, not stakers.
     assert rows[B]["stakers"]["wei"] == str(2 * PRICE // 10)
     assert rows[B]["protocol"]["wei"] == str(6 * PRICE // 10)
-    assert rows[A]["developer"]["eth"] == "0.004 ETH"
+    assert rows[A]["developer"]["text"] == "0.004 ETH"
     total = p["total"]
     assert total["epochs"] == 4 and total["total"]["wei"] == str(4 * PRICE)
     parts = ("operator", "stakers", "protocol", "developer")
@@ -123,11 +123,11 @@ def test_epochs_members_slashes_and_refund_from_events() -> None:
             "operator": C,
             "epoch": 1,
             "reason": "dropout",
-            "amount": {"wei": str(ETH // 20), "eth": "0.05 ETH"},
+            "amount": {"wei": str(ETH // 20), "text": "0.05 ETH"},
             "reporter": A,
         }
     ]
-    assert d["refund"]["eth"] == "0.02 ETH"
+    assert d["refund"]["text"] == "0.02 ETH"
     j = d["job"]
     assert (j["state"], j["epochs_done"], j["epochs_total"], j["method"]) == (
         "completed",
@@ -135,7 +135,7 @@ def test_epochs_members_slashes_and_refund_from_events() -> None:
         2,
         "CPT",
     )
-    assert j["price"]["eth"] == "0.01 ETH"
+    assert j["price"]["text"] == "0.01 ETH"
     assert d["block"] == 42
 
 
