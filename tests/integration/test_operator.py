@@ -16,6 +16,7 @@ from harness.loopback import LoopbackHub
 from dtrain import UNWORKABLE, JobSpec, Method, Recipe
 from dtrain.cli import main as cli_main
 from dtrain.client import BSM
+from dtrain.devtoken import TestUSD
 from dtrain.models import SlashReason
 from dtrain_node.errors import FinalCheckpointUnavailable
 from dtrain_node.operator.faults import Faults
@@ -25,6 +26,7 @@ from dtrain_node.train import corpus
 from dtrain_node.train import models as hf
 
 CALLER = 4
+DEVELOPER = 11  # the deployed BSM's blueprint developer (conftest)
 OPERATORS = (1, 2, 3)
 
 
@@ -44,12 +46,14 @@ def submit_tiny_job(
     epochs: int = 1,
     model_hash: bytes | None = None,
     recipe: tuple[bytes, str] = (b"\0" * 32, ""),
+    token: str | None = None,
 ) -> int:
     """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least
-    seat bond unless `seat_bond` is given, the recipe pin (hash, URI) `recipe` (none: zero)."""
+    seat bond unless `seat_bond` is given, the recipe pin (hash, URI) `recipe` (none: zero);
+    priced at 0.01 ETH, or 0.01 of a 6-decimal `token` (escrowed in it)."""
     path, digest = dataset
     spec = JobSpec(
-        price_per_operator_epoch=ETH // 100,
+        price_per_operator_epoch=10**4 if token else ETH // 100,
         total_epochs=epochs,
         steps_per_epoch=steps,
         sync_interval=2,
@@ -65,7 +69,7 @@ def submit_tiny_job(
         recipe_hash=recipe[0],
         recipe_uri=recipe[1],
     )
-    return bsm.create_job(spec)
+    return bsm.create_job_with_token(spec, token) if token else bsm.create_job(spec)
 
 
 class Running:
@@ -163,6 +167,28 @@ def test_two_nodes_train_finalize_and_get_paid(
     code = cli_main([*argv, "--out", str(tmp_path / "model"), "--timeout", "10"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and err[0].startswith(f"error: job {job_id}: nobody serves")
+
+
+@pytest.mark.timeout(180)
+def test_nodes_paid_in_a_token_withdraw_their_token_earnings(
+    chain, bsm, accounts, dataset, tmp_path
+) -> None:
+    """A job escrowed in TestUSD: each node's pay and its pool's cut (it is alone in its pool)
+    are TestUSD, which the node claims and withdraws when the job ends."""
+    usd = TestUSD.deploy(chain.url, accounts[0].key)
+    usd.mint(accounts[CALLER].address, 10**6)
+    bsm.with_account(accounts[DEVELOPER].key).set_payment_token(usd.address)
+    caller = bsm.with_account(accounts[CALLER].key)
+    job_id = submit_tiny_job(caller, dataset, operators=2, token=usd.address)
+    results = Operators(chain, bsm, accounts, job_id, tmp_path).run(2)
+    assert [r["status"] for r in results] == ["completed", "completed"]
+    for i in OPERATORS[:2]:
+        a = accounts[i].address
+        assert usd.balance_of(a) == 10**4 * 60 // 100  # 40% as operator, its pool's 20%
+        assert bsm.token_credit_of(usd.address, a) == 0 and bsm.credit_of(a) == 0
+        withdrew = [m for m in metrics(tmp_path / f"op{i}") if m["kind"] == "withdrew"]
+        assert withdrew == [{**withdrew[0], "amount": 6_000, "token": usd.address}]
+        assert withdrew[0]["text"] == "0.006 TUSD"
 
 
 @pytest.mark.timeout(180)

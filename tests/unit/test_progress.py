@@ -83,6 +83,8 @@ def test_events_read_well_and_hide_the_job_wide_attempt() -> None:
     )
     assert "attempt" not in describe("resumed", {"job": 7, "attempt": 9, "round": 3}, s)
     assert describe("withdrew", {"amount": 5 * 10**16}, s) == "withdrew 0.05 ETH"
+    token = {"amount": 6000, "token": "0xe7f1", "text": "0.006 TUSD"}
+    assert describe("withdrew", token, s) == "withdrew 0.006 TUSD"
     assert describe("round", ROUND, s).startswith(
         "TRAIN    | job 7 | epoch 2/3 (retry 1) | round 5/30"
     )

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dtrain import erc20
 from dtrain.client import BSM
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
@@ -238,7 +239,7 @@ class Node:
             return {"job": job_id, "refused": refused}
         result = self.train_job(job_id)
         if self.cfg.withdraw:
-            self.collect_earnings()
+            self.collect_earnings(job_id)
         self._linger(result)
         return result
 
@@ -617,10 +618,22 @@ class Node:
         self._metric("job_done", **result)
         return result
 
-    def collect_earnings(self) -> None:
-        if self.bsm.pending_rewards(self.me, self.me):
+    def collect_earnings(self, job_id: int | None = None) -> None:
+        """Claims this operator's pool rewards (ether and every token at once) and withdraws
+        its ether credit and, for a job escrowed in a token, its credit in that token."""
+        token = self.bsm.job_token(job_id) if job_id is not None else None
+        pending = self.bsm.pending_rewards(self.me, self.me)
+        if token:
+            pending += self.bsm.pending_token_rewards(token, self.me, self.me)
+        if pending:
             self.bsm.claim_rewards(self.me)
         credit = self.bsm.credit_of(self.me)
         if credit:
             self.bsm.withdraw()
             self._metric("withdrew", amount=credit)
+        if token and (owed := self.bsm.token_credit_of(token, self.me)):
+            self.bsm.withdraw_token(token)
+            t = erc20.contract(self.bsm.w3, token)
+            decimals, symbol = t.functions.decimals().call(), t.functions.symbol().call()
+            text = erc20.format_units(owed, int(decimals), str(symbol))
+            self._metric("withdrew", amount=owed, token=token, text=text)

@@ -192,7 +192,7 @@ EVENTS = {
     "committed": lambda d: f"committed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
     "revealed": lambda d: f"revealed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
     "finalized": lambda d: f"epoch {d['epoch'] + 1} settled: {', '.join(d['events']) or '-'}",
-    "withdrew": lambda d: f"withdrew {format_eth(d['amount'])}",
+    "withdrew": lambda d: f"withdrew {d.get('text') or format_eth(d['amount'])}",
     "lingering": lambda d: f"serving the final checkpoint of job {d['job']} for {span(d['s'])}",
     "stopped": lambda d: "stopped",
 }
