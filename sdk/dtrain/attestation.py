@@ -16,7 +16,7 @@ from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
 from .artifacts import VERIFIER, load_named
-from .client import BSM, Receipt, connect, load_key
+from .client import CompanionContract, Receipt, load_key
 from .errors import DtrainError
 
 DOMAIN_NAME, DOMAIN_VERSION = "DtrainAttestation", "1"
@@ -126,22 +126,16 @@ def evidence(statement: Statement, signature: bytes) -> bytes:
     return encode([_STATEMENT_ABI, "bytes"], [statement.as_tuple(), bytes(signature)])
 
 
-class AttestationVerifier:
+class AttestationVerifier(CompanionContract):
     """A deployed SignedAttestationVerifier, optionally with a signing account (its owner)."""
 
-    _send = BSM._send
-    _rpc_error = BSM._rpc_error
-    _revert_error = BSM._revert_error
-    _transact = BSM._transact
-    sender = BSM.sender
+    @classmethod
+    def abi(cls) -> list[dict[str, Any]]:
+        return load_named(VERIFIER).abi
 
-    def __init__(self, w3: Web3, address: str, account: LocalAccount | None = None) -> None:
-        self.w3 = w3
-        self.address = Web3.to_checksum_address(address)
-        self.account = account
-        self.chain_id = w3.eth.chain_id
-        self.receipt_timeout = 120.0
-        self.contract = w3.eth.contract(address=self.address, abi=load_named(VERIFIER).abi)
+    @classmethod
+    def bytecode(cls) -> str:
+        return load_named(VERIFIER).bytecode
 
     @classmethod
     def deploy(
@@ -149,21 +143,11 @@ class AttestationVerifier:
     ) -> AttestationVerifier:
         """Deploys a verifier that trusts the service key `attester`, owned by `owner` (the
         deployer by default)."""
-        w3 = connect(rpc_url_or_w3) if isinstance(rpc_url_or_w3, str) else rpc_url_or_w3
         account = load_key(key) if isinstance(key, str) else key
-        art = load_named(VERIFIER)
-        deployer = cls.__new__(cls)
-        deployer.w3, deployer.account, deployer.receipt_timeout = w3, account, 120.0
-        deployer.chain_id = w3.eth.chain_id
-        deployer.contract = w3.eth.contract(abi=art.abi, bytecode=art.bytecode)
         owner = Web3.to_checksum_address(owner or account.address)
-        rc = deployer._send(
-            deployer.contract.constructor(owner, Web3.to_checksum_address(attester))
-        )
-        return cls(w3, rc["contractAddress"], account)
-
-    def _decode_logs(self, logs: Any) -> list[Any]:
-        return []
+        verifier = cls._deploy(rpc_url_or_w3, account, owner, Web3.to_checksum_address(attester))
+        assert isinstance(verifier, AttestationVerifier)
+        return verifier
 
     def attester(self) -> str:
         return str(self.contract.functions.attester().call())

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Self
 
 import requests
 from eth_account import Account
@@ -743,3 +743,52 @@ def _addr(value: str) -> str:
     if not Web3.is_address(value):
         raise ConfigError(f"{value!r} is not an address")
     return Web3.to_checksum_address(value)
+
+
+class CompanionContract:
+    """A contract the SDK deploys next to the BSM (a token, a verifier), optionally with a
+    signing account; its transactions go through the BSM client's path: the same nonce
+    bookkeeping, gas estimation and error handling. Subclasses name their `abi()` and
+    `bytecode()` (from a shipped artifact)."""
+
+    _send = BSM._send
+    _rpc_error = BSM._rpc_error
+    _revert_error = BSM._revert_error
+    _transact = BSM._transact
+    sender = BSM.sender
+
+    def __init__(self, w3: Web3, address: str, account: LocalAccount | None = None) -> None:
+        self.w3 = w3
+        self.address = Web3.to_checksum_address(address)
+        self.account = account
+        self.chain_id = w3.eth.chain_id
+        self.receipt_timeout = 120.0
+        self.contract = w3.eth.contract(address=self.address, abi=self.abi())
+
+    @classmethod
+    def abi(cls) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    @classmethod
+    def bytecode(cls) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def _deploy(
+        cls, rpc_url_or_w3: str | Web3, key: str | LocalAccount, *args: Any
+    ) -> CompanionContract:
+        """Deploys the contract with constructor `args`, signed by `key`."""
+        w3 = connect(rpc_url_or_w3) if isinstance(rpc_url_or_w3, str) else rpc_url_or_w3
+        account = load_key(key) if isinstance(key, str) else key
+        deployer = cls.__new__(cls)
+        deployer.w3, deployer.account, deployer.receipt_timeout = w3, account, 120.0
+        deployer.chain_id = w3.eth.chain_id
+        deployer.contract = w3.eth.contract(abi=cls.abi(), bytecode=cls.bytecode())
+        rc = deployer._send(deployer.contract.constructor(*args))
+        return cls(w3, rc["contractAddress"], account)
+
+    def with_account(self, key: str | LocalAccount) -> Self:
+        return type(self)(self.w3, self.address, load_key(key) if isinstance(key, str) else key)
+
+    def _decode_logs(self, logs: Any) -> list[Any]:
+        return []  # receipts of these contracts carry no BSM events

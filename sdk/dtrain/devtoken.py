@@ -15,7 +15,7 @@ from eth_account.messages import encode_typed_data
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from .client import BSM, Receipt, connect, load_key
+from .client import CompanionContract, Receipt
 from .errors import DtrainError, TransactionFailed
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "TestUSD.json"
@@ -73,43 +73,24 @@ class Authorization:
     signature: bytes
 
 
-class TestUSD:
-    """A deployed TestUSD, optionally with a signing account. Transactions go through the same
-    nonce bookkeeping and error decoding as the BSM client."""
+class TestUSD(CompanionContract):
+    """A deployed TestUSD, optionally with a signing account."""
 
     __test__ = False  # not a pytest test class despite the name
 
-    _send = BSM._send
-    _rpc_error = BSM._rpc_error
-    _transact_receipt = BSM._transact
+    @classmethod
+    def abi(cls) -> list[dict[str, Any]]:
+        return list(_artifact()["abi"])
 
-    def __init__(self, w3: Web3, address: str, account: LocalAccount | None = None) -> None:
-        self.w3 = w3
-        self.address = Web3.to_checksum_address(address)
-        self.account = account
-        self.chain_id = w3.eth.chain_id
-        self.receipt_timeout = 120.0
-        self.contract = w3.eth.contract(address=self.address, abi=_artifact()["abi"])
+    @classmethod
+    def bytecode(cls) -> str:
+        return str(_artifact()["bytecode"])
 
     @classmethod
     def deploy(cls, rpc_url_or_w3: str | Web3, key: str | LocalAccount) -> TestUSD:
-        w3 = connect(rpc_url_or_w3) if isinstance(rpc_url_or_w3, str) else rpc_url_or_w3
-        account = load_key(key) if isinstance(key, str) else key
-        art = _artifact()
-        deployer = cls.__new__(cls)
-        deployer.w3, deployer.account, deployer.receipt_timeout = w3, account, 120.0
-        deployer.chain_id = w3.eth.chain_id
-        deployer.contract = w3.eth.contract(abi=art["abi"], bytecode=art["bytecode"])
-        rc = deployer._send(deployer.contract.constructor())
-        return cls(w3, rc["contractAddress"], account)
-
-    def with_account(self, key: str | LocalAccount) -> TestUSD:
-        return TestUSD(self.w3, self.address, load_key(key) if isinstance(key, str) else key)
-
-    sender = BSM.sender
-
-    def _decode_logs(self, logs: Any) -> list[Any]:
-        return []
+        token = cls._deploy(rpc_url_or_w3, key)
+        assert isinstance(token, TestUSD)
+        return token
 
     def _revert_error(self, exc: Exception) -> DtrainError:
         data = getattr(exc, "data", None)
@@ -137,17 +118,15 @@ class TestUSD:
     # ------------------------------------------------------------------ writes
 
     def mint(self, to: str, amount: int) -> Receipt:
-        return self._transact_receipt(
-            self.contract.functions.mint(Web3.to_checksum_address(to), amount)
-        )
+        return self._transact(self.contract.functions.mint(Web3.to_checksum_address(to), amount))
 
     def approve(self, spender: str, amount: int) -> Receipt:
-        return self._transact_receipt(
+        return self._transact(
             self.contract.functions.approve(Web3.to_checksum_address(spender), amount)
         )
 
     def transfer(self, to: str, amount: int) -> Receipt:
-        return self._transact_receipt(
+        return self._transact(
             self.contract.functions.transfer(Web3.to_checksum_address(to), amount)
         )
 
@@ -162,7 +141,7 @@ class TestUSD:
             auth.nonce,
             auth.signature,
         )
-        return self._transact_receipt(fn)
+        return self._transact(fn)
 
     # ------------------------------------------------------------------ signing
 
