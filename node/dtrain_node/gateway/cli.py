@@ -8,30 +8,25 @@ import click
 
 from dtrain.cli import Ctx, emit
 from dtrain.errors import ConfigError
-from dtrain_node.serve.cli import listen, serve_until_signal, url_host
+from dtrain_node.serve.cli import (
+    facilitator_key_option,
+    host_option,
+    listen,
+    port_option,
+    serve_until_signal,
+    url_host,
+)
 
 
 @click.command("gateway")
-@click.option("--host", default="127.0.0.1", show_default=True, help="IP address to listen on.")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8402,
-    show_default=True,
-    help="TCP port to listen on (0: any free one; the listening line names it).",
-)
+@host_option
+@port_option(8402)
 @click.option(
     "--token",
     required=True,
     help="The EIP-3009 token jobs are paid and escrowed in (allowed by the BSM's developer).",
 )
-@click.option(
-    "--facilitator-key",
-    envvar="DTRAIN_FACILITATOR_KEY",
-    default=None,
-    help="The account that settles payments on-chain and pays their gas [env "
-    "DTRAIN_FACILITATOR_KEY; default: --key].",
-)
+@facilitator_key_option
 @click.pass_obj
 def gateway(ctx: Ctx, host: str, port: int, token: str, facilitator_key: str | None) -> None:
     """Sell training jobs over x402: `POST /jobs` with a job spec answers 402 with the payment

@@ -10,9 +10,9 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -26,17 +26,35 @@ if TYPE_CHECKING:
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(message)s"
 GRACE_S = 5  # in-flight calls get this long to finish on Ctrl-C
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Options the HTTP services (`dtrain serve`, `dtrain gateway`) share.
+host_option = click.option(
+    "--host", default="127.0.0.1", show_default=True, help="IP address to listen on."
+)
+facilitator_key_option = click.option(
+    "--facilitator-key",
+    envvar="DTRAIN_FACILITATOR_KEY",
+    default=None,
+    help="The account that settles payments on-chain and pays their gas [env "
+    "DTRAIN_FACILITATOR_KEY; default: --key].",
+)
+
+
+def port_option(default: int) -> Callable[[F], F]:
+    return click.option(
+        "--port",
+        type=click.IntRange(0, 65535),
+        default=default,
+        show_default=True,
+        help="TCP port to listen on (0: any free one; the listening line names it).",
+    )
+
 
 @click.command("serve")
 @click.argument("job_id", type=int)
-@click.option("--host", default="127.0.0.1", show_default=True, help="IP address to listen on.")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=8000,
-    show_default=True,
-    help="TCP port to listen on (0: any free one; the listening line names it).",
-)
+@host_option
+@port_option(8000)
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
@@ -80,13 +98,7 @@ GRACE_S = 5  # in-flight calls get this long to finish on Ctrl-C
     default=None,
     help="Who is paid [default: the --key account].",
 )
-@click.option(
-    "--facilitator-key",
-    envvar="DTRAIN_FACILITATOR_KEY",
-    default=None,
-    help="The account that settles payments on-chain and pays their gas [env "
-    "DTRAIN_FACILITATOR_KEY; default: --key].",
-)
+@facilitator_key_option
 @click.pass_obj
 def serve(
     ctx: Ctx,
