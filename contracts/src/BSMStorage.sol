@@ -196,6 +196,21 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         require(spec.seatBond >= _params.minSeatBond, SeatBondTooLow(spec.seatBond, _params.minSeatBond));
     }
 
+    /// Records a new `Open` job of `caller` for a valid `spec`; the caller of this function
+    /// books and collects its `escrow` (ether or a token).
+    function _openJob(address caller, JobSpec memory spec) internal returns (uint256 jobId, uint256 escrow) {
+        _checkSpec(spec);
+        escrow = spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
+        jobId = _nextJobId++;
+        _specs[jobId] = spec;
+        JobState storage j = _jobs[jobId];
+        j.caller = caller;
+        j.status = JobStatus.Open;
+        j.escrow = escrow;
+        j.checkpoint = spec.modelHash;
+        emit JobCreated(jobId, caller, spec.method, escrow);
+    }
+
     // ---------------------------------------------------------------- payment tokens
     // Jobs escrowed in an ERC-20 token: every amount of such a job is in its token, kept in
     // the per-token state below. Stake, slashes and bounties stay in ether.

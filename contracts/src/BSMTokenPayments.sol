@@ -28,20 +28,10 @@ abstract contract BSMTokenPayments is BSMStorage, IDistributedTrainingBSMTokens,
     {
         require(_tokenInfo[token].allowed, TokenNotAllowed(token));
         require(owner != address(0), ZeroOwner());
-        JobSpec memory s = spec;
-        _checkSpec(s);
-        uint256 escrow = s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
-
-        jobId = _nextJobId++;
-        _specs[jobId] = s;
-        JobState storage j = _jobs[jobId];
-        j.caller = owner;
-        j.status = JobStatus.Open;
-        j.escrow = escrow;
-        j.checkpoint = s.modelHash;
+        uint256 escrow;
+        (jobId, escrow) = _openJob(owner, spec);
         _jobToken[jobId] = token;
         _tokenTotals[token].escrow += escrow;
-        emit JobCreated(jobId, owner, s.method, escrow);
         emit JobEscrowedInToken(jobId, token, msg.sender, escrow);
 
         // Only what arrives counts: a fee on transfer, or a token that lies about moving it,

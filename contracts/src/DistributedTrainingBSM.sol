@@ -537,19 +537,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     function _createJob(address caller, JobSpec memory spec, uint256 value) internal returns (uint256 jobId) {
-        _checkSpec(spec);
-        uint256 escrow = spec.pricePerOperatorEpoch * spec.maxOperators * spec.totalEpochs;
+        uint256 escrow;
+        (jobId, escrow) = _openJob(caller, spec);
         require(value == escrow, WrongEscrow(escrow, value));
-
-        jobId = _nextJobId++;
-        _specs[jobId] = spec;
-        JobState storage j = _jobs[jobId];
-        j.caller = caller;
-        j.status = JobStatus.Open;
-        j.escrow = escrow;
-        j.checkpoint = spec.modelHash;
         _totalEscrow += escrow;
-        emit JobCreated(jobId, caller, spec.method, escrow);
     }
 
     function _join(uint256 jobId, address operator) internal {
