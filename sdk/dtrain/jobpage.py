@@ -43,6 +43,17 @@ VOTERS = ("CheckpointCommitted", "CheckpointRevealed", "OperatorPaid", "Slashed"
 Fmt = Callable[[int], str]
 
 
+@dataclass(frozen=True)
+class Unit:
+    """What a job's amounts are in: ether (`token` None) or a token, and how to write them."""
+
+    token: str | None
+    format: Fmt
+
+
+ETHER = Unit(None, format_eth)
+
+
 def _amount(wei: int, fmt: Fmt = format_eth) -> dict[str, str]:
     """An amount in base units (wei, or the job's token's) as a string, and its text."""
     return {"wei": str(wei), "text": fmt(wei)}
@@ -225,14 +236,13 @@ def assemble(
     records: Iterable[Mapping[str, Any]] = (),
     metrics_sources: Sequence[str] = (),
     block: int = 0,
-    token: str | None = None,
-    fmt: Fmt = format_eth,
+    unit: Unit = ETHER,
 ) -> dict[str, Any]:
     """The page's JSON: `events` are the job's (block order), `credited` the `Credited` (or,
     for a job in `token`, `TokenCredited`) events of the transactions that paid its members,
-    `records` the members' metrics records. `fmt` writes the job's amounts (ether, or the
+    `records` the members' metrics records. `unit` writes the job's amounts (ether, or the
     token's units); the seat bond is always ether."""
-    s, st = job.spec, job.state
+    s, st, fmt = job.spec, job.state, unit.format
     return {
         "block": block or job.block,
         "job": {
@@ -240,7 +250,7 @@ def assemble(
             "method": s.method.name,
             "state": st.status.name.lower(),
             "caller": st.caller,
-            "token": token,
+            "token": unit.token,
             "price": _amount(s.price_per_operator_epoch, fmt),
             "escrow": _amount(st.escrow, fmt),
             "seat_bond": _amount(s.seat_bond),
@@ -304,6 +314,17 @@ def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------- chain reads
 
 
+def _unit_of(bsm: BSM, job_id: int) -> Unit:
+    token = bsm.job_token(job_id)
+    if not token:
+        return ETHER
+    from . import erc20
+
+    t = erc20.contract(bsm.w3, token)
+    decimals, symbol = int(t.functions.decimals().call()), str(t.functions.symbol().call())
+    return Unit(token, lambda x: erc20.format_units(x, decimals, symbol))
+
+
 class JobPage:
     """What the page shows of one job, read from the chain (events incrementally) and the
     members' metrics files on every `snapshot`."""
@@ -313,14 +334,7 @@ class JobPage:
         self.metrics = check_metrics_paths(metrics)
         self.bsm.job(job_id)  # an unknown job fails here, before serving
         self._params = bsm.params()
-        self._token = bsm.job_token(job_id)
-        self._fmt: Fmt = format_eth
-        if self._token:
-            from . import erc20
-
-            t = erc20.contract(bsm.w3, self._token)
-            decimals, symbol = int(t.functions.decimals().call()), str(t.functions.symbol().call())
-            self._fmt = lambda x: erc20.format_units(x, decimals, symbol)
+        self._unit = _unit_of(bsm, job_id)
         self._events: list[Event] = []
         self._credited: list[Event] = []
         self._next_block = 0
@@ -330,7 +344,7 @@ class JobPage:
         head = self.bsm.w3.eth.block_number
         if head >= self._next_block:
             new = self.bsm.events(self._next_block, head, JOB_EVENTS, self.job_id)
-            credit = "TokenCredited" if self._token else "Credited"
+            credit = "TokenCredited" if self._unit.token else "Credited"
             for block in sorted({e.block for e in new if e.name == "OperatorPaid"}):
                 self._credited += self.bsm.events(block, block, [credit])
             self._events += new
@@ -349,8 +363,7 @@ class JobPage:
             read_records(self.metrics),
             [str(p) for p in self.metrics],
             block=head,
-            token=self._token,
-            fmt=self._fmt,
+            unit=self._unit,
         )
 
 

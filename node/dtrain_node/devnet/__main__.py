@@ -54,18 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the job's recipe TOML (learning rates, batch size, seq_len, LoRA, ...)",
     )
-    ap.add_argument(
-        "--x402",
-        action="store_true",
-        help="the caller buys the job over x402 from `dtrain gateway`, paying its escrow in "
-        "the devnet's TestUSD (the job is priced and paid out in TestUSD)",
-    )
-    ap.add_argument(
-        "--serve",
-        action="store_true",
-        help="after the job, an operator serves the final model (`dtrain serve --price`) and "
-        "the caller pays one chat completion over x402",
-    )
+    _add_paid_flags(ap)
     ap.add_argument("--no-faults", action="store_true", help="every operator honest")
     ap.add_argument("--no-late-join", action="store_true", help="no operator joins later")
     ap.add_argument("--timeout", type=float, default=600.0)
@@ -87,6 +76,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "and the reveal window)"
         )
     return a
+
+
+def _add_paid_flags(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--x402",
+        action="store_true",
+        help="the caller buys the job over x402 from `dtrain gateway`, paying its escrow in "
+        "the devnet's TestUSD (the job is priced and paid out in TestUSD)",
+    )
+    ap.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the job, an operator serves the final model (`dtrain serve --price`) and "
+        "the caller pays one chat completion over x402",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

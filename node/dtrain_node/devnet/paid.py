@@ -72,93 +72,105 @@ def set_up_token(chain: Any, bsm: Any, deployer: Any, developer: Any, caller: An
     return usd
 
 
-def buy_job(
-    rpc: str, contract: str, usd: Any, spec: Any, gateway: Any, caller: Any, run_dir: Path
-) -> tuple[int, dict[str, Any]]:
-    """Starts `dtrain gateway` (the gateway account is paid, and settles), then the caller buys
-    the job from it over x402; the gateway stops once the job exists."""
-    from dtrain.client import load_key
-    from dtrain.paidjobs import buy_job as buy
+@dataclass
+class Market:
+    """Where the demo's x402 payments happen: the chain, the BSM, TestUSD, the account that
+    settles payments (and pays their gas), and the run directory for the servers' logs."""
 
-    base = ["--rpc-url", rpc, "--contract", contract, "--key", gateway.key]
-    gw = start("gateway", [*base, "gateway", "--token", usd.address, "--port", "0"],
-               run_dir / "gateway.log")  # fmt: skip
-    try:
-        bought = buy(gw.url, spec, load_key(caller.key), spec.escrow, usd.address)
-    finally:
-        gw.stop()
-    print(
-        f"job {bought.job_id} bought over x402 from the gateway at {gw.url}: "
-        f"{spec.escrow / 10**6:g} TestUSD paid in {bought.settlement_tx[:12]}.., "
-        f"job created in {bought.create_tx[:12]}.."
-    )
-    return bought.job_id, {
-        "gateway": gw.url,
-        "settlement_tx": bought.settlement_tx,
-        "create_tx": bought.create_tx,
-        "escrow": bought.escrow,
-        "owner": bought.payer,
-    }
+    rpc: str
+    contract: str
+    usd: Any
+    facilitator: Any
+    run_dir: Path
+
+    def dtrain(self, key: str, *args: str) -> list[str]:
+        return ["--rpc-url", self.rpc, "--contract", self.contract, "--key", key, *args]
+
+    def buy_job(self, spec: Any, gateway: Any, caller: Any) -> tuple[int, dict[str, Any]]:
+        """Starts `dtrain gateway` (the gateway account is paid), then the caller buys the job
+        from it over x402; the gateway stops once the job exists."""
+        from dtrain.client import load_key
+        from dtrain.paidjobs import buy_job as buy
+
+        args = self.dtrain(gateway.key, "gateway", "--token", self.usd.address, "--port", "0")
+        args += ["--facilitator-key", self.facilitator.key]
+        gw = start("gateway", args, self.run_dir / "gateway.log")
+        try:
+            bought = buy(gw.url, spec, load_key(caller.key), spec.escrow, self.usd.address)
+        finally:
+            gw.stop()
+        print(
+            f"job {bought.job_id} bought over x402 from the gateway at {gw.url}: "
+            f"{spec.escrow / 10**6:g} TestUSD paid in {bought.settlement_tx[:12]}.., "
+            f"job created in {bought.create_tx[:12]}.."
+        )
+        return bought.job_id, {
+            "gateway": gw.url,
+            "settlement_tx": bought.settlement_tx,
+            "create_tx": bought.create_tx,
+            "escrow": bought.escrow,
+            "owner": bought.payer,
+        }
+
+    def serve_and_chat(
+        self, job_id: int, model_dir: Path, operator: Any, caller: Any, checks: Checks
+    ) -> dict[str, Any]:
+        """The operator serves the caller's verified copy of the final model with `dtrain
+        serve --price`; the caller asks one chat completion unpaid, then pays for one over
+        x402. Checks the 402, the answer, and that exactly the price moved."""
+        price = int(float(INFERENCE_PRICE) * 10**6)
+        args = self.dtrain(operator.key, "serve", str(job_id), "--model-dir", str(model_dir))
+        args += ["--port", "0", "--price", INFERENCE_PRICE, "--token", self.usd.address]
+        args += ["--facilitator-key", self.facilitator.key]
+        srv = start("serve", args, self.run_dir / "serve.log")
+        before = self.usd.balance_of(operator.address), self.usd.balance_of(caller.address)
+        try:
+            unpaid, paid = _chat_twice(srv.url, job_id, caller, price, self.usd.address)
+        finally:
+            srv.stop()
+        after = self.usd.balance_of(operator.address), self.usd.balance_of(caller.address)
+        answer = paid.json()["choices"][0]["message"]["content"] if paid.status_code == 200 else ""
+        checks.add("unpaid chat completion answered 402", unpaid.status_code == 402, unpaid.text)
+        checks.add(
+            "the trained model answered a paid chat completion",
+            paid.status_code == 200 and isinstance(answer, str),
+            paid.text[:300],
+        )
+        checks.add(
+            "inference paid over x402: the serving operator got exactly the price",
+            after[0] - before[0] == price and before[1] - after[1] == price,
+            f"operator {before[0]} -> {after[0]}, caller {before[1]} -> {after[1]}",
+        )
+        print(f"\nchat completion from {srv.url} (paid {INFERENCE_PRICE} TestUSD): {answer!r}")
+        return {
+            "url": srv.url,
+            "price": price,
+            "payee": operator.address,
+            "payer": caller.address,
+            "answer": answer,
+            "settlement_tx": _settlement_tx(paid),
+        }
 
 
-def serve_and_chat(
-    rpc: str,
-    contract: str,
-    usd: Any,
-    job_id: int,
-    model_dir: Path,
-    operator: Any,
-    facilitator: Any,
-    caller: Any,
-    run_dir: Path,
-    checks: Checks,
-) -> dict[str, Any]:
-    """The operator serves the caller's verified copy of the final model with `dtrain serve
-    --price`; the caller pays one chat completion over x402. Checks the answer and that the
-    operator's TestUSD balance grew by exactly the price."""
+def _chat_twice(url: str, job_id: int, caller: Any, price: int, token: str) -> tuple[Any, Any]:
+    """One chat completion without paying, then the same one paid (at most `price`)."""
     import httpx
 
     from dtrain.client import load_key
-    from dtrain.x402 import paying_http_client_sync, settlement_of
+    from dtrain.x402 import paying_http_client_sync
 
-    price = int(float(INFERENCE_PRICE) * 10**6)
-    base = ["--rpc-url", rpc, "--contract", contract, "--key", operator.key]
-    args = [*base, "serve", str(job_id), "--model-dir", str(model_dir), "--port", "0"]
-    args += ["--price", INFERENCE_PRICE, "--token", usd.address]
-    args += ["--facilitator-key", facilitator.key]
-    srv = start("serve", args, run_dir / "serve.log")
-    before = usd.balance_of(operator.address), usd.balance_of(caller.address)
     body = {
         "model": f"dtrain-job-{job_id}",
         "messages": [{"role": "user", "content": "def add(a, b):"}],
         "max_tokens": 24,
     }
-    try:
-        unpaid = httpx.post(srv.url + "/chat/completions", json=body, timeout=120)
-        with paying_http_client_sync(load_key(caller.key), price, usd.address, timeout=300) as c:
-            paid = c.post(srv.url + "/chat/completions", json=body)
-    finally:
-        srv.stop()
-    after = usd.balance_of(operator.address), usd.balance_of(caller.address)
-    answer = paid.json()["choices"][0]["message"]["content"] if paid.status_code == 200 else ""
-    settled = settlement_of(paid) or {}
-    checks.add("unpaid chat completion answered 402", unpaid.status_code == 402, unpaid.text[:200])
-    checks.add(
-        "the trained model answered a paid chat completion",
-        paid.status_code == 200 and isinstance(answer, str),
-        paid.text[:300],
-    )
-    checks.add(
-        "inference paid over x402: the serving operator got exactly the price",
-        after[0] - before[0] == price and before[1] - after[1] == price,
-        f"operator {before[0]} -> {after[0]}, caller {before[1]} -> {after[1]}",
-    )
-    print(f"\nchat completion from {srv.url} (paid {INFERENCE_PRICE} TestUSD): {answer!r}")
-    return {
-        "url": srv.url,
-        "price": price,
-        "payee": operator.address,
-        "payer": caller.address,
-        "answer": answer,
-        "settlement_tx": settled.get("transaction", ""),
-    }
+    unpaid = httpx.post(url + "/chat/completions", json=body, timeout=120)
+    with paying_http_client_sync(load_key(caller.key), price, token, timeout=300) as client:
+        paid = client.post(url + "/chat/completions", json=body)
+    return unpaid, paid
+
+
+def _settlement_tx(response: Any) -> str:
+    from dtrain.x402 import settlement_of
+
+    return str((settlement_of(response) or {}).get("transaction", ""))

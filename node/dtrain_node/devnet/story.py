@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import paid, report
 from .cluster import NodeConfig, Proc, read_metrics, spawn_node, stop_all
@@ -88,7 +88,8 @@ class Story:
         )
         self.procs: list[Proc] = []
         self.members_by_epoch: dict[int, list[str]] = {}
-        self.usd = None  # TestUSD, with --x402 or --serve
+        self.usd: Any = None  # TestUSD, with --x402 or --serve
+        self.market: Any = None  # paid.Market, with --x402 or --serve
         self.purchase: dict = {}
 
     def set_up(self) -> None:
@@ -108,6 +109,9 @@ class Story:
         if self.args.x402 or self.args.serve:
             acc = self.chain.accounts
             self.usd = paid.set_up_token(self.chain, self.bsm, acc[0], acc[DEVELOPER], self.caller)
+            self.market = paid.Market(
+                self.chain.url, self.bsm.address, self.usd, acc[FACILITATOR], self.run_dir
+            )
             print(f"TestUSD {self.usd.address} allowed for jobs")
         self.submit_job()
 
@@ -122,11 +126,8 @@ class Story:
             balance = self.bsm.w3.eth.get_balance
         self.wallets_before = {x.address: balance(x.address) for x in self.chain.accounts}
         if a.x402:
-            acc = self.chain.accounts
-            self.job_id, self.purchase = paid.buy_job(
-                self.chain.url, self.bsm.address, self.usd, self.spec, acc[GATEWAY],
-                self.caller, self.run_dir,
-            )  # fmt: skip
+            gateway = self.chain.accounts[GATEWAY]
+            self.job_id, self.purchase = self.market.buy_job(self.spec, gateway, self.caller)
             escrow = f"{self.spec.escrow / 10**6:g} TestUSD"
         else:
             self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
@@ -181,11 +182,7 @@ class Story:
 
     def serve(self, model_dir: Path, checks: Checks) -> dict:
         """The first operator serves the caller's verified copy of the model, paid per call."""
-        acc = self.chain.accounts
-        return paid.serve_and_chat(
-            self.chain.url, self.bsm.address, self.usd, self.job_id, model_dir, self.ops[0],
-            acc[FACILITATOR], self.caller, self.run_dir, checks,
-        )  # fmt: skip
+        return self.market.serve_and_chat(self.job_id, model_dir, self.ops[0], self.caller, checks)
 
     def observe(self) -> Observed:
         bsm, r = self.bsm, self.roster

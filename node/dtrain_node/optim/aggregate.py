@@ -124,6 +124,18 @@ def _coefficient_mean(idx: torch.Tensor, val: torch.Tensor, m: int):
     return torch.zeros_like(idx).scatter_(1, pos, sidx), torch.where(num < 0, -q, q)
 
 
+def _integers(parts: Sequence[Sparse], k: int, s_max: int):
+    """One tensor's entries of every sender side by side as integers lvl * 2^(exp - e0), with
+    the common exponent e0 at most `s_max` below the largest: (e0, indices, values)."""
+    ex = [t.exp for t in parts]
+    e0 = max(min(ex), max(ex) - s_max)
+    idx = torch.cat([t.idx.to(torch.int64) for t in parts], dim=1)
+    if e0 <= min(ex):  # no sender is rounded: one shift for all (the common case)
+        sh = torch.tensor([e - e0 for e in ex]).repeat_interleave(k)
+        return e0, idx, torch.cat([t.lvl for t in parts], 1).to(torch.int64) << sh
+    return e0, idx, torch.cat([_shift(t.lvl, e - e0) for t, e in zip(parts, ex, strict=True)], 1)
+
+
 @functools.cache
 def bound_shift(nsend: int, k: int, max_level: int, bmax: int, dims: int) -> int:
     """Largest scale spread s <= SHIFT_MAX such that the integer inverse stays below 2^53.
@@ -175,15 +187,7 @@ def aggregate(
         dims = 1 if ce == n else 2
         m = MEAN_BITS if per_coefficient else 0
         s_max = bound_shift(len(order) << m, k, spec.cfg.max_level, bmax, dims)
-        ex = [p[1][i].exp for p in order]
-        e0 = max(min(ex), max(ex) - s_max)
-        idx = torch.cat([p[1][i].idx.to(torch.int64) for p in order], dim=1)
-        if e0 <= min(ex):  # no sender is rounded: one shift for all (the common case)
-            sh = torch.tensor([e - e0 for e in ex]).repeat_interleave(k)
-            val = torch.cat([p[1][i].lvl for p in order], 1).to(torch.int64) << sh
-        else:
-            parts = [_shift(p[1][i].lvl, e - e0) for p, e in zip(order, ex, strict=True)]
-            val = torch.cat(parts, 1)
+        e0, idx, val = _integers([p[1][i] for p in order], k, s_max)
         if per_coefficient:
             idx, val = _coefficient_mean(idx, val, m)
         l1 = int(val.abs().sum(1).max()) if nc else 0
