@@ -23,7 +23,8 @@ _URL = re.compile(r" at (http://[0-9.]+:[0-9]+(?:/v1)?)")
 
 @dataclass
 class Server:
-    """A `dtrain ...` HTTP service started as a subprocess, stopped with Ctrl-C."""
+    """A `dtrain ...` HTTP service started as a subprocess, stopped with SIGTERM (which the
+    services handle as Ctrl-C, and which a shell's background job does not ignore)."""
 
     name: str
     popen: subprocess.Popen
@@ -32,7 +33,7 @@ class Server:
 
     def stop(self) -> None:
         if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGINT)
+            self.popen.send_signal(signal.SIGTERM)
             try:
                 self.popen.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -40,9 +41,9 @@ class Server:
                 self.popen.wait()
 
 
-def start(name: str, args: list[str], log: Path, ready_timeout: float = 300.0) -> Server:
+def start(name: str, args: list[str], log: Path) -> Server:
     """Runs `dtrain ARGS`; returns once its listening line (the first stdout line) names its
-    URL. Its stderr goes to `log`."""
+    URL, or raises when it exits first. Its stderr goes to `log`."""
     cmd = [sys.executable, "-m", "dtrain.cli", *args]
     err = open(log, "w")  # noqa: SIM115 - lives as long as the process
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
