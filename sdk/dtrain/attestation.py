@@ -15,6 +15,7 @@ from eth_account.messages import encode_typed_data
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from . import typed_data as eip712
 from .artifacts import VERIFIER, load_named
 from .client import CompanionContract, Receipt, load_key
 from .errors import DtrainError
@@ -90,25 +91,8 @@ class Statement:
 def typed_data(statement: Statement, chain_id: int, verifier: str) -> dict[str, Any]:
     """The EIP-712 typed data the service signs for `statement` on `verifier`."""
     message = dict(zip((f["name"] for f in _STATEMENT_FIELDS), statement.as_tuple(), strict=True))
-    return {
-        "types": {
-            "EIP712Domain": [
-                {"name": "name", "type": "string"},
-                {"name": "version", "type": "string"},
-                {"name": "chainId", "type": "uint256"},
-                {"name": "verifyingContract", "type": "address"},
-            ],
-            "Statement": _STATEMENT_FIELDS,
-        },
-        "primaryType": "Statement",
-        "domain": {
-            "name": DOMAIN_NAME,
-            "version": DOMAIN_VERSION,
-            "chainId": chain_id,
-            "verifyingContract": Web3.to_checksum_address(verifier),
-        },
-        "message": message,
-    }
+    domain = (DOMAIN_NAME, DOMAIN_VERSION, chain_id, verifier)
+    return eip712.typed_data("Statement", _STATEMENT_FIELDS, domain, message)
 
 
 def sign_statement(

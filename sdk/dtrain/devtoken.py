@@ -17,6 +17,7 @@ from web3 import Web3
 
 from .client import CompanionContract, Receipt
 from .errors import DtrainError, TransactionFailed
+from .typed_data import typed_data
 
 ARTIFACT = Path(__file__).resolve().parent / "artifacts" / "TestUSD.json"
 DECIMALS = 6
@@ -26,6 +27,16 @@ UNIT = 10**DECIMALS  # one whole TestUSD in base units
 @cache
 def _artifact() -> dict[str, Any]:
     return json.loads(ARTIFACT.read_text())
+
+
+_AUTHORIZATION_FIELDS = [
+    {"name": "from", "type": "address"},
+    {"name": "to", "type": "address"},
+    {"name": "value", "type": "uint256"},
+    {"name": "validAfter", "type": "uint256"},
+    {"name": "validBefore", "type": "uint256"},
+    {"name": "nonce", "type": "bytes32"},
+]
 
 
 class TokenError(DtrainError):
@@ -164,32 +175,8 @@ class TestUSD(CompanionContract):
             "validBefore": valid_before,
             "nonce": nonce,
         }
-        typed = {
-            "types": {
-                "EIP712Domain": [
-                    {"name": "name", "type": "string"},
-                    {"name": "version", "type": "string"},
-                    {"name": "chainId", "type": "uint256"},
-                    {"name": "verifyingContract", "type": "address"},
-                ],
-                "TransferWithAuthorization": [
-                    {"name": "from", "type": "address"},
-                    {"name": "to", "type": "address"},
-                    {"name": "value", "type": "uint256"},
-                    {"name": "validAfter", "type": "uint256"},
-                    {"name": "validBefore", "type": "uint256"},
-                    {"name": "nonce", "type": "bytes32"},
-                ],
-            },
-            "primaryType": "TransferWithAuthorization",
-            "domain": {
-                "name": "TestUSD",
-                "version": "2",
-                "chainId": self.chain_id,
-                "verifyingContract": self.address,
-            },
-            "message": message,
-        }
+        domain = ("TestUSD", "2", self.chain_id, self.address)
+        typed = typed_data("TransferWithAuthorization", _AUTHORIZATION_FIELDS, domain, message)
         signed = signer.sign_message(encode_typed_data(full_message=typed))
         return Authorization(
             sender=signer.address,
