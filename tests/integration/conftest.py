@@ -93,6 +93,23 @@ class Votes:
 
 
 @pytest.fixture
+def run(chain, bsm, capsys):
+    """Runs `dtrain` in-process with --rpc-url and --contract set (none with raw=True);
+    returns (code, out, err)."""
+    from dtrain.cli import main
+
+    def _run(*args: str, key: str | None = None, raw: bool = False):
+        argv = [] if raw else ["--rpc-url", chain.url, "--contract", bsm.address]
+        if key:
+            argv += ["--key", key]
+        code = main([*argv, *args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return _run
+
+
+@pytest.fixture
 def votes() -> Votes:
     return Votes()
 

@@ -33,21 +33,6 @@ def data(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.fixture
-def run(chain, bsm, capsys):
-    """Runs `dtrain` in-process with --rpc-url and --contract set; returns (code, out, err)."""
-
-    def _run(*args: str, key: str | None = None, raw: bool = False):
-        argv = [] if raw else ["--rpc-url", chain.url, "--contract", bsm.address]
-        if key:
-            argv += ["--key", key]
-        code = main([*argv, *args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return _run
-
-
 def test_help_lists_all_commands(run) -> None:
     code, out, _ = run("--help", raw=True)
     assert code == 0

@@ -7,23 +7,8 @@ import json
 
 import pytest
 
-from dtrain.cli import main
-
 USER = {"role": "user", "content": "2+2="}
 BOT = {"role": "assistant", "content": "4"}
-
-
-@pytest.fixture
-def run(chain, bsm, capsys):
-    """Runs `dtrain` in-process with --rpc-url and --contract set; returns (code, out, err)."""
-
-    def _run(*args: str, key: str | None = None):
-        argv = ["--rpc-url", chain.url, "--contract", bsm.address]
-        code = main([*argv, *(["--key", key] if key else []), *args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return _run
 
 
 def jsonl(path, lines: list[object]) -> str:

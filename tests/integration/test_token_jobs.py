@@ -13,7 +13,6 @@ from web3 import Web3
 
 from dtrain import errors
 from dtrain.chain import DevAccount, LocalChain
-from dtrain.cli import main
 from dtrain.client import BSM
 from dtrain.devtoken import UNIT, TestUSD
 from dtrain.erc20 import InsufficientTokenBalance
@@ -36,17 +35,6 @@ def data_file(tmp_path) -> str:
     path = tmp_path / "corpus.txt"
     path.write_text("def f(x):\n    return x + 1\n" * 50)
     return str(path)
-
-
-@pytest.fixture
-def run(chain, bsm, capsys):
-    def _run(*args: str, key: str | None = None):
-        argv = ["--rpc-url", chain.url, "--contract", bsm.address]
-        code = main([*argv, *(["--key", key] if key else []), *args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-
-    return _run
 
 
 def register(bsm: BSM, i: int) -> str:
