@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from dtrain.models import default_topk
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope
@@ -107,8 +108,13 @@ class Setup:
 
 QUICK = Setup(d=64, n_layer=2, n_head=1, ctx=64, bsz=4, steps=48, eval_every=8,
               eval_windows=32, max_train=300_000)  # fmt: skip
-# the product default (dtrain job submit --sync 2 --topk 4 --quant-bits 1, recipe outer_momentum)
+# the product default (dtrain job submit --sync 2 --quant-bits 1, recipe outer_momentum; --topk
+# from the member count: dtrain.models.default_topk)
 DEFAULT_DEMO = Arm("demo", K=2, k=4, bits=1, beta=0.95)
+
+
+def default_demo(n: int) -> Arm:
+    return replace(DEFAULT_DEMO, k=default_topk(n))
 
 
 def parse_demo(spec: str) -> Arm:
@@ -418,16 +424,17 @@ def load(corpus: str, s: Setup):
 
 
 def plan(a, s: Setup) -> list[tuple[str, int, Arm, int]]:
-    demos = [parse_demo(x) for x in a.demo] if a.demo else [DEFAULT_DEMO]
-    for d in demos:
+    demos = [parse_demo(x) for x in a.demo] if a.demo else None
+    for d in demos or [DEFAULT_DEMO]:
         if s.steps % d.K:
             raise SystemExit(f"steps {s.steps} must be a multiple of K={d.K}")
     jobs = []
     for corpus in a.corpora:
-        for seed in range(a.seeds):
+        for seed in a.only_seeds or range(a.seeds):
             jobs.append((corpus, 1, Arm("single"), seed))
             for n in a.workers:
-                jobs += [(corpus, n, arm, seed) for arm in (Arm("ddp"), *demos)]
+                arms = (Arm("ddp"), *(demos or [default_demo(n)]))
+                jobs += [(corpus, n, arm, seed) for arm in arms]
     return jobs
 
 
@@ -445,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny model, N=2, 1 seed: CI smoke")
     ap.add_argument("--corpora", default=None, help="comma list of code,prose (default both)")
     ap.add_argument("--workers", default=None, help="comma list of N (default 2,4,8)")
-    ap.add_argument("--seeds", type=int, default=None, help="default 3 (quick: 1)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds 0..S-1; default 3 (quick: 1)")
+    ap.add_argument("--only-seeds", default=None, help="comma list: run just these seeds")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--inner-lr", type=float, default=None)
     ap.add_argument("--warmup", type=int, default=None, help="inner lr warm-up steps, all arms")
@@ -463,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     a.corpora = (a.corpora or ("code" if a.quick else "code,prose")).split(",")
     a.workers = [int(x) for x in (a.workers or ("2" if a.quick else "2,4,8")).split(",")]
     a.seeds = a.seeds or (1 if a.quick else 3)
+    a.only_seeds = [int(x) for x in a.only_seeds.split(",")] if a.only_seeds else None
     a.out = a.out or Path("docs/bench/scaling_quick.json" if a.quick else "docs/bench/scaling.json")
     if a.report:
         old = json.loads(a.out.read_text())

@@ -153,6 +153,20 @@ class Params(Decoded):
         return to_struct(self, "Params")
 
 
+def default_topk(max_operators: int) -> int:
+    """DeMo coefficients per 64x64 DCT chunk for a job of up to `max_operators` members.
+
+    Every member uploads the same k per chunk whatever the member count, while the dense
+    reference (a bf16 ring all-reduce, 2(N-1)/N x 2 bytes per parameter) grows with N. Measured
+    in docs/benchmarks.md (Scaling): k = 4 keeps 93% of data-parallel's speedup at 4 members;
+    at 8 members k = 4 stops gaining over 4 members and k = 6 does (1,170x less upload than the
+    bf16 ring at the benchmark size; about 1,470x once the envelopes are negligible).
+    """
+    if max_operators < 1:
+        raise ValueError(f"max_operators must be >= 1, got {max_operators}")
+    return 4 if max_operators <= 4 else 6
+
+
 @dataclass(frozen=True)
 class JobSpec(Decoded):
     """What a caller pays for. Escrow = price x max_operators x total_epochs.

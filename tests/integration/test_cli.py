@@ -727,3 +727,19 @@ def test_first_job_friction_points(run, bsm, accounts, data) -> None:
     assert code == 0 and "EpochStarted: jobId" in out and "attempt" not in out, out
     code, out, _ = run("--json", "job", "watch", str(job_id), "--no-follow")
     assert any("attempt" in json.loads(line) for line in out.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("operators", "extra", "topk"), [("2:4", [], 4), ("3:8", [], 6), ("3:8", ["--topk", "3"], 3)]
+)
+def test_submit_pins_the_measured_topk_for_the_member_count(
+    run, bsm, accounts, data, operators, extra, topk
+) -> None:
+    """Without --topk the job pins the compression measured for its size (more members need
+    more coefficients each to keep gaining over fewer); --topk overrides it."""
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--dataset-uri", data, "--operators", operators,
+        *extra, key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 0, err
+    assert bsm.job(int(out.split()[1])).spec.topk_per_chunk == topk

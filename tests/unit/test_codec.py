@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtrain_node.optim import codec
-from dtrain_node.optim.codec import PacketError, Spec, decode, encode
+from dtrain_node.optim.codec import PacketError, Spec, decode, decode_many, encode
 from dtrain_node.optim.compress import CompressConfig, Sparse, compress
 
 SHAPES = [("w", (128, 192)), ("v", (100, 70)), ("b", (130,)), ("s", ())]
@@ -158,3 +158,27 @@ def test_fuzz_single_byte_mutation(pos, val):
 def test_fuzz_splice(pos, junk):
     _check(FUZZ_DATA[:pos] + junk + FUZZ_DATA[pos:])
     _check(FUZZ_DATA[:pos])
+
+
+def _one(data):
+    try:
+        return decode(FUZZ_SPEC, data)
+    except PacketError as e:
+        return (e.reason, str(e))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(FUZZ_DATA) - 1), st.integers(0, 255)), max_size=5))
+def test_fuzz_decode_many_is_decode_of_each(mutations):
+    """A round's packets decoded together give, per packet, what decode() alone gives: the same
+    tensors for a valid one and the same error for a broken one, next to valid ones."""
+    datas = [FUZZ_DATA]
+    for pos, val in mutations:
+        d = bytearray(FUZZ_DATA)
+        d[pos] = val
+        datas += [bytes(d), FUZZ_DATA[:pos]]
+    datas.append("not bytes")
+    many = decode_many(FUZZ_SPEC, datas)
+    got = [r if not isinstance(r, PacketError) else (r.reason, str(r)) for r in many]
+    assert got == [_one(d) for d in datas]
+    assert got[0] == FUZZ_TS and got[-1][0] == "type"

@@ -25,6 +25,24 @@ def test_topk_picks_true_largest():
         assert idx[r].tolist() == want
 
 
+@pytest.mark.parametrize("k", [1, 4, 6, 16])
+def test_topk_of_long_rows_keeps_the_largest_values_even_with_ties(k):
+    """Long rows take the grouped path; whatever it picks among equal values, it picks k
+    distinct indices holding exactly the k largest magnitudes."""
+    g = torch.Generator().manual_seed(k)
+    rows = [
+        torch.randn(4096, generator=g),
+        torch.zeros(4096),
+        torch.randint(-3, 4, (4096,), generator=g).float(),  # many ties at the top
+        torch.randn(4096, generator=g) * (torch.arange(4096) < 70),  # all in one or two groups
+    ]
+    coef = torch.stack(rows)
+    idx = topk(coef, k)
+    assert idx.shape == (4, k) and (idx.diff(dim=1) > 0).all()
+    got = coef.abs().gather(1, idx).sort(dim=1).values
+    assert torch.equal(got, coef.abs().topk(k, dim=1).values.sort(dim=1).values)
+
+
 def test_topk_indices_sorted_unique():
     idx = topk(torch.randn(10, 64), 5)
     assert (idx.diff(dim=1) > 0).all()

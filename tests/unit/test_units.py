@@ -127,3 +127,11 @@ def test_format_relative_and_time() -> None:
     assert format_time(now + 90, now=now) == f"{stamp} (in 1 min 30 s)"
     assert format_time(0) == "-"  # no such time (nothing unbonding, no epoch running)
     assert format_time(10**30) == f"unix time {10**30}"
+
+
+def test_default_topk_grows_with_the_member_count() -> None:
+    from dtrain.models import default_topk
+
+    assert [default_topk(n) for n in (1, 2, 4, 5, 8, 32)] == [4, 4, 4, 6, 6, 6]
+    with pytest.raises(ValueError, match="max_operators"):
+        default_topk(0)

@@ -107,6 +107,7 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
     trained on their dataset (by default one written into `run_dir`), at `PRICE`. Returns the
     spec and the initial model."""
     from dtrain import JobSpec, Method
+    from dtrain.models import default_topk
     from dtrain.pins import dataset_hash
     from dtrain.recipe import ZERO_HASH, Recipe
     from dtrain_node.train.start import start_model
@@ -124,7 +125,8 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         total_epochs=o.epochs,
         steps_per_epoch=o.steps,
         sync_interval=o.sync,
-        topk_per_chunk=4,  # DeMo compression as `dtrain job submit` sets it by default
+        # DeMo compression as `dtrain job submit` sets it by default
+        topk_per_chunk=default_topk(o.operators + o.late_seats),
         quant_bits=1,
         min_operators=o.min_operators or o.operators,
         max_operators=o.operators + o.late_seats,

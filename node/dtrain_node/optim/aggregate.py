@@ -32,6 +32,7 @@ from dtrain_node.optim.compress import Sparse
 
 LIMIT = 2**53  # float64 holds every integer below this exactly
 SHIFT_MAX = 24  # at most this many bits of dynamic range between senders' scales
+DENSE_WIDTH = 64  # from this many entries per matrix chunk the flat dense inverse is faster
 MEAN_BITS = 6  # extra fraction bits of a per-coefficient mean (integer division, rounded)
 
 
@@ -82,12 +83,20 @@ def _shift(lvl: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _dense(idx, val, nc, ce, n, dims, Bq) -> torch.Tensor:
-    """Inverse via the dense coefficient array A: Bq^T @ A @ Bq per chunk."""
-    A = torch.zeros(nc, ce, dtype=torch.float64, device=val.device).scatter_add_(1, idx, val)
+    """Inverse via the dense coefficient array A: Bq^T @ A @ Bq per chunk.
+
+    For matrices A is laid out (row, chunk, column): then A @ Bq and Bq^T @ (A @ Bq) are one
+    flat (n x n) product each over all chunks, instead of 2 x nc small ones. Each output entry
+    is the same sum of exact integer products, whatever the layout."""
     if dims == 1:
-        return A @ Bq
-    A = A.reshape(nc, n, n)
-    return Bq.T @ A @ Bq
+        A = torch.zeros(nc, ce, dtype=torch.float64, device=val.device)
+        return A.scatter_add_(1, idx, val) @ Bq
+    chunk = torch.arange(nc, device=idx.device).unsqueeze(1)
+    at = (idx.div(n, rounding_mode="floor") * nc + chunk) * n + idx.remainder(n)
+    A = torch.zeros(n * nc * n, dtype=torch.float64, device=val.device)
+    A.index_add_(0, at.reshape(-1), val.reshape(-1))
+    X = Bq.T @ (A.view(n * nc, n) @ Bq).view(n, nc * n)
+    return X.view(n, nc, n).transpose(0, 1)
 
 
 def _merge(idx: torch.Tensor, val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +209,7 @@ def aggregate(
         counts = [it[1].shape[0] for it in items]
         idx = torch.cat([it[1] for it in items]).to(device)
         val = torch.cat([it[2] for it in items]).to(device=device, dtype=torch.float64)
-        if dense if dense is not None else width >= n:
+        if dense if dense is not None else width >= (n if dims == 1 else DENSE_WIDTH):
             X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
         else:  # fewer products, the very same exact integers
             idx, val = _merge(idx, val)

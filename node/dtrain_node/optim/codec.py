@@ -229,6 +229,67 @@ def decode(spec: Spec, data: bytes, max_bytes: int = MAX_BYTES) -> list[Sparse]:
     return out
 
 
+def decode_many(
+    spec: Spec, packets: Sequence[object], max_bytes: int = MAX_BYTES
+) -> list[list[Sparse] | PacketError]:
+    """decode() of every packet, in order, each result the decoded tensors or the PacketError
+    that decode() raises for it. Well-formed packets of the right length are read together in
+    one pass over all of them (a sync round decodes every member's packet); any packet that
+    fails a check there is decoded alone, which names its first fault."""
+    out: list[list[Sparse] | PacketError | None] = [None] * len(packets)
+    whole: list[int] = []
+    for i, data in enumerate(packets):
+        ok = isinstance(data, bytes | bytearray | memoryview) and len(data) == spec.packet_bytes
+        if ok and len(data) <= max_bytes and bytes(data[:HEADER]) == _head(spec):
+            whole.append(i)
+    levels = np.array(LEVELS[spec.cfg.bits], dtype=np.int8)
+    if whole:
+        raw = np.frombuffer(b"".join(bytes(packets[i]) for i in whole), np.uint8)
+        rows = _decode_rows(spec, raw.reshape(len(whole), -1), levels)
+        for i, res in zip(whole, rows, strict=True):
+            out[i] = res
+    for i, data in enumerate(packets):
+        if out[i] is None:
+            try:
+                out[i] = decode(spec, data, max_bytes)  # type: ignore[arg-type]
+            except PacketError as e:
+                out[i] = e
+    return out  # type: ignore[return-value]
+
+
+def _head(spec: Spec) -> bytes:
+    return MAGIC + bytes([VERSION]) + spec.signature
+
+
+def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[Sparse] | None]:
+    """_decode_fast over the rows of raw (one packet each); None for a row that fails."""
+    f = spec.fields
+    bits = np.unpackbits(raw, axis=1, bitorder="little")
+    good = ~bits[:, f.pad].any(1)
+    exps = raw[:, f.exp].view(np.int8).astype(np.int64)
+    if exps.size:
+        good &= (exps.min(1) >= EXP_MIN) & (exps.max(1) <= EXP_MAX)
+    vals = {}
+    for w, pos in f.pos.items():
+        v = bits[:, pos].reshape(len(raw), -1, w).astype(np.int64) @ (1 << np.arange(w))
+        good &= ~(v >= f.hi[w]).any(1)
+        good &= ~(np.diff(v, axis=1, prepend=0)[:, f.step[w]] <= 0).any(1)
+        vals[w] = torch.from_numpy(v)
+    vb = spec.cfg.bits
+    lv = torch.from_numpy(levels[np.minimum(vals[vb].numpy(), len(levels) - 1)])
+    out: list[list[Sparse] | None] = []
+    for r in range(len(raw)):
+        if not good[r]:
+            out.append(None)
+            continue
+        ts = []
+        for (n, _, k, _, _), (iw, si, _, sv), e in zip(spec.layout, f.spans, exps[r], strict=True):
+            idx = vals[iw][r, si : si + n * k].reshape(n, k)
+            ts.append(Sparse(idx, lv[r, sv : sv + n * k].reshape(n, k), int(e)))
+        out.append(ts)
+    return out
+
+
 def _encode_fast(spec: Spec, tensors: Sequence[Sparse]) -> bytes | None:
     """All fields written in one pass; None if any input check fails (then the field-by-field
     encoder raises on the first fault). The very bytes of the field-by-field encoder."""
@@ -258,8 +319,7 @@ def _encode_fast(spec: Spec, tensors: Sequence[Sparse]) -> bytes | None:
         out[pos] = ((v[:, None] >> np.arange(w)) & 1).reshape(-1)
     packed = np.packbits(out, bitorder="little")
     packed[f.exp] = np.array(exps, np.int64).astype(np.int8).view(np.uint8)
-    head = MAGIC + bytes([VERSION]) + spec.signature
-    return head + packed[HEADER:].tobytes()
+    return _head(spec) + packed[HEADER:].tobytes()
 
 
 def _decode_fast(spec: Spec, data: bytes, levels: np.ndarray) -> list[Sparse] | None:

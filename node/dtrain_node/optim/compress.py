@@ -74,9 +74,27 @@ class Sparse:
     __hash__ = None  # type: ignore[assignment]
 
 
+GROUP = 64  # top-k of a long row looks only inside the k groups of GROUP with the largest max
+
+
 def topk(coef: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest |coef| per chunk (row), sorted ascending within each row."""
-    return torch.topk(coef.abs(), k, dim=1, sorted=False).indices.sort(dim=1).values
+    """Indices of the k largest |coef| per chunk (row), sorted ascending within each row.
+
+    A long row is cut into groups of GROUP entries. The k largest entries lie in the k groups
+    with the largest maxima (a group outside them has k groups above it, each holding an entry
+    at least as large), so a cheap max per group and a top-k over k x GROUP entries replace
+    one top-k pass over the row: the same values, 4-5x faster at 4096 per row and small k.
+    """
+    a = coef.abs()
+    rows, width = a.shape
+    if width < 16 * GROUP or width % GROUP or k > width // (4 * GROUP):
+        return torch.topk(a, k, dim=1, sorted=False).indices.sort(dim=1).values
+    groups = a.view(rows, width // GROUP, GROUP)
+    top = torch.topk(groups.amax(2), k, dim=1, sorted=False).indices  # (rows, k)
+    cand = groups.gather(1, top.unsqueeze(2).expand(rows, k, GROUP)).reshape(rows, k * GROUP)
+    pick = torch.topk(cand, k, dim=1, sorted=False).indices
+    start = top.gather(1, pick.div(GROUP, rounding_mode="floor")) * GROUP
+    return (start + pick.remainder(GROUP)).sort(dim=1).values
 
 
 def quantize(v: torch.Tensor, bits: int) -> tuple[torch.Tensor, int]:

@@ -185,11 +185,12 @@ class DeMo:
                 continue
             seen[s] = bytes(data)
         good = []
-        for s, data in seen.items():
-            try:
-                good.append((s, codec.decode(self.spec, data, self.cfg.max_packet_bytes)))
-            except PacketError as e:
-                rejected[s] = e.reason
+        decoded = codec.decode_many(self.spec, list(seen.values()), self.cfg.max_packet_bytes)
+        for s, res in zip(seen, decoded, strict=True):
+            if isinstance(res, PacketError):
+                rejected[s] = res.reason
+            else:
+                good.append((s, res))
         return good, rejected
 
     @torch.no_grad()
