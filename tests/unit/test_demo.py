@@ -259,3 +259,30 @@ def test_diloco_plain_average_limit():
     for a, b in zip(ms[0].parameters(), ms[1].parameters(), strict=True):
         assert torch.equal(a, b)
     assert ring_allreduce_bytes(1000, 2, 4) == 3000
+
+
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32,) * 3, (torch.float32, torch.bfloat16, torch.float64)]
+)
+def test_error_feedback_fold_is_the_per_tensor_fold(dtypes):
+    """The fold into e runs on one flat buffer (or per tensor when dtypes differ); either way
+    e = beta * e + (theta_sync - theta_local).float() for every tensor, to the bit."""
+    init = tensors(3)
+    named = [
+        (n, torch.nn.Parameter(t.to(d))) for (n, t), d in zip(init.items(), dtypes, strict=True)
+    ]
+    opt = DeMo(named, DeMoConfig(mode="local", beta=0.9, compress=CompressConfig(k2d=4)))
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for _, p in named:
+            p.add_(torch.randn(p.shape, generator=g).to(p.dtype))
+    e0 = [torch.randn(e.shape, generator=g) for e in opt.e]
+    for e, x in zip(opt.e, e0, strict=True):
+        e.copy_(x)
+    want = [
+        x * 0.9 + (th - p.detach()).float()
+        for x, th, (_, p) in zip(e0, opt.theta_sync, named, strict=True)
+    ]
+    opt._e.mul_(0.9).add_(opt._delta())
+    for e, w in zip(opt.e, want, strict=True):
+        assert torch.equal(e, w)

@@ -118,13 +118,22 @@ class DeMo:
         # The shared state and the error feedback live on the CPU whatever the model's device:
         # every node computes them with the same CPU arithmetic, so they stay bitwise identical
         # between a node training on a GPU and one on a CPU.
-        self.e = [torch.zeros(p.shape, dtype=torch.float32) for p in self.params]
+        # e and theta_sync are views into one flat buffer each, so the per-round fold is a few
+        # whole-model operations instead of a few per tensor (same elementwise bits)
+        self._e = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.float32)
+        self.e = _views(self._e, self.params)
         self.steps = 0
         self._compress_s = 0.0
         self.inner: torch.optim.Optimizer | None = None
         self.theta_sync: list[torch.Tensor] = []
+        self._theta: torch.Tensor | None = None  # the flat theta_sync when one dtype fits all
         if cfg.mode == "local":
-            self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
+            dtypes = {p.dtype for p in self.params}
+            if len(dtypes) == 1:
+                self._theta = torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
+                self.theta_sync = _views(self._theta, self.params)
+            else:
+                self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
             self.inner = torch.optim.AdamW(
                 self.params,
                 lr=cfg.inner_lr,
@@ -151,21 +160,28 @@ class DeMo:
     def prepare(self) -> bytes:
         """Fold this round's pseudo-gradient into e, compress it (error feedback) and encode."""
         t0 = time.perf_counter()
-        for i, p in enumerate(self.params):
-            if self.cfg.mode == "paper":
-                if p.grad is None:
-                    raise RuntimeError(f"{self.names[i]} has no gradient")
-                delta = p.grad.float().cpu()
-            else:
-                delta = (self.theta_sync[i] - p.detach().cpu()).float()
-            self.e[i].mul_(self.cfg.beta).add_(delta)
-            # local only: a broken local state must not stop the node (quantize would raise);
-            # a 64x64 block's coefficients are at most 64 x its largest entry
-            torch.nan_to_num_(self.e[i], 0.0, 0.0, 0.0).clamp_(-E_MAX, E_MAX)
+        self._e.mul_(self.cfg.beta).add_(self._delta())
+        # local only: a broken local state must not stop the node (quantize would raise);
+        # a 64x64 block's coefficients are at most 64 x its largest entry
+        torch.nan_to_num_(self._e, 0.0, 0.0, 0.0).clamp_(-E_MAX, E_MAX)
         # compress_ef on every tensor, batched over tensors (same bits)
         data = codec.encode(self.spec, compress_ef_many(self.e, self.cfg.compress))
         self._compress_s = time.perf_counter() - t0
         return data
+
+    def _delta(self) -> torch.Tensor:
+        """This round's pseudo-gradient, flat float32: the gradient (paper mode) or
+        theta_sync - theta_local (local mode)."""
+        if self.cfg.mode == "paper":
+            for n, p in zip(self.names, self.params, strict=True):
+                if p.grad is None:
+                    raise RuntimeError(f"{n} has no gradient")
+            return torch.cat([p.grad.reshape(-1).float().cpu() for p in self.params])
+        local = [p.detach().reshape(-1).cpu() for p in self.params]
+        if self._theta is not None:
+            return (self._theta - torch.cat(local)).float()
+        pairs = zip(self.theta_sync, local, strict=True)
+        return torch.cat([(th.reshape(-1) - x).float() for th, x in pairs])
 
     def decode_all(
         self, packets: Iterable[tuple[Hashable, bytes]]
@@ -255,6 +271,15 @@ class DeMo:
             return st
         self.inner_step()
         return self.sync(gather) if self.due else None
+
+
+def _views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """flat cut into consecutive views shaped like the tensors of `like`."""
+    out, at = [], 0
+    for t in like:
+        out.append(flat[at : at + t.numel()].view(t.shape))
+        at += t.numel()
+    return out
 
 
 def lockstep(opts: Sequence[DeMo]) -> list[SyncStats]:
