@@ -70,16 +70,15 @@ class Aggregate:
         return h.hexdigest()
 
 
-def _shift(lvl: torch.Tensor, m: int) -> torch.Tensor:
-    """lvl * 2^m in int64; for m < 0 round half away from zero (integer ops only)."""
-    v = lvl.to(torch.int64)
-    if m >= 0:
+def _shift(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """v * 2^m elementwise in int64; where m < 0 round half away from zero (integer ops only)."""
+    if not bool((m < 0).any()):  # no sender is rounded (the common case)
         return v << m
-    # levels are int8 (|v| <= 128): from 9 bits down everything rounds to 0; bounding m keeps
-    # the rounding constant inside int64 for any exponent spread (up to EXP_MAX - EXP_MIN)
-    m = max(m, -16)
-    a = (v.abs() + (1 << (-m - 1))) >> (-m)
-    return torch.where(v < 0, -a, a)
+    # levels are int8 (|v| <= 128): from 9 bits down everything rounds to 0; bounding the
+    # shift keeps the rounding constant inside int64 for any exponent spread
+    d = (-m).clamp(0, 16)
+    a = (v.abs() + ((1 << d) >> 1)) >> d
+    return torch.where(m >= 0, v << m.clamp(min=0), torch.where(v < 0, -a, a))
 
 
 def _dense(idx, val, nc, ce, n, dims, Bq) -> torch.Tensor:
@@ -133,16 +132,19 @@ def _coefficient_mean(idx: torch.Tensor, val: torch.Tensor, m: int):
     return torch.zeros_like(idx).scatter_(1, pos, sidx), torch.where(num < 0, -q, q)
 
 
-def _integers(parts: Sequence[Sparse], k: int, s_max: int):
-    """One tensor's entries of every sender side by side as integers lvl * 2^(exp - e0), with
-    the common exponent e0 at most `s_max` below the largest: (e0, indices, values)."""
-    ex = [t.exp for t in parts]
-    e0 = max(min(ex), max(ex) - s_max)
-    idx = torch.cat([t.idx.to(torch.int64) for t in parts], dim=1)
-    if e0 <= min(ex):  # no sender is rounded: one shift for all (the common case)
-        sh = torch.tensor([e - e0 for e in ex]).repeat_interleave(k)
-        return e0, idx, torch.cat([t.lvl for t in parts], 1).to(torch.int64) << sh
-    return e0, idx, torch.cat([_shift(t.lvl, e - e0) for t, e in zip(parts, ex, strict=True)], 1)
+def _integers(parts: Sequence[Sequence[Sparse]], ex: torch.Tensor, k: int, s_max: int):
+    """A group of tensors' entries, every sender's side by side, as integers
+    lvl * 2^(exp - e0) with each tensor's common exponent e0 at most `s_max` below its largest.
+
+    parts[s] are sender s's tensors of the group and ex[s] their exponents. Returns (e0 per
+    tensor, indices, values): rows are the group's chunks in tensor order, columns the senders'
+    k entries in sender order."""
+    e0 = torch.maximum(ex.min(0).values, ex.max(0).values - s_max)
+    idx = torch.cat([torch.cat([t.idx for t in p]) for p in parts], 1).to(torch.int64)
+    lvl = torch.cat([torch.cat([t.lvl for t in p]) for p in parts], 1).to(torch.int64)
+    rows = torch.tensor([t.idx.shape[0] for t in parts[0]])
+    sh = (ex - e0).repeat_interleave(rows, dim=1).T.repeat_interleave(k, dim=1)
+    return e0.tolist(), idx, _shift(lvl, sh)
 
 
 @functools.cache
@@ -187,29 +189,30 @@ def aggregate(
     n = spec.cfg.chunk
     Bq = dct.basis_q(n).to(device=device, dtype=torch.float64)
     bmax = int(dct.basis_q(n).abs().max())
-    # per tensor: the senders' integer entries side by side (repeated indices add up inside the
-    # matmul); tensors of the same kind (matrix or vector) and width are then inverted in one
-    # batched pass: every product and partial sum is still an exact integer per chunk
-    exps: list[int] = []
-    groups: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
-    for i, (nc, ce, k, _, _) in enumerate(spec.layout):
-        dims = 1 if ce == n else 2
-        m = MEAN_BITS if per_coefficient else 0
+    # tensors of the same kind (matrix or vector) and k form one group: every sender's entries
+    # of the group side by side as integers (repeated indices add up inside the matmul), then
+    # one batched inverse per group: every product and partial sum is still an exact integer
+    # per chunk
+    m = MEAN_BITS if per_coefficient else 0
+    ex = torch.tensor([[t.exp for t in p[1]] for p in order], dtype=torch.int64)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (_, ce, k, _, _) in enumerate(spec.layout):
+        groups.setdefault((1 if ce == n else 2, k), []).append(i)
+    exps: list[int] = [0] * len(spec.layout)
+    sums: list[torch.Tensor | None] = [None] * len(spec.layout)
+    for (dims, k), ts in groups.items():
         s_max = bound_shift(len(order) << m, k, spec.cfg.max_level, bmax, dims)
-        e0, idx, val = _integers([p[1][i] for p in order], k, s_max)
+        e0, idx, val = _integers([[p[1][i] for i in ts] for p in order], ex[:, ts], k, s_max)
         if per_coefficient:
             idx, val = _coefficient_mean(idx, val, m)
-        l1 = int(val.abs().sum(1).max()) if nc else 0
+        l1 = int(val.abs().sum(1).max()) if idx.shape[0] else 0
         if l1 * bmax**dims >= LIMIT:  # guaranteed by bound_shift; checked because it MUST hold
-            raise ValueError(f"{spec.names[i]}: sum|A|={l1} breaks the 2^53 exactness bound")
-        groups.setdefault((dims, idx.shape[1]), []).append((i, idx, val))
-        exps.append(e0 - m - dims * dct.QBITS)
-    sums: list[torch.Tensor | None] = [None] * len(spec.layout)
-    for (dims, width), items in groups.items():
-        counts = [it[1].shape[0] for it in items]
-        idx = torch.cat([it[1] for it in items]).to(device)
-        val = torch.cat([it[2] for it in items]).to(device=device, dtype=torch.float64)
-        if dense if dense is not None else width >= (n if dims == 1 else DENSE_WIDTH):
+            names = ", ".join(spec.names[i] for i in ts)
+            raise ValueError(f"{names}: sum|A|={l1} breaks the 2^53 exactness bound")
+        for i, e in zip(ts, e0, strict=True):
+            exps[i] = e - m - dims * dct.QBITS
+        idx, val = idx.to(device), val.to(device=device, dtype=torch.float64)
+        if dense if dense is not None else idx.shape[1] >= (n if dims == 1 else DENSE_WIDTH):
             X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
         else:  # fewer products, the very same exact integers
             idx, val = _merge(idx, val)
@@ -218,6 +221,7 @@ def aggregate(
                 # a chunk whose merged entries all cancelled must read +0 everywhere, as the
                 # sum of its unmerged products (never all zero: levels are not 0) does
                 X = X + 0.0
-        for (i, _, _), x in zip(items, X.split(counts), strict=True):
+        counts = [spec.layout[i][0] for i in ts]
+        for i, x in zip(ts, X.split(counts), strict=True):
             sums[i] = dct.from_chunks(x, spec.shapes[i], n)
     return Aggregate(sums, exps, senders, per_coefficient)  # type: ignore[arg-type]

@@ -274,9 +274,8 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[S
         v = bits[:, pos].reshape(len(raw), -1, w).astype(np.int64) @ (1 << np.arange(w))
         good &= ~(v >= f.hi[w]).any(1)
         good &= ~(np.diff(v, axis=1, prepend=0)[:, f.step[w]] <= 0).any(1)
-        vals[w] = torch.from_numpy(v)
-    vb = spec.cfg.bits
-    lv = torch.from_numpy(levels[np.minimum(vals[vb].numpy(), len(levels) - 1)])
+        vals[w] = v
+    lv = levels[np.minimum(vals[spec.cfg.bits], len(levels) - 1)]
     out: list[list[Sparse] | None] = []
     for r in range(len(raw)):
         if not good[r]:
@@ -284,8 +283,8 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[S
             continue
         ts = []
         for (n, _, k, _, _), (iw, si, _, sv), e in zip(spec.layout, f.spans, exps[r], strict=True):
-            idx = vals[iw][r, si : si + n * k].reshape(n, k)
-            ts.append(Sparse(idx, lv[r, sv : sv + n * k].reshape(n, k), int(e)))
+            idx = torch.from_numpy(vals[iw][r, si : si + n * k].reshape(n, k))
+            ts.append(Sparse(idx, torch.from_numpy(lv[r, sv : sv + n * k].reshape(n, k)), int(e)))
         out.append(ts)
     return out
 
