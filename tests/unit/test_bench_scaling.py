@@ -35,3 +35,15 @@ def test_quick_run_writes_sane_json(tmp_path: Path) -> None:
     assert demo["x_vs_bf16_ring"] > 100 and 0 < demo["codec_pct"] < 1000
     assert f"| code | 2 | {DEMO} |" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 1000  # the loss-curve plot
+
+
+def test_default_arm_follows_the_jobs_default_topk() -> None:
+    """Without --demo the benchmark measures what `dtrain job submit` would pin for each N."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_scaling as b
+
+    a = argparse.Namespace(demo=None, corpora=["code"], only_seeds=None, seeds=1, workers=[2, 4, 8])
+    arms = {(n, arm.name) for _, n, arm, _ in b.plan(a, b.Setup()) if arm.kind == "demo"}
+    assert arms == {(2, DEMO), (4, DEMO), (8, "demo K=2 k=6 1b beta=0.95")}
