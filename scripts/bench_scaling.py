@@ -381,8 +381,16 @@ def plot(runs: list[dict], path: Path) -> None:
     panels = sorted({(r["corpus"], r["n"]) for r in runs if r["arm"] != "single"})
     if not panels:
         return
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    for ax, (corpus, n) in zip(axes[0], panels, strict=True):
+    corpora = sorted({c for c, _ in panels})
+    ns = sorted({n for _, n in panels})
+    fig, axes = plt.subplots(
+        len(corpora), len(ns), figsize=(4.6 * len(ns), 3.6 * len(corpora)), squeeze=False
+    )
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for corpus, n in panels:
+        ax = axes[corpora.index(corpus)][ns.index(n)]
+        ax.set_visible(True)
         arms = dict.fromkeys(r["arm"] for r in runs if (r["corpus"], r["n"]) == (corpus, n))
         for arm, nn in [("single", 1), *((a, n) for a in arms)]:
             rs = [r for r in runs if (r["corpus"], r["n"], r["arm"]) == (corpus, nn, arm)]
@@ -393,10 +401,10 @@ def plot(runs: list[dict], path: Path) -> None:
             ax.plot(steps, mean, label=f"{arm} ({len(rs)} seeds)")
         ax.set_title(f"{corpus}, N={n}")
         ax.set_xlabel("step")
+        ax.set_ylabel("held-out loss")
         ax.set_ylim(top=min(ax.get_ylim()[1], 4.5))
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("held-out loss")
-    axes[0][0].legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -408,7 +416,8 @@ def write_report(runs: list[dict], s: Setup, out: Path, wall_s: int) -> str:
                 envelope_overhead=envelope.OVERHEAD, max_chunk=envelope.MAX_CHUNK)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(meta=meta, summary=rows, runs=runs), indent=1) + "\n")
-    md = f"Model {runs[0]['params']:,} params; setup {asdict(s)}; wall {wall_s}s.\n\n" + table(rows)
+    wall = f"; wall {wall_s}s" if wall_s else " (runs resumed over several invocations)"
+    md = f"Model {runs[0]['params']:,} params; setup {asdict(s)}{wall}.\n\n" + table(rows)
     out.with_suffix(".md").write_text(md)
     plot(runs, out.with_suffix(".png"))
     return md
