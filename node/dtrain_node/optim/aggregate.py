@@ -32,7 +32,8 @@ from dtrain_node.optim.compress import Sparse
 
 LIMIT = 2**53  # float64 holds every integer below this exactly
 SHIFT_MAX = 24  # at most this many bits of dynamic range between senders' scales
-DENSE_WIDTH = 64  # from this many entries per matrix chunk the flat dense inverse is faster
+DENSE_WIDTH = 64  # entries per matrix chunk from which the dense inverse is used (the sparse
+# one measured faster up to 48: docs/benchmarks.md, Scaling)
 MEAN_BITS = 6  # extra fraction bits of a per-coefficient mean (integer division, rounded)
 
 
