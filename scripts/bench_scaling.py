@@ -17,6 +17,8 @@ commitment envelope sent before it) and codec time (compress + encode, decode of
     python scripts/bench_scaling.py                         # full matrix (hours on 2 cores)
     python scripts/bench_scaling.py --corpora code --workers 4 --seeds 2 \\
         --demo K=4,k=4 --demo K=4,k=16,bits=2               # a sweep
+    python scripts/bench_scaling.py --resume --out /tmp/s1.json --only-seeds 1  # one seed of
+        # the matrix per process: copies of one --out file run side by side, merged afterwards
     python scripts/bench_scaling.py --report --out docs/bench/scaling.json  # tables, plot only
 
 Writes --out (JSON: setup, per-run records, summary), the same path with .md (tables) and with
