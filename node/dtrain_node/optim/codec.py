@@ -207,7 +207,7 @@ def decode(spec: Spec, data: bytes, max_bytes: int = MAX_BYTES) -> list[Sparse]:
     if len(data) > spec.packet_bytes:
         raise PacketError("trailing", f"{len(data)} bytes > expected {spec.packet_bytes}")
     levels = np.array(LEVELS[spec.cfg.bits], dtype=np.int8)
-    fast = _decode_fast(spec, data, levels)
+    fast = _decode_rows(spec, np.frombuffer(data, np.uint8).reshape(1, -1), levels)[0]
     if fast is not None:
         return fast
     out, off = [], HEADER  # the packet is invalid: find and report the first fault in order
@@ -262,7 +262,9 @@ def _head(spec: Spec) -> bytes:
 
 
 def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[Sparse] | None]:
-    """_decode_fast over the rows of raw (one packet each); None for a row that fails."""
+    """All fields of well-formed packets of the right length (one per row of raw) in one pass;
+    None for a row that fails any check (then the field-by-field decoder finds and names its
+    first fault). Same checks, same output as that decoder."""
     f = spec.fields
     bits = np.unpackbits(raw, axis=1, bitorder="little")
     good = ~bits[:, f.pad].any(1)
@@ -319,30 +321,3 @@ def _encode_fast(spec: Spec, tensors: Sequence[Sparse]) -> bytes | None:
     packed = np.packbits(out, bitorder="little")
     packed[f.exp] = np.array(exps, np.int64).astype(np.int8).view(np.uint8)
     return _head(spec) + packed[HEADER:].tobytes()
-
-
-def _decode_fast(spec: Spec, data: bytes, levels: np.ndarray) -> list[Sparse] | None:
-    """All fields of a well-formed packet of the right length in one pass; None if any check
-    fails (then the field-by-field decoder finds and names the first fault). Same checks, same
-    output as that decoder."""
-    f = spec.fields
-    raw = np.frombuffer(data, np.uint8)
-    bits = np.unpackbits(raw, bitorder="little")
-    if bits[f.pad].any():
-        return None
-    exps = raw[f.exp].view(np.int8).astype(np.int64)
-    if exps.size and (exps.min() < EXP_MIN or exps.max() > EXP_MAX):
-        return None
-    vals = {}
-    for w, pos in f.pos.items():
-        v = bits[pos].reshape(-1, w).astype(np.int64) @ (1 << np.arange(w, dtype=np.int64))
-        if (v >= f.hi[w]).any() or (np.diff(v, prepend=0)[f.step[w]] <= 0).any():
-            return None
-        vals[w] = v
-    out = []
-    for (n, _, k, _, _), (iw, si, vw, sv), e in zip(spec.layout, f.spans, exps, strict=True):
-        m = n * k
-        idx = vals[iw][si : si + m].reshape(n, k)
-        codes = vals[vw][sv : sv + m].reshape(n, k)
-        out.append(Sparse(torch.from_numpy(idx), torch.from_numpy(levels[codes]), int(e)))
-    return out
