@@ -1,7 +1,6 @@
 """The batched codec paths give the very bits of the per-tensor ones.
 
-compress_ef_many (one DCT / top-k / inverse for all blocks) against compress_ef per tensor,
-the one-pass packet decoder against the field-by-field one, and the merged sparse aggregation
+The one-pass packet decoder against the field-by-field one, and the merged sparse aggregation
 against the dense exact path, including chunks whose merged entries all cancel.
 """
 
@@ -12,7 +11,7 @@ import torch
 
 from dtrain_node.optim import aggregate as agg
 from dtrain_node.optim import codec
-from dtrain_node.optim.compress import CompressConfig, Sparse, compress_ef, compress_ef_many
+from dtrain_node.optim.compress import CompressConfig, Sparse, compress_ef
 
 SHAPES = [(128, 384), (96, 200), (64,), (100,), (64,), (3, 40, 7), (), (130, 64), (128, 128)]
 
@@ -22,23 +21,11 @@ def _tensors(seed: int) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g) * 10.0 ** (i % 5 - 3) for i, s in enumerate(SHAPES)]
 
 
-@pytest.mark.parametrize(
-    "cfg",
-    [CompressConfig(), CompressConfig(k2d=16, k1d=3, bits=2), CompressConfig(chunk=32, k2d=2)],
-)
-def test_compress_ef_many_is_compress_ef_bit_for_bit(cfg: CompressConfig) -> None:
-    for seed in range(3):
-        a, b = _tensors(seed), _tensors(seed)
-        one = [compress_ef(e, cfg) for e in a]
-        many = compress_ef_many(b, cfg)
-        assert one == many
-        for x, y in zip(a, b, strict=True):
-            assert torch.equal(x, y)  # the same residual, to the bit
-
-
 def _packets(cfg: CompressConfig, n: int, seed: int) -> tuple[codec.Spec, list]:
     spec = codec.Spec(tuple(f"t{i}" for i in range(len(SHAPES))), tuple(SHAPES), cfg)
-    return spec, [(f"0x{s:02x}", compress_ef_many(_tensors(seed + s), cfg)) for s in range(n)]
+    return spec, [
+        (f"0x{s:02x}", [compress_ef(e, cfg) for e in _tensors(seed + s)]) for s in range(n)
+    ]
 
 
 @pytest.mark.parametrize("cfg", [CompressConfig(), CompressConfig(k2d=16, k1d=3, bits=2)])

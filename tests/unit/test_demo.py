@@ -7,7 +7,7 @@ from harness import bench_corpus as corpus
 from harness import bench_model as model
 from harness.baselines import DDP, AdamWConfig, DiLoCo, DiLoCoConfig, ring_allreduce_bytes
 
-from dtrain_node.optim import dct
+from dtrain_node.optim import codec, dct
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
 
@@ -264,9 +264,9 @@ def test_diloco_plain_average_limit():
 @pytest.mark.parametrize(
     "dtypes", [(torch.float32,) * 3, (torch.float32, torch.bfloat16, torch.float64)]
 )
-def test_error_feedback_fold_is_the_per_tensor_fold(dtypes):
-    """The fold into e runs on one flat buffer (or per tensor when dtypes differ); either way
-    e = beta * e + (theta_sync - theta_local).float() for every tensor, to the bit."""
+def test_prepare_folds_theta_sync_minus_theta_local_into_e(dtypes):
+    """In local mode a round folds delta = (theta_sync - theta_local).float() into e (held as
+    DCT coefficients), for parameters of any float dtype."""
     init = tensors(3)
     named = [
         (n, torch.nn.Parameter(t.to(d))) for (n, t), d in zip(init.items(), dtypes, strict=True)
@@ -276,13 +276,10 @@ def test_error_feedback_fold_is_the_per_tensor_fold(dtypes):
     with torch.no_grad():
         for _, p in named:
             p.add_(torch.randn(p.shape, generator=g).to(p.dtype))
-    e0 = [torch.randn(e.shape, generator=g) for e in opt.e]
-    for e, x in zip(opt.e, e0, strict=True):
-        e.copy_(x)
-    want = [
-        x * 0.9 + (th - p.detach()).float()
-        for x, th, (_, p) in zip(e0, opt.theta_sync, named, strict=True)
-    ]
-    opt._e.mul_(0.9).add_(opt._delta())
-    for e, w in zip(opt.e, want, strict=True):
-        assert torch.equal(e, w)
+    delta = [(th - p.detach()).float() for th, (_, p) in zip(opt.theta_sync, named, strict=True)]
+    sent = codec.decode(opt.spec, opt.prepare())
+    for i, (d, s) in enumerate(zip(delta, sent, strict=True)):
+        # nothing is lost: what was sent plus what stays in e is delta
+        kept = opt.feedback.coefficients(i).double()
+        kept.scatter_add_(1, s.idx, s.lvl.double() * 2.0**s.exp)
+        assert torch.allclose(dct.idct(kept, d.shape), d.double(), atol=1e-4)

@@ -44,5 +44,6 @@ def test_autocast_is_bf16_on_cuda_only_when_the_recipe_allows() -> None:
 def test_shared_state_and_error_feedback_live_on_the_cpu() -> None:
     model = torch.nn.Linear(8, 4)
     opt = DeMo(model.named_parameters(), DeMoConfig(mode="local", sync_interval=1))
-    assert all(t.device.type == "cpu" for t in [*opt.theta_sync, *opt.e])
+    fb = opt.feedback
+    assert all(t.device.type == "cpu" for t in [*opt.theta_sync, fb.mat, fb.vec])
     assert all(t is not p for t, p in zip(opt.theta_sync, opt.params, strict=True))

@@ -25,7 +25,7 @@ def save(path: Path, opt: DeMo, next_round: int, participation: dict[str, int]) 
         "round": next_round,
         "participation": participation,
         "theta_sync": opt.theta_sync,
-        "e": opt.e,
+        "e": opt.feedback.state(),
         "steps": opt.steps,
         "inner": opt.inner.state_dict() if opt.inner is not None else None,
     }
@@ -41,12 +41,13 @@ def load(path: Path, opt: DeMo) -> dict[str, Any] | None:
         return None
     state = torch.load(path, weights_only=False)
     with torch.no_grad():
-        for p, th, e, th_saved, e_saved in zip(
-            opt.params, opt.theta_sync, opt.e, state["theta_sync"], state["e"], strict=True
-        ):
+        try:
+            opt.feedback.load(state["e"])
+        except ValueError:  # saved by a version that kept e in another layout: start over
+            return None
+        for p, th, th_saved in zip(opt.params, opt.theta_sync, state["theta_sync"], strict=True):
             th.copy_(th_saved)
             p.copy_(th_saved)
-            e.copy_(e_saved)
     opt.steps = state["steps"]
     if opt.inner is not None and state["inner"] is not None:
         opt.inner.load_state_dict(state["inner"])

@@ -8,7 +8,6 @@ the value of entry j is lvl[j] * 2^exp. Levels are +-1 (1 bit, sign) or +-1, +-3
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -163,76 +162,3 @@ def compress_ef(e: torch.Tensor, cfg: CompressConfig) -> Sparse:
     s = compress(e, cfg)
     e.sub_(decompress(s, e.shape, cfg, e.dtype))
     return s
-
-
-def compress_ef_many(es: Sequence[torch.Tensor], cfg: CompressConfig) -> list[Sparse]:
-    """compress_ef on every tensor of `es`, the same bits, in a few batched passes.
-
-    Per tensor the work is tiny (a few 64x64 blocks), so one call per tensor is mostly call
-    overhead. Here the blocks of all matrices go through one forward DCT, one top-k, one gather,
-    one quantization and one sparse inverse; vectors with the same number of chunks go through
-    one batched matmul each. Every block still sees the very operations compress_ef applies to
-    it (the same matmul shapes per block, row-wise top-k; scaling by powers of two is exact),
-    and each tensor keeps its own scale. Tensors of another dtype or device than the first one,
-    or not contiguous, take the per-tensor path.
-    """
-    out: list[Sparse | None] = [None] * len(es)
-    if not es:
-        return []
-    n, dt, dev = cfg.chunk, es[0].dtype, es[0].device
-    mats: list[int] = []
-    vecs: dict[int, list[int]] = {}
-    for i, e in enumerate(es):
-        if e.dtype != dt or e.device != dev or not e.is_contiguous():
-            out[i] = compress_ef(e, cfg)
-        elif len(dct.view2(e.shape)) == 2:
-            mats.append(i)
-        else:
-            vecs.setdefault(dct.nchunks(e.shape, n), []).append(i)
-    B = dct.basis_as(n, dt, dev)
-    if mats:
-        counts = [dct.nchunks(es[i].shape, n) for i in mats]
-        blocks = torch.empty(sum(counts), n, n, dtype=dt, device=dev)
-        for i, part in zip(mats, blocks.split(counts), strict=True):
-            grid = _grid(es[i], n)
-            if grid is None:
-                part.copy_(dct.to_chunks(es[i].detach(), n))
-            else:  # no padding: copy the blocks straight into place
-                part.view(grid[0], grid[2], n, n).copy_(grid[1].permute(0, 2, 1, 3))
-        coef = (B @ blocks @ B.T).reshape(sum(counts), -1)
-        _finish(es, mats, counts, coef, cfg.k2d, cfg, False, out)
-    for nc, group in vecs.items():
-        chunks = torch.stack([dct.to_chunks(es[i].detach(), n) for i in group])
-        coef = torch.bmm(chunks, B.T.expand(len(group), n, n)).reshape(-1, n)
-        _finish(es, group, [nc] * len(group), coef, cfg.k1d, cfg, True, out)
-    return out  # type: ignore[return-value]
-
-
-def _grid(e: torch.Tensor, n: int) -> tuple[int, torch.Tensor, int] | None:
-    """(rows of blocks, e viewed as (rows, n, cols, n), cols of blocks) when e's 2-D view needs
-    no padding; None otherwise."""
-    R, C = dct.view2(e.shape)
-    if R % n or C % n:
-        return None
-    return R // n, e.detach().view(R // n, n, C // n, n), C // n
-
-
-def _finish(es, which, counts, coef, k, cfg, vector, out) -> None:
-    """Top-k, quantization with one scale per tensor, the sparse inverse and error feedback for
-    a batch of chunks that belong to the tensors `which` (counts[j] chunks each, in order)."""
-    idx = topk(coef, k)
-    vals = coef.gather(1, idx)
-    exps = [scale_exp(v, cfg.bits) for v in vals.split(counts)]
-    rows = torch.tensor(counts, device=coef.device)
-    inv = torch.tensor([2.0**-e for e in exps], dtype=torch.float64, device=coef.device)
-    lvl = levels(vals, inv.repeat_interleave(rows).unsqueeze(1), cfg.bits)
-    scale = torch.tensor([2.0**e for e in exps], dtype=coef.dtype, device=coef.device)
-    deq = lvl.to(coef.dtype) * scale.repeat_interleave(rows).unsqueeze(1)  # exact, as dequantize
-    rec = dct.ichunks_sparse(idx, deq, cfg.chunk, vector).split(counts)
-    for i, ix, lv, e, r in zip(which, idx.split(counts), lvl.split(counts), exps, rec, strict=True):
-        out[i] = Sparse(ix, lv, e)
-        grid = None if vector else _grid(es[i], cfg.chunk)
-        if grid is None:
-            es[i].sub_(dct.from_chunks(r, es[i].shape, cfg.chunk))
-        else:
-            grid[1].sub_(r.view(grid[0], grid[2], cfg.chunk, cfg.chunk).permute(0, 2, 1, 3))

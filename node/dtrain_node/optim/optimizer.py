@@ -28,10 +28,10 @@ import torch
 from dtrain_node.optim import codec
 from dtrain_node.optim.aggregate import Aggregate, aggregate
 from dtrain_node.optim.codec import PacketError, Spec
-from dtrain_node.optim.compress import EXP_MAX, CompressConfig, compress_ef_many
+from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.feedback import Feedback
 from dtrain_node.optim.robust import RobustConfig, screen
 
-E_MAX = 2.0 ** (EXP_MAX - 6)  # |e| bound: keeps every scale exponent <= EXP_MAX
 Gather = Callable[[bytes], Sequence[tuple[Hashable, bytes]]]
 
 
@@ -118,22 +118,13 @@ class DeMo:
         # The shared state and the error feedback live on the CPU whatever the model's device:
         # every node computes them with the same CPU arithmetic, so they stay bitwise identical
         # between a node training on a GPU and one on a CPU.
-        # e and theta_sync are views into one flat buffer each, so the per-round fold is a few
-        # whole-model operations instead of a few per tensor (same elementwise bits)
-        self._e = torch.zeros(sum(p.numel() for p in self.params), dtype=torch.float32)
-        self.e = _views(self._e, self.params)
+        self.feedback = Feedback(self.spec.shapes, cfg.compress)
         self.steps = 0
         self._compress_s = 0.0
         self.inner: torch.optim.Optimizer | None = None
         self.theta_sync: list[torch.Tensor] = []
-        self._theta: torch.Tensor | None = None  # the flat theta_sync when one dtype fits all
         if cfg.mode == "local":
-            dtypes = {p.dtype for p in self.params}
-            if len(dtypes) == 1:
-                self._theta = torch.cat([p.detach().reshape(-1).cpu() for p in self.params])
-                self.theta_sync = _views(self._theta, self.params)
-            else:
-                self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
+            self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
             self.inner = torch.optim.AdamW(
                 self.params,
                 lr=cfg.inner_lr,
@@ -158,30 +149,21 @@ class DeMo:
 
     @torch.no_grad()
     def prepare(self) -> bytes:
-        """Fold this round's pseudo-gradient into e, compress it (error feedback) and encode."""
-        t0 = time.perf_counter()
-        self._e.mul_(self.cfg.beta).add_(self._delta())
-        # local only: a broken local state must not stop the node (quantize would raise);
-        # a 64x64 block's coefficients are at most 64 x its largest entry
-        torch.nan_to_num_(self._e, 0.0, 0.0, 0.0).clamp_(-E_MAX, E_MAX)
-        # compress_ef on every tensor, batched over tensors (same bits)
-        data = codec.encode(self.spec, compress_ef_many(self.e, self.cfg.compress))
-        self._compress_s = time.perf_counter() - t0
-        return data
-
-    def _delta(self) -> torch.Tensor:
-        """This round's pseudo-gradient, flat float32: the gradient (paper mode) or
+        """Fold this round's pseudo-gradient into e, take its compressed part out (error
+        feedback) and encode it. The pseudo-gradient is the gradient (paper mode) or
         theta_sync - theta_local (local mode)."""
+        t0 = time.perf_counter()
         if self.cfg.mode == "paper":
             for n, p in zip(self.names, self.params, strict=True):
                 if p.grad is None:
                     raise RuntimeError(f"{n} has no gradient")
-            return torch.cat([p.grad.reshape(-1).float().cpu() for p in self.params])
-        local = [p.detach().reshape(-1).cpu() for p in self.params]
-        if self._theta is not None:
-            return (self._theta - torch.cat(local)).float()
-        pairs = zip(self.theta_sync, local, strict=True)
-        return torch.cat([(th.reshape(-1) - x).float() for th, x in pairs])
+            self.feedback.fold(self.cfg.beta, [p.grad.float().cpu() for p in self.params])
+        else:
+            local = [p.detach().cpu() for p in self.params]
+            self.feedback.fold(self.cfg.beta, self.theta_sync, local)
+        data = codec.encode(self.spec, self.feedback.take())
+        self._compress_s = time.perf_counter() - t0
+        return data
 
     def decode_all(
         self, packets: Iterable[tuple[Hashable, bytes]]
@@ -271,15 +253,6 @@ class DeMo:
             return st
         self.inner_step()
         return self.sync(gather) if self.due else None
-
-
-def _views(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """flat cut into consecutive views shaped like the tensors of `like`."""
-    out, at = [], 0
-    for t in like:
-        out.append(flat[at : at + t.numel()].view(t.shape))
-        at += t.numel()
-    return out
 
 
 def lockstep(opts: Sequence[DeMo]) -> list[SyncStats]:
