@@ -47,6 +47,7 @@ class Feedback:
         self.vec = torch.zeros(nv, n)
         self._xm = torch.empty(n, nm, n)  # this round's pseudo-gradient, chunked
         self._xv = torch.empty(nv, n)
+        self._y = torch.empty(n, nm * n)
         self._edges = (self._edge(self.mats), self._edge(self.vecs))
 
     def _edge(self, group: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -97,8 +98,7 @@ class Feedback:
     def fold(
         self, beta: float, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor] | None = None
     ) -> None:
-        """e = beta * e + DCT(delta) with delta = a - b (or a), per tensor, on the CPU; a
-        non-finite coefficient becomes 0 and every one is clamped to [-C_MAX, C_MAX]."""
+        """e = beta * e + DCT(delta) with delta = a - b (or a), per tensor, on the CPU."""
         n = self.cfg.chunk
         for i in self.mats:
             dst = self._xm[:, self.start[i] : self.start[i] + self.counts[i]]
@@ -110,14 +110,10 @@ class Feedback:
         B = dct.basis_as(n, torch.float32)
         nm = self._xm.shape[1]
         if nm:  # e = beta e + (B @ X) @ B^T, both as flat products over all chunks
-            y = (B @ self._xm.view(n, nm * n)).view(n * nm, n)
+            y = torch.mm(B, self._xm.view(n, nm * n), out=self._y).view(n * nm, n)
             self.mat.view(n * nm, n).addmm_(y, B.T, beta=beta)
         if self._xv.shape[0]:
             self.vec.addmm_(self._xv, B.T, beta=beta)
-        for x in (self.mat, self.vec):
-            lo, hi = (float(x.amin()), float(x.amax())) if x.numel() else (0.0, 0.0)
-            if not (lo >= -C_MAX and hi <= C_MAX):  # false for NaN too
-                torch.nan_to_num_(x, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
 
     def _chunks_into(self, dst: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> None:
         """Write the matrix chunks of a - b (or a) into dst, an (n, chunks, n) slice of the
@@ -142,17 +138,26 @@ class Feedback:
 
     def take(self) -> list[Sparse]:
         """Top-k of every chunk of e, quantized with one scale exponent per tensor, and taken
-        out of e (what is not sent stays for later rounds). Returns one Sparse per tensor."""
+        out of e (what is not sent stays for later rounds). Returns one Sparse per tensor.
+
+        First a non-finite coefficient becomes 0 and every one is clamped to [-C_MAX, C_MAX]:
+        a broken local state must not stop the node (quantization would raise)."""
         out: list[Sparse | None] = [None] * len(self.shapes)
         n, k2, k1 = self.cfg.chunk, self.cfg.k2d, self.cfg.k1d
         if self.mats:
             m3 = self.mat
-            idx = _topk_rows(m3, k2)
+            big = _row_max(m3)
+            if not float(big.max()) <= C_MAX:  # false for NaN too
+                torch.nan_to_num_(m3, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
+                big = _row_max(m3)
+            idx = _topk_rows(m3, k2, big)
             chunk = torch.arange(m3.shape[1]).unsqueeze(1)
             r, c = idx.div(n, rounding_mode="floor"), idx.remainder(n)
             vals = m3[r, chunk, c]
             m3[r, chunk, c] = self._quantize(self.mats, idx, vals, out)
         if self.vecs:
+            if not float(self.vec.abs().max()) <= C_MAX:
+                torch.nan_to_num_(self.vec, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
             a = self.vec.abs()
             idx = torch.topk(a, k1, dim=1, sorted=False).indices.sort(dim=1).values
             vals = self.vec.gather(1, idx)
@@ -203,9 +208,16 @@ def _exponents(vals: torch.Tensor, rows: torch.Tensor, bits: int) -> torch.Tenso
     return exp.to(torch.int64)
 
 
-def _topk_rows(m3: torch.Tensor, k: int) -> torch.Tensor:
+def _row_max(m3: torch.Tensor) -> torch.Tensor:
+    """max |e| of every row of every chunk, (n, chunks), as max(-min, max): two reductions
+    without an |e| temporary (aminmax over a dim measured ~8x slower than the two); NaN where
+    a row holds one."""
+    return torch.maximum(m3.amin(2).neg_(), m3.amax(2))
+
+
+def _topk_rows(m3: torch.Tensor, k: int, big: torch.Tensor) -> torch.Tensor:
     """Indices (row * n + column, ascending) of the k largest |e| of every chunk of m3, an
-    (n, chunks, n) layout.
+    (n, chunks, n) layout; `big` is _row_max(m3).
 
     When k <= n / 4 it reads groups: the k largest entries of a chunk lie in the k rows
     (row frequencies) with the largest maxima, because a row outside them has k rows above it,
@@ -215,9 +227,6 @@ def _topk_rows(m3: torch.Tensor, k: int) -> torch.Tensor:
     if k > n // 4:
         rows = m3.permute(1, 0, 2).reshape(nc, n * n).abs()
         return torch.topk(rows, k, dim=1, sorted=False).indices.sort(dim=1).values
-    # max |e| per row as max(-min, max): two reductions without an |e| temporary (aminmax
-    # over a dim measured ~8x slower than the two)
-    big = torch.maximum(m3.amin(2).neg_(), m3.amax(2))  # (n, nc)
     top = torch.topk(big.T, k, dim=1, sorted=False).indices  # (nc, k)
     cand = m3[top, torch.arange(nc).unsqueeze(1)]  # (nc, k, n)
     pick = torch.topk(cand.reshape(nc, k * n).abs(), k, dim=1, sorted=False).indices
