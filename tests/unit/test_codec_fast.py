@@ -1,7 +1,7 @@
 """The batched codec paths give the very bits of the per-tensor ones.
 
-The one-pass packet decoder against the field-by-field one, and the merged sparse aggregation
-against the dense exact path, including chunks whose merged entries all cancel.
+The one-pass packet decoder against the field-by-field one, and the sparse aggregation
+against the dense exact path, including chunks whose entries all cancel.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_one_pass_codec_matches_field_by_field(cfg, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("n", [2, 5])
-def test_merged_sparse_aggregate_equals_dense(n: int) -> None:
+def test_sparse_aggregate_equals_dense_with_repeated_indices(n: int) -> None:
     cfg = CompressConfig(k2d=8)
     spec, pk = _packets(cfg, n, 1)
     # overlapping picks: every sender also sends sender 0's indices in half the tensors

@@ -99,25 +99,6 @@ def _dense(idx, val, nc, ce, n, dims, Bq) -> torch.Tensor:
     return X.view(n, nc, n).transpose(0, 1)
 
 
-def _merge(idx: torch.Tensor, val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entries with the same index in a row summed into one (exact: integers below 2^53), rows
-    padded with (index 0, value 0) to the longest: senders mostly pick the same coefficients,
-    so the sparse inverse then does fewer products for the same integers."""
-    if idx.shape[1] < 2:
-        return idx, val
-    sidx, perm = idx.sort(dim=1)
-    first = torch.ones_like(sidx, dtype=torch.bool)
-    first[:, 1:] = sidx[:, 1:] != sidx[:, :-1]
-    pos = first.cumsum(1) - 1
-    u = int(pos[:, -1].max()) + 1 if pos.numel() else 0
-    if u == idx.shape[1]:
-        return idx, val
-    mval = torch.zeros(val.shape, dtype=val.dtype, device=val.device)
-    mval.scatter_add_(1, pos, val.gather(1, perm))
-    midx = torch.zeros_like(idx).scatter_(1, pos, sidx)
-    return midx[:, :u], mval[:, :u]
-
-
 def _coefficient_mean(idx: torch.Tensor, val: torch.Tensor, m: int):
     """Per row, each distinct index once with round(2^m * sum / count) of the senders that sent
     it (integer division, half away from zero: exact and order-free), padded with (0, 0) to the
@@ -216,11 +197,12 @@ def aggregate(
         if dense if dense is not None else idx.shape[1] >= (n if dims == 1 else DENSE_WIDTH):
             X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
         else:  # fewer products, the very same exact integers
-            idx, val = _merge(idx, val)
             X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
             if not bool((val != 0).any(1).all()):
-                # a chunk whose merged entries all cancelled must read +0 everywhere, as the
-                # sum of its unmerged products (never all zero: levels are not 0) does
+                # a chunk whose entries are all 0 (levels rounded away, or a per-coefficient
+                # mean's padding) sums only products +-0 and must read +0 everywhere; one
+                # nonzero entry makes every sum of the chunk hold a nonzero product (no entry of
+                # Bq is 0), and an exact sum of those that comes to 0 is +0
                 X = X + 0.0
         counts = [spec.layout[i][0] for i in ts]
         for i, x in zip(ts, X.split(counts), strict=True):
