@@ -45,9 +45,6 @@ class Feedback:
         nm, nv = sum(self.counts[i] for i in self.mats), sum(self.counts[i] for i in self.vecs)
         self.mat = torch.zeros(n, nm, n)
         self.vec = torch.zeros(nv, n)
-        self._xm = torch.empty(n, nm, n)  # this round's pseudo-gradient, chunked
-        self._xv = torch.empty(nv, n)
-        self._y = torch.empty(n, nm * n)
         self._edges = (self._edge(self.mats), self._edge(self.vecs))
 
     def _edge(self, group: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -58,16 +55,17 @@ class Feedback:
             v = dct.view2(self.shapes[i])
             R, C = (1, v[0]) if len(v) == 1 else v
             ra, cb = -(-R // n), -(-C // n)
-            for a in range(ra):
-                for b in range(cb):
-                    rows, cols = min(n, R - a * n), min(n, C - b * n)
-                    if (rows < n and len(v) == 2) or cols < n:
-                        m = torch.zeros(n, n) if len(v) == 2 else torch.zeros(n)
-                        m[..., :cols] = 1.0
-                        if len(v) == 2:
-                            m[rows:] = 0.0
-                        pos.append(self.start[i] + a * cb + b)
-                        masks.append(m)
+            # only the last row and the last column of blocks can reach into padding
+            edge = {(ra - 1, b) for b in range(cb)} if R % n else set()
+            edge |= {(a, cb - 1) for a in range(ra)} if C % n else set()
+            for a, b in sorted(edge):
+                rows, cols = min(n, R - a * n), min(n, C - b * n)
+                m = torch.zeros(n, n) if len(v) == 2 else torch.zeros(n)
+                m[..., :cols] = 1.0
+                if len(v) == 2:
+                    m[rows:] = 0.0
+                pos.append(self.start[i] + a * cb + b)
+                masks.append(m)
         return (torch.tensor(pos), torch.stack(masks)) if pos else None
 
     # ------------------------------------------------------------------ state
@@ -100,20 +98,21 @@ class Feedback:
     ) -> None:
         """e = beta * e + DCT(delta) with delta = a - b (or a), per tensor, on the CPU."""
         n = self.cfg.chunk
+        xm, xv = torch.empty_like(self.mat), torch.empty_like(self.vec)  # delta, chunked
         for i in self.mats:
-            dst = self._xm[:, self.start[i] : self.start[i] + self.counts[i]]
+            dst = xm[:, self.start[i] : self.start[i] + self.counts[i]]
             self._chunks_into(dst, a[i], None if b is None else b[i])
         for i in self.vecs:
             x = a[i] if b is None else a[i] - b[i]
-            dst = self._xv[self.start[i] : self.start[i] + self.counts[i]]
+            dst = xv[self.start[i] : self.start[i] + self.counts[i]]
             dst.copy_(dct.to_chunks(x.reshape(-1), n))
         B = dct.basis_as(n, torch.float32)
-        nm = self._xm.shape[1]
+        nm = xm.shape[1]
         if nm:  # e = beta e + (B @ X) @ B^T, both as flat products over all chunks
-            y = torch.mm(B, self._xm.view(n, nm * n), out=self._y).view(n * nm, n)
+            y = (B @ xm.view(n, nm * n)).view(n * nm, n)
             self.mat.view(n * nm, n).addmm_(y, B.T, beta=beta)
-        if self._xv.shape[0]:
-            self.vec.addmm_(self._xv, B.T, beta=beta)
+        if xv.shape[0]:
+            self.vec.addmm_(xv, B.T, beta=beta)
 
     def _chunks_into(self, dst: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> None:
         """Write the matrix chunks of a - b (or a) into dst, an (n, chunks, n) slice of the
