@@ -62,3 +62,18 @@ def test_cancelled_chunks_read_plus_zero() -> None:
     assert a.digest() == agg.aggregate(spec, both, dense=True).digest()
     for x in a.sums:
         assert not torch.signbit(x).any()  # +0 everywhere, never -0
+
+
+def test_a_zero_in_the_basis_still_reads_plus_zero() -> None:
+    """Chunk 48: Bq[16, 1] == 0, so a chunk whose one entry sits in row 16 sums only +-0 in
+    output row 1; sparse and dense must both read +0 there."""
+    from dtrain_node.optim import dct
+
+    assert dct.basis_has_zero(48) and not dct.basis_has_zero(64)
+    cfg = CompressConfig(chunk=48, k2d=1, k1d=1)
+    spec = codec.Spec(("w",), ((48, 48),), cfg)
+    one = [Sparse(torch.tensor([[16 * 48 + 5]]), torch.tensor([[-1]], dtype=torch.int8), 0)]
+    a = agg.aggregate(spec, [("0x01", one)], dense=False)
+    assert a.digest() == agg.aggregate(spec, [("0x01", one)], dense=True).digest()
+    zeros = a.sums[0] == 0
+    assert bool(zeros.any()) and not bool(torch.signbit(a.sums[0][zeros]).any())

@@ -198,11 +198,12 @@ def aggregate(
             X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
         else:  # fewer products, the very same exact integers
             X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
-            if not bool((val != 0).any(1).all()):
-                # a chunk whose entries are all 0 (levels rounded away, or a per-coefficient
-                # mean's padding) sums only products +-0 and must read +0 everywhere; one
-                # nonzero entry makes every sum of the chunk hold a nonzero product (no entry of
-                # Bq is 0), and an exact sum of those that comes to 0 is +0
+            if dct.basis_has_zero(n) or not bool((val != 0).any(1).all()):
+                # a sum of products that are all +-0 must read +0, as the dense path's does:
+                # that happens in a chunk whose entries are all 0 (levels rounded away, or a
+                # per-coefficient mean's padding), or, when Bq has a 0 entry (chunk sizes that
+                # are not powers of two), where every entry meets one; otherwise each sum holds
+                # a nonzero product, and an exact sum that comes to 0 is +0
                 X = X + 0.0
         counts = [spec.layout[i][0] for i in ts]
         for i, x in zip(ts, X.split(counts), strict=True):

@@ -57,6 +57,13 @@ def basis_q(n: int = N) -> torch.Tensor:
     return torch.round(x).to(torch.int64)
 
 
+@cache
+def basis_has_zero(n: int = N) -> bool:
+    """Whether Bq has an entry 0 (never for powers of two: cos(pi (2j+1) r / 2n) is 0 only
+    when (2j+1) r is an odd multiple of n)."""
+    return bool((basis_q(n) == 0).any())
+
+
 def basis_q_sha256(n: int = N) -> str:
     """sha256 of the integer basis as little-endian int64 bytes, row-major."""
     return hashlib.sha256(basis_q(n).numpy().astype("<i8").tobytes()).hexdigest()
