@@ -199,11 +199,8 @@ def aggregate(
         else:  # fewer products, the very same exact integers
             X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
             if dct.basis_has_zero(n) or not bool((val != 0).any(1).all()):
-                # a sum of products that are all +-0 must read +0, as the dense path's does:
-                # that happens in a chunk whose entries are all 0 (levels rounded away, or a
-                # per-coefficient mean's padding), or, when Bq has a 0 entry (chunk sizes that
-                # are not powers of two), where every entry meets one; otherwise each sum holds
-                # a nonzero product, and an exact sum that comes to 0 is +0
+                # sums of only +-0 products must read +0 as on the dense path: chunks whose
+                # entries are all 0, or any chunk when Bq has 0 entries (docs/demo-optimizer.md)
                 X = X + 0.0
         counts = [spec.layout[i][0] for i in ts]
         for i, x in zip(ts, X.split(counts), strict=True):
