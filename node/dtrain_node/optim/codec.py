@@ -275,7 +275,7 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[S
     word = np.zeros((len(raw), raw.shape[1] + 2), np.uint32)  # 3 bytes readable at any offset
     word[:, : raw.shape[1]] = raw
     for w, pos in f.pos.items():
-        v = _values(word, bits, pos, w)
+        v = _values(word, pos, w)
         good &= ~(v >= f.hi[w]).any(1)
         good &= ~(np.diff(v, axis=1, prepend=0)[:, f.step[w]] <= 0).any(1)
         vals[w] = v
@@ -293,12 +293,11 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[S
     return out
 
 
-def _values(word: np.ndarray, bits: np.ndarray, pos: np.ndarray, w: int) -> np.ndarray:
+def _values(word: np.ndarray, pos: np.ndarray, w: int) -> np.ndarray:
     """The w-bit values whose bits sit at `pos` (w consecutive bits each, least significant
-    first), per row, as int64. A value of up to 17 bits lies within the 3 bytes from its first
-    one: three byte gathers and a shift instead of a gather of every bit."""
-    if w > 17:
-        return bits[:, pos].reshape(len(bits), -1, w).astype(np.int64) @ (1 << np.arange(w))
+    first), per row, as int64. Fields are at most 12 bits wide (indices of a 64x64 chunk;
+    levels take 1 or 2), so a value lies within the 3 bytes from its first one: three byte
+    gathers and a shift instead of a gather of every bit."""
     first = pos[::w]
     at, sh = first >> 3, (first & 7).astype(np.uint32)
     v = word[:, at] | (word[:, at + 1] << 8) | (word[:, at + 2] << 16)

@@ -155,9 +155,10 @@ class Feedback:
             vals = m3[r, chunk, c]
             m3[r, chunk, c] = self._quantize(self.mats, idx, vals, out)
         if self.vecs:
-            if not float(self.vec.abs().max()) <= C_MAX:
-                torch.nan_to_num_(self.vec, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
             a = self.vec.abs()
+            if not float(a.max()) <= C_MAX:
+                torch.nan_to_num_(self.vec, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
+                a = self.vec.abs()
             idx = torch.topk(a, k1, dim=1, sorted=False).indices.sort(dim=1).values
             vals = self.vec.gather(1, idx)
             self.vec.scatter_(1, idx, self._quantize(self.vecs, idx, vals, out))
