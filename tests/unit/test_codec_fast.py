@@ -49,8 +49,9 @@ def test_sparse_aggregate_equals_dense_with_repeated_indices(n: int) -> None:
         (s, [Sparse(pk[0][1][i].idx, x.lvl, x.exp) if i % 2 else x for i, x in enumerate(sp)])
         for s, sp in pk
     ]
-    sparse = agg.aggregate(spec, pk, dense=False)
-    assert sparse.digest() == agg.aggregate(spec, pk, dense=True).digest()
+    want = agg.aggregate(spec, pk, dense=True).digest()
+    assert agg.aggregate(spec, pk, dense=False).digest() == want  # batched outer products
+    assert agg.aggregate(spec, pk).digest() == want  # the compiled grouped inverse
 
 
 def test_cancelled_chunks_read_plus_zero() -> None:
@@ -58,10 +59,10 @@ def test_cancelled_chunks_read_plus_zero() -> None:
     spec, pk = _packets(cfg, 1, 2)
     neg = [Sparse(x.idx, -x.lvl, x.exp) for x in pk[0][1]]
     both = [pk[0], ("0xff", neg)]
-    a = agg.aggregate(spec, both, dense=False)
-    assert a.digest() == agg.aggregate(spec, both, dense=True).digest()
-    for x in a.sums:
-        assert not torch.signbit(x).any()  # +0 everywhere, never -0
+    for a in (agg.aggregate(spec, both, dense=False), agg.aggregate(spec, both)):
+        assert a.digest() == agg.aggregate(spec, both, dense=True).digest()
+        for x in a.sums:
+            assert not torch.signbit(x).any()  # +0 everywhere, never -0
 
 
 def test_a_zero_in_the_basis_still_reads_plus_zero() -> None:
@@ -69,11 +70,12 @@ def test_a_zero_in_the_basis_still_reads_plus_zero() -> None:
     output row 1; sparse and dense must both read +0 there."""
     from dtrain_node.optim import dct
 
-    assert dct.basis_has_zero(48) and not dct.basis_has_zero(64)
+    assert dct.basis_has_zero(48) and not dct.basis_has_zero(64)  # 48: not a power of two
     cfg = CompressConfig(chunk=48, k2d=1, k1d=1)
     spec = codec.Spec(("w",), ((48, 48),), cfg)
     one = [Sparse(torch.tensor([[16 * 48 + 5]]), torch.tensor([[-1]], dtype=torch.int8), 0)]
-    a = agg.aggregate(spec, [("0x01", one)], dense=False)
-    assert a.digest() == agg.aggregate(spec, [("0x01", one)], dense=True).digest()
-    zeros = a.sums[0] == 0
-    assert bool(zeros.any()) and not bool(torch.signbit(a.sums[0][zeros]).any())
+    for dense in (False, None):
+        a = agg.aggregate(spec, [("0x01", one)], dense=dense)
+        assert a.digest() == agg.aggregate(spec, [("0x01", one)], dense=True).digest()
+        zeros = a.sums[0] == 0
+        assert bool(zeros.any()) and not bool(torch.signbit(a.sums[0][zeros]).any())

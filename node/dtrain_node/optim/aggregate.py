@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dtrain_node.optim import dct
+from dtrain_node.optim import dct, inverse
 from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import Sparse
 
@@ -148,6 +148,26 @@ def bound_shift(nsend: int, k: int, max_level: int, bmax: int, dims: int) -> int
     return s
 
 
+def _inverse(spec: Spec, ts: list[int], idx, val, Bq, dense: bool | None) -> list[torch.Tensor]:
+    """The group's tensors from their summed sparse coefficients, by one of three algorithms
+    that compute the very same exact integers: dense (Bq^T A Bq), the compiled grouped inverse
+    for matrices on the CPU (inverse.py), or batched outer products."""
+    n, shapes = spec.cfg.chunk, [spec.shapes[i] for i in ts]
+    dims = 2 if spec.layout[ts[0]][1] != n else 1
+    if dims == 2 and dense is None and Bq.device.type == "cpu":
+        return inverse.matrices(idx, val, Bq, shapes)
+    if dense if dense is not None else idx.shape[1] >= (n if dims == 1 else DENSE_WIDTH):
+        X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
+    else:
+        X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
+        if dct.basis_has_zero(n) or not bool((val != 0).any(1).all()):
+            # sums of only +-0 products must read +0 as on the dense path: chunks whose
+            # entries are all 0, or any chunk when Bq has 0 entries (docs/demo-optimizer.md)
+            X = X + 0.0
+    counts = [spec.layout[i][0] for i in ts]
+    return [dct.from_chunks(x, s, n) for x, s in zip(X.split(counts), shapes, strict=True)]
+
+
 def aggregate(
     spec: Spec,
     packets: Sequence[tuple[Hashable, Sequence[Sparse]]],
@@ -157,10 +177,11 @@ def aggregate(
 ) -> Aggregate:
     """Sum decoded packets exactly. Senders must be distinct and mutually sortable (ids).
 
-    `dense` picks the inverse-transform algorithm (default: by sparsity); both give the same
-    bits because both compute exact integers. `per_coefficient` divides each DCT coefficient
-    by the number of senders that sent it (the DeMo reference's mean) instead of the whole sum
-    by the number of senders.
+    `dense` picks the inverse-transform algorithm: True the dense one, False batched outer
+    products, None (default) the compiled grouped inverse for matrices on the CPU and otherwise
+    by sparsity. All give the same bits because all compute exact integers. `per_coefficient`
+    divides each DCT coefficient by the number of senders that sent it (the DeMo reference's
+    mean) instead of the whole sum by the number of senders.
     """
     if not packets:
         raise ValueError("no packets to aggregate")
@@ -194,15 +215,7 @@ def aggregate(
         for i, e in zip(ts, e0, strict=True):
             exps[i] = e - m - dims * dct.QBITS
         idx, val = idx.to(device), val.to(device=device, dtype=torch.float64)
-        if dense if dense is not None else idx.shape[1] >= (n if dims == 1 else DENSE_WIDTH):
-            X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
-        else:  # fewer products, the very same exact integers
-            X = dct.ichunks_sparse(idx, val, n, dims == 1, Bq)
-            if dct.basis_has_zero(n) or not bool((val != 0).any(1).all()):
-                # sums of only +-0 products must read +0 as on the dense path: chunks whose
-                # entries are all 0, or any chunk when Bq has 0 entries (docs/demo-optimizer.md)
-                X = X + 0.0
-        counts = [spec.layout[i][0] for i in ts]
-        for i, x in zip(ts, X.split(counts), strict=True):
-            sums[i] = dct.from_chunks(x, spec.shapes[i], n)
+        tensors = _inverse(spec, ts, idx, val, Bq, dense)
+        for i, x in zip(ts, tensors, strict=True):
+            sums[i] = x
     return Aggregate(sums, exps, senders, per_coefficient)  # type: ignore[arg-type]
