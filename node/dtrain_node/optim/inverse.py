@@ -1,17 +1,17 @@
 """The exact sparse inverse of the matrix chunks of one aggregation group, written straight into
-the tensors (aggregate.py calls it, dct.py defines the layout).
+the tensors (compiled with numba; aggregate.py calls it, dct.py defines the layout).
 
 Per chunk, X = sum_e v_e outer(Bq[r_e], Bq[c_e]) over its entries (r_e, c_e) = divmod(idx_e, n).
 Entries sharing a column c are summed first into G[c] = sum v_e Bq[r_e] (or, when the chunk has
 fewer distinct rows than columns, the same with rows and columns swapped), so a chunk costs
 (distinct columns) x n^2 products instead of (entries) x n^2: on real packets at 8 senders x
-k = 6, 48 entries share ~13 columns or rows. The grouping and the placement into the tensors
-are compiled loops (numba); the products are batched float64 matmuls, one per bucket of chunks
-with about as many keys. Every value is an integer and every partial sum stays below the bound
-aggregate.py checks (sum|v| * max|Bq|^2 < 2^53), so float64 computes them exactly: grouping,
-bucketing, BLAS order and FMA cannot change a bit. Each output is stored as `x + 0.0`, so a sum
-of only +-0 products reads +0 whatever the BLAS did.
+k = 6, 48 entries share ~13 columns or rows. Each output row is summed in a small buffer and
+stored once, cropped, into its tensor. Every value is an integer and every partial sum stays
+below the bound aggregate.py checks (sum|v| * max|Bq|^2 < 2^53), so float64 computes them
+exactly: grouping, order and FMA contraction cannot change a bit. Each output is stored as
+`x + 0.0`, so it never reads -0.
 """
+
 from __future__ import annotations
 
 import functools
@@ -23,8 +23,6 @@ import torch
 from numba import njit
 
 from dtrain_node.optim import dct
-
-STEP = 8  # chunks whose key counts round up to the same multiple of STEP share a product
 
 
 @functools.cache
@@ -47,10 +45,7 @@ def matrices(
 ) -> list[torch.Tensor]:
     """The tensors of `shapes` (2-D views, in order) from their chunks' sparse coefficients:
     idx, val (chunks, m) int64 and exact-integer float64, Bq the (n, n) integer basis as
-    float64. Same values, bit for bit, as the dense inverse of scatter_add(idx, val).
-
-    Chunks are bucketed by their number of keys (up to STEP apart) and each bucket is one
-    batched product L^T @ R, padded with zero rows to its widest chunk."""
+    float64. Same values, bit for bit, as the dense inverse of scatter_add(idx, val)."""
     n = Bq.shape[0]
     place, size = placement(tuple(tuple(s) for s in shapes), n)
     if val.shape != idx.shape or Bq.shape != (n, n):
@@ -63,17 +58,8 @@ def matrices(
     if idx.numel() and not (int(idx.min()) >= 0 and int(idx.max()) < n * n):
         raise ValueError(f"coefficient index outside [0, {n * n}): {idx.min()}..{idx.max()}")
     c = np.ascontiguousarray
-    I, V, B = c(idx.numpy()), c(val.numpy()), c(Bq.numpy())
     out = np.empty(size)
-    w = _widths(I, n)
-    bucket = -(-w // STEP)
-    for b in np.unique(bucket):
-        which = np.flatnonzero(bucket == b)
-        L = np.zeros((len(which), int(w[which].max()), n))
-        R = np.zeros_like(L)
-        _fill(I, V, B, which, L, R)
-        X = torch.bmm(torch.from_numpy(L).transpose(1, 2), torch.from_numpy(R))
-        _put(X.numpy(), which, place, out)
+    _matrices(c(idx.numpy()), c(val.numpy()), c(Bq.numpy()), out, place)
     flat, views, at = torch.from_numpy(out), [], 0
     for s in shapes:
         views.append(flat[at : at + math.prod(s)].view(s))
@@ -90,44 +76,42 @@ def warm() -> None:
 
 
 @njit(cache=True, nogil=True)
-def _widths(idx, n):  # pragma: no cover - compiled
-    """Keys per chunk: min(distinct rows, distinct columns) of its entries."""
-    out = np.empty(idx.shape[0], np.int64)
-    seen = np.zeros((2, n), np.int64)
-    for ch in range(idx.shape[0]):
-        dr, dc = _distinct(idx[ch], n, seen, ch + 1)
-        out[ch] = min(dr, dc)
-    return out
-
-
-@njit(cache=True, nogil=True)
-def _fill(idx, val, Bq, which, L, R):  # pragma: no cover - compiled
-    """For chunk which[i]: X = L[i]^T @ R[i], with (L, R) = (G, Bq[keys]) grouped by column or
-    (Bq[keys], G) grouped by row, whichever has fewer keys; rows past the keys stay 0."""
+def _matrices(idx, val, Bq, out, place):  # pragma: no cover - compiled
+    nc, m = idx.shape
     n = Bq.shape[0]
-    keys = np.empty(idx.shape[1], np.int64)
+    L = np.zeros((m, n + 3))  # 3 spare columns: a last block of 4 rows may read past n
+    R = np.empty((m, n))
+    keys = np.empty(m, np.int64)
     slot = np.full(n, -1, np.int64)
     seen = np.zeros((2, n), np.int64)
-    for i in range(which.shape[0]):
-        ch = which[i]
-        dr, dc = _distinct(idx[ch], n, seen, i + 1)
+    acc = np.empty((4, n))
+    for ch in range(nc):
+        dr, dc = _distinct(idx[ch], n, seen, ch + 1)
         byrow = dc > dr
-        G = R[i] if byrow else L[i]
-        w = _group(idx[ch], val[ch], Bq, byrow, G, keys, slot)
-        H = L[i] if byrow else R[i]
+        w = _group(idx[ch], val[ch], Bq, byrow, L, keys, slot)
+        # X[a, :] = sum_j L[j, a] R[j, :]: (L, R) = (G, Bq[keys]) by column, (Bq[keys], G) by row
         for j in range(w):
-            H[j, :] = Bq[keys[j], :]
-
-
-@njit(cache=True, nogil=True)
-def _put(X, which, place, out):  # pragma: no cover - compiled
-    """Chunk X[i] into its tensor at place[which[i]], cropped; stored as x + 0.0 (never -0)."""
-    for i in range(which.shape[0]):
-        at, stride, rows, cols = place[which[i]]
-        for a in range(rows):
-            o = at + a * stride
-            for b in range(cols):
-                out[o + b] = X[i, a, b] + 0.0
+            for b in range(n):
+                if byrow:
+                    R[j, b] = L[j, b]
+                    L[j, b] = Bq[keys[j], b]
+                else:
+                    R[j, b] = Bq[keys[j], b]
+        at, stride, rows, cols = place[ch, 0], place[ch, 1], place[ch, 2], place[ch, 3]
+        for a in range(0, rows, 4):  # four output rows share each load of R[j]
+            acc[:] = 0.0
+            for j in range(w):
+                s0, s1, s2, s3 = L[j, a], L[j, a + 1], L[j, a + 2], L[j, a + 3]
+                for b in range(n):
+                    x = R[j, b]
+                    acc[0, b] += s0 * x
+                    acc[1, b] += s1 * x
+                    acc[2, b] += s2 * x
+                    acc[3, b] += s3 * x
+            for i in range(min(4, rows - a)):
+                o = at + (a + i) * stride
+                for b in range(cols):
+                    out[o + b] = acc[i, b] + 0.0
 
 
 @njit(cache=True, nogil=True)
