@@ -79,3 +79,20 @@ def test_a_zero_in_the_basis_still_reads_plus_zero() -> None:
         assert a.digest() == agg.aggregate(spec, [("0x01", one)], dense=True).digest()
         zeros = a.sums[0] == 0
         assert bool(zeros.any()) and not bool(torch.signbit(a.sums[0][zeros]).any())
+
+
+@pytest.mark.parametrize("cfg", [CompressConfig(), CompressConfig(k2d=16, k1d=3, bits=2)])
+def test_aggregate_reads_decoded_packets_like_plain_lists(cfg) -> None:
+    """Aggregation reads each group's fields straight from the packets' value arrays; the
+    result is the one from the per-tensor parts."""
+    spec, pk = _packets(cfg, 4, 3)
+    decoded = codec.decode_many(spec, [codec.encode(spec, s) for _, s in pk])
+    assert all(isinstance(d, codec.Decoded) for d in decoded)
+    fast = [(s, d) for (s, _), d in zip(pk, decoded, strict=True)]
+    groups: dict = {}
+    for i, (_, ce, k, _, _) in enumerate(spec.layout):
+        groups.setdefault((ce == cfg.chunk, k), []).append(i)
+    assert all(agg._span(spec, tuple(ts)) is not None for ts in groups.values())
+    want = agg.aggregate(spec, [(s, list(d)) for s, d in fast])
+    for dense in (None, True):
+        assert agg.aggregate(spec, fast, dense=dense).digest() == want.digest()

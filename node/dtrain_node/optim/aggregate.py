@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from dtrain_node.optim import dct, inverse
-from dtrain_node.optim.codec import Spec
+from dtrain_node.optim.codec import Decoded, Spec
 from dtrain_node.optim.compress import Sparse
 
 LIMIT = 2**53  # float64 holds every integer below this exactly
@@ -114,19 +114,41 @@ def _coefficient_mean(idx: torch.Tensor, val: torch.Tensor, m: int):
     return torch.zeros_like(idx).scatter_(1, pos, sidx), torch.where(num < 0, -q, q)
 
 
-def _integers(parts: Sequence[Sequence[Sparse]], ex: torch.Tensor, k: int, s_max: int):
+def _integers(spec: Spec, order, ts: list[int], ex: torch.Tensor, s_max: int):
     """A group of tensors' entries, every sender's side by side, as integers
     lvl * 2^(exp - e0) with each tensor's common exponent e0 at most `s_max` below its largest.
 
-    parts[s] are sender s's tensors of the group and ex[s] their exponents. Returns (e0 per
-    tensor, indices, values): rows are the group's chunks in tensor order, columns the senders'
-    k entries in sender order."""
+    order are the (sender, tensors) packets and ex[s] sender s's exponents of the group.
+    Returns (e0 per tensor, indices, values): rows are the group's chunks in tensor order,
+    columns the senders' k entries in sender order."""
+    k, S = spec.layout[ts[0]][2], len(order)
     e0 = torch.maximum(ex.min(0).values, ex.max(0).values - s_max)
-    idx = torch.cat([torch.cat([t.idx for t in p]) for p in parts], 1).to(torch.int64)
-    lvl = torch.cat([torch.cat([t.lvl for t in p]) for p in parts], 1).to(torch.int64)
-    rows = torch.tensor([t.idx.shape[0] for t in parts[0]])
+    span = _span(spec, tuple(ts))
+    if span is not None and all(isinstance(p[1], Decoded) for p in order):
+        w, start, size, at = span  # the group's fields straight from the packets' arrays
+        idx = torch.stack([p[1].values[w][start : start + size] for p in order])
+        lvl = torch.stack([p[1].levels for p in order])[:, at]
+    else:
+        idx = torch.stack([torch.cat([p[1][i].idx.reshape(-1) for i in ts]) for p in order])
+        lvl = torch.stack([torch.cat([p[1][i].lvl.reshape(-1) for i in ts]) for p in order])
+    idx, lvl = (x.view(S, -1, k).transpose(0, 1).reshape(-1, S * k) for x in (idx, lvl))
+    rows = torch.tensor([spec.layout[i][0] for i in ts])
     sh = (ex - e0).repeat_interleave(rows, dim=1).T.repeat_interleave(k, dim=1)
-    return e0.tolist(), idx, _shift(lvl, sh)
+    return e0.tolist(), idx.to(torch.int64), _shift(lvl.to(torch.int64), sh)
+
+
+@functools.cache
+def _span(spec: Spec, ts: tuple[int, ...]) -> tuple[int, int, int, torch.Tensor] | None:
+    """Where a group's fields sit in a Decoded packet: (index width, first index, number of
+    indices, positions of its levels), or None if its indices are not one run of one width."""
+    spans = [spec.fields.spans[i] for i in ts]
+    sizes = [spec.layout[i][0] * spec.layout[i][2] for i in ts]
+    w, start = spans[0][0], spans[0][1]
+    ends = [sp[1] + m for sp, m in zip(spans, sizes, strict=True)]
+    if any(sp[0] != w for sp in spans) or [sp[1] for sp in spans[1:]] != ends[:-1]:
+        return None
+    at = torch.cat([torch.arange(sp[3], sp[3] + m) for sp, m in zip(spans, sizes, strict=True)])
+    return w, start, sum(sizes), at
 
 
 @functools.cache
@@ -205,7 +227,7 @@ def aggregate(
     sums: list[torch.Tensor | None] = [None] * len(spec.layout)
     for (dims, k), ts in groups.items():
         s_max = bound_shift(len(order) << m, k, spec.cfg.max_level, bmax, dims)
-        e0, idx, val = _integers([[p[1][i] for i in ts] for p in order], ex[:, ts], k, s_max)
+        e0, idx, val = _integers(spec, order, ts, ex[:, ts], s_max)
         if per_coefficient:
             idx, val = _coefficient_mean(idx, val, m)
         l1 = int(val.abs().sum(1).max()) if idx.shape[0] else 0

@@ -92,6 +92,19 @@ class Spec:
         return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
 
+class Decoded(list):
+    """A packet decoded in one pass: its tensors' Sparse parts (this list), which are views of
+    the packet's value arrays, kept as `values[w]` (every w-bit field, in packet order) and
+    `levels` (every level code as its level). Aggregation reads a group of tensors from them
+    at once (`Spec.fields.spans` say where each tensor's part starts)."""
+
+    def __init__(
+        self, tensors: list[Sparse], values: dict[int, torch.Tensor], levels: torch.Tensor
+    ) -> None:
+        super().__init__(tensors)
+        self.values, self.levels = values, levels
+
+
 @dataclass(frozen=True)
 class _Fields:
     """Bit positions of a packet's fields, grouped by width, so that `decode` reads them all in
@@ -285,11 +298,13 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[S
         if not good[r]:
             out.append(None)
             continue
+        row = {w: torch.from_numpy(v[r]) for w, v in vals.items()}
+        lr = torch.from_numpy(lv[r])
         ts = []
         for (n, _, k, _, _), (iw, si, _, sv), e in zip(spec.layout, f.spans, exps[r], strict=True):
-            idx = torch.from_numpy(vals[iw][r, si : si + n * k].reshape(n, k))
-            ts.append(Sparse(idx, torch.from_numpy(lv[r, sv : sv + n * k].reshape(n, k)), int(e)))
-        out.append(ts)
+            idx = row[iw][si : si + n * k].view(n, k)
+            ts.append(Sparse(idx, lr[sv : sv + n * k].view(n, k), int(e)))
+        out.append(Decoded(ts, row, lr))
     return out
 
 
