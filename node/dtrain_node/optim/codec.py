@@ -298,13 +298,12 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[S
         if not good[r]:
             out.append(None)
             continue
-        row = {w: torch.from_numpy(v[r]) for w, v in vals.items()}
-        lr = torch.from_numpy(lv[r])
-        ts = []
+        ts = []  # numpy slices wrapped by from_numpy: ~2x faster than slicing torch rows
         for (n, _, k, _, _), (iw, si, _, sv), e in zip(spec.layout, f.spans, exps[r], strict=True):
-            idx = row[iw][si : si + n * k].view(n, k)
-            ts.append(Sparse(idx, lr[sv : sv + n * k].view(n, k), int(e)))
-        out.append(Decoded(ts, row, lr))
+            idx = torch.from_numpy(vals[iw][r, si : si + n * k].reshape(n, k))
+            ts.append(Sparse(idx, torch.from_numpy(lv[r, sv : sv + n * k].reshape(n, k)), int(e)))
+        row = {w: torch.from_numpy(v[r]) for w, v in vals.items()}
+        out.append(Decoded(ts, row, torch.from_numpy(lv[r])))
     return out
 
 
