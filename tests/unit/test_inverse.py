@@ -15,15 +15,16 @@ from dtrain_node.optim.aggregate import LIMIT
 
 def _reference(idx: torch.Tensor, val: torch.Tensor, shapes, n: int) -> list[torch.Tensor]:
     Bq = dct.basis_q(n)
-    A = torch.zeros(idx.shape[0], n * n, dtype=torch.int64)
+    vector = len(dct.view2(shapes[0])) == 1
+    A = torch.zeros(idx.shape[0], n if vector else n * n, dtype=torch.int64)
     A.scatter_add_(1, idx, val.to(torch.int64))
-    X = Bq.T @ A.view(-1, n, n) @ Bq  # int64: exact by construction
+    X = A @ Bq if vector else Bq.T @ A.view(-1, n, n) @ Bq  # int64: exact by construction
     counts = [dct.nchunks(s, n) for s in shapes]
     return [dct.from_chunks(x, s, n) for x, s in zip(X.split(counts), shapes, strict=True)]
 
 
 def _check(idx, val, shapes, n=64) -> list[torch.Tensor]:
-    got = inverse.matrices(idx, val.double(), dct.basis_q(n).double(), shapes)
+    got = inverse.tensors(idx, val.double(), dct.basis_q(n).double(), shapes)
     for g, want in zip(got, _reference(idx, val, shapes, n), strict=True):
         assert g.dtype == torch.float64 and tuple(g.shape) == tuple(want.shape)
         assert torch.equal(g, want.double())
@@ -54,8 +55,18 @@ def test_padded_and_higher_dim_shapes_are_cropped_exactly() -> None:
     assert [tuple(x.shape) for x in got] == [tuple(s) for s in shapes]
 
 
-def test_chunks_of_every_width_share_buckets_exactly() -> None:
-    # widths 1..64 keys: several buckets of STEP, each padded to its widest chunk
+def test_vectors_are_exact_and_cropped() -> None:
+    shapes = [(130,), (), (64,), (1,)]
+    chunks = sum(dct.nchunks(s) for s in shapes)
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 64, (chunks, 9), generator=g)
+    val = torch.randint(-300, 301, (chunks, 9), generator=g)
+    got = _check(idx, val, shapes)
+    assert [tuple(x.shape) for x in got] == [tuple(s) for s in shapes]
+
+
+def test_chunks_of_every_width_are_exact() -> None:
+    # from 1 to 64 distinct rows and columns per chunk
     g = torch.Generator().manual_seed(2)
     parts = [_entries(g, 1, 64, w, w) for w in range(1, 65)]
     idx, val = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
@@ -84,15 +95,13 @@ def test_values_at_the_exactness_bound_stay_exact() -> None:
 def test_chunk_count_must_match_the_shapes() -> None:
     idx, val = torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2, dtype=torch.float64)
     with pytest.raises(ValueError, match="3 chunks of coefficients for 4 chunks"):
-        inverse.matrices(idx, val, dct.basis_q().double(), [(128, 128)])
+        inverse.tensors(idx, val, dct.basis_q().double(), [(128, 128)])
 
 
-@pytest.mark.parametrize("bad", [-1, 64 * 64])
-def test_an_index_outside_the_chunk_is_refused(bad: int) -> None:
+@pytest.mark.parametrize(("bad", "shape"), [(-1, (64, 64)), (64 * 64, (64, 64)), (64, (64,))])
+def test_an_index_outside_the_chunk_is_refused(bad: int, shape) -> None:
     """The compiled loops index without bounds checks; the decoder never yields such an index,
     and the inverse refuses one anyway rather than write outside its buffers."""
     idx = torch.tensor([[3, bad]])
     with pytest.raises(ValueError, match="coefficient index outside"):
-        inverse.matrices(
-            idx, torch.ones(1, 2, dtype=torch.float64), dct.basis_q().double(), [(64, 64)]
-        )
+        inverse.tensors(idx, torch.ones(1, 2, dtype=torch.float64), dct.basis_q().double(), [shape])

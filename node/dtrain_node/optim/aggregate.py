@@ -172,12 +172,12 @@ def bound_shift(nsend: int, k: int, max_level: int, bmax: int, dims: int) -> int
 
 def _inverse(spec: Spec, ts: list[int], idx, val, Bq, dense: bool | None) -> list[torch.Tensor]:
     """The group's tensors from their summed sparse coefficients, by one of three algorithms
-    that compute the very same exact integers: dense (Bq^T A Bq), the compiled grouped inverse
-    for matrices on the CPU (inverse.py), or batched outer products."""
+    that compute the very same exact integers: dense (Bq^T A Bq), the compiled inverse on the
+    CPU (inverse.py), or batched outer products."""
     n, shapes = spec.cfg.chunk, [spec.shapes[i] for i in ts]
     dims = 2 if spec.layout[ts[0]][1] != n else 1
-    if dims == 2 and dense is None and Bq.device.type == "cpu":
-        return inverse.matrices(idx, val, Bq, shapes)
+    if dense is None and Bq.device.type == "cpu":
+        return inverse.tensors(idx, val, Bq, shapes)
     if dense if dense is not None else idx.shape[1] >= (n if dims == 1 else DENSE_WIDTH):
         X = _dense(idx, val, idx.shape[0], n if dims == 1 else n * n, n, dims, Bq)
     else:
@@ -200,10 +200,10 @@ def aggregate(
     """Sum decoded packets exactly. Senders must be distinct and mutually sortable (ids).
 
     `dense` picks the inverse-transform algorithm: True the dense one, False batched outer
-    products, None (default) the compiled grouped inverse for matrices on the CPU and otherwise
-    by sparsity. All give the same bits because all compute exact integers. `per_coefficient`
-    divides each DCT coefficient by the number of senders that sent it (the DeMo reference's
-    mean) instead of the whole sum by the number of senders.
+    products, None (default) the compiled inverse on the CPU and otherwise by sparsity. All
+    give the same bits because all compute exact integers. `per_coefficient` divides each DCT
+    coefficient by the number of senders that sent it (the DeMo reference's mean) instead of
+    the whole sum by the number of senders.
     """
     if not packets:
         raise ValueError("no packets to aggregate")

@@ -1,5 +1,6 @@
-"""The exact sparse inverse of the matrix chunks of one aggregation group, written straight into
-the tensors (compiled with numba; aggregate.py calls it, dct.py defines the layout).
+"""The exact sparse inverse of one aggregation group's chunks, written straight into the
+tensors (compiled with numba; aggregate.py calls it, dct.py defines the layout). Vectors: each
+n-vector is sum_e v_e Bq[idx_e]. Matrices: see below.
 
 Per chunk, X = sum_e v_e outer(Bq[r_e], Bq[c_e]) over its entries (r_e, c_e) = divmod(idx_e, n).
 Entries sharing a column c are summed first into G[c] = sum v_e Bq[r_e] (or, when the chunk has
@@ -27,12 +28,13 @@ from dtrain_node.optim import dct
 
 @functools.cache
 def placement(shapes: tuple[tuple[int, ...], ...], n: int) -> tuple[np.ndarray, int]:
-    """Where each matrix chunk of `shapes` (in order) lands in one flat output holding the
-    tensors back to back: rows (offset, row stride, rows inside the tensor, columns inside
-    it), and the output's length."""
+    """Where each chunk of `shapes` (in order) lands in one flat output holding the tensors back
+    to back: rows (offset, row stride, rows inside the tensor, columns inside it), and the
+    output's length. A vector of length L is one row of L (its chunks are n-vectors)."""
     rows, at = [], 0
     for shape in shapes:
-        R, C = dct.view2(shape)
+        v = dct.view2(shape)
+        R, C = v if len(v) == 2 else (1, v[0])
         for a in range(-(-R // n)):
             for b in range(-(-C // n)):
                 rows.append((at + a * n * C + b * n, C, min(n, R - a * n), min(n, C - b * n)))
@@ -40,13 +42,15 @@ def placement(shapes: tuple[tuple[int, ...], ...], n: int) -> tuple[np.ndarray, 
     return np.array(rows, dtype=np.int64).reshape(-1, 4), at
 
 
-def matrices(
+def tensors(
     idx: torch.Tensor, val: torch.Tensor, Bq: torch.Tensor, shapes: Sequence[tuple[int, ...]]
 ) -> list[torch.Tensor]:
-    """The tensors of `shapes` (2-D views, in order) from their chunks' sparse coefficients:
-    idx, val (chunks, m) int64 and exact-integer float64, Bq the (n, n) integer basis as
-    float64. Same values, bit for bit, as the dense inverse of scatter_add(idx, val)."""
+    """The tensors of `shapes` (in order; all matrices or all vectors, as dct.view2 sees them)
+    from their chunks' sparse coefficients: idx, val (chunks, m) int64 and exact-integer
+    float64, Bq the (n, n) integer basis as float64. Same values, bit for bit, as the dense
+    inverse of scatter_add(idx, val)."""
     n = Bq.shape[0]
+    vector = all(len(dct.view2(s)) == 1 for s in shapes)
     place, size = placement(tuple(tuple(s) for s in shapes), n)
     if val.shape != idx.shape or Bq.shape != (n, n):
         raise ValueError(
@@ -55,11 +59,12 @@ def matrices(
     if place.shape[0] != idx.shape[0]:
         raise ValueError(f"{idx.shape[0]} chunks of coefficients for {place.shape[0]} chunks")
     # the compiled loops do not check bounds: an index outside the chunk must never reach them
-    if idx.numel() and not (int(idx.min()) >= 0 and int(idx.max()) < n * n):
-        raise ValueError(f"coefficient index outside [0, {n * n}): {idx.min()}..{idx.max()}")
+    top = n if vector else n * n
+    if idx.numel() and not (int(idx.min()) >= 0 and int(idx.max()) < top):
+        raise ValueError(f"coefficient index outside [0, {top}): {idx.min()}..{idx.max()}")
     c = np.ascontiguousarray
     out = np.empty(size)
-    _matrices(c(idx.numpy()), c(val.numpy()), c(Bq.numpy()), out, place)
+    (_vectors if vector else _matrices)(c(idx.numpy()), c(val.numpy()), c(Bq.numpy()), out, place)
     flat, views, at = torch.from_numpy(out), [], 0
     for s in shapes:
         views.append(flat[at : at + math.prod(s)].view(s))
@@ -71,8 +76,24 @@ def matrices(
 def warm() -> None:
     """Compile (or load from numba's cache) ahead of the first round: a node calls this when
     its optimizer starts, so no sync round waits for the compiler."""
-    one = torch.ones(1, 1, dtype=torch.float64)
-    matrices(torch.zeros(1, 1, dtype=torch.int64), one, dct.basis_q(4).double(), [(4, 4)])
+    one, Bq = torch.ones(1, 1, dtype=torch.float64), dct.basis_q(4).double()
+    for shape in ((4, 4), (4,)):
+        tensors(torch.zeros(1, 1, dtype=torch.int64), one, Bq, [shape])
+
+
+@njit(cache=True, nogil=True)
+def _vectors(idx, val, Bq, out, place):  # pragma: no cover - compiled
+    n = Bq.shape[0]
+    acc = np.empty(n)
+    for ch in range(idx.shape[0]):
+        acc[:] = 0.0
+        for e in range(idx.shape[1]):
+            v, r = val[ch, e], idx[ch, e]
+            for b in range(n):
+                acc[b] += v * Bq[r, b]
+        at, cols = place[ch, 0], place[ch, 3]
+        for b in range(cols):
+            out[at + b] = acc[b] + 0.0
 
 
 @njit(cache=True, nogil=True)
