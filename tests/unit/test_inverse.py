@@ -105,3 +105,9 @@ def test_an_index_outside_the_chunk_is_refused(bad: int, shape) -> None:
     idx = torch.tensor([[3, bad]])
     with pytest.raises(ValueError, match="coefficient index outside"):
         inverse.tensors(idx, torch.ones(1, 2, dtype=torch.float64), dct.basis_q().double(), [shape])
+
+
+def test_matrices_and_vectors_are_not_mixed() -> None:
+    idx, val = torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1, dtype=torch.float64)
+    with pytest.raises(ValueError, match="matrices or vectors, not both"):
+        inverse.tensors(idx, val, dct.basis_q().double(), [(64, 64), (64,)])

@@ -50,7 +50,10 @@ def tensors(
     float64, Bq the (n, n) integer basis as float64. Same values, bit for bit, as the dense
     inverse of scatter_add(idx, val)."""
     n = Bq.shape[0]
-    vector = all(len(dct.view2(s)) == 1 for s in shapes)
+    kinds = {len(dct.view2(s)) for s in shapes}
+    if len(kinds) > 1:
+        raise ValueError(f"one call inverts matrices or vectors, not both: {list(shapes)}")
+    vector = kinds == {1}
     place, size = placement(tuple(tuple(s) for s in shapes), n)
     if val.shape != idx.shape or Bq.shape != (n, n):
         raise ValueError(
