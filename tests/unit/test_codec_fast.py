@@ -96,3 +96,19 @@ def test_aggregate_reads_decoded_packets_like_plain_lists(cfg) -> None:
     want = agg.aggregate(spec, [(s, list(d)) for s, d in fast])
     for dense in (None, True):
         assert agg.aggregate(spec, fast, dense=dense).digest() == want.digest()
+
+
+def test_a_changed_decoded_packet_is_read_from_its_parts() -> None:
+    """Replace a part (or a part's tensor) of a decoded packet: its value arrays are stale
+    then, and aggregation must read the parts."""
+    cfg = CompressConfig()
+    spec, pk = _packets(cfg, 3, 4)
+    decoded = codec.decode_many(spec, [codec.encode(spec, s) for _, s in pk])
+    fast = [(s, d) for (s, _), d in zip(pk, decoded, strict=True)]
+    assert all(d.intact() for d in decoded)
+    other = pk[2][1][0]
+    fast[0][1][0] = Sparse(other.idx.clone(), other.lvl.clone(), other.exp)
+    fast[1][1][1].lvl = -fast[1][1][1].lvl
+    assert not fast[0][1].intact() and not fast[1][1].intact() and fast[2][1].intact()
+    want = agg.aggregate(spec, [(s, list(d)) for s, d in fast])
+    assert agg.aggregate(spec, fast).digest() == want.digest()

@@ -124,7 +124,7 @@ def _integers(spec: Spec, order, ts: list[int], ex: torch.Tensor, s_max: int):
     k, S = spec.layout[ts[0]][2], len(order)
     e0 = torch.maximum(ex.min(0).values, ex.max(0).values - s_max)
     span = _span(spec, tuple(ts))
-    if span is not None and all(isinstance(p[1], Decoded) for p in order):
+    if span is not None and all(isinstance(p[1], Decoded) and p[1].intact() for p in order):
         w, start, size, at = span  # the group's fields straight from the packets' arrays
         idx = torch.stack([p[1].values[w][start : start + size] for p in order])
         lvl = torch.stack([p[1].levels for p in order])[:, at]

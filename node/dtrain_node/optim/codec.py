@@ -96,13 +96,21 @@ class Decoded(list):
     """A packet decoded in one pass: its tensors' Sparse parts (this list), which are views of
     the packet's value arrays, kept as `values[w]` (every w-bit field, in packet order) and
     `levels` (every level code as its level). Aggregation reads a group of tensors from them
-    at once (`Spec.fields.spans` say where each tensor's part starts)."""
+    at once (`Spec.fields.spans` say where each tensor's part starts) while `intact()`."""
 
     def __init__(
         self, tensors: list[Sparse], values: dict[int, torch.Tensor], levels: torch.Tensor
     ) -> None:
         super().__init__(tensors)
         self.values, self.levels = values, levels
+        self._views = [(t.idx, t.lvl) for t in tensors]
+
+    def intact(self) -> bool:
+        """Whether every part still holds the very views it was decoded into (a replaced part
+        or tensor would leave the arrays stale; in-place writes show in both)."""
+        return len(self) == len(self._views) and all(
+            t.idx is i and t.lvl is v for t, (i, v) in zip(self, self._views, strict=True)
+        )
 
 
 @dataclass(frozen=True)
