@@ -215,9 +215,9 @@ def aggregate(
     Bq = dct.basis_q(n).to(device=device, dtype=torch.float64)
     bmax = int(dct.basis_q(n).abs().max())
     # tensors of the same kind (matrix or vector) and k form one group: every sender's entries
-    # of the group side by side as integers (repeated indices add up inside the matmul), then
-    # one batched inverse per group: every product and partial sum is still an exact integer
-    # per chunk
+    # of the group side by side as integers (repeated indices add up inside the inverse), then
+    # one inverse per group: every product and partial sum is still an exact integer per
+    # chunk
     m = MEAN_BITS if per_coefficient else 0
     ex = torch.tensor([[t.exp for t in p[1]] for p in order], dtype=torch.int64)
     groups: dict[tuple[int, int], list[int]] = {}
