@@ -24,9 +24,10 @@ import struct
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from dtrain_node.optim import dct, inverse
+from dtrain_node.optim import dct, inverse, packed
 from dtrain_node.optim.codec import Decoded, Spec
 from dtrain_node.optim.compress import Sparse
 
@@ -124,31 +125,43 @@ def _integers(spec: Spec, order, ts: list[int], ex: torch.Tensor, s_max: int):
     k, S = spec.layout[ts[0]][2], len(order)
     e0 = torch.maximum(ex.min(0).values, ex.max(0).values - s_max)
     span = _span(spec, tuple(ts))
-    if span is not None and all(isinstance(p[1], Decoded) and p[1].intact() for p in order):
-        w, start, size, at = span  # the group's fields straight from the packets' arrays
-        idx = torch.stack([p[1].values[w][start : start + size] for p in order])
-        lvl = torch.stack([p[1].levels for p in order])[:, at]
-    else:
-        idx = torch.stack([torch.cat([p[1][i].idx.reshape(-1) for i in ts]) for p in order])
-        lvl = torch.stack([torch.cat([p[1][i].lvl.reshape(-1) for i in ts]) for p in order])
+    if span is not None and all(_arrays(p[1]) for p in order):
+        w, start, size, at, rows = span  # the group's fields straight from the packets' arrays
+        i = np.stack([p[1].values[w][start : start + size] for p in order])
+        lv = np.stack([p[1].levels[at] for p in order])
+        i, v = packed.entries(i, lv, (ex - e0).numpy(), rows, k)
+        return e0.tolist(), torch.from_numpy(i), torch.from_numpy(v)
+    idx = torch.stack([torch.cat([p[1][i].idx.reshape(-1) for i in ts]) for p in order])
+    lvl = torch.stack([torch.cat([p[1][i].lvl.reshape(-1) for i in ts]) for p in order])
     idx, lvl = (x.view(S, -1, k).transpose(0, 1).reshape(-1, S * k) for x in (idx, lvl))
     rows = torch.tensor([spec.layout[i][0] for i in ts])
     sh = (ex - e0).repeat_interleave(rows, dim=1).T.repeat_interleave(k, dim=1)
     return e0.tolist(), idx.to(torch.int64), _shift(lvl.to(torch.int64), sh)
 
 
+def _arrays(packet: Sequence[Sparse]) -> bool:
+    """Whether a packet's value arrays say what its parts say (codec.Decoded.intact)."""
+    return isinstance(packet, Decoded) and packet.intact()
+
+
+def _exponents(packet: Sequence[Sparse]) -> list[int]:
+    return packet.exps.tolist() if _arrays(packet) else [t.exp for t in packet]  # type: ignore[attr-defined]
+
+
 @functools.cache
-def _span(spec: Spec, ts: tuple[int, ...]) -> tuple[int, int, int, torch.Tensor] | None:
+def _span(spec: Spec, ts: tuple[int, ...]) -> tuple[int, int, int, np.ndarray, np.ndarray] | None:
     """Where a group's fields sit in a Decoded packet: (index width, first index, number of
-    indices, positions of its levels), or None if its indices are not one run of one width."""
+    indices, positions of its levels, chunks per tensor), or None if its indices are not one
+    run of one width."""
     spans = [spec.fields.spans[i] for i in ts]
     sizes = [spec.layout[i][0] * spec.layout[i][2] for i in ts]
     w, start = spans[0][0], spans[0][1]
     ends = [sp[1] + m for sp, m in zip(spans, sizes, strict=True)]
     if any(sp[0] != w for sp in spans) or [sp[1] for sp in spans[1:]] != ends[:-1]:
         return None
-    at = torch.cat([torch.arange(sp[3], sp[3] + m) for sp, m in zip(spans, sizes, strict=True)])
-    return w, start, sum(sizes), at
+    at = np.concatenate([np.arange(sp[3], sp[3] + m) for sp, m in zip(spans, sizes, strict=True)])
+    rows = np.array([spec.layout[i][0] for i in ts], np.int64)
+    return w, start, sum(sizes), at, rows
 
 
 @functools.cache
@@ -219,7 +232,7 @@ def aggregate(
     # one inverse per group: every product and partial sum is still an exact integer per
     # chunk
     m = MEAN_BITS if per_coefficient else 0
-    ex = torch.tensor([[t.exp for t in p[1]] for p in order], dtype=torch.int64)
+    ex = torch.tensor([_exponents(p[1]) for p in order], dtype=torch.int64)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (_, ce, k, _, _) in enumerate(spec.layout):
         groups.setdefault((1 if ce == n else 2, k), []).append(i)

@@ -92,25 +92,63 @@ class Spec:
         return sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
 
 
-class Decoded(list):
-    """A packet decoded in one pass: its tensors' Sparse parts (this list), which are views of
-    the packet's value arrays, kept as `values[w]` (every w-bit field, in packet order) and
-    `levels` (every level code as its level). Aggregation reads a group of tensors from them
-    at once (`Spec.fields.spans` say where each tensor's part starts) while `intact()`."""
+class Decoded(Sequence[Sparse]):
+    """A packet decoded in one pass: its tensors' Sparse parts, made on first access as views of
+    the packet's value arrays. The arrays are kept: `values[w]` (every w-bit field, in packet
+    order), `levels` (every level code as its level) and `exps` (one per tensor), so that
+    aggregation and the robust screen read a group of tensors at once (`Spec.fields.spans` say
+    where each tensor's part starts) while `intact()`; most rounds never make a part."""
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __init__(
-        self, tensors: list[Sparse], values: dict[int, torch.Tensor], levels: torch.Tensor
+        self, spec: Spec, values: dict[int, np.ndarray], levels: np.ndarray, exps: np.ndarray
     ) -> None:
-        super().__init__(tensors)
-        self.values, self.levels = values, levels
-        self._views = [(t.idx, t.lvl) for t in tensors]
+        self.spec, self.values, self.levels, self.exps = spec, values, levels, exps
+        self._parts: list[Sparse | None] = [None] * len(spec.layout)
+        self._made: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        part = self._parts[i]
+        if part is None:
+            i = range(len(self))[i]
+            (n, _, k, _, _), (iw, si, _, sv) = self.spec.layout[i], self.spec.fields.spans[i]
+            idx = torch.from_numpy(self.values[iw][si : si + n * k].reshape(n, k))
+            lvl = torch.from_numpy(self.levels[sv : sv + n * k].reshape(n, k))
+            part = self._parts[i] = Sparse(idx, lvl, int(self.exps[i]))
+            self._made[i] = (idx, lvl, part.exp)
+        return part
+
+    def __setitem__(self, i: int, part: Sparse) -> None:
+        self._parts[i] = part
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    def __repr__(self) -> str:
+        return f"Decoded({list(self)!r})"
 
     def intact(self) -> bool:
-        """Whether every part still holds the very views it was decoded into (a replaced part
-        or tensor would leave the arrays stale; in-place writes show in both)."""
-        return len(self) == len(self._views) and all(
-            t.idx is i and t.lvl is v for t, (i, v) in zip(self, self._views, strict=True)
-        )
+        """Whether every part made so far still holds the very views and exponent it was made
+        with (a replaced part, tensor or exponent would leave the arrays stale; in-place writes
+        to a tensor show in both), so the arrays say what the parts say."""
+        for i, p in enumerate(self._parts):
+            made = self._made.get(i)
+            if p is None:
+                continue
+            if made is None or p.idx is not made[0] or p.lvl is not made[1] or p.exp != made[2]:
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -218,7 +256,7 @@ def encode(spec: Spec, tensors: Sequence[Sparse]) -> bytes:
     return b"".join(parts)
 
 
-def decode(spec: Spec, data: bytes, max_bytes: int = MAX_BYTES) -> list[Sparse]:
+def decode(spec: Spec, data: bytes, max_bytes: int = MAX_BYTES) -> Sequence[Sparse]:
     """Parse and validate a packet; raise PacketError (never anything else) if it is not valid."""
     data = Frame(MAGIC, VERSION, HEADER, max_bytes).open(data, PacketError)
     if data[5:HEADER] != spec.signature:
@@ -252,12 +290,12 @@ def decode(spec: Spec, data: bytes, max_bytes: int = MAX_BYTES) -> list[Sparse]:
 
 def decode_many(
     spec: Spec, packets: Sequence[object], max_bytes: int = MAX_BYTES
-) -> list[list[Sparse] | PacketError]:
+) -> list[Sequence[Sparse] | PacketError]:
     """decode() of every packet, in order, each result the decoded tensors or the PacketError
     that decode() raises for it. Well-formed packets of the right length are read together in
     one pass over all of them (a sync round decodes every member's packet); any packet that
     fails a check there is decoded alone, which names its first fault."""
-    out: list[list[Sparse] | PacketError | None] = [None] * len(packets)
+    out: list[Sequence[Sparse] | PacketError | None] = [None] * len(packets)
     whole: list[int] = []
     for i, data in enumerate(packets):
         ok = isinstance(data, bytes | bytearray | memoryview) and len(data) == spec.packet_bytes
@@ -282,7 +320,7 @@ def _head(spec: Spec) -> bytes:
     return MAGIC + bytes([VERSION]) + spec.signature
 
 
-def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[Sparse] | None]:
+def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[Decoded | None]:
     """All fields of well-formed packets of the right length (one per row of raw) in one pass;
     None for a row that fails any check (then the field-by-field decoder finds and names its
     first fault). Same checks, same output as that decoder."""
@@ -301,18 +339,10 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[list[S
         good &= ~(np.diff(v, axis=1, prepend=0)[:, f.step[w]] <= 0).any(1)
         vals[w] = v
     lv = levels[np.minimum(vals[spec.cfg.bits], len(levels) - 1)]
-    out: list[list[Sparse] | None] = []
-    for r in range(len(raw)):
-        if not good[r]:
-            out.append(None)
-            continue
-        ts = []  # numpy slices wrapped by from_numpy: ~2x faster than slicing torch rows
-        for (n, _, k, _, _), (iw, si, _, sv), e in zip(spec.layout, f.spans, exps[r], strict=True):
-            idx = torch.from_numpy(vals[iw][r, si : si + n * k].reshape(n, k))
-            ts.append(Sparse(idx, torch.from_numpy(lv[r, sv : sv + n * k].reshape(n, k)), int(e)))
-        row = {w: torch.from_numpy(v[r]) for w, v in vals.items()}
-        out.append(Decoded(ts, row, torch.from_numpy(lv[r])))
-    return out
+    return [
+        Decoded(spec, {w: v[r] for w, v in vals.items()}, lv[r], exps[r]) if good[r] else None
+        for r in range(len(raw))
+    ]
 
 
 def _values(word: np.ndarray, pos: np.ndarray, w: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from dtrain_node.optim import codec, inverse
+from dtrain_node.optim import codec, inverse, packed
 from dtrain_node.optim.aggregate import Aggregate, aggregate
 from dtrain_node.optim.codec import PacketError, Spec
 from dtrain_node.optim.compress import CompressConfig
@@ -120,6 +120,7 @@ class DeMo:
         # between a node training on a GPU and one on a CPU.
         self.feedback = Feedback(self.spec.shapes, cfg.compress)
         inverse.warm()
+        packed.warm()
         self.steps = 0
         self._compress_s = 0.0
         self.inner: torch.optim.Optimizer | None = None

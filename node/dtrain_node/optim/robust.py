@@ -26,15 +26,18 @@ direction rule (symmetric for two senders: it cannot tell who is wrong) does not
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cmp_to_key
 
+import numpy as np
 import torch
 
-from dtrain_node.optim.codec import Spec
+from dtrain_node.optim import packed
+from dtrain_node.optim.codec import Decoded, Spec
 from dtrain_node.optim.compress import EXP_MIN, Sparse
 
 Packets = Sequence[tuple[Hashable, Sequence[Sparse]]]
@@ -94,12 +97,44 @@ def _rows(idx: torch.Tensor, ce: int) -> torch.Tensor:
     return torch.arange(idx.shape[0], dtype=torch.int64).unsqueeze(1) * ce
 
 
+def _decoded_dots(spec: Spec, packets: Packets) -> list[list[list[int]]]:
+    """level_dots of every tensor at once, compiled, from Decoded packets' value arrays."""
+    out: list = [None] * len(spec.names)
+    for w, ts, iat, lat, table in _by_width(spec):
+        idx = np.stack([p[1].values[w][iat] for p in packets])  # type: ignore[attr-defined]
+        lvl = np.stack([p[1].levels[lat] for p in packets])  # type: ignore[attr-defined]
+        for i, D in zip(ts, packed.dots(idx, lvl, table), strict=True):
+            out[i] = D.tolist()
+    return out
+
+
+@functools.cache
+def _by_width(spec: Spec) -> list[tuple[int, list[int], np.ndarray, np.ndarray, np.ndarray]]:
+    """Per index width w: its tensors, where their indices and their levels sit in a Decoded
+    packet's arrays, and each tensor's (first entry, chunks, k) among the gathered entries."""
+    out = []
+    for w in sorted({sp[0] for sp in spec.fields.spans}):
+        ts = [i for i, sp in enumerate(spec.fields.spans) if sp[0] == w]
+        runs = [(spec.fields.spans[i], spec.layout[i][0] * spec.layout[i][2]) for i in ts]
+        iat = np.concatenate([np.arange(sp[1], sp[1] + m) for sp, m in runs])
+        lat = np.concatenate([np.arange(sp[3], sp[3] + m) for sp, m in runs])
+        starts = np.cumsum([0] + [m for _, m in runs[:-1]])
+        table = [(a, spec.layout[i][0], spec.layout[i][2]) for a, i in zip(starts, ts, strict=True)]
+        out.append((w, ts, iat, lat, np.array(table, np.int64)))
+    return out
+
+
 def gram(spec: Spec, packets: Packets) -> list[list[list[int]]]:
     """Per tensor, the exact Gram matrix <v_a, v_b> scaled by 2^(-2 EXP_MIN), as Python ints."""
     out = []
+    decoded = all(isinstance(p[1], Decoded) and p[1].intact() for p in packets)
+    dots = _decoded_dots(spec, packets) if decoded else None
     for i in range(len(spec.names)):
-        D = level_dots(spec, i, packets).tolist()
-        ex = [p[1][i].exp - EXP_MIN for p in packets]
+        D = dots[i] if dots is not None else level_dots(spec, i, packets).tolist()
+        if decoded:
+            ex = [int(p[1].exps[i]) - EXP_MIN for p in packets]  # type: ignore[attr-defined]
+        else:
+            ex = [p[1][i].exp - EXP_MIN for p in packets]
         out.append(
             [[d << (a + b) for d, b in zip(r, ex, strict=True)] for r, a in zip(D, ex, strict=True)]
         )
