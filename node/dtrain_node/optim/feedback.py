@@ -45,6 +45,10 @@ class Feedback:
         nm, nv = sum(self.counts[i] for i in self.mats), sum(self.counts[i] for i in self.vecs)
         self.mat = torch.zeros(n, nm, n)
         self.vec = torch.zeros(nv, n)
+        # a round's delta in the layout and B @ delta: kept, because fresh buffers of this size
+        # are fresh pages each round, and faulting them in cost as much as the products
+        self._delta = (torch.empty_like(self.mat), torch.empty_like(self.vec))
+        self._half = torch.empty(n, nm * n)
         self._edges = (self._edge(self.mats), self._edge(self.vecs))
 
     def _edge(self, group: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -98,7 +102,7 @@ class Feedback:
     ) -> None:
         """e = beta * e + DCT(delta) with delta = a - b (or a), per tensor, on the CPU."""
         n = self.cfg.chunk
-        xm, xv = torch.empty_like(self.mat), torch.empty_like(self.vec)  # delta, chunked
+        xm, xv = self._delta
         for i in self.mats:
             dst = xm[:, self.start[i] : self.start[i] + self.counts[i]]
             self._chunks_into(dst, a[i], None if b is None else b[i])
@@ -109,7 +113,7 @@ class Feedback:
         B = dct.basis_as(n, torch.float32)
         nm = xm.shape[1]
         if nm:  # e = beta e + (B @ X) @ B^T, both as flat products over all chunks
-            y = (B @ xm.view(n, nm * n)).view(n * nm, n)
+            y = torch.mm(B, xm.view(n, nm * n), out=self._half).view(n * nm, n)
             self.mat.view(n * nm, n).addmm_(y, B.T, beta=beta)
         if xv.shape[0]:
             self.vec.addmm_(xv, B.T, beta=beta)
