@@ -47,6 +47,25 @@ def test_grouped_by_column_or_row_is_exact(rows: int, cols: int) -> None:
     _check(idx, val, shapes)
 
 
+@pytest.mark.parametrize("n", [2, 3, 5, 7, 8, 31, 32])
+def test_small_and_odd_chunks_are_exact(n: int) -> None:
+    """Rows (or columns) a and n - 1 - a share their products; an odd n has a middle one."""
+    shapes = [(3 * n + 1, 2 * n - 1), (n, n), (1, n + 2)]
+    chunks = sum(dct.nchunks(s, n) for s in shapes)
+    g = torch.Generator().manual_seed(n)
+    for rows, cols in ((n, 1), (1, n), (n, n)):
+        idx, val = _entries(g, chunks, 2 * n, rows, cols, n)
+        _check(idx, val, shapes, n)
+
+
+@pytest.mark.parametrize("n", [2, 5, 64])
+def test_the_integer_basis_mirrors(n: int) -> None:
+    """What the inverse relies on: Bq[k, n - 1 - j] = (-1)^k Bq[k, j], exactly."""
+    Bq = dct.basis_q(n)
+    sign = (-1) ** torch.arange(n).unsqueeze(1)
+    assert torch.equal(Bq.flip(1), sign * Bq)
+
+
 def test_padded_and_higher_dim_shapes_are_cropped_exactly() -> None:
     shapes = [(100, 70), (3, 40, 7), (1, 65), (130, 64)]
     chunks = sum(dct.nchunks(s) for s in shapes)

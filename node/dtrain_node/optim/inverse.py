@@ -6,7 +6,9 @@ Per chunk, X = sum_e v_e outer(Bq[r_e], Bq[c_e]) over its entries (r_e, c_e) = d
 Entries sharing a column c are summed first into G[c] = sum v_e Bq[r_e] (or, when the chunk has
 fewer distinct rows than columns, the same with rows and columns swapped), so a chunk costs
 (distinct columns) x n^2 products instead of (entries) x n^2: on real packets at 8 senders x
-k = 6, 48 entries share ~13 columns or rows. Each output row is summed in a small buffer and
+k = 6, 48 entries share ~13 columns or rows. The basis mirrors, Bq[k, n - 1 - j] =
+(-1)^k Bq[k, j], so the sums over even and odd keys, E and O, of one half of a chunk give both
+halves: E + O and E - O (half the products). Each output row is summed in a small buffer and
 stored once, cropped, into its tensor. Every value is an integer and every partial sum stays
 below the bound aggregate.py checks (sum|v| * max|Bq|^2 < 2^53), so float64 computes them
 exactly: grouping, order and FMA contraction cannot change a bit. Each output is stored as
@@ -103,39 +105,94 @@ def _vectors(idx, val, Bq, out, place):  # pragma: no cover - compiled
 def _matrices(idx, val, Bq, out, place):  # pragma: no cover - compiled
     nc, m = idx.shape
     n = Bq.shape[0]
-    L = np.zeros((m, n + 3))  # 3 spare columns: a last block of 4 rows may read past n
-    R = np.empty((m, n))
+    G = np.zeros((m, n + 3))  # 3 spare columns: a last block of 4 rows may read past n
+    K = np.zeros((m, n + 3))
     keys = np.empty(m, np.int64)
     slot = np.full(n, -1, np.int64)
     seen = np.zeros((2, n), np.int64)
-    acc = np.empty((4, n))
+    acc = np.empty((2, 4, n))
     for ch in range(nc):
         dr, dc = _distinct(idx[ch], n, seen, ch + 1)
         byrow = dc > dr
-        w = _group(idx[ch], val[ch], Bq, byrow, L, keys, slot)
-        # X[a, :] = sum_j L[j, a] R[j, :]: (L, R) = (G, Bq[keys]) by column, (Bq[keys], G) by row
-        for j in range(w):
-            for b in range(n):
-                if byrow:
-                    R[j, b] = L[j, b]
-                    L[j, b] = Bq[keys[j], b]
-                else:
-                    R[j, b] = Bq[keys[j], b]
-        at, stride, rows, cols = place[ch, 0], place[ch, 1], place[ch, 2], place[ch, 3]
-        for a in range(0, rows, 4):  # four output rows share each load of R[j]
-            acc[:] = 0.0
-            for j in range(w):
-                s0, s1, s2, s3 = L[j, a], L[j, a + 1], L[j, a + 2], L[j, a + 3]
-                for b in range(n):
-                    x = R[j, b]
-                    acc[0, b] += s0 * x
-                    acc[1, b] += s1 * x
-                    acc[2, b] += s2 * x
-                    acc[3, b] += s3 * x
-            for i in range(min(4, rows - a)):
-                o = at + (a + i) * stride
+        w = _group(idx[ch], val[ch], Bq, byrow, G, keys, slot)
+        even = _by_parity(G, keys, w, Bq, K)
+        if byrow:
+            _rows_mirrored(G, K, even, w, acc, out, place[ch])
+        else:
+            _columns_mirrored(G, K, even, w, acc, out, place[ch])
+
+
+@njit(cache=True, nogil=True)
+def _columns_mirrored(G, K, even, w, acc, out, place):  # pragma: no cover - compiled
+    """A chunk grouped by column: X[a, b] = sum_j G[j, a] Bq[keys[j], b] with K[j] =
+    Bq[keys[j]], even keys first; columns b and n - 1 - b come from the same products."""
+    n = acc.shape[2]
+    h = (n + 1) // 2
+    at, stride, rows, cols = place[0], place[1], place[2], place[3]
+    for a in range(0, rows, 4):
+        acc[:, :, :h] = 0.0
+        _four_rows(acc[0], G, K, 0, even, a, h)
+        _four_rows(acc[1], G, K, even, w, a, h)
+        for i in range(min(4, rows - a)):
+            o = at + (a + i) * stride
+            for b in range(min(h, cols)):
+                out[o + b] = acc[0, i, b] + acc[1, i, b] + 0.0
+            for b in range(h, cols):
+                out[o + b] = acc[0, i, n - 1 - b] - acc[1, i, n - 1 - b] + 0.0
+
+
+@njit(cache=True, nogil=True)
+def _rows_mirrored(G, K, even, w, acc, out, place):  # pragma: no cover - compiled
+    """A chunk grouped by row: X[a, b] = sum_j Bq[keys[j], a] G[j, b] with K[j] =
+    Bq[keys[j]], even keys first; rows a and n - 1 - a come from the same products."""
+    n = acc.shape[2]
+    h = (n + 1) // 2
+    at, stride, rows, cols = place[0], place[1], place[2], place[3]
+    for a in range(0, h, 4):
+        acc[:, :, :cols] = 0.0
+        _four_rows(acc[0], K, G, 0, even, a, cols)
+        _four_rows(acc[1], K, G, even, w, a, cols)
+        for i in range(min(4, h - a)):
+            r, q = a + i, n - 1 - a - i
+            if r < rows:
                 for b in range(cols):
-                    out[o + b] = acc[i, b] + 0.0
+                    out[at + r * stride + b] = acc[0, i, b] + acc[1, i, b] + 0.0
+            if q != r and q < rows:
+                for b in range(cols):
+                    out[at + q * stride + b] = acc[0, i, b] - acc[1, i, b] + 0.0
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def _four_rows(acc, S, X, j0, j1, a, nb):  # pragma: no cover - compiled
+    """acc[i, :nb] += sum over j in [j0, j1) of S[j, a + i] X[j, :nb], for i < 4: four output
+    rows share each load of X[j]."""
+    for j in range(j0, j1):
+        s0, s1, s2, s3 = S[j, a], S[j, a + 1], S[j, a + 2], S[j, a + 3]
+        for b in range(nb):
+            x = X[j, b]
+            acc[0, b] += s0 * x
+            acc[1, b] += s1 * x
+            acc[2, b] += s2 * x
+            acc[3, b] += s3 * x
+
+
+@njit(cache=True, nogil=True)
+def _by_parity(G, keys, w, Bq, K):  # pragma: no cover - compiled
+    """Put the even keys first (moving G's rows along) and fill K[j] = Bq[keys[j]]; returns the
+    number of even keys."""
+    n = Bq.shape[0]
+    even = 0
+    for j in range(w):
+        if keys[j] % 2 == 0:
+            if j != even:
+                keys[j], keys[even] = keys[even], keys[j]
+                for b in range(n):
+                    G[j, b], G[even, b] = G[even, b], G[j, b]
+            even += 1
+    for j in range(w):
+        for b in range(n):
+            K[j, b] = Bq[keys[j], b]
+    return even
 
 
 @njit(cache=True, nogil=True)
