@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from dtrain_node.operator import roundstate
-from dtrain_node.optim import dct
+from dtrain_node.optim import dct, select
 from dtrain_node.optim.compress import CompressConfig, compress_ef, scale_exp
-from dtrain_node.optim.feedback import C_MAX, Feedback, _row_max, _topk_rows
+from dtrain_node.optim.feedback import C_MAX, Feedback, _topk_rows
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 
 # padded and unpadded matrices, a >2-D tensor, padded and unpadded vectors, a scalar
@@ -85,11 +85,34 @@ def test_grouped_top_k_picks_the_largest() -> None:
     m3[:, 4] = 0.0  # an all-zero chunk
     m3[7, 5, :] = torch.linspace(5, 6, 64)  # a chunk whose top values share one row
     for k in (1, 4, 16, 17, 40):
-        idx = _topk_rows(m3, k, _row_max(m3))
-        rows = m3.permute(1, 0, 2).reshape(30, -1).abs()
-        best = rows.topk(k, dim=1).values
-        assert torch.equal(rows.gather(1, idx).sort(1, descending=True).values, best)
+        idx, vals = _topk_rows(m3, k)  # type: ignore[misc]
+        rows = m3.permute(1, 0, 2).reshape(30, -1)
+        best = rows.abs().topk(k, dim=1).values
+        assert torch.equal(rows.gather(1, idx), vals)
+        assert torch.equal(vals.abs().sort(1, descending=True).values, best)
         assert bool((idx.diff(dim=1) > 0).all())  # ascending, no repeats
+
+
+@pytest.mark.parametrize("n", [2, 5, 8])
+def test_compiled_selection_takes_the_largest_for_any_k(n: int) -> None:
+    g = torch.Generator().manual_seed(n)
+    m3 = torch.randn(n, 9, n, generator=g)
+    m3[:, 0] = 0.5  # ties
+    m3[:, 1] = 0.0
+    rows = m3.permute(1, 0, 2).reshape(9, -1)
+    for k in range(1, n + 1):
+        idx, vals = select.topk(m3, k, C_MAX)  # type: ignore[misc]
+        assert torch.equal(rows.gather(1, idx), vals) and bool((idx.diff(dim=1) > 0).all())
+        best = rows.abs().topk(k, dim=1).values
+        assert torch.equal(vals.abs().sort(1, descending=True).values, best)
+    with pytest.raises(ValueError, match="top-"):
+        select.topk(m3, n + 1, C_MAX)
+    with pytest.raises(ValueError, match="top-"):
+        select.topk(m3.double(), 1, C_MAX)
+    assert select.topk(m3, 1, 100.0) is not None
+    for bad in (float("nan"), float("inf"), -101.0):
+        m3[n - 1, 8, 0] = bad
+        assert select.topk(m3, 1, 100.0) is None  # above the bound or NaN: nothing selected
 
 
 def test_exponents_are_scale_exp_per_tensor() -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dtrain_node.optim import dct
+from dtrain_node.optim import dct, select
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, CompressConfig, Sparse, levels
 
 # |coefficient| bound: keeps every scale exponent <= EXP_MAX (mean |v| <= 2^EXP_MAX)
@@ -149,14 +149,13 @@ class Feedback:
         n, k2, k1 = self.cfg.chunk, self.cfg.k2d, self.cfg.k1d
         if self.mats:
             m3 = self.mat
-            big = _row_max(m3)
-            if not float(big.max()) <= C_MAX:  # false for NaN too
+            top = _topk_rows(m3, k2)
+            if top is None:
                 torch.nan_to_num_(m3, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
-                big = _row_max(m3)
-            idx = _topk_rows(m3, k2, big)
+                top = _topk_rows(m3, k2)
+            idx, vals = top  # type: ignore[misc]
             chunk = torch.arange(m3.shape[1]).unsqueeze(1)
             r, c = idx.div(n, rounding_mode="floor"), idx.remainder(n)
-            vals = m3[r, chunk, c]
             m3[r, chunk, c] = self._quantize(self.mats, idx, vals, out)
         if self.vecs:
             a = self.vec.abs()
@@ -212,27 +211,18 @@ def _exponents(vals: torch.Tensor, rows: torch.Tensor, bits: int) -> torch.Tenso
     return exp.to(torch.int64)
 
 
-def _row_max(m3: torch.Tensor) -> torch.Tensor:
-    """max |e| of every row of every chunk, (n, chunks), as max(-min, max): two reductions
-    without an |e| temporary (aminmax over a dim measured ~8x slower than the two); NaN where
-    a row holds one."""
-    return torch.maximum(m3.amin(2).neg_(), m3.amax(2))
+def _topk_rows(m3: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Indices (row * n + column, ascending) and values of the k largest |e| of every chunk of
+    m3, an (n, chunks, n) layout; None if some |e| is above C_MAX or NaN.
 
-
-def _topk_rows(m3: torch.Tensor, k: int, big: torch.Tensor) -> torch.Tensor:
-    """Indices (row * n + column, ascending) of the k largest |e| of every chunk of m3, an
-    (n, chunks, n) layout; `big` is _row_max(m3).
-
-    When k <= n / 4 it reads groups: the k largest entries of a chunk lie in the k rows
-    (row frequencies) with the largest maxima, because a row outside them has k rows above it,
-    each holding an entry at least as large. A max per row, then a top-k over k x n
-    candidates, replace one top-k over n x n entries."""
+    When k <= n / 4 the compiled selection reads only the k rows (row frequencies) with the
+    largest maxima (select.py); otherwise one top-k over each chunk's n x n entries."""
     n, nc, _ = m3.shape
-    if k > n // 4:
-        rows = m3.permute(1, 0, 2).reshape(nc, n * n).abs()
-        return torch.topk(rows, k, dim=1, sorted=False).indices.sort(dim=1).values
-    top = torch.topk(big.T, k, dim=1, sorted=False).indices  # (nc, k)
-    cand = m3[top, torch.arange(nc).unsqueeze(1)]  # (nc, k, n)
-    pick = torch.topk(cand.reshape(nc, k * n).abs(), k, dim=1, sorted=False).indices
-    row = top.gather(1, pick.div(n, rounding_mode="floor"))
-    return (row * n + pick.remainder(n)).sort(dim=1).values
+    if k <= n // 4:
+        return select.topk(m3, k, C_MAX)
+    rows = m3.permute(1, 0, 2).reshape(nc, n * n)
+    a = rows.abs()
+    if not float(a.max()) <= C_MAX:  # false for NaN too
+        return None
+    idx = torch.topk(a, k, dim=1, sorted=False).indices.sort(dim=1).values
+    return idx, rows.gather(1, idx)

@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from dtrain_node.optim import codec, inverse, packed
+from dtrain_node.optim import codec, inverse, packed, select
 from dtrain_node.optim.aggregate import Aggregate, aggregate
 from dtrain_node.optim.codec import PacketError, Spec
 from dtrain_node.optim.compress import CompressConfig
@@ -121,6 +121,7 @@ class DeMo:
         self.feedback = Feedback(self.spec.shapes, cfg.compress)
         inverse.warm()
         packed.warm()
+        select.warm()
         self.steps = 0
         self._compress_s = 0.0
         self.inner: torch.optim.Optimizer | None = None
