@@ -111,6 +111,18 @@ def test_packed_refuses_shapes_that_do_not_fit() -> None:
         packed.dots(i, lv[:1], np.array([[0, 1, 1]]))
 
 
+def test_put_bits_packs_little_endian_and_refuses_what_does_not_fit() -> None:
+    buf = np.zeros(4, np.uint8)
+    packed.put_bits(buf, np.array([0b101, 0xABC, 1]), np.array([0, 3, 15]))
+    assert int.from_bytes(buf.tobytes(), "little") == 0b101 | 0xABC << 3 | 1 << 15
+    with pytest.raises(ValueError, match="negative"):
+        packed.put_bits(buf, np.array([-1]), np.array([0]))
+    with pytest.raises(ValueError, match="past"):
+        packed.put_bits(buf, np.array([0xFFF]), np.array([17]))
+    with pytest.raises(ValueError, match="positions"):
+        packed.put_bits(buf, np.array([1, 2]), np.array([0]))
+
+
 def test_decoded_makes_parts_on_access_and_reads_like_a_list() -> None:
     spec = _spec(CompressConfig())
     parts = _packet(spec, 7, list(range(-3, 4)))

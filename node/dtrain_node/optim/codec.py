@@ -27,7 +27,7 @@ import torch
 
 from dtrain_node.errors import PacketError
 from dtrain_node.framing import Frame
-from dtrain_node.optim import dct
+from dtrain_node.optim import dct, packed
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse
 
 MAGIC = b"DMoP"
@@ -158,7 +158,8 @@ class _Fields:
     packet order (LSB first), `hi[w]` an exclusive upper bound per value and `step[w]` marks
     the values that must be greater than the one before (same chunk). `pad` are the pad bits,
     `exp` the byte offsets of the exponents; `spans` per tensor: (width, start) of its indices
-    and of its level codes in the per-width value arrays."""
+    and of its level codes in the per-width value arrays; `level_at` where every level code
+    sits in its width's array, tensor after tensor."""
 
     pos: dict[int, np.ndarray]
     hi: dict[int, np.ndarray]
@@ -166,13 +167,14 @@ class _Fields:
     pad: np.ndarray
     exp: np.ndarray
     spans: tuple[tuple[int, int, int, int], ...]
+    level_at: np.ndarray
 
     @classmethod
     def of(cls, spec: Spec) -> _Fields:
         pos: dict[int, list] = {}
         hi: dict[int, list] = {}
         step: dict[int, list] = {}
-        pad, exp, spans, off = [], [], [], HEADER
+        pad, exp, spans, levels, off = [], [], [], [], HEADER
         vb = spec.cfg.bits
 
         def field(w: int, m: int, bound: int, k: int) -> int:
@@ -196,6 +198,7 @@ class _Fields:
             si = field(ib, n * k, ce, k)
             sv = field(vb, n * k, len(LEVELS[vb]), 1)
             spans.append((ib, si, vb, sv))
+            levels.append(np.arange(sv, sv + n * k))
 
         def cat(d: dict, dtype) -> dict[int, np.ndarray]:
             return {w: np.concatenate(v) if v else np.zeros(0, dtype) for w, v in d.items()}
@@ -207,6 +210,7 @@ class _Fields:
             np.concatenate(pad) if pad else np.zeros(0, np.int64),
             np.array(exp, np.int64),
             tuple(spans),
+            np.concatenate([np.zeros(0, np.int64), *levels]),
         )
 
 
@@ -360,29 +364,27 @@ def _encode_fast(spec: Spec, tensors: Sequence[Sparse]) -> bytes | None:
     """All fields written in one pass; None if any input check fails (then the field-by-field
     encoder raises on the first fault). The very bytes of the field-by-field encoder."""
     f, bits = spec.fields, spec.cfg.bits
-    parts: dict[int, list[np.ndarray]] = {w: [] for w in f.pos}
-    exps = []
-    for (n, _, k, ib, _), s in zip(spec.layout, tensors, strict=True):
+    vals = {w: np.empty(len(hi), np.int64) for w, hi in f.hi.items()}
+    exps, lvls = [], []
+    for (n, _, k, ib, _), (_, si, _, _), s in zip(spec.layout, f.spans, tensors, strict=True):
         if tuple(s.idx.shape) != (n, k) or tuple(s.lvl.shape) != (n, k):
             return None
         if not EXP_MIN <= s.exp <= EXP_MAX:
             return None
         exps.append(int(s.exp))
-        parts[ib].append(s.idx.cpu().numpy().reshape(-1).astype(np.int64, copy=False))
-        # level -> code: (lvl + max) / 2 maps -1, 1 and -3, -1, 1, 3 to 0, 1, ...
-        lv = s.lvl.cpu().numpy().reshape(-1).astype(np.int64)
-        top = max(LEVELS[bits])
-        if lv.size and (lv.min() < -top or lv.max() > top or ((lv + top) % 2).any()):
-            return None
-        parts[bits].append((lv + top) // 2)
-    out = np.zeros(spec.packet_bytes * 8, np.uint8)
-    for w, pos in f.pos.items():
-        v = np.concatenate(parts[w]) if parts[w] else np.zeros(0, np.int64)
+        vals[ib][si : si + n * k] = s.idx.cpu().numpy().reshape(-1)
+        lvls.append(s.lvl.cpu().numpy().reshape(-1))
+    # level -> code: (lvl + max) / 2 maps -1, 1 and -3, -1, 1, 3 to 0, 1, ...
+    lv, top = np.concatenate(lvls).astype(np.int64), max(LEVELS[bits])
+    if lv.size and (lv.min() < -top or lv.max() > top or ((lv + top) % 2).any()):
+        return None
+    vals[bits][f.level_at] = (lv + top) // 2
+    out = np.zeros(spec.packet_bytes + 2, np.uint8)  # 2 spare bytes: a field's last may spill
+    for w, v in vals.items():
         if v.size and (v.min() < 0 or (v >= f.hi[w]).any()):
             return None
         if (np.diff(v, prepend=0)[f.step[w]] <= 0).any():
             return None
-        out[pos] = ((v[:, None] >> np.arange(w)) & 1).reshape(-1)
-    packed = np.packbits(out, bitorder="little")
-    packed[f.exp] = np.array(exps, np.int64).astype(np.int8).view(np.uint8)
-    return _head(spec) + packed[HEADER:].tobytes()
+        packed.put_bits(out, v, f.pos[w][::w])
+    out[f.exp] = np.array(exps, np.int64).astype(np.int8).view(np.uint8)
+    return _head(spec) + out[HEADER : spec.packet_bytes].tobytes()

@@ -1,9 +1,10 @@
-"""Compiled reads of a round's decoded packets (codec.Decoded value arrays), with numba: the
-exact integer entries of an aggregation group (aggregate.py) and the level dot products of the
-robust screen (robust.py). Both are integer arithmetic only, so they give the very numbers of
-the torch code they stand in for; the tests compare the two on every path.
+"""Compiled reads and writes of packet fields, with numba: the encoder's bit packing
+(codec.py) and, from a round's decoded packets (codec.Decoded value arrays), the exact integer
+entries of an aggregation group (aggregate.py) and the level dot products of the robust screen
+(robust.py). All are integer arithmetic only, so they give the very numbers (and bytes) of the
+numpy and torch code they stand in for; the tests compare the two on every path.
 
-Inputs are per sender rows of one field width: `idx[s]` the indices and `lvl[s]` the levels of
+The reads take per sender rows of one field width: `idx[s]` the indices and `lvl[s]` the levels of
 the tensors read, chunk after chunk, k entries per chunk, strictly increasing within a chunk
 (the decoder checks that before a packet is Decoded).
 """
@@ -88,9 +89,34 @@ def _dots(idx, lvl, tensors, out):  # pragma: no cover - compiled
                 out[t, b, a] = out[t, a, b]
 
 
+def put_bits(buf: np.ndarray, values: np.ndarray, first: np.ndarray) -> None:
+    """OR each value into the uint8 buffer, least significant bit at bit `first[i]` (bit 0 is
+    the LSB of byte 0). A value must fit below the next field (the codec checks its bound before
+    it packs); here negative input and the buffer's end are refused."""
+    if values.shape != first.shape:
+        raise ValueError(f"put_bits: {values.shape} values for {first.shape} positions")
+    if values.size and (int(values.min()) < 0 or int(first.min()) < 0):
+        raise ValueError("put_bits: negative value or bit position")
+    top = int(first.max()) // 8 + (int(values.max()).bit_length() + 7) // 8 if values.size else 0
+    if top + 1 > len(buf):
+        raise ValueError(f"put_bits: a field reaches past the {len(buf)}-byte buffer")
+    _put_bits(buf, values, first)
+
+
+@njit(cache=True, nogil=True)
+def _put_bits(buf, values, first):  # pragma: no cover - compiled
+    for i in range(values.shape[0]):
+        x, b = values[i] << (first[i] & 7), first[i] >> 3
+        while x:
+            buf[b] |= x & 0xFF
+            x >>= 8
+            b += 1
+
+
 @functools.cache
 def warm() -> None:
     """Compile (or load from numba's cache) ahead of the first round."""
     one = np.ones((1, 1), np.int64)
     entries(one, np.ones((1, 1), np.int8), np.zeros((1, 1), np.int64), np.ones(1, np.int64), 1)
     dots(one, np.ones((1, 1), np.int8), np.array([[0, 1, 1]], np.int64))
+    put_bits(np.zeros(2, np.uint8), np.ones(1, np.int64), np.zeros(1, np.int64))
