@@ -3,12 +3,21 @@ definition: e = beta * e + delta; send the top-k DCT part of e and take it out o
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from dtrain_node.operator import roundstate
 from dtrain_node.optim import dct, select
-from dtrain_node.optim.compress import CompressConfig, compress_ef, scale_exp
+from dtrain_node.optim.compress import (
+    EXP_MAX,
+    EXP_MIN,
+    CompressConfig,
+    compress_ef,
+    levels,
+    quantize,
+    scale_exp,
+)
 from dtrain_node.optim.feedback import C_MAX, Feedback, _topk_rows
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 
@@ -113,6 +122,37 @@ def test_compiled_selection_takes_the_largest_for_any_k(n: int) -> None:
     for bad in (float("nan"), float("inf"), -101.0):
         m3[n - 1, 8, 0] = bad
         assert select.topk(m3, 1, 100.0) is None  # above the bound or NaN: nothing selected
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_compiled_quantize_is_compress_quantize_per_tensor(bits: int) -> None:
+    """Per tensor the levels and exponent of compress.quantize, and e keeps v - lvl * 2^exp:
+    also for an all-zero tensor (EXP_MIN) and one beyond the largest scale (EXP_MAX)."""
+    g = torch.Generator().manual_seed(bits)
+    n, rows = 8, np.array([3, 1, 4, 2])
+    m3 = torch.randn(n, int(rows.sum()), n, generator=g) * 1e-3
+    m3[:, 3:4] = 0.0
+    m3[:, 8:10] *= 1e12
+    idx, vals = select.topk(m3, 2, 2.0**40)  # type: ignore[misc]
+    before = m3.clone()
+    lvl, exps = select.quantize(m3, idx, vals, rows, bits)
+    assert exps[1] == EXP_MIN and exps[3] == EXP_MAX
+    chunk = torch.arange(len(idx)).unsqueeze(1)
+    r, c = idx.div(n, rounding_mode="floor"), idx.remainder(n)
+    for t, (lv, v, e) in enumerate(
+        zip(lvl.split(rows.tolist()), vals.split(rows.tolist()), exps, strict=True)
+    ):
+        want_lvl, want_exp = (
+            quantize(v, bits) if t != 3 else (levels(v, 2.0**-EXP_MAX, bits), EXP_MAX)
+        )
+        assert e == want_exp and torch.equal(lv, want_lvl)
+    sent = lvl.float() * torch.tensor([2.0**e for e in exps]).repeat_interleave(
+        torch.tensor(rows)
+    ).unsqueeze(1)
+    assert torch.equal(m3[r, chunk, c], vals - sent)
+    untouched = torch.ones_like(m3, dtype=torch.bool)
+    untouched[r, chunk, c] = False
+    assert torch.equal(m3[untouched], before[untouched])
 
 
 def test_exponents_are_scale_exp_per_tensor() -> None:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from dtrain_node.optim import dct, select
-from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, CompressConfig, Sparse, levels
+from dtrain_node.optim.compress import EXP_MAX, CompressConfig, Sparse
 
 # |coefficient| bound: keeps every scale exponent <= EXP_MAX (mean |v| <= 2^EXP_MAX)
 C_MAX = 2.0**EXP_MAX
@@ -146,17 +147,14 @@ class Feedback:
         First a non-finite coefficient becomes 0 and every one is clamped to [-C_MAX, C_MAX]:
         a broken local state must not stop the node (quantization would raise)."""
         out: list[Sparse | None] = [None] * len(self.shapes)
-        n, k2, k1 = self.cfg.chunk, self.cfg.k2d, self.cfg.k1d
+        k2, k1 = self.cfg.k2d, self.cfg.k1d
         if self.mats:
             m3 = self.mat
             top = _topk_rows(m3, k2)
             if top is None:
                 torch.nan_to_num_(m3, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
                 top = _topk_rows(m3, k2)
-            idx, vals = top  # type: ignore[misc]
-            chunk = torch.arange(m3.shape[1]).unsqueeze(1)
-            r, c = idx.div(n, rounding_mode="floor"), idx.remainder(n)
-            m3[r, chunk, c] = self._quantize(self.mats, idx, vals, out)
+            self._quantize(m3, self.mats, *top, out)  # type: ignore[misc]
         if self.vecs:
             a = self.vec.abs()
             if not float(a.max()) <= C_MAX:
@@ -164,7 +162,7 @@ class Feedback:
                 a = self.vec.abs()
             idx = torch.topk(a, k1, dim=1, sorted=False).indices.sort(dim=1).values
             vals = self.vec.gather(1, idx)
-            self.vec.scatter_(1, idx, self._quantize(self.vecs, idx, vals, out))
+            self._quantize(self.vec.unsqueeze(0), self.vecs, idx, vals, out)
         self._crop()
         return out  # type: ignore[return-value]
 
@@ -183,32 +181,14 @@ class Feedback:
             pos, mask = self._edges[1]
             self.vec[pos] = ((self.vec[pos] @ B) * mask) @ B.T
 
-    def _quantize(self, which, idx, vals, out) -> torch.Tensor:
-        """Levels with one scale per tensor of `which` (their chunks in order) into out;
-        returns what stays of vals once the sent values are taken out."""
-        bits = self.cfg.bits
-        counts = [self.counts[i] for i in which]
-        rows = torch.tensor(counts)
-        exps = _exponents(vals, rows, bits)
-        per_row = exps.repeat_interleave(rows).unsqueeze(1)
-        lvl = levels(vals, torch.exp2(-per_row.double()), bits)
-        sent = lvl.to(vals.dtype) * torch.exp2(per_row.to(vals.dtype))  # powers of two: exact
-        parts = zip(which, idx.split(counts), lvl.split(counts), exps.tolist(), strict=True)
-        for i, ix, lv, e in parts:
+    def _quantize(self, m3, which, idx, vals, out) -> None:
+        """Levels with one scale per tensor of `which` (their chunks in order) into out; what
+        is sent is taken out of m3 (select.quantize)."""
+        rows = np.array([self.counts[i] for i in which], np.int64)
+        lvl, exps = select.quantize(m3, idx, vals, rows, self.cfg.bits)
+        split = rows.tolist()
+        for i, ix, lv, e in zip(which, idx.split(split), lvl.split(split), exps, strict=True):
             out[i] = Sparse(ix, lv, e)
-        return vals - sent
-
-
-def _exponents(vals: torch.Tensor, rows: torch.Tensor, bits: int) -> torch.Tensor:
-    """compress.scale_exp of every tensor's values at once (tensor j owns the next rows[j]
-    rows of vals): round(log2(mean |v|)) - (bits - 1), EXP_MIN for an all-zero tensor."""
-    owner = torch.arange(len(rows)).repeat_interleave(rows)
-    total = torch.zeros(len(rows), dtype=torch.float64)
-    total.index_add_(0, owner, vals.abs().double().sum(1))
-    mean = total / (rows * vals.shape[1])
-    exp = torch.round(torch.log2(mean)) - (bits - 1)
-    exp = torch.where(mean > 0, exp, EXP_MIN).clamp(EXP_MIN, EXP_MAX)  # |e| <= C_MAX
-    return exp.to(torch.int64)
 
 
 def _topk_rows(m3: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:

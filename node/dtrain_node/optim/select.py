@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS
+
 
 def topk(m3: torch.Tensor, k: int, bound: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Indices (row * n + column, ascending) and values of the k largest |e| of every chunk of
@@ -60,6 +62,48 @@ def _topk(m3, bits, k, limit, idx, val):  # pragma: no cover - compiled
     return True
 
 
+def quantize(
+    m3: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, rows: np.ndarray, bits: int
+) -> tuple[torch.Tensor, list[int]]:
+    """Levels and one scale exponent per tensor (tensor t owns the next rows[t] chunks) of the
+    values topk took, as compress.quantize computes them; what is sent is taken out of m3 in
+    place (e = v - lvl * 2^exp, float32). Returns (levels int8, exponents). Vector chunks
+    (chunks, n) pass as m3 of shape (1, chunks, n)."""
+    nc, k = idx.shape
+    if tuple(vals.shape) != (nc, k) or int(rows.sum()) != nc or m3.shape[1] != nc:
+        raise ValueError(f"quantize: {tuple(vals.shape)} values, {nc} chunks, rows {rows.sum()}")
+    if bits not in LEVELS:
+        raise ValueError(f"bits must be one of {sorted(LEVELS)}, got {bits}")
+    lvl, exps = np.empty((nc, k), np.int8), np.empty(len(rows), np.int64)
+    _quantize(m3.numpy(), idx.numpy(), vals.numpy(), rows, bits, EXP_MIN, EXP_MAX, lvl, exps)
+    return torch.from_numpy(lvl), exps.tolist()
+
+
+@njit(cache=True, nogil=True)
+def _quantize(m3, idx, vals, rows, bits, lo, hi, lvl, exps):  # pragma: no cover - compiled
+    n, k = m3.shape[2], idx.shape[1]
+    c0 = 0
+    for t in range(rows.shape[0]):
+        total = 0.0
+        for c in range(c0, c0 + rows[t]):
+            for j in range(k):
+                total += abs(np.float64(vals[c, j]))
+        mean = total / (rows[t] * k)
+        e = min(max(np.rint(np.log2(mean)) - (bits - 1), lo), hi) if mean > 0 else lo
+        exps[t] = e
+        inv, scale = 2.0**-e, np.float32(2.0**e)  # powers of two: exact
+        for c in range(c0, c0 + rows[t]):
+            for j in range(k):
+                v = vals[c, j]
+                if bits == 1:
+                    q = 1 if v >= 0 else -1
+                else:
+                    q = min(max(2 * np.floor(np.float64(v) * inv / 2) + 1, -3), 3)
+                lvl[c, j] = q
+                m3[idx[c, j] // n, c, idx[c, j] % n] = v - np.float32(q) * scale
+        c0 += rows[t]
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _insert(top, mag, w, k, key, x):  # pragma: no cover - compiled
     """Insert key of magnitude x into the descending run (top, mag) of w <= k entries if it
@@ -77,4 +121,7 @@ def _insert(top, mag, w, k, key, x):  # pragma: no cover - compiled
 @functools.cache
 def warm() -> None:
     """Compile (or load from numba's cache) ahead of the first round."""
-    topk(torch.ones(2, 1, 2), 1, 1.0)
+    m3 = torch.ones(2, 1, 2)
+    idx, vals = topk(m3, 1, 1.0)  # type: ignore[misc]
+    for bits in LEVELS:
+        quantize(m3, idx, vals, np.ones(1, np.int64), bits)
