@@ -123,6 +123,23 @@ def test_put_bits_packs_little_endian_and_refuses_what_does_not_fit() -> None:
         packed.put_bits(buf, np.array([1, 2]), np.array([0]))
 
 
+def test_get_bits_reads_what_put_bits_wrote_and_checks_bounds_and_order() -> None:
+    buf = np.zeros(8, np.uint8)
+    vals, first = np.array([5, 4000, 4001, 7]), np.array([0, 3, 15, 40])
+    packed.put_bits(buf, vals, first)
+    no_step = np.zeros(4, np.bool_)
+    got, ok = packed.get_bits(buf[None], first, 12, np.full(4, 4096), no_step)
+    assert got.tolist() == [vals.tolist()] and ok.tolist() == [True]
+    _, ok = packed.get_bits(buf[None], first, 12, np.full(4, 4001), no_step)
+    assert ok.tolist() == [False]  # 4001 is not below its bound
+    _, ok = packed.get_bits(buf[None], first, 12, np.full(4, 4096), np.array([0, 1, 1, 1], bool))
+    assert ok.tolist() == [False]  # 7 after 4001 where the order must increase
+    with pytest.raises(ValueError, match="outside"):
+        packed.get_bits(buf[None], np.array([60]), 12, np.array([9]), np.zeros(1, np.bool_))
+    with pytest.raises(ValueError, match="get_bits"):
+        packed.get_bits(buf[None], first, 25, np.full(4, 9), no_step)
+
+
 def test_decoded_makes_parts_on_access_and_reads_like_a_list() -> None:
     spec = _spec(CompressConfig())
     parts = _packet(spec, 7, list(range(-3, 4)))

@@ -154,14 +154,15 @@ class Decoded(Sequence[Sparse]):
 @dataclass(frozen=True)
 class _Fields:
     """Bit positions of a packet's fields, grouped by width, so that `decode` reads them all in
-    a few numpy operations. Per width w: `pos[w]` are the bit positions of all w-bit values in
-    packet order (LSB first), `hi[w]` an exclusive upper bound per value and `step[w]` marks
-    the values that must be greater than the one before (same chunk). `pad` are the pad bits,
+    one compiled pass per width. Per width w: `first[w]` is the bit position of every w-bit
+    value's least significant bit, in packet order, `hi[w]` an exclusive upper bound per value
+    and `step[w]` marks the values that must be greater than the one before (same chunk).
+    `pad` are the pad bits,
     `exp` the byte offsets of the exponents; `spans` per tensor: (width, start) of its indices
     and of its level codes in the per-width value arrays; `level_at` where every level code
     sits in its width's array, tensor after tensor."""
 
-    pos: dict[int, np.ndarray]
+    first: dict[int, np.ndarray]
     hi: dict[int, np.ndarray]
     step: dict[int, np.ndarray]
     pad: np.ndarray
@@ -171,7 +172,7 @@ class _Fields:
 
     @classmethod
     def of(cls, spec: Spec) -> _Fields:
-        pos: dict[int, list] = {}
+        first: dict[int, list] = {}
         hi: dict[int, list] = {}
         step: dict[int, list] = {}
         pad, exp, spans, levels, off = [], [], [], [], HEADER
@@ -179,9 +180,8 @@ class _Fields:
 
         def field(w: int, m: int, bound: int, k: int) -> int:
             nonlocal off
-            start = sum(len(x) for x in pos.get(w, [])) // w
-            bits = off * 8 + np.arange(m * w, dtype=np.int64)
-            pos.setdefault(w, []).append(bits)
+            start = sum(len(x) for x in first.get(w, []))
+            first.setdefault(w, []).append(off * 8 + w * np.arange(m, dtype=np.int64))
             hi.setdefault(w, []).append(np.full(m, bound, np.int64))
             # a value must exceed its predecessor unless it starts a chunk
             st = np.ones(m, bool) if k > 1 else np.zeros(m, bool)
@@ -204,7 +204,7 @@ class _Fields:
             return {w: np.concatenate(v) if v else np.zeros(0, dtype) for w, v in d.items()}
 
         return cls(
-            cat(pos, np.int64),
+            cat(first, np.int64),
             cat(hi, np.int64),
             cat(step, bool),
             np.concatenate(pad) if pad else np.zeros(0, np.int64),
@@ -329,35 +329,19 @@ def _decode_rows(spec: Spec, raw: np.ndarray, levels: np.ndarray) -> list[Decode
     None for a row that fails any check (then the field-by-field decoder finds and names its
     first fault). Same checks, same output as that decoder."""
     f = spec.fields
-    bits = np.unpackbits(raw, axis=1, bitorder="little")
-    good = ~bits[:, f.pad].any(1)
+    good = ~((raw[:, f.pad >> 3] >> (f.pad & 7).astype(np.uint8)) & 1).any(1)
     exps = raw[:, f.exp].view(np.int8).astype(np.int64)
     if exps.size:
         good &= (exps.min(1) >= EXP_MIN) & (exps.max(1) <= EXP_MAX)
     vals = {}
-    word = np.zeros((len(raw), raw.shape[1] + 2), np.uint32)  # 3 bytes readable at any offset
-    word[:, : raw.shape[1]] = raw
-    for w, pos in f.pos.items():
-        v = _values(word, pos, w)
-        good &= ~(v >= f.hi[w]).any(1)
-        good &= ~(np.diff(v, axis=1, prepend=0)[:, f.step[w]] <= 0).any(1)
-        vals[w] = v
+    for w, first in f.first.items():
+        vals[w], ok = packed.get_bits(raw, first, w, f.hi[w], f.step[w])
+        good &= ok
     lv = levels[np.minimum(vals[spec.cfg.bits], len(levels) - 1)]
     return [
         Decoded(spec, {w: v[r] for w, v in vals.items()}, lv[r], exps[r]) if good[r] else None
         for r in range(len(raw))
     ]
-
-
-def _values(word: np.ndarray, pos: np.ndarray, w: int) -> np.ndarray:
-    """The w-bit values whose bits sit at `pos` (w consecutive bits each, least significant
-    first), per row, as int64. Fields are at most 12 bits wide (indices of a 64x64 chunk;
-    levels take 1 or 2), so a value lies within the 3 bytes from its first one: three byte
-    gathers and a shift instead of a gather of every bit."""
-    first = pos[::w]
-    at, sh = first >> 3, (first & 7).astype(np.uint32)
-    v = word[:, at] | (word[:, at + 1] << 8) | (word[:, at + 2] << 16)
-    return ((v >> sh) & ((1 << w) - 1)).astype(np.int64)
 
 
 def _encode_fast(spec: Spec, tensors: Sequence[Sparse]) -> bytes | None:
@@ -385,6 +369,6 @@ def _encode_fast(spec: Spec, tensors: Sequence[Sparse]) -> bytes | None:
             return None
         if (np.diff(v, prepend=0)[f.step[w]] <= 0).any():
             return None
-        packed.put_bits(out, v, f.pos[w][::w])
+        packed.put_bits(out, v, f.first[w])
     out[f.exp] = np.array(exps, np.int64).astype(np.int8).view(np.uint8)
     return _head(spec) + out[HEADER : spec.packet_bytes].tobytes()

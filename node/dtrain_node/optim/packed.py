@@ -113,6 +113,37 @@ def _put_bits(buf, values, first):  # pragma: no cover - compiled
             b += 1
 
 
+def get_bits(
+    raw: np.ndarray, first: np.ndarray, w: int, hi: np.ndarray, step: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The w-bit fields (w <= 24) of every row of raw (packets of one length, uint8) whose least
+    significant bits sit at bit `first[i]`, as int64; and per row whether every value is below
+    hi[i] and, where step[i], above the value before it."""
+    if not (first.shape == hi.shape == step.shape and 1 <= w <= 24 and raw.ndim == 2):
+        raise ValueError(f"get_bits: {first.shape} fields of {w} bits in {raw.shape} bytes")
+    if first.size and (int(first.min()) < 0 or (int(first.max()) + w + 7) // 8 > raw.shape[1]):
+        raise ValueError(f"get_bits: a field lies outside the {raw.shape[1]}-byte rows")
+    out, ok = np.empty((raw.shape[0], first.size), np.int64), np.ones(raw.shape[0], np.bool_)
+    _get_bits(raw, first, w, hi, step, out, ok)
+    return out, ok
+
+
+@njit(cache=True, nogil=True)
+def _get_bits(raw, first, w, hi, step, out, ok):  # pragma: no cover - compiled
+    L, mask = raw.shape[1], (1 << w) - 1
+    for p in range(raw.shape[0]):
+        prev = 0
+        for i in range(first.shape[0]):
+            b, x = first[i] >> 3, np.int64(0)
+            for q in range(min(4, L - b)):  # 4 bytes hold any field of <= 24 bits + a shift
+                x |= np.int64(raw[p, b + q]) << (8 * q)
+            v = (x >> (first[i] & 7)) & mask
+            out[p, i] = v
+            if v >= hi[i] or (step[i] and v <= prev):
+                ok[p] = False
+            prev = v
+
+
 @functools.cache
 def warm() -> None:
     """Compile (or load from numba's cache) ahead of the first round."""
@@ -120,3 +151,5 @@ def warm() -> None:
     entries(one, np.ones((1, 1), np.int8), np.zeros((1, 1), np.int64), np.ones(1, np.int64), 1)
     dots(one, np.ones((1, 1), np.int8), np.array([[0, 1, 1]], np.int64))
     put_bits(np.zeros(2, np.uint8), np.ones(1, np.int64), np.zeros(1, np.int64))
+    z = np.zeros(1, np.int64)
+    get_bits(np.zeros((1, 2), np.uint8), z, 1, z + 2, np.zeros(1, np.bool_))

@@ -75,12 +75,12 @@ def quantize(
     if bits not in LEVELS:
         raise ValueError(f"bits must be one of {sorted(LEVELS)}, got {bits}")
     lvl, exps = np.empty((nc, k), np.int8), np.empty(len(rows), np.int64)
-    _quantize(m3.numpy(), idx.numpy(), vals.numpy(), rows, bits, EXP_MIN, EXP_MAX, lvl, exps)
+    _quantize(m3.numpy(), idx.numpy(), vals.numpy(), rows, bits, lvl, exps)
     return torch.from_numpy(lvl), exps.tolist()
 
 
 @njit(cache=True, nogil=True)
-def _quantize(m3, idx, vals, rows, bits, lo, hi, lvl, exps):  # pragma: no cover - compiled
+def _quantize(m3, idx, vals, rows, bits, lvl, exps):  # pragma: no cover - compiled
     n, k = m3.shape[2], idx.shape[1]
     c0 = 0
     for t in range(rows.shape[0]):
@@ -89,7 +89,7 @@ def _quantize(m3, idx, vals, rows, bits, lo, hi, lvl, exps):  # pragma: no cover
             for j in range(k):
                 total += abs(np.float64(vals[c, j]))
         mean = total / (rows[t] * k)
-        e = min(max(np.rint(np.log2(mean)) - (bits - 1), lo), hi) if mean > 0 else lo
+        e = min(max(np.rint(np.log2(mean)) - (bits - 1), EXP_MIN), EXP_MAX) if mean > 0 else EXP_MIN
         exps[t] = e
         inv, scale = 2.0**-e, np.float32(2.0**e)  # powers of two: exact
         for c in range(c0, c0 + rows[t]):
