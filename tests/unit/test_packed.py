@@ -125,7 +125,7 @@ def test_put_bits_packs_little_endian_and_refuses_what_does_not_fit() -> None:
 
 def test_get_bits_reads_what_put_bits_wrote_and_checks_bounds_and_order() -> None:
     buf = np.zeros(8, np.uint8)
-    vals, first = np.array([5, 4000, 4001, 7]), np.array([0, 3, 15, 40])
+    vals, first = np.array([5, 4000, 4001, 7]), np.array([0, 12, 24, 40])
     packed.put_bits(buf, vals, first)
     no_step = np.zeros(4, np.bool_)
     got, ok = packed.get_bits(buf[None], first, 12, np.full(4, 4096), no_step)
