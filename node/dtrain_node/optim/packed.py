@@ -151,5 +151,7 @@ def warm() -> None:
     entries(one, np.ones((1, 1), np.int8), np.zeros((1, 1), np.int64), np.ones(1, np.int64), 1)
     dots(one, np.ones((1, 1), np.int8), np.array([[0, 1, 1]], np.int64))
     put_bits(np.zeros(2, np.uint8), np.ones(1, np.int64), np.zeros(1, np.int64))
-    z = np.zeros(1, np.int64)
-    get_bits(np.zeros((1, 2), np.uint8), z, 1, z + 2, np.zeros(1, np.bool_))
+    z, raw = np.zeros(1, np.int64), np.zeros((1, 2), np.uint8)
+    get_bits(raw, z, 1, z + 2, np.zeros(1, np.bool_))
+    raw.flags.writeable = False  # packets arrive as bytes: read-only arrays, their own signature
+    get_bits(raw, z, 1, z + 2, np.zeros(1, np.bool_))
