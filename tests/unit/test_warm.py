@@ -47,5 +47,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_round_compiles_nothing_once_the_optimizer_started() -> None:
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stdout + out.stderr
