@@ -147,6 +147,8 @@ def test_decoded_makes_parts_on_access_and_reads_like_a_list() -> None:
     assert isinstance(d, codec.Decoded) and len(d) == len(parts)
     assert d == parts and parts == d and d[-1] == parts[-1] and d[1:3] == parts[1:3]
     assert d[2] is d[2] and d.exps.tolist() == [p.exp for p in parts]
+    other = codec.Spec(tuple(f"u{i}" for i in range(len(SHAPES))), spec.shapes, spec.cfg)
+    assert d.readable(spec) and not d.readable(other)  # positions of another spec never read it
     assert d != parts[:-1] and d != [*parts[:-1], parts[0]]
 
 

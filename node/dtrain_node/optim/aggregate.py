@@ -125,7 +125,7 @@ def _integers(spec: Spec, order, ts: list[int], ex: torch.Tensor, s_max: int):
     k, S = spec.layout[ts[0]][2], len(order)
     e0 = torch.maximum(ex.min(0).values, ex.max(0).values - s_max)
     span = _span(spec, tuple(ts))
-    if span is not None and all(_arrays(p[1]) for p in order):
+    if span is not None and all(_arrays(spec, p[1]) for p in order):
         w, start, size, at, rows = span  # the group's fields straight from the packets' arrays
         i = np.stack([p[1].values[w][start : start + size] for p in order])
         lv = np.stack([p[1].levels[at] for p in order])
@@ -139,13 +139,15 @@ def _integers(spec: Spec, order, ts: list[int], ex: torch.Tensor, s_max: int):
     return e0.tolist(), idx.to(torch.int64), _shift(lvl.to(torch.int64), sh)
 
 
-def _arrays(packet: Sequence[Sparse]) -> bool:
-    """Whether a packet's value arrays say what its parts say (codec.Decoded.intact)."""
-    return isinstance(packet, Decoded) and packet.intact()
+def _arrays(spec: Spec, packet: Sequence[Sparse]) -> bool:
+    """Whether a packet's value arrays say what its parts say (codec.Decoded.readable)."""
+    return isinstance(packet, Decoded) and packet.readable(spec)
 
 
-def _exponents(packet: Sequence[Sparse]) -> list[int]:
-    return packet.exps.tolist() if _arrays(packet) else [t.exp for t in packet]  # type: ignore[attr-defined]
+def _exponents(spec: Spec, packet: Sequence[Sparse]) -> list[int]:
+    if _arrays(spec, packet):
+        return packet.exps.tolist()  # type: ignore[attr-defined]
+    return [t.exp for t in packet]
 
 
 @functools.cache
@@ -232,7 +234,7 @@ def aggregate(
     # one inverse per group: every product and partial sum is still an exact integer per
     # chunk
     m = MEAN_BITS if per_coefficient else 0
-    ex = torch.tensor([_exponents(p[1]) for p in order], dtype=torch.int64)
+    ex = torch.tensor([_exponents(spec, p[1]) for p in order], dtype=torch.int64)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (_, ce, k, _, _) in enumerate(spec.layout):
         groups.setdefault((1 if ce == n else 2, k), []).append(i)

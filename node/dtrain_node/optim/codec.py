@@ -138,6 +138,11 @@ class Decoded(Sequence[Sparse]):
     def __repr__(self) -> str:
         return f"Decoded({list(self)!r})"
 
+    def readable(self, spec: Spec) -> bool:
+        """Whether `spec`'s positions may read this packet's arrays: decoded for that very
+        spec, and intact()."""
+        return (self.spec is spec or self.spec == spec) and self.intact()
+
     def intact(self) -> bool:
         """Whether every part made so far still holds the very views and exponent it was made
         with (a replaced part, tensor or exponent would leave the arrays stale; in-place writes
@@ -157,10 +162,9 @@ class _Fields:
     one compiled pass per width. Per width w: `first[w]` is the bit position of every w-bit
     value's least significant bit, in packet order, `hi[w]` an exclusive upper bound per value
     and `step[w]` marks the values that must be greater than the one before (same chunk).
-    `pad` are the pad bits,
-    `exp` the byte offsets of the exponents; `spans` per tensor: (width, start) of its indices
-    and of its level codes in the per-width value arrays; `level_at` where every level code
-    sits in its width's array, tensor after tensor."""
+    `pad` are the pad bits, `exp` the byte offsets of the exponents; `spans` per tensor:
+    (width, start) of its indices and of its level codes in the per-width value arrays;
+    `level_at` where every level code sits in its width's array, tensor after tensor."""
 
     first: dict[int, np.ndarray]
     hi: dict[int, np.ndarray]
