@@ -150,6 +150,10 @@ def test_compiled_quantize_is_compress_quantize_per_tensor(bits: int) -> None:
         torch.tensor(rows)
     ).unsqueeze(1)
     assert torch.equal(m3[r, chunk, c], vals - sent)
+    with pytest.raises(ValueError, match="index outside"):
+        select.quantize(m3, idx + n * n, vals, rows, bits)
+    with pytest.raises(ValueError, match="float32"):
+        select.quantize(m3, idx, vals.double(), rows, bits)
     untouched = torch.ones_like(m3, dtype=torch.bool)
     untouched[r, chunk, c] = False
     assert torch.equal(m3[untouched], before[untouched])

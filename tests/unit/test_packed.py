@@ -109,6 +109,8 @@ def test_packed_refuses_shapes_that_do_not_fit() -> None:
         packed.dots(i, lv, np.array([[2, 2, 3]]))
     with pytest.raises(ValueError, match="dots"):
         packed.dots(i, lv[:1], np.array([[0, 1, 1]]))
+    with pytest.raises(ValueError, match="negative"):
+        packed.dots(i, lv, np.array([[-2, 1, 2]]))
 
 
 def test_put_bits_packs_little_endian_and_refuses_what_does_not_fit() -> None:

@@ -62,6 +62,8 @@ def dots(idx: np.ndarray, lvl: np.ndarray, tensors: np.ndarray) -> np.ndarray:
         raise ValueError(f"dots: {idx.shape} indices, {lvl.shape} levels, {tensors.shape}")
     if tensors.size and int((tensors[:, 0] + tensors[:, 1] * tensors[:, 2]).max()) > idx.shape[1]:
         raise ValueError(f"dots: tensors reach past the {idx.shape[1]} entries per sender")
+    if tensors.size and int(tensors.min()) < 0:
+        raise ValueError("dots: negative entry, chunk count or k")
     out = np.zeros((tensors.shape[0], idx.shape[0], idx.shape[0]), np.int64)
     _dots(idx, lvl, tensors, out)
     return out

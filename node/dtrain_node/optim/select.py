@@ -74,6 +74,12 @@ def quantize(
         raise ValueError(f"quantize: {tuple(vals.shape)} values, {nc} chunks, rows {rows.sum()}")
     if bits not in LEVELS:
         raise ValueError(f"bits must be one of {sorted(LEVELS)}, got {bits}")
+    if m3.dtype != torch.float32 or vals.dtype != torch.float32:
+        raise ValueError(f"quantize: float32 chunks and values, not {m3.dtype}, {vals.dtype}")
+    # the compiled loop writes m3 at each index without bounds checks
+    top = m3.shape[0] * m3.shape[2]
+    if idx.numel() and not (int(idx.min()) >= 0 and int(idx.max()) < top):
+        raise ValueError(f"quantize: index outside [0, {top}): {idx.min()}..{idx.max()}")
     lvl, exps = np.empty((nc, k), np.int8), np.empty(len(rows), np.int64)
     _quantize(m3.numpy(), idx.numpy(), vals.numpy(), rows, bits, lvl, exps)
     return torch.from_numpy(lvl), exps.tolist()
