@@ -33,8 +33,10 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        # counted before the write: the client may have read every byte and moved on to its
+        # assertions before this thread returns from the write
         self.sent.append(len(body))
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
