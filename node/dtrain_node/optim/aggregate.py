@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from dtrain_node.optim import dct, inverse, packed
-from dtrain_node.optim.codec import Decoded, Spec
+from dtrain_node.optim.codec import Spec, readable
 from dtrain_node.optim.compress import Sparse
 
 LIMIT = 2**53  # float64 holds every integer below this exactly
@@ -125,7 +125,7 @@ def _integers(spec: Spec, order, ts: list[int], ex: torch.Tensor, s_max: int):
     k, S = spec.layout[ts[0]][2], len(order)
     e0 = torch.maximum(ex.min(0).values, ex.max(0).values - s_max)
     span = _span(spec, tuple(ts))
-    if span is not None and all(_arrays(spec, p[1]) for p in order):
+    if span is not None and all(readable(spec, p[1]) for p in order):
         w, start, size, at, rows = span  # the group's fields straight from the packets' arrays
         i = np.stack([p[1].values[w][start : start + size] for p in order])
         lv = np.stack([p[1].levels[at] for p in order])
@@ -139,13 +139,8 @@ def _integers(spec: Spec, order, ts: list[int], ex: torch.Tensor, s_max: int):
     return e0.tolist(), idx.to(torch.int64), _shift(lvl.to(torch.int64), sh)
 
 
-def _arrays(spec: Spec, packet: Sequence[Sparse]) -> bool:
-    """Whether a packet's value arrays say what its parts say (codec.Decoded.readable)."""
-    return isinstance(packet, Decoded) and packet.readable(spec)
-
-
 def _exponents(spec: Spec, packet: Sequence[Sparse]) -> list[int]:
-    if _arrays(spec, packet):
+    if readable(spec, packet):
         return packet.exps.tolist()  # type: ignore[attr-defined]
     return [t.exp for t in packet]
 

@@ -156,6 +156,11 @@ class Decoded(Sequence[Sparse]):
         return True
 
 
+def readable(spec: Spec, packet: Sequence[Sparse]) -> bool:
+    """Whether `packet` is a Decoded whose value arrays `spec`'s positions may read."""
+    return isinstance(packet, Decoded) and packet.readable(spec)
+
+
 @dataclass(frozen=True)
 class _Fields:
     """Bit positions of a packet's fields, grouped by width, so that `decode` reads them all in

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from dtrain_node.optim import packed
-from dtrain_node.optim.codec import Decoded, Spec
+from dtrain_node.optim.codec import Spec, readable
 from dtrain_node.optim.compress import EXP_MIN, Sparse
 
 Packets = Sequence[tuple[Hashable, Sequence[Sparse]]]
@@ -127,7 +127,7 @@ def _by_width(spec: Spec) -> list[tuple[int, list[int], np.ndarray, np.ndarray, 
 def gram(spec: Spec, packets: Packets) -> list[list[list[int]]]:
     """Per tensor, the exact Gram matrix <v_a, v_b> scaled by 2^(-2 EXP_MIN), as Python ints."""
     out = []
-    decoded = all(isinstance(p[1], Decoded) and p[1].readable(spec) for p in packets)
+    decoded = all(readable(spec, p[1]) for p in packets)
     dots = _decoded_dots(spec, packets) if decoded else None
     for i in range(len(spec.names)):
         D = dots[i] if dots is not None else level_dots(spec, i, packets).tolist()
