@@ -67,7 +67,7 @@ def test_commitments_are_taken_until_the_commit_phase_closes_then_late() -> None
     c3, _ = packet(3, 0)
     s.offer(c1, relayed=False)
     s.offer(p1[0], relayed=False)  # someone revealed: our commit phase still runs to its end
-    assert s.seen_reveal(0) and s.phase(0) == Phase.COMMIT
+    assert not s.revealed_by_quorum(0, MEMBERS[0]) and s.phase(0) == Phase.COMMIT
     # commit deadline: first commitments now only from a third member's signed sync reply
     s.close_commits(0)
     assert s.phase(0) == Phase.COMMIT_CLOSED
@@ -82,7 +82,7 @@ def test_commitments_are_taken_until_the_commit_phase_closes_then_late() -> None
     assert s.awaited(0) == sorted(MEMBERS[1:3])  # committed, packets not (all) in yet
 
 
-def test_future_round_commitments_buffered_and_an_early_reveal_noted() -> None:
+def test_future_round_commitments_buffered_and_early_reveals_counted() -> None:
     s = store()
     s.begin(0)
     c1, p1 = packet(1, 1)
@@ -91,8 +91,16 @@ def test_future_round_commitments_buffered_and_an_early_reveal_noted() -> None:
     assert s.offer(c2, relayed=False)  # round 1 not begun here: its commit phase is open
     s.finish(0)
     s.begin(1)
-    assert s.seen_reveal(1)  # a packet of round 1 is out: we will not commit (collect only)
+    # one member revealed round 1 before we began it: it may run ahead, we still commit
+    assert not s.revealed_by_quorum(1, MEMBERS[0])
     assert s.uncommitted(1) == sorted([MEMBERS[0], MEMBERS[3]])
+    c3, p3 = packet(3, 1)
+    _, p2 = packet(2, 1)
+    assert s.offer(c3, relayed=False) and s.offer(p3[0], relayed=False)
+    assert not s.revealed_by_quorum(1, MEMBERS[0])  # 2 of 4 seats: a third could be one party
+    assert s.offer(p2[0], relayed=False)
+    assert s.revealed_by_quorum(1, MEMBERS[0])  # 3 of 4: our commitment would be late there
+    assert not s.revealed_by_quorum(1, MEMBERS[1])  # for member 1 only 2 others revealed
 
 
 def test_second_commitment_is_evidence_and_excludes_the_sender() -> None:

@@ -83,6 +83,7 @@ class Cluster:
         nice: int = 0,
         distinct_packets: int | None = None,
         payload_bytes: int | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         self.workdir, self.n = workdir, n
         self.members = [account(i).address for i in range(n)]
@@ -91,6 +92,7 @@ class Cluster:
         self._args = (rounds, params, gossip, per_node, hooks, nice)
         self.distinct_packets = distinct_packets
         self.payload_bytes = payload_bytes  # set: random payloads, no codec (and no torch)
+        self.extra = dict(extra or {})  # more worker config, e.g. {"reconcile": 30.0}
 
     def spawn(self) -> None:
         rounds, params, gossip, per_node, hooks, nice = self._args
@@ -113,6 +115,7 @@ class Cluster:
                 "gossip": g,
                 "hook": (hooks or {}).get(i),
                 "result": str(workdir / f"result{i}.json"),
+                **self.extra,
             }
             self.procs.append(_spawn(i, "harness.gossip_worker", conf, workdir, nice))
 

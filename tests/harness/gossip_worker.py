@@ -65,6 +65,27 @@ def synthetic_packet(spec: codec.Spec, seed: int) -> bytes:
     return codec.encode(spec, tensors)
 
 
+def _reconcile(node: GossipNode, rounds: int, deadline_s: float) -> dict[str, Any]:
+    """The epoch's agreed transcript, as the worker's result records it."""
+    from dtrain_node.p2p.reconcile import check_equivocation
+
+    t = node.reconcile(rounds, deadline_s)
+    for proof in t.equivocations:
+        check_equivocation(proof)  # every proof we hand on must convince anyone
+    return {
+        "rounds": [
+            {
+                "senders": [s for s, _ in packets],
+                "digests": [hashlib.sha256(p).hexdigest() for _, p in packets],
+            }
+            for packets in t.rounds
+        ],
+        "settled": t.settled,
+        "equivocators": sorted({(e.round, e.sender) for e in t.equivocations}),
+        "waited_s": t.waited_s,
+    }
+
+
 def emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -117,6 +138,7 @@ def main(argv: list[str]) -> int:
         connected = node.connect([(bytes.fromhex(k), a) for k, a in peers])
         emit({"event": "connected", "n": len(connected)})
         ctx: dict[str, Any] = {"conf": conf, "spec": spec, "members": members}
+        ctx["keys"] = {k: members[i] for i, (k, _) in enumerate(peers)}  # peer key -> member
         out = []
         for r in range(rounds):
             if hook is not None:
@@ -141,7 +163,12 @@ def main(argv: list[str]) -> int:
                 }
             )
             emit({"event": "round", "round": r})
+        canonical = None
+        if conf.get("reconcile"):
+            canonical = _reconcile(node, rounds, float(conf["reconcile"]))
+            emit({"event": "reconciled"})
         result = {
+            "canonical": canonical,
             "address": account.address,
             "packet_bytes": packet_bytes,
             "params": params,

@@ -22,7 +22,7 @@ from typing import Any
 from web3 import Web3
 
 from dtrain_node.errors import CheckpointUnavailable
-from dtrain_node.operator.transport import PayloadValidator, PeerSpec, RoundResult
+from dtrain_node.operator.transport import PayloadValidator, PeerSpec, RoundResult, Transcript
 
 RoundKey = tuple[int, int, int]  # (job, epoch attempt, round)
 
@@ -124,6 +124,20 @@ class LoopbackTransport:
         if self.after_round is not None:
             self.after_round(res)
         return res
+
+    def reconcile(self, rounds: int, deadline_s: float) -> Transcript:
+        """The hub holds every packet published, so each round's transcript is every valid
+        member packet it holds (also those published after our deadline)."""
+        if self.epoch is None:
+            raise RuntimeError("set_epoch() before reconcile()")
+        out = []
+        with self.hub.cond:
+            for r in range(rounds):
+                got = self.hub.packets.get((self.job_id, self.epoch, r), {})
+                out.append([(m, got[m]) for m in self.members if m in got])
+        packets = [[(m, p) for m, p in rnd if self._valid(p)] for rnd in out]
+        packets = [sorted(rnd, key=lambda p: p[0].lower()) for rnd in packets]
+        return Transcript(packets, True, [], 0.0, len(self.members) - 1, 0)
 
     def _valid(self, payload: bytes) -> bool:
         if self.validate is None:

@@ -16,6 +16,7 @@ SAVE_S = 10.0  # save and hash the checkpoint, persist the vote
 TX_S = 5.0  # one transaction sent and mined
 VOTE_MARGIN_S = SAVE_S + 2 * TX_S  # kept before the commit deadline: save, commit, reveal
 MIN_ROUND_S = 1.0
+REPLAY_S = 10.0  # replay the epoch's transcript when our live rounds differed from it
 
 
 def round_deadline(
@@ -58,3 +59,9 @@ def reveal_window_fits(reveal_window_s: int) -> bool:
     mined within the chain's reveal window? `--auto` joins no job on a chain where it cannot:
     an unrevealed commitment is slashed as a dropout."""
     return reveal_window_s >= TX_S
+
+
+def reconcile_deadline(*, now: float, epoch_deadline: float) -> float:
+    """Seconds the end-of-epoch transcript agreement may wait for slow members: all the time
+    left but what replaying, saving and both vote transactions need."""
+    return max(MIN_ROUND_S, epoch_deadline - now - VOTE_MARGIN_S - REPLAY_S)

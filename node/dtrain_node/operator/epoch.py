@@ -14,8 +14,9 @@ packet and the packets collected in the previous round).
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from dtrain_node.errors import (
 )
 from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
-from dtrain_node.operator.deadlines import round_deadline
+from dtrain_node.operator.deadlines import reconcile_deadline, round_deadline
 from dtrain_node.operator.faults import Faults, RoundContext
 from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
@@ -118,6 +119,8 @@ class EpochTrainer:
         self.batches: Iterator[Any]
         self.first = 0
         self.participation: dict[str, int] = {}
+        self.applied: list[list[tuple[str, str]]] = []  # per round: (sender, sha256) applied
+        self.start_shared: list[Any] = []  # the shared state the epoch started from
         self.context: RoundContext  # what the previous round left for `Faults.packet`
 
     def run(self) -> tuple[bytes, list[int]]:
@@ -132,10 +135,13 @@ class EpochTrainer:
         self._build()
 
     def train(self) -> tuple[bytes, list[int]]:
-        """Train every round left; returns (checkpoint digest, participation vote)."""
+        """Train every round left, agree on the epoch's transcript with the members and, if
+        our live rounds differed from it, replay it; returns (checkpoint digest, participation
+        vote), both recomputed from the transcript."""
         self._begin()
         for r in range(self.first, self.rounds):
             self._round(r)
+        self._reconcile()
         return self._finish()
 
     def _build(self) -> None:
@@ -153,11 +159,13 @@ class EpochTrainer:
         cfg = demo_config(env.cfg, job, tj.recipe)
         self.opt = DeMo(model.named_parameters(), cfg, sender=env.me.lower())
         self.context = RoundContext(self.opt.spec, env.me)
+        self.start_shared = [t.clone() for t in self.opt.theta_sync]
         resume = roundstate.load(self.state_path, self.opt)
         if resume is not None:
             env.metric("resumed", job=job.id, attempt=job.state.attempt, round=resume["round"])
             self.first = resume["round"]
             self.participation = resume["participation"]
+            self.applied = [[(s, d) for s, d in rnd] for rnd in resume["applied"]]
         else:
             self.participation = dict.fromkeys(self.members, 0)
 
@@ -221,7 +229,10 @@ class EpochTrainer:
         self.context = RoundContext(opt.spec, env.me, honest, res.packets)
         sync_s = time.perf_counter() - t_sync
         self._count(stats.applied)
-        roundstate.save(self.state_path, opt, r + 1, self.participation)
+        del self.applied[r:]
+        self.applied += [[] for _ in range(r - len(self.applied))]  # saved without them
+        self.applied.append(_digests(res.packets))
+        roundstate.save(self.state_path, opt, r + 1, self.participation, self.applied)
         env.metric(
             "round",
             job=job.id,
@@ -240,6 +251,40 @@ class EpochTrainer:
             compress_s=round(stats.compress_s, 4),
             aggregate_s=round(stats.aggregate_s, 4),
             compute_s=round(compute_s, 4),
+        )
+
+    def _reconcile(self) -> None:
+        """The transcript decides: the rounds whose canonical packets differ from what we
+        applied live (we were late, missed packets, or a member revealed to some peers only)
+        are fixed by replaying the whole transcript from the epoch's start state."""
+        env, job, st = self.env, self.job, self.job.state
+        budget = reconcile_deadline(now=time.time(), epoch_deadline=job.deadline)
+        t = env.transport.reconcile(self.rounds, budget)
+        canonical = [_digests(packets) for packets in t.rounds]
+        diverged = [
+            r
+            for r in range(self.rounds)
+            if r >= len(self.applied) or sorted(self.applied[r]) != sorted(canonical[r])
+        ]
+        for e in t.equivocations:
+            env.metric("equivocation", job=job.id, epoch=st.epoch, round=e.round, sender=e.sender)
+        if diverged:
+            stats = self.opt.replay(self.start_shared, t.rounds)
+            self.participation = dict.fromkeys(self.members, 0)
+            for s in stats:
+                self._count(s.applied)
+            self.applied = canonical
+        env.metric(
+            "transcript",
+            job=job.id,
+            epoch=st.epoch,
+            attempt=st.attempt,
+            settled=t.settled,
+            waited_s=round(t.waited_s, 3),
+            replayed=len(diverged),
+            first_diverged=diverged[0] if diverged else None,
+            peers_agreed=t.peers_agreed,
+            peers_gone=t.peers_gone,
         )
 
     def _count(self, applied: Iterable[object]) -> None:
@@ -263,3 +308,7 @@ class EpochTrainer:
             **after,
         )
         return digest, vote
+
+
+def _digests(packets: Sequence[tuple[str, bytes]]) -> list[tuple[str, str]]:
+    return [(Web3.to_checksum_address(s), hashlib.sha256(p).hexdigest()) for s, p in packets]

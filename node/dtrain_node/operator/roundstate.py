@@ -20,10 +20,18 @@ def path(job_dir: Path, attempt: int) -> Path:
     return job_dir / f"attempt-{attempt}.round.pt"
 
 
-def save(path: Path, opt: DeMo, next_round: int, participation: dict[str, int]) -> None:
+def save(
+    path: Path,
+    opt: DeMo,
+    next_round: int,
+    participation: dict[str, int],
+    applied: list[list[tuple[str, str]]] | None = None,
+) -> None:
+    """applied: per round so far, the (sender, packet sha256 hex) pairs applied live."""
     state = {
         "round": next_round,
         "participation": participation,
+        "applied": applied or [],
         "theta_sync": opt.theta_sync,
         "e": opt.feedback.state(),
         "steps": opt.steps,
@@ -36,7 +44,8 @@ def save(path: Path, opt: DeMo, next_round: int, participation: dict[str, int]) 
 
 def load(path: Path, opt: DeMo) -> dict[str, Any] | None:
     """Restore `opt` (and its model's parameters) from the saved state; None when there is
-    none. Returns the state: "round" is the next round to run, "participation" the counts."""
+    none. Returns the state: "round" is the next round to run, "participation" the counts,
+    "applied" what each round applied."""
     if not path.is_file():
         return None
     state = torch.load(path, weights_only=False)
@@ -51,4 +60,5 @@ def load(path: Path, opt: DeMo) -> dict[str, Any] | None:
     opt.steps = state["steps"]
     if opt.inner is not None and state["inner"] is not None:
         opt.inner.load_state_dict(state["inner"])
+    state.setdefault("applied", [])  # saved before rounds recorded what they applied
     return state

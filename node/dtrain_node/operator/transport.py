@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from dtrain_node.p2p.host import GossipConfig, GossipNode, PeerSpec, RoundResult
+from dtrain_node.p2p.host import GossipConfig, GossipNode, PeerSpec, RoundResult, Transcript
 
 if TYPE_CHECKING:
     from dtrain.client import BSM
@@ -23,6 +23,7 @@ __all__ = [
     "PayloadValidator",
     "PeerSpec",
     "RoundResult",
+    "Transcript",
     "Transport",
     "TransportFactory",
     "gossip_transport",
@@ -51,6 +52,10 @@ class Transport(Protocol):
 
     def collect_round(self, rnd: int, payload: bytes, deadline_s: float) -> RoundResult:
         """Publish our packet of round `rnd` and collect the members' packets."""
+        ...
+
+    def reconcile(self, rounds: int, deadline_s: float) -> Transcript:
+        """After the last round: agree with the members on every round's packets."""
         ...
 
     def serve_file(self, sha256_hex: str, path: Path | str) -> None: ...

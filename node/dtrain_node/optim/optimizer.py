@@ -238,6 +238,22 @@ class DeMo:
         if c.mode == "local":
             self._reset_local()
 
+    @torch.no_grad()
+    def replay(
+        self,
+        start: Sequence[torch.Tensor],
+        rounds: Iterable[Iterable[tuple[Hashable, bytes]]],
+    ) -> list[SyncStats]:
+        """Recompute the shared state from `start` (as theta_sync was when the rounds began)
+        by applying each round's packets in turn: aggregation only, no training. The result
+        is bitwise what a node that applied exactly these packets holds."""
+        shared = self.theta_sync if self.cfg.mode == "local" else [p.data for p in self.params]
+        if len(start) != len(shared):
+            raise ValueError(f"start has {len(start)} tensors, the shared state {len(shared)}")
+        for th, s in zip(shared, start, strict=True):
+            th.copy_(s)
+        return [self.apply(packets) for packets in rounds]
+
     def _reset_local(self) -> None:
         for p, th in zip(self.params, self.theta_sync, strict=True):
             p.data.copy_(th)

@@ -68,10 +68,11 @@ class RoundCollector:
         and False if the peers did not agree on the commitments in time."""
         st, store = self._state, self._state.store
         chunks: list[envmod.Envelope] = []
-        # a packet of this round is out before we began: our commitment would be late at the
-        # node that revealed it, so we only collect (docs/protocol.md 4.2, step 1)
+        # when 2/3 of the members revealed this round before we began it, our commitment would
+        # be late at all of them, so we only collect (docs/protocol.md 4.2, step 1); fewer
+        # reveals (a member that runs ahead) never stop us from committing
         behind = 0.0
-        if payload and not store.seen_reveal(rnd):
+        if payload and not store.revealed_by_quorum(rnd, st.account.address):
             commit, chunks = self._seal(rnd, payload)
             store.offer(commit, relayed=True)
             behind = store.began_behind_by(rnd, time.monotonic())

@@ -35,11 +35,20 @@ from dtrain_node.p2p.collect import RoundCollector, RoundResult
 from dtrain_node.p2p.intake import Intake
 from dtrain_node.p2p.looper import Looper
 from dtrain_node.p2p.pubsub import SafePubsub
+from dtrain_node.p2p.reconcile import Reconciler, Transcript
 from dtrain_node.p2p.rounds import PayloadValidator, RoundStore, StoreLimits
 from dtrain_node.p2p.state import HostState
 from dtrain_node.p2p.sync import SyncClient, SyncServer
 
-__all__ = ["GossipConfig", "GossipError", "GossipNode", "PeerSpec", "RoundResult", "topic_name"]
+__all__ = [
+    "GossipConfig",
+    "GossipError",
+    "GossipNode",
+    "PeerSpec",
+    "RoundResult",
+    "Transcript",
+    "topic_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +134,7 @@ class GossipNode(Looper):
         self._sync = SyncClient(st, self._intake.accept)
         self._sync_server = SyncServer(st)
         self._rounds = RoundCollector(st, self._sync)
+        self._reconciler = Reconciler(st, self._sync)
         self._files = files.FileService(st)
         self.listen_addrs: list[str] = []
 
@@ -190,6 +200,17 @@ class GossipNode(Looper):
         (EnvelopeError if it fails). deadline_s overrides config.round_deadline_s.
         """
         return self._call(self._rounds.collect, rnd, payload, deadline_s)
+
+    def reconcile(self, rounds: int, deadline_s: float) -> Transcript:
+        """After the last round: agree with the members on the epoch's transcript (rounds
+        0..rounds-1) and return every round's canonical packets (docs/protocol.md 4.5).
+
+        Waits until every live peer finished all rounds holding nothing we lack, or
+        deadline_s. No round can be collected afterwards in this epoch attempt.
+        """
+        if self.store.epoch is None:
+            raise GossipError("set_epoch() before reconcile()")
+        return self._call(self._reconciler.reconcile, rounds, deadline_s)
 
     def participation(self) -> dict[str, int]:
         """Rounds of the current epoch in which each member's packet was applied."""

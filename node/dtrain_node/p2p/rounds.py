@@ -50,8 +50,6 @@ class _Round:
     first_seen: dict[str, float] = field(default_factory=dict)
     # sender -> payload sha256 -> signed commitment; a second one is equivocation evidence
     commits: dict[str, dict[bytes, Envelope]] = field(default_factory=dict)
-    # a packet chunk of this round was stored: someone revealed (docs/protocol.md 4.2, step 1)
-    seen_reveal: bool = False
     # when the first commitment of this round arrived, if that was before we began it
     early_commit_at: float | None = None
     # members whose committed packet will not come (ourselves after withdrawing, step 3a)
@@ -102,6 +100,7 @@ class RoundStore:
         self._member_set = frozenset(checked)
         self._validate = validate
         self.current, self.rounds = None, {}
+        self.reconciling = False
         self.participation = Counter({m: 0 for m in self.members})
 
     def begin(self, rnd: int) -> _Round:
@@ -110,15 +109,17 @@ class RoundStore:
         if self.current is not None and rnd <= self.current:
             raise ValueError(f"round {rnd} <= current round {self.current}: rounds only go up")
         self.current = rnd
-        for r in [r for r in self.rounds if r < rnd - self.limits.window_back]:
-            del self.rounds[r]
+        # every round of the epoch is kept: the epoch's transcript is reconciled at its end
         st = self.rounds.setdefault(rnd, _Round())
         st.phase = Phase.COMMIT
         return st
 
-    def seen_reveal(self, rnd: int) -> bool:
+    def revealed_by_quorum(self, rnd: int, me: str) -> bool:
+        """Members other than `me` holding at least 2/3 of the seats revealed this round (a
+        chunk of each is held): a coalition of fewer than a third cannot make this true."""
         st = self.rounds.get(rnd)
-        return st is not None and st.seen_reveal
+        others = 0 if st is None else sum(1 for s in st.packets if s != me)
+        return 3 * others >= 2 * len(self.members)
 
     def began_behind_by(self, rnd: int, now: float) -> float:
         """How long before `now` a commitment of this round reached us before we began it (0.0
@@ -142,7 +143,20 @@ class RoundStore:
         st = self.rounds.setdefault(rnd, _Round())
         st.phase = max(st.phase, Phase.OPEN)
 
+    def begin_reconcile(self, rounds: int) -> None:
+        """Every round below `rounds` is finished here (created finished when this process
+        never ran it, e.g. after a restart): from now on, signed sync replies may add the
+        evidence other members hold for any of them (docs/protocol.md 4.5)."""
+        if self.epoch is None:
+            raise RuntimeError("set_epoch() before reconciling")
+        for r in range(rounds):
+            self.finish(r)
+        self.current = max(rounds - 1, -1 if self.current is None else self.current)
+        self.reconciling = True
+
     def in_window(self, rnd: int) -> bool:
+        if self.reconciling:
+            return 0 <= rnd <= (self.current or 0)
         lo = 0 if self.current is None else self.current - self.limits.window_back
         hi = (0 if self.current is None else self.current) + self.limits.window_ahead
         return lo <= rnd <= hi
@@ -208,6 +222,8 @@ class RoundStore:
         """
         self.authenticate(env)
         st = self.rounds.setdefault(env.round, _Round())
+        if st.phase == Phase.FINISHED and self.reconciling and relayed:
+            return self._offer_evidence(st, env, relayer)
         if st.phase == Phase.FINISHED:
             if env.kind == envmod.COMMIT and env.sender not in st.commits:
                 raise EnvelopeError("late_commit", f"round {env.round} {env.sender} (finished)")
@@ -216,6 +232,9 @@ class RoundStore:
             return self._offer_commit(st, env, relayed, relayer)
         if st.phase == Phase.CLOSED and not relayed:
             raise EnvelopeError("late", f"round {env.round} closed; only relays accepted")
+        return self._offer_chunk(st, env, now)
+
+    def _offer_chunk(self, st: _Round, env: Envelope, now: float | None) -> bool:
         by_digest = st.packets.get(env.sender, {})
         pkt = by_digest.get(env.payload_sha256)
         if pkt is not None and env.chunk_index in pkt.chunks:
@@ -235,8 +254,26 @@ class RoundStore:
         st.packets.setdefault(env.sender, {})[env.payload_sha256] = pkt
         if not new_sender and len(st.packets[env.sender]) == 2 and len(pkt.chunks) == 1:
             self._equivocated(env)
-        st.seen_reveal = True
         return True
+
+    def _offer_evidence(self, st: _Round, env: Envelope, relayer: str | None) -> bool:
+        """A finished round, reconciling: a first commitment counts only when a member other
+        than its sender vouches for it (it took the commitment in time, or got it from one
+        that did); a second one is equivocation evidence; a packet needs its commitment."""
+        if env.kind == envmod.COMMIT:
+            held = st.commits.get(env.sender, {})
+            if env.payload_sha256 in held:
+                raise EnvelopeError("duplicate", f"round {env.round} commitment of {env.sender}")
+            if len(held) >= 2:
+                raise EnvelopeError("equivocation", f"round {env.round} {env.sender}")
+            vouched = relayer is not None and relayer != env.sender and relayer in self.members
+            if not held and not vouched:
+                raise EnvelopeError("late_commit", f"round {env.round} {env.sender} (unvouched)")
+            st.commits.setdefault(env.sender, {})[env.payload_sha256] = env
+            if held:
+                self._equivocated(env)
+            return True
+        return self._offer_chunk(st, env, None)
 
     def _equivocated(self, env: Envelope) -> None:
         if (env.round, env.sender) not in self.equivocations:
@@ -348,6 +385,18 @@ class RoundStore:
             if one_commit and len(by) == 1 and len(done) == 1 and done[0].payload is not None:
                 out[s] = done[0].payload
         return out
+
+    def proof(self, rnd: int, sender: str) -> tuple[Envelope, Envelope] | None:
+        """Two envelopes signed by `sender` for round `rnd` that commit to (or carry) two
+        different packets: the evidence of its equivocation, or None if we hold none."""
+        st = self.rounds.get(rnd)
+        if st is None:
+            return None
+        commits = list(st.commits.get(sender, {}).values())
+        if len(commits) >= 2:
+            return commits[0], commits[1]
+        firsts = [next(iter(p.chunks.values())) for p in st.packets.get(sender, {}).values()]
+        return (firsts[0], firsts[1]) if len(firsts) >= 2 else None
 
     def missing(self, rnd: int) -> list[str]:
         got = self.usable(rnd)

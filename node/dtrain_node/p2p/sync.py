@@ -60,17 +60,19 @@ class SyncClient:
         self._accept = accept
         self._inflight: set[ID] = set()
 
-    async def ask_all(self, rnd: int) -> dict[ID, PeerView | None]:
+    async def ask_all(self, rnd: int, only: set[ID] | None = None) -> dict[ID, PeerView | None]:
         """One sync request to every known peer, concurrently. None: no answer in time.
 
         The requests run in the host's long-lived nursery and we wait at most
         request_timeout_s for them: py-libp2p cleans up failed streams under a shielded cancel
         scope, which can hang on a half-dead connection where no timeout of ours reaches it.
         A peer whose previous request is still stuck is not asked again until it returns.
+        only: ask these peers only (the answer still names every known peer).
         """
         st = self._state
         out: dict[ID, PeerView | None] = {}
-        pending = {pid for pid in st.peers if pid not in self._inflight}
+        asked = st.peers if only is None else only
+        pending = {pid for pid in asked if pid in st.peers and pid not in self._inflight}
         self._inflight |= pending
         done = trio.Event()
 
