@@ -239,3 +239,44 @@ def test_mutated_sync_messages_raise_only_wire_error(raw: bytes, flips: list, cu
     except wire.WireError:
         return
     assert msg.encode() == data  # whatever decodes re-encodes to the same bytes
+
+
+def test_reconciling_takes_vouched_evidence_for_every_round_and_nothing_else() -> None:
+    """At the epoch's end a finished round (or one this process never ran, after a restart)
+    takes a first commitment only when a member other than its sender relays it, a second one
+    as equivocation evidence, packets that match a held commitment, and nothing by gossip."""
+    s = store()
+    s.begin(0)
+    c1, p1 = packet(1, 0)
+    s.offer(c1, relayed=False)
+    s.finish(0)
+    s.begin(1)
+    s.finish(1)
+    c2, p2 = packet(2, 0)
+    assert reason(s, c2, relayed=True, relayer=MEMBERS[1]) == "late_commit"  # not reconciling
+    s.begin_reconcile(9)  # rounds 2..8 never ran here: finished, empty
+    assert s.phase(8) == Phase.FINISHED and s.in_window(0) and not s.in_window(9)
+    assert reason(s, c2) == "late_commit"  # gossip: no
+    assert reason(s, c2, relayed=True, relayer=MEMBERS[2]) == "late_commit"  # its own word
+    assert reason(s, c2, relayed=True, relayer=None) == "late_commit"  # unsigned reply
+    outsider = account(9).address
+    assert reason(s, c2, relayed=True, relayer=outsider) == "late_commit"
+    assert s.offer(c2, relayed=True, relayer=MEMBERS[3])  # another member vouches
+    for e in p1 + p2:
+        assert s.offer(e, relayed=True, relayer=MEMBERS[3])
+    assert sorted(s.usable(0)) == sorted([MEMBERS[1], MEMBERS[2]])
+    c7, p7 = packet(3, 7)
+    assert reason(s, p7[0], relayed=True, relayer=MEMBERS[0]) == "no_commit"
+    assert s.offer(c7, relayed=True, relayer=MEMBERS[0])
+    assert all(s.offer(e, relayed=True, relayer=MEMBERS[0]) for e in p7)
+    assert list(s.usable(7)) == [MEMBERS[3]]
+    # a second commitment needs no voucher: it can only remove its signer
+    c2b, _ = packet(2, 0, payload=b"other")
+    assert s.offer(c2b, relayed=True, relayer=MEMBERS[2])
+    assert list(s.usable(0)) == [MEMBERS[1]] and (0, MEMBERS[2]) in s.equivocations
+    proof = s.proof(0, MEMBERS[2])
+    assert proof is not None and {e.payload_sha256 for e in proof} == {
+        c2.payload_sha256,
+        c2b.payload_sha256,
+    }
+    assert s.proof(0, MEMBERS[1]) is None

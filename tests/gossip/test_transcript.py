@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from harness.gossip_cluster import account
+from harness.split_attack_hook import ATTACK_ROUND
 
 from dtrain_node.p2p import envelope
 from dtrain_node.p2p.reconcile import Equivocation, check_equivocation
-from harness.gossip_cluster import account
-from harness.split_attack_hook import ATTACK_ROUND
 
 PACED = "harness.pace_hook"
 SPLIT = "harness.split_attack_hook"
