@@ -42,7 +42,8 @@ def test_replay_of_the_canonical_rounds_matches_the_nodes_that_applied_them() ->
         for i, o in enumerate(opts):
             # worker 2 was late in rounds 1 and 3: it applied its own packet only
             o.apply(packets[2:] if i == 2 and r in (1, 3) else packets)
-    assert any(not torch.equal(a, b) for a, b in zip(opts[0].theta_sync, opts[2].theta_sync))
+    live = zip(opts[0].theta_sync, opts[2].theta_sync, strict=True)
+    assert any(not torch.equal(a, b) for a, b in live)
     stats = opts[2].replay(start, transcript)
     for a, b in zip(opts[0].theta_sync, opts[2].theta_sync, strict=True):
         assert torch.equal(a, b)
