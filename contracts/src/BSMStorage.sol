@@ -248,4 +248,9 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(address operator => mapping(address account => mapping(uint256 index => uint256))) internal _tokenRpsPaid;
     /// Token rate + 1 that shares maturing at `period` earn from (0: never recorded).
     mapping(address operator => mapping(uint256 index => mapping(uint64 period => uint256))) internal _maturedTokenRps;
+
+    // ---------------------------------------------------------------- equivocation
+    /// Bit i set: member i of the attempt signed two different packets (or commitments) for
+    /// one round; it is slashed at the fabrication rate and not paid when the attempt settles.
+    mapping(uint64 attempt => uint256 members) internal _equivocators;
 }

@@ -701,6 +701,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         uint256 slashed;
         bool stakersLate; // finalized more than a reward period after the epoch began
         address token; // the job's payment token; address(0): ether
+        uint256 equivocators; // bit i: member i proven to equivocate (reportEquivocation)
     }
 
     /// Settles members `[cursor, cursor + maxMembers)` of the epoch; the call that settles the
@@ -729,6 +730,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         c.token = _jobToken[jobId];
         Vote memory v = c.quorum ? _voteData[c.attempt][t.leaderKey] : Vote(bytes32(0), 0);
         c.syncFailures = v.syncFailures;
+        c.equivocators = _equivocators[c.attempt];
         Progress memory g = _progress[jobId];
         uint256 to = Math.min(members.length, g.cursor + maxMembers);
         for (uint256 i = g.cursor; i < to; ++i) {
@@ -793,7 +795,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     /// is provably offline); mismatch and sync failure need a quorum to be judged against.
     function _settleMember(Settlement memory c, address op, uint256 i) internal {
         bytes32 key = _votesOf[c.attempt][op];
-        if (c.unworkable) {
+        if (c.equivocators & (1 << i) != 0) {
+            // Signed two packets for one round: provably dishonest, whatever it voted.
+            c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.Equivocation);
+        } else if (c.unworkable) {
             if (key == _UNWORKABLE) {
                 _creditIn(c.token, op, c.price);
                 c.paid += 1;

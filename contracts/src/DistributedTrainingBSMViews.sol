@@ -5,6 +5,7 @@ import {IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM
 import {IAttestationVerifier} from "./interfaces/IAttestationVerifier.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 import {BSMTokenPayments} from "./BSMTokenPayments.sol";
+import {GossipEnvelope} from "./libraries/GossipEnvelope.sol";
 
 /// @title DistributedTrainingBSMViews
 /// @notice The read-only half of the BSM. `DistributedTrainingBSM` deploys it in its
@@ -204,6 +205,45 @@ contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, IDistribut
     /// @inheritdoc IDistributedTrainingBSMViews
     function operatorNonce(address operator) external view returns (uint256) {
         return _nonces[operator];
+    }
+
+    // ---------------------------------------------------------------- equivocation
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function reportEquivocation(uint256 jobId, bytes calldata first, bytes calldata second) external {
+        JobState storage j = _jobs[jobId];
+        require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
+        GossipEnvelope.Header memory a = GossipEnvelope.read(first);
+        GossipEnvelope.Header memory b = GossipEnvelope.read(second);
+        _checkEnvelope(a, jobId, j.attempt);
+        _checkEnvelope(b, jobId, j.attempt);
+        require(
+            a.sender == b.sender && a.round == b.round && a.payloadSha256 != b.payloadSha256,
+            NotAnEquivocation(a.sender, b.sender, a.round, b.round)
+        );
+        address[] storage members = _members[jobId];
+        uint256 n = members.length;
+        uint256 i;
+        while (i < n && members[i] != a.sender) ++i;
+        require(i < n, NotMember(jobId, a.sender));
+        uint256 mask = _equivocators[j.attempt];
+        require(mask & (1 << i) == 0, EquivocationKnown(jobId, a.sender));
+        _equivocators[j.attempt] = mask | (1 << i);
+        emit EquivocationProven(jobId, j.epoch, a.sender, a.round, msg.sender);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function equivocators(uint256 jobId) external view returns (uint256) {
+        return _equivocators[_jobs[jobId].attempt];
+    }
+
+    function _checkEnvelope(GossipEnvelope.Header memory h, uint256 jobId, uint64 attempt) private view {
+        require(
+            h.chainId == block.chainid && h.contractAddress == address(this) && h.jobId == jobId,
+            ProofForAnotherJob(h.chainId, h.contractAddress, h.jobId)
+        );
+        require(h.epoch == attempt, ProofNotCurrentAttempt(jobId, h.epoch, attempt));
+        require(h.signer == h.sender, EnvelopeNotSignedBySender(h.sender, h.signer));
     }
 
     // ---------------------------------------------------------------- TEE attestation

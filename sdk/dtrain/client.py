@@ -516,7 +516,20 @@ class BSM:
         """
         return self._transact(self.contract.functions.finalizeEpoch(job_id, epoch), gas=gas)
 
+    def report_equivocation(self, job_id: int, first: bytes, second: bytes) -> Receipt:
+        """Proves that a member of the job's current epoch attempt signed two different packets
+        for one round: `first` and `second` are the two encoded gossip envelopes. The member
+        is slashed at the fabrication rate and not paid when the epoch settles."""
+        f = self.contract.functions.reportEquivocation(job_id, bytes(first), bytes(second))
+        return self._transact(f)
+
     # ------------------------------------------------------------------ reads
+
+    def equivocators(self, job_id: int) -> list[str]:
+        """Members of the job's current attempt proven to equivocate."""
+        mask = self._read("equivocators", job_id)
+        members = self.members(job_id)
+        return [a for i, a in enumerate(members) if mask >> i & 1]
 
     def params(self) -> m.Params:
         return m.Params.from_struct(self._read("params"))

@@ -112,6 +112,7 @@ class SlashReason(IntEnum):
     DROPOUT = 1
     SYNC_FAILURE = 2
     EXTERNAL = 3
+    EQUIVOCATION = 4  # signed two packets for one round (reportEquivocation)
 
     @property
     def label(self) -> str:

@@ -100,7 +100,9 @@ class LoopbackTransport:
     def connect(self, peers: list[PeerSpec]) -> list[bytes]:
         return [key for key, _ in peers]
 
-    def collect_round(self, rnd: int, payload: bytes, deadline_s: float) -> RoundResult:
+    def collect_round(
+        self, rnd: int, payload: bytes, deadline_s: float, patience_s: float | None = None
+    ) -> RoundResult:
         if self.epoch is None:
             raise RuntimeError("set_epoch() before collect_round()")
         t0 = time.monotonic()

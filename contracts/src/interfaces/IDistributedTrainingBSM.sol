@@ -32,7 +32,8 @@ interface IDistributedTrainingBSMTypes {
         Fabrication,
         Dropout,
         SyncFailure,
-        External
+        External,
+        Equivocation
     }
 
     /// @notice Deploy-time parameters. The four fee shares are basis points summing to 10000.
@@ -218,6 +219,19 @@ interface IDistributedTrainingBSMTypes {
     error AttestationRequired(uint256 jobId, address operator, uint256 expiresAt, uint256 nowTs);
     /// @notice job `jobId` is in epoch `current`, not `given`
     error WrongEpoch(uint256 jobId, uint256 given, uint256 current);
+    /// @notice `length` bytes are not an encoded gossip envelope of version 2.
+    error MalformedEnvelope(uint256 length);
+    /// @notice An equivocation proof's envelope names another chain, contract or job.
+    error ProofForAnotherJob(uint256 chainId, address contractAddress, uint256 jobId);
+    /// @notice An equivocation proof's envelope is of epoch attempt `given`, not the job's
+    /// current attempt `current`.
+    error ProofNotCurrentAttempt(uint256 jobId, uint256 given, uint256 current);
+    /// @notice An envelope of a proof is not signed by the sender it names.
+    error EnvelopeNotSignedBySender(address sender, address signer);
+    /// @notice The two envelopes are not one sender's for one round naming two packets.
+    error NotAnEquivocation(address firstSender, address secondSender, uint256 firstRound, uint256 secondRound);
+    /// @notice `operator`'s equivocation in the job's current attempt is already recorded.
+    error EquivocationKnown(uint256 jobId, address operator);
     /// @notice epoch deadline `deadline` has passed (now `nowTs`)
     /// @param deadline unix time (seconds) after which submissions are refused.
     /// @param nowTs timestamp of the block that reverted.
@@ -353,6 +367,12 @@ interface IDistributedTrainingBSMTypes {
         SlashReason reason,
         uint256 amount,
         address reporter
+    );
+    /// @notice `reporter` proved that member `operator` of epoch `epoch` of job `jobId` signed two
+    /// different packets (or commitments) for round `round`: it is slashed at the fabrication
+    /// rate, and not paid, when the epoch settles.
+    event EquivocationProven(
+        uint256 indexed jobId, uint256 indexed epoch, address indexed operator, uint256 round, address reporter
     );
     /// @notice Job `jobId` completed with `finalCheckpoint`; `refund` wei of unearned escrow were
     /// credited to its caller.
@@ -561,6 +581,21 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
         external
         view
         returns (uint256 staked, uint256 unbonding, uint256 escrow, uint256 credits, uint256 rewardReserve);
+
+    // ---------------------------------------------------------------- equivocation
+    // Run in the views extension (cold code), on the BSM's storage.
+
+    /// @notice Records that a member of job `jobId`'s current epoch attempt equivocated:
+    /// `first` and `second` are two gossip envelopes (docs/protocol.md section 2) it signed for
+    /// this chain, this contract, this job and attempt and one round, naming two different
+    /// packets (commitments or packet chunks). Anyone may report; the member is slashed at the
+    /// fabrication rate and not paid when the attempt settles. Reverts with
+    /// `MalformedEnvelope`, `ProofForAnotherJob`, `ProofNotCurrentAttempt`,
+    /// `EnvelopeNotSignedBySender`, `NotAnEquivocation`, `NotMember` or `EquivocationKnown`.
+    function reportEquivocation(uint256 jobId, bytes calldata first, bytes calldata second) external;
+
+    /// @notice Members of job `jobId`'s current attempt proven to equivocate (bit i: member i).
+    function equivocators(uint256 jobId) external view returns (uint256 members);
 
     // ---------------------------------------------------------------- TEE attestation
     // Run in the views extension (cold code), on the BSM's storage.

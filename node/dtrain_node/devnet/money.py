@@ -28,7 +28,13 @@ if TYPE_CHECKING:
 
 ETH = 10**18
 BPS = 10_000
-REASONS = ["fabricated checkpoint", "offline mid-epoch", "failed to sync", "external"]
+REASONS = [
+    "fabricated checkpoint",
+    "offline mid-epoch",
+    "failed to sync",
+    "external",
+    "equivocated",
+]
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,18 @@ def round_deadline(
     return max(MIN_ROUND_S, min(wanted, share))
 
 
+def round_patience(
+    *, now: float, epoch_deadline: float, rounds_left: int, settle_s: float
+) -> float:
+    """Seconds a round may wait for a member that is alive but has not begun it yet (a slow
+    machine): this round's fair share of the time left before the vote. Waiting that long
+    still finishes the epoch in time, so no honest member is left out for being slow."""
+    if rounds_left < 1:
+        raise ValueError(f"rounds_left must be >= 1, got {rounds_left}")
+    left = epoch_deadline - now - VOTE_MARGIN_S - REPLAY_S
+    return max(MIN_ROUND_S, left / rounds_left - settle_s)
+
+
 def epoch_seconds_needed(steps: int, sync_interval: int, step_s: float) -> float:
     """Least epoch duration in which this node can finish an epoch: every inner step at
     `step_s` seconds, every sync round at least `MIN_ROUND_S`, the first round its longer

@@ -34,13 +34,14 @@ from dtrain_node.errors import (
 )
 from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
-from dtrain_node.operator.deadlines import reconcile_deadline, round_deadline
+from dtrain_node.operator.deadlines import reconcile_deadline, round_deadline, round_patience
 from dtrain_node.operator.faults import Faults, RoundContext
 from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.p2p.reconcile import Equivocation
 from dtrain_node.train import checkpoint, devices, shard
 from dtrain_node.train.backend import Backend, TrainJob, make_backend
 
@@ -121,6 +122,7 @@ class EpochTrainer:
         self.participation: dict[str, int] = {}
         self.applied: list[list[tuple[str, str]]] = []  # per round: (sender, sha256) applied
         self.start_shared: list[Any] = []  # the shared state the epoch started from
+        self.equivocations: list[Equivocation] = []  # members' proven equivocations
         self.context: RoundContext  # what the previous round left for `Faults.packet`
 
     def run(self) -> tuple[bytes, list[int]]:
@@ -212,6 +214,7 @@ class EpochTrainer:
         self.faults.before_round(r, env.metric)
         t0 = time.perf_counter()
         tokens, loss_sum = self._inner_steps()
+        self.faults.throttle(time.perf_counter() - t0)
         compute_s = time.perf_counter() - t0
         t_sync = time.perf_counter()
         honest = opt.prepare()
@@ -224,7 +227,13 @@ class EpochTrainer:
             rounds_left=self.rounds - r,
             settle_s=env.transport.settle_s,
         )
-        res = env.transport.collect_round(r, packet, deadline)
+        patience = round_patience(
+            now=time.time(),
+            epoch_deadline=job.deadline,
+            rounds_left=self.rounds - r,
+            settle_s=env.transport.settle_s,
+        )
+        res = env.transport.collect_round(r, packet, deadline, patience)
         stats = opt.apply(res.packets)
         self.context = RoundContext(opt.spec, env.me, honest, res.packets)
         sync_s = time.perf_counter() - t_sync
@@ -266,6 +275,7 @@ class EpochTrainer:
             for r in range(self.rounds)
             if r >= len(self.applied) or sorted(self.applied[r]) != sorted(canonical[r])
         ]
+        self.equivocations = list(t.equivocations)
         for e in t.equivocations:
             env.metric("equivocation", job=job.id, epoch=st.epoch, round=e.round, sender=e.sender)
         if diverged:

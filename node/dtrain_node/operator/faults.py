@@ -20,11 +20,15 @@ delivers the round's packets, so the copy is taken from the previous round's col
 packet of ours; round 0 of an attempt (and the first round after a restart) has none and
 sends the honest packet. `attack=stale` likewise re-sends our honest packet of the previous
 round.
+
+`slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
+steps take X times as long). The chain must not punish it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -36,8 +40,16 @@ from dtrain_node.optim.codec import Spec
 
 USAGE = (
     "fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
-    "scale=X, signflip, noise, stale, copy), epoch=E, once"
+    "scale=X, signflip, noise, stale, copy), slow=X, epoch=E, once"
 )
+
+
+def _number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _vanish(code: int) -> NoReturn:
@@ -79,8 +91,11 @@ class Faults:
     attack: Attack | None = None  # send this codec-valid attack packet instead of ours
     epoch: int | None = None
     first_attempt_only: bool = False  # a retried epoch (no quorum) runs honestly
+    slow: float = 1.0  # inner steps take this many times as long
 
     def __post_init__(self) -> None:
+        if not 1.0 <= self.slow <= 100.0:
+            raise ValueError(f"slow must be in [1, 100], got {self.slow}")
         for name in ("stop_sync_at_round", "offline_at_round", "epoch"):
             v = getattr(self, name)
             if v is not None and v < 0:
@@ -109,6 +124,8 @@ class Faults:
                 kw["garbage_packets"] = True
             elif name == "once" and not value:
                 kw["first_attempt_only"] = True
+            elif name == "slow" and _number(value):
+                kw["slow"] = float(value)
             elif name in ("stop-sync", "offline", "epoch") and value.isdigit():
                 field_name = {
                     "stop-sync": "stop_sync_at_round",
@@ -136,6 +153,11 @@ class Faults:
         if self.offline_at_round is not None and rnd >= self.offline_at_round:
             metric("fault_offline", round=rnd)
             vanish(3)
+
+    def throttle(self, compute_s: float, sleep: Callable[[float], Any] = time.sleep) -> None:
+        """`slow=X`: after inner steps that took `compute_s`, wait so they took X times as long."""
+        if self.slow > 1.0:
+            sleep((self.slow - 1.0) * compute_s)
 
     def packet(self, rnd: int, honest: bytes, ctx: RoundContext | None = None) -> bytes:
         """The packet published in round `rnd`: `stop-sync=N` publishes nothing from round N,

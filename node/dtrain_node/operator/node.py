@@ -67,6 +67,7 @@ from dtrain_node.operator.transport import (
     peer_specs,
 )
 from dtrain_node.operator.vote import Vote
+from dtrain_node.p2p.reconcile import Equivocation
 
 log = logging.getLogger("dtrain.node")
 
@@ -463,7 +464,21 @@ class Node:
             return Vote.unworkable(len(job.members))
         self._enter("TRAIN", f"{self.status.rounds} sync rounds")
         digest, participation = trainer.train()
+        for proof in trainer.equivocations:
+            self._report_equivocation(job, proof)
         return Vote.fresh(digest, participation)
+
+    def _report_equivocation(self, job: Job, proof: Equivocation) -> None:
+        """Posts a member's two signed packets of one round; the chain slashes it when the
+        epoch settles. Someone else may have posted it first: that is fine."""
+        try:
+            self.bsm.report_equivocation(job.id, proof.first, proof.second)
+        except (ContractError, TransactionFailed) as exc:
+            self._metric(
+                "equivocation_not_reported", job=job.id, sender=proof.sender, reason=str(exc)
+            )
+            return
+        self._metric("equivocation_reported", job=job.id, round=proof.round, sender=proof.sender)
 
     def reveal(self, job: Job) -> None:
         """REVEAL our committed vote once reveals open (every member committed, or the commit

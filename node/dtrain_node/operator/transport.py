@@ -50,8 +50,11 @@ class Transport(Protocol):
 
     def connect(self, peers: list[PeerSpec]) -> list[bytes]: ...
 
-    def collect_round(self, rnd: int, payload: bytes, deadline_s: float) -> RoundResult:
-        """Publish our packet of round `rnd` and collect the members' packets."""
+    def collect_round(
+        self, rnd: int, payload: bytes, deadline_s: float, patience_s: float | None = None
+    ) -> RoundResult:
+        """Publish our packet of round `rnd` and collect the members' packets; a live member
+        that has not begun the round is waited for up to `patience_s`."""
         ...
 
     def reconcile(self, rounds: int, deadline_s: float) -> Transcript:

@@ -37,7 +37,9 @@ class RoundCollector:
         self._state = state
         self._sync = sync
 
-    async def collect(self, rnd: int, payload: bytes, deadline_s: float | None) -> RoundResult:
+    async def collect(
+        self, rnd: int, payload: bytes, deadline_s: float | None, patience_s: float | None = None
+    ) -> RoundResult:
         st, cfg, store = self._state, self._state.config, self._state.store
         if store.epoch is None:
             raise GossipError("set_epoch() before collect_round()")
@@ -48,8 +50,12 @@ class RoundCollector:
         deadline = t0 + budget
         store.begin(rnd)
         commit_deadline = t0 + budget * cfg.commit_share
-        chunks, settled = await self._commit(rnd, payload, t0, commit_deadline)
+        # a member that is alive but has not begun the round yet is waited for this long
+        patient = t0 + max(budget, patience_s or 0.0) * cfg.commit_share
+        chunks, settled = await self._commit(rnd, payload, t0, commit_deadline, patient)
         t_reveal = time.monotonic()
+        # the packets get their share of the round however long the commitments took
+        deadline = max(deadline, t_reveal + budget * (1 - cfg.commit_share))
         store.reveal(rnd)
         await self._publish(chunks)
         st.notify()
@@ -60,7 +66,7 @@ class RoundCollector:
         return self._finish(rnd, t0, before, settled)
 
     async def _commit(
-        self, rnd: int, payload: bytes, t0: float, commit_deadline: float
+        self, rnd: int, payload: bytes, t0: float, commit_deadline: float, patient: float
     ) -> tuple[list[envmod.Envelope], bool]:
         """Phase 1: publish our commitment, then wait until every member committed, or the
         commit deadline passed and the peers agree on the commitments.
@@ -85,6 +91,7 @@ class RoundCollector:
             return any(m != me for m in store.uncommitted(rnd))
 
         await self._wait(rnd, t0, commit_deadline, pending)
+        await self._wait_for_the_behind(rnd, patient, pending)
         agreed = True
         # may run past D (a peer that began the round late): the round still ends by
         # D + settle_s, since the packet phase then goes straight to its settle
@@ -105,6 +112,23 @@ class RoundCollector:
             st.metrics.withdrawn += 1
             chunks = []
         return chunks, agreed
+
+    async def _wait_for_the_behind(
+        self, rnd: int, patient: float, pending: Callable[[], bool]
+    ) -> None:
+        """Past the commit deadline, keep the commit phase open (until `patient`) while a
+        member has not committed and some peer answers that it has not begun the round: a slow
+        honest machine is waited for as long as the epoch's schedule allows, a dead one (no
+        answer, no connection) is not."""
+        st = self._state
+        while pending() and time.monotonic() < patient:
+            views = await self._sync.ask_all(rnd)
+            live = [v for v in views.values() if v is not None and v.reachable]
+            if not any(v.phase == Phase.NOT_STARTED for v in live) or not pending():
+                return
+            st.metrics.waited_for_behind += 1
+            with trio.move_on_at(min(patient, time.monotonic() + 2 * st.config.re_request_s)):
+                await st.changed.wait()
 
     async def _confirm_own(self, rnd: int, digest: bytes, hard: float) -> bool:
         """Step 3a (docs/protocol.md 4.2): False (withdraw: do not reveal) when every live peer

@@ -192,14 +192,20 @@ class GossipNode(Looper):
         self._call_sync(self.store.set_epoch, epoch, members, validate)
 
     def collect_round(
-        self, rnd: int, payload: bytes, deadline_s: float | None = None
+        self,
+        rnd: int,
+        payload: bytes,
+        deadline_s: float | None = None,
+        patience_s: float | None = None,
     ) -> RoundResult:
         """Publish our packet for round `rnd` and collect every member's (docs/protocol.md 4.2).
 
         payload b"" publishes nothing. Our own payload passes the same validation as peers'
-        (EnvelopeError if it fails). deadline_s overrides config.round_deadline_s.
+        (EnvelopeError if it fails). deadline_s overrides config.round_deadline_s;
+        patience_s (longer) is how long a live member that has not begun the round is waited
+        for (None: deadline_s).
         """
-        return self._call(self._rounds.collect, rnd, payload, deadline_s)
+        return self._call(self._rounds.collect, rnd, payload, deadline_s, patience_s)
 
     def reconcile(self, rounds: int, deadline_s: float) -> Transcript:
         """After the last round: agree with the members on the epoch's transcript (rounds

@@ -29,6 +29,7 @@ class Metrics:
     rate_limited: int = 0
     settle_timeouts: int = 0
     commit_timeouts: int = 0  # rounds revealed before the peers agreed on the commitments
+    waited_for_behind: int = 0  # pulls past the commit deadline for a member not begun yet
     reconcile_timeouts: int = 0  # epochs whose transcript the live peers did not all confirm
     withdrawn: int = 0  # committed, not revealed: every live peer closed without it
     rounds: list[dict[str, Any]] = field(default_factory=list)
@@ -61,6 +62,7 @@ class Metrics:
             "settle_timeouts": self.settle_timeouts,
             "commit_timeouts": self.commit_timeouts,
             "reconcile_timeouts": self.reconcile_timeouts,
+            "waited_for_behind": self.waited_for_behind,
             "withdrawn": self.withdrawn,
             "dropped": dict(store.dropped),
             "signatures": dict(store.signatures),
