@@ -9,9 +9,12 @@ ever excluded (false exclusions, over every run), and the time the rule adds per
 
     python scripts/bench_robust.py --quick          # CI: ~2 minutes on 2 cores
     python scripts/bench_robust.py --jobs 2         # full run (docs/benchmarks.md)
+    python scripts/bench_robust.py --coalitions     # f colluding members of n (see below)
 
 Writes DIR/robust.json and DIR/robust.md; DIR is docs/bench (full) or docs/bench/quick
-(--quick) unless --out is given.
+(--quick) unless --out is given. With --coalitions: f = 1 .. (n - 1) // 2 colluding members
+for n in 4, 5, 7, 8, 10 (the last f), every one sending the same kind of attack packet
+(COALITION_ATTACKS; push: all of them one direction), into DIR/coalitions.json and .md.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 import torch
 
 from dtrain_node.optim.aggregate import aggregate
-from dtrain_node.optim.attacks import Attack, Attacker
+from dtrain_node.optim.attacks import Attack, Coalition
 from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import CompressConfig, compress
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
@@ -42,6 +45,8 @@ from harness.bench_model import GPT, GPTConfig
 
 ATTACKS = ("poison", "scale=100", "noise", "signflip", "stale", "copy")
 GROSS = ("poison", "scale=100", "noise")  # must be excluded in every round
+COALITION_ATTACKS = ("flip=4", "push=4", "signflip", "push=1", "noise", "stale")
+COALITION_SIZES = (4, 5, 7, 8, 10)
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,9 @@ def evaluate(m: torch.nn.Module, ev) -> float:
     return out
 
 
-def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int) -> dict:
-    """One training run; attack None: all honest, "absent": the last member sends nothing."""
+def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int = 1) -> dict:
+    """One training run; attack None: all honest, "absent": the last member sends nothing;
+    otherwise the last f members collude, each sending `attack`."""
     torch.set_num_threads(1)
     train, held = corpus.stdlib_corpus(max_train=setup.max_train)
     ev = corpus.eval_windows(held, setup.eval_windows, setup.model.ctx)
@@ -94,8 +100,10 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int) -> dict
         robust=RobustConfig(enabled=rule),
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
-    atk = Attacker(Attack.parse(attack), who=n - 1) if attack not in (None, "absent") else None
+    bad = tuple(range(n - f, n))
+    atk = Coalition(Attack.parse(attack), bad) if attack not in (None, "absent") else None
     rec = dict(excluded_rounds=0, rounds=0, false_exclusions=0, reasons={}, screen_s=[], agg_s=[])
+    rec["attacker_exclusions"] = 0
     for t in range(1, setup.steps + 1):
         for w, m in enumerate(models):
             m(*corpus.batch(shards[w], setup.bsz, setup.model.ctx, gens[w])).backward()
@@ -112,20 +120,22 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int) -> dict
                 o.apply_aggregate(st.aggregate)
         rec["rounds"] += 1
         rec["excluded_rounds"] += n - 1 in st.excluded
-        rec["false_exclusions"] += sum(s != n - 1 for s in st.excluded)
+        rec["attacker_exclusions"] += sum(s in bad for s in st.excluded)
+        rec["false_exclusions"] += sum(s not in bad for s in st.excluded)
         for r in st.excluded.values():
             rec["reasons"][r.split(":")[0]] = rec["reasons"].get(r.split(":")[0], 0) + 1
         rec["screen_s"].append(st.screen_s)
         rec["agg_s"].append(st.aggregate_s)
     loss = evaluate(models[0], ev)
-    return dict(n=n, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
+    return dict(n=n, f=f, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
 
 
 def _job(args):
     t0 = time.time()
     r = run(*args)
     print(
-        f"  N={r['n']} {r['attack']:10s} rule={'on ' if r['rule'] else 'off'} seed {r['seed']}: "
+        f"  N={r['n']} f={r['f']} {r['attack']:10s} rule={'on ' if r['rule'] else 'off'} "
+        f"seed {r['seed']}: "
         f"loss {r['loss']:.4f}, attacker excluded {r['excluded_rounds']}/{r['rounds']}, "
         f"false {r['false_exclusions']} ({time.time() - t0:.0f}s)",
         flush=True,
@@ -140,6 +150,65 @@ def jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
             out += [(setup, n, None, True, s), (setup, n, "absent", True, s)]
             out += [(setup, n, a, rule, s) for a in ATTACKS for rule in (True, False)]
     return out
+
+
+def coalition_jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
+    out = []
+    for s in seeds:
+        for n in COALITION_SIZES:
+            out.append((setup, n, None, True, s))
+            for f in range(1, (n - 1) // 2 + 1):
+                out += [(setup, n, a, True, s, f) for a in COALITION_ATTACKS]
+    return out
+
+
+def coalition_rows(results: list[dict]) -> list[dict]:
+    honest = {(r["n"], r["seed"]): r["loss"] for r in results if r["attack"] == "honest"}
+    keys = sorted({(r["n"], r["f"], r["attack"]) for r in results if r["attack"] != "honest"})
+    rows = []
+    for n, f, attack in keys:
+        rs = [r for r in results if (r["n"], r["f"], r["attack"]) == (n, f, attack)]
+        rows.append(
+            dict(
+                members=n,
+                colluders=f,
+                below_third=3 * f < n,
+                attack=attack,
+                honest_exclusions=sum(r["false_exclusions"] for r in rs),
+                attacker_exclusions=sum(r["attacker_exclusions"] for r in rs),
+                attacker_rounds=sum(r["rounds"] * f for r in rs),
+                loss=_mean(rs, "loss"),
+                damage_pct=statistics.mean(
+                    100 * (r["loss"] - honest[(n, r["seed"])]) / honest[(n, r["seed"])] for r in rs
+                ),
+            )
+        )
+    return rows
+
+
+def coalition_table(rows: list[dict]) -> str:
+    head = (
+        "| n | f | f < n/3 | attack | honest exclusions | colluders excluded | held-out loss "
+        "| damage vs honest |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    return head + "".join(
+        f"| {r['members']} | {r['colluders']} | {'yes' if r['below_third'] else 'no'} "
+        f"| {r['attack']} | {r['honest_exclusions']} "
+        f"| {r['attacker_exclusions']}/{r['attacker_rounds']} | {r['loss']:.4f} "
+        f"| {_pct(r['damage_pct'])} |\n"
+        for r in rows
+    )
+
+
+def coalition_verdict(rows: list[dict]) -> str:
+    below = [r for r in rows if r["below_third"]]
+    false = sum(r["honest_exclusions"] for r in below)
+    worst = max(below, key=lambda r: r["damage_pct"])
+    return (
+        f"- f < n/3: honest exclusions {false} ({'met' if false == 0 else 'MISSED'}); worst "
+        f"damage {worst['damage_pct']:+.2f}% ({worst['attack']}, n={worst['members']}, "
+        f"f={worst['colluders']}; {'met' if worst['damage_pct'] < 5 else 'MISSED'} < 5%)\n"
+    )
 
 
 def _mean(rs: list[dict], key: str) -> float:
@@ -328,6 +397,7 @@ OPTIONS = (
     ("--steps", dict(type=int, default=None, help="training steps per run")),
     ("--jobs", dict(type=int, default=1, help="parallel processes, 1 thread each")),
     ("--out", dict(type=Path, default=None, help="default docs/bench (quick: docs/bench/quick)")),
+    ("--coalitions", dict(action="store_true", help="f colluding members of n, f up to n/2")),
 )
 
 
@@ -340,9 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     setup = setups(a.quick)
     setup = replace(setup, steps=a.steps) if a.steps else setup
     seeds = list(range(a.seeds if a.seeds else (1 if a.quick else 2)))
-    todo = jobs(setup, seeds)
     t0 = time.time()
     P = GPT(setup.model).numel()
+    if a.coalitions:
+        return coalitions(setup, seeds, a, P, t0)
+    todo = jobs(setup, seeds)
     print(f"bench_robust: {P:,} params, N in {setup.members}, {len(todo)} runs", flush=True)
     recs = summarize(setup, run_all(todo, a.jobs))
     big = setup.model if a.quick else GPTConfig(d=256, n_layer=4, n_head=4, ctx=128)
@@ -354,6 +426,28 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "robust.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(md)
     print(f"wrote {a.out}/robust.json, robust.md")
+    return 0
+
+
+def coalitions(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: float) -> int:
+    todo = coalition_jobs(setup, seeds)
+    print(f"bench_robust --coalitions: {P:,} params, {len(todo)} runs", flush=True)
+    rows = coalition_rows(run_all(todo, a.jobs))
+    c = setup.model
+    md = (
+        f"Model: byte-level GPT d={c.d} layers={c.n_layer} ctx={c.ctx}, {P:,} params; DeMo local "
+        f"K={setup.K}, k={setup.k}, {setup.bits}-bit; {setup.steps} steps; seeds {len(seeds)}; "
+        f"the last f members collude every round; RobustConfig defaults; "
+        f"wall {time.time() - t0:.0f}s.\n\n"
+        + coalition_table(rows)
+        + "\n"
+        + coalition_verdict(rows)
+    )
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "coalitions.md").write_text(md)
+    doc = dict(setup=_meta(setup, P), rows=rows)
+    (a.out / "coalitions.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(md)
     return 0
 
 

@@ -14,12 +14,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.timeout(900)
 def test_a_member_three_times_slower_is_waited_for_and_nobody_is_slashed(tmp_path) -> None:
-    """op2's inner steps take 3x as long (`slow=3`): it starts every round ~8 s after the
-    others, longer than their round deadline (2 s) and settle (5 s) allow. They keep the commit
+    """op2's inner steps take 3x as long (`slow=3`): with 100 inner steps per round it starts
+    every round ~10 s after the others, longer than their commit deadline (1.5 s) and settle
+    (5 s) would wait for its commitment. They keep the commit
     phase open while it is alive and has not begun the round (within the epoch's schedule), so
     every node applies all three packets in every round, votes the same checkpoint, and the
     job completes with everybody paid and nobody slashed."""
-    opts = {"epochs": 2, "steps": 40, "sync": 20, "round_deadline": 2.0, "epoch_duration": 400}
+    opts = {"epochs": 2, "steps": 200, "sync": 100, "round_deadline": 2.0, "epoch_duration": 400}
     with Cluster(tmp_path, operators=3, **opts) as c:
         c.spawn(0)
         c.spawn(1)

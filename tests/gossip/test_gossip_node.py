@@ -59,7 +59,7 @@ def test_collect_before_set_epoch_is_an_error(tmp_path: Path) -> None:
 
 
 def _three_with_a_late_member(
-    tmp_path: Path, cfg: dict[str, float], late_s: float, rounds: int
+    tmp_path: Path, cfg: dict[str, float], late_s: float, rounds: int, patience_s: float = 0.0
 ) -> tuple[list[str], dict[int, list[RoundResult]], list[dict[str, Any]]]:
     """Three members on loopback; member 2 begins round 0 `late_s` after the others began.
     Returns the members, each node's round results and each node's metrics at the end."""
@@ -84,7 +84,8 @@ def _three_with_a_late_member(
             else:
                 started.set()
             for r in range(rounds):
-                results[i].append(node.collect_round(r, b"round %d from %d" % (r, i)))
+                payload = b"round %d from %d" % (r, i)
+                results[i].append(node.collect_round(r, payload, patience_s=patience_s or None))
 
         threads = [threading.Thread(target=run, args=(i, n)) for i, n in enumerate(nodes)]
         for t in threads:
@@ -130,3 +131,17 @@ def test_member_committing_after_the_others_closed_withdraws_and_all_agree(tmp_p
     assert all(m["dropped"].get("late_commit", 0) >= 1 for m in metrics[:2])
     second = [[s for s, _ in results[i][1].packets] for i in range(3)]
     assert second == [sorted(members)] * 3, second
+
+
+@pytest.mark.timeout(90)
+def test_a_live_member_that_has_not_begun_is_waited_for_up_to_the_patience(tmp_path: Path) -> None:
+    """Member 2 begins round 0 4 s late, far past the others' commit deadline (0.75 s) and
+    settle (1 s). It is alive and answers that it has not begun the round, so the others keep
+    their commit phase open (patience 20 s): all three apply all three packets."""
+    cfg = {"round_deadline_s": 1.0, "settle_s": 1.0, "request_timeout_s": 1.0}
+    members, results, metrics = _three_with_a_late_member(tmp_path, cfg, 4.0, 2, patience_s=20)
+    for r in range(2):
+        got = [[s for s, _ in results[i][r].packets] for i in range(3)]
+        assert got == [sorted(members)] * 3, (r, got)
+    assert all(m["waited_for_behind"] > 0 for m in metrics[:2])
+    assert results[0][0].latency_s > 3.0  # it did wait

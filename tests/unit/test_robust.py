@@ -190,7 +190,7 @@ def test_attacks_return_valid_packets(bits):
     spec = opts[0].spec
     honest = codec.decode(spec, pk[0])
     for kind in KINDS:
-        a = Attack.parse("scale=100" if kind == "scale" else kind)
+        a = Attack.parse(f"{kind}=100" if kind in ("scale", "flip", "push") else kind)
         out = a(spec, pk[0], prev=pk[1], other=pk[2], seed=7)
         got = codec.decode(spec, out)
         assert codec.encode(spec, got) == out
@@ -200,6 +200,10 @@ def test_attacks_return_valid_packets(bits):
             assert [s.exp for s in got] == [min(EXP_MAX, h.exp + 7) for h in honest]
         elif kind == "signflip":
             assert all(torch.equal(s.lvl, -h.lvl) for s, h in zip(got, honest, strict=True))
+        elif kind in ("flip", "push"):
+            base = honest if kind == "flip" else codec.decode(spec, pk[2])
+            for s, h in zip(got, base, strict=True):
+                assert torch.equal(s.lvl, -h.lvl) and s.exp == min(EXP_MAX, h.exp + 7)
         elif kind == "noise":
             assert out != pk[0] and out == a(spec, pk[0], seed=7)
         else:

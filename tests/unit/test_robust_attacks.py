@@ -9,7 +9,7 @@ import torch
 from harness import bench_corpus as corpus
 from harness import bench_model as model
 
-from dtrain_node.optim.attacks import Attack, Attacker
+from dtrain_node.optim.attacks import Attack, Coalition
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 
@@ -20,8 +20,8 @@ def data():
     return train, corpus.eval_windows(held, 16, 64)
 
 
-def run(n, attack=None, rounds=10, K=4, k=4, bits=1, seed=0, drop=0.0):
-    """n members (the last one attacks if `attack`): (held-out loss, per-round excluded,
+def run(n, attack=None, rounds=10, K=4, k=4, bits=1, seed=0, drop=0.0, f=1):
+    """n members (the last f collude if `attack`): (held-out loss, per-round excluded,
     per-round applied) seen by member 0. `drop`: chance that each other packet is missing."""
     torch.set_num_threads(1)
     train, ev = data()
@@ -40,7 +40,9 @@ def run(n, attack=None, rounds=10, K=4, k=4, bits=1, seed=0, drop=0.0):
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(ms)]
     sh = corpus.shards(train, n)
     gens = [torch.Generator().manual_seed(100 * seed + w) for w in range(n)]
-    atk = Attacker(Attack.parse(attack), who=n - 1) if attack else None
+    atk = None
+    if attack:
+        atk = Coalition(Attack.parse(attack), tuple(range(n - f, n)))
     rng = random.Random(seed)
     excluded, applied = [], []
     for _ in range(rounds):
@@ -113,3 +115,18 @@ def test_no_false_exclusions_sweep(bits):
         n, K, k = r.randint(3, 8), r.choice([1, 2, 4, 8]), r.choice([4, 8, 16])
         _, excluded, _ = run(n, rounds=12, K=K, k=k, bits=bits, seed=10 + seed, drop=0.25)
         assert all(not ex for ex in excluded), (n, K, k, seed, excluded)
+
+
+@pytest.mark.parametrize(
+    ("n", "f", "attack"),
+    [(8, 2, "flip=4"), (7, 2, "push=4"), (10, 3, "push=2"), (5, 1, "flip=4"), (4, 1, "push=8")],
+)
+def test_coalitions_under_a_third_never_exclude_an_honest_member(n, f, attack):
+    """f < n/3 colluding members, each sending its update negated at up to 8x (inside the norm
+    band), or all of them one direction (push): every honest member is applied in every round,
+    every colluder is excluded in every round, and the model trains as without them."""
+    loss, excluded, applied = run(n, attack, f=f)
+    bad = set(range(n - f, n))
+    assert all(set(ex) == bad for ex in excluded), excluded
+    assert all(set(ap) == set(range(n - f)) for ap in applied)
+    assert loss < honest(n) * 1.05, (loss, honest(n))

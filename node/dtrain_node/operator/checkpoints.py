@@ -9,6 +9,7 @@ the on-chain hash) and verified on every load; our own attempts are `attempt-A.s
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,15 @@ from typing import Any
 import torch
 
 from dtrain.models import Job
-from dtrain_node.errors import CheckpointInvalid
+from dtrain_node.errors import CheckpointInvalid, CheckpointUnavailable
+from dtrain_node.operator.deadlines import VOTE_MARGIN_S
 from dtrain_node.operator.sources import Cache, cached_job_files, resolve_file, resolve_model
 from dtrain_node.operator.transport import PeerSpec, Transport
 from dtrain_node.train import checkpoint
 from dtrain_node.train.backend import load_recipe
 from dtrain_node.train.start import adapt, export_model, start_model
+
+FETCH_BACKOFF_MAX_S = 16.0
 
 
 def export_final(
@@ -69,6 +73,27 @@ class Checkpoints:
         self.transport = transport
         self._peers = peers  # members' addresses -> their (peer key, multiaddrs) on chain
         self._metric = metric
+        self._sleep: Callable[[float], Any] = time.sleep
+
+    def _fetch(self, job: Job, expected: bytes, path: Path) -> None:
+        """The previous epoch's checkpoint from the members, retried with backoff (peers may be
+        restarting too) until only the vote's margin is left before the commit deadline; then
+        CheckpointUnavailable (and the epoch is voted UNWORKABLE)."""
+        peers = self._peers([m for m in job.members if m != self.me])
+        until = job.deadline - VOTE_MARGIN_S
+        wait = 1.0
+        while True:
+            self._metric(
+                "fetching_checkpoint", job=job.id, epoch=job.state.epoch - 1, peers=len(peers)
+            )
+            try:
+                self.transport.fetch_file(expected.hex(), peers, path)
+                return
+            except CheckpointUnavailable:
+                if time.time() + wait > until:
+                    raise
+            self._sleep(wait)
+            wait = min(2 * wait, FETCH_BACKOFF_MAX_S)
 
     def start_state(self, job: Job, start_pin: bytes, model: torch.nn.Module) -> dict[str, Any]:
         """The epoch's start state, verified against the chain: epoch 0 the job's start model
@@ -89,9 +114,7 @@ class Checkpoints:
         if not path.is_file():
             self.adopt_local(expected, path)
         if not path.is_file():
-            peers = self._peers([m for m in job.members if m != self.me])
-            self._metric("fetching_checkpoint", job=job.id, epoch=e - 1, peers=len(peers))
-            self.transport.fetch_file(expected.hex(), peers, path)
+            self._fetch(job, expected, path)
         tensors = checkpoint.from_stream(path.read_bytes(), expected)
         self.transport.serve_file(expected.hex(), path)
         return tensors

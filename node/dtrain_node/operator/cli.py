@@ -118,7 +118,11 @@ def node() -> None:
     type=float,
     default=20.0,
     show_default=True,
-    help="Seconds to wait for all members' packets in a sync round.",
+    help=(
+        "Seconds a sync round waits for members that are gone (4x in an epoch's first round); "
+        "live members not yet in the round are waited for up to the round's share of the "
+        "epoch's time, and the epoch's transcript is agreed at its end (docs/protocol.md 4.5)."
+    ),
 )
 @click.option(
     "--fault",

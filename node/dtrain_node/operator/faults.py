@@ -21,6 +21,10 @@ packet of ours; round 0 of an attempt (and the first round after a restart) has 
 sends the honest packet. `attack=stale` likewise re-sends our honest packet of the previous
 round.
 
+`equivocate=N` signs and publishes a second commitment, to another packet, right after
+revealing in round N of every epoch (the gossip transport does it; `epoch=` does not limit it):
+the members' transcript holds both, and they post the proof on-chain.
+
 `slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
 steps take X times as long). The chain must not punish it.
 """
@@ -40,7 +44,7 @@ from dtrain_node.optim.codec import Spec
 
 USAGE = (
     "fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
-    "scale=X, signflip, noise, stale, copy), slow=X, epoch=E, once"
+    "scale=X, signflip, noise, stale, copy), slow=X, equivocate=N, epoch=E, once"
 )
 
 
@@ -92,6 +96,7 @@ class Faults:
     epoch: int | None = None
     first_attempt_only: bool = False  # a retried epoch (no quorum) runs honestly
     slow: float = 1.0  # inner steps take this many times as long
+    equivocate_rounds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.slow <= 100.0:
@@ -124,6 +129,8 @@ class Faults:
                 kw["garbage_packets"] = True
             elif name == "once" and not value:
                 kw["first_attempt_only"] = True
+            elif name == "equivocate" and value.isdigit():
+                kw["equivocate_rounds"] = (int(value),)
             elif name == "slow" and _number(value):
                 kw["slow"] = float(value)
             elif name in ("stop-sync", "offline", "epoch") and value.isdigit():

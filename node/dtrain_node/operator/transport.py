@@ -89,5 +89,6 @@ def gossip_transport(cfg: NodeConfig, bsm: BSM, job_id: int) -> Transport:
         job_id=job_id,
         listen=cfg.listen,
         round_deadline_s=cfg.round_deadline_s,
+        equivocate_rounds=cfg.faults.equivocate_rounds,
     )
     return GossipNode(gcfg, bsm.account).start()

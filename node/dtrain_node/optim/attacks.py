@@ -7,6 +7,10 @@ scripts/bench_robust.py and the operator's fault option.
     poison     every tensor's scale exponent at EXP_MAX
     scale=X    the honest update times X (exponents shifted by round(log2 X), clamped to range)
     signflip   the honest update negated
+    flip=X     the honest update negated and times X
+    push=X     `other` negated and times X: in a Coalition every member sends the leader's
+               honest update so, one direction f times (the node's fault: another member's
+               packet of the previous round)
     noise      a random valid packet: random indices, levels and exponents in [EXP_MIN, EXP_MAX]
     stale      last round's packet re-sent (the honest one if there is none)
     copy       another member's packet of this round (the honest one if there is none)
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -25,7 +29,8 @@ from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, Sparse
 from dtrain_node.optim.optimizer import DeMo, SyncStats
 
-KINDS = ("poison", "scale", "signflip", "noise", "stale", "copy")
+KINDS = ("poison", "scale", "signflip", "flip", "push", "noise", "stale", "copy")
+_SCALED = ("scale", "flip", "push")  # kinds that take a factor
 
 
 def _map(spec: Spec, pkt: bytes, fn) -> bytes:
@@ -60,7 +65,8 @@ def noise(spec: Spec, pkt: bytes, seed: int = 0) -> bytes:
 
 @dataclass(frozen=True)
 class Attack:
-    """One attack, parsed from "poison", "scale=100", "signflip", "noise", "stale", "copy"."""
+    """One attack, parsed from "poison", "scale=100", "signflip", "flip=4", "push=4", "noise",
+    "stale", "copy"."""
 
     kind: str
     x: float = 1.0
@@ -74,16 +80,16 @@ class Attack:
     @classmethod
     def parse(cls, text: str) -> Attack:
         kind, _, arg = text.partition("=")
-        if kind == "scale":
+        if kind in _SCALED:
             if not arg:
-                raise ValueError("scale needs a factor: scale=X")
+                raise ValueError(f"{kind} needs a factor: {kind}=X")
             return cls(kind, float(arg))
         if arg:
             raise ValueError(f"attack {kind!r} takes no argument")
         return cls(kind)
 
     def __str__(self) -> str:
-        return f"scale={self.x:g}" if self.kind == "scale" else self.kind
+        return f"{self.kind}={self.x:g}" if self.kind in _SCALED else self.kind
 
     def __call__(
         self,
@@ -100,6 +106,10 @@ class Attack:
             return scale(spec, pkt, self.x)
         if self.kind == "signflip":
             return signflip(spec, pkt)
+        if self.kind == "flip":
+            return scale(spec, signflip(spec, pkt), self.x)
+        if self.kind == "push":
+            return scale(spec, signflip(spec, other if other is not None else pkt), self.x)
         if self.kind == "noise":
             return noise(spec, pkt, seed)
         if self.kind == "stale":
@@ -132,3 +142,29 @@ class Attacker:
         """One round: everyone prepares, the attacker swaps its packet, everyone applies."""
         pk = self.packets([(o.sender, o.prepare()) for o in opts], opts[0].spec)
         return [o.apply(pk) for o in opts]
+
+
+@dataclass
+class Coalition:
+    """Members `who` of an in-process lockstep run collude: each sends `attack` instead of its
+    honest packet. For `push` every member sends the same packet, built from the first
+    member's (the leader's) honest packet; `copy` copies the first honest member's packet."""
+
+    attack: Attack
+    who: tuple[int, ...]
+    prev: dict[int, bytes] = field(default_factory=dict)
+    round: int = 0
+
+    def packets(self, packets: list[tuple[Hashable, bytes]], spec: Spec) -> list:
+        """This round's packets with every coalition member's replaced."""
+        out = list(packets)
+        leader = packets[self.who[0]][1]
+        honest = next((p for w, (_, p) in enumerate(packets) if w not in self.who), leader)
+        for w in self.who:
+            s, mine = packets[w]
+            other = leader if self.attack.kind == "push" else honest
+            seed = 1000 * self.round + w
+            out[w] = (s, self.attack(spec, mine, prev=self.prev.get(w), other=other, seed=seed))
+            self.prev[w] = mine
+        self.round += 1
+        return out

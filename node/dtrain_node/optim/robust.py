@@ -16,9 +16,12 @@ integer D_t[i, j] << (exp_ti + exp_tj - 2 * EXP_MIN).
 Rules, in order:
 1. norm, per tensor: |v_ti|^2 against the lower median m_t of all senders' |v_t|^2; exclude
    the sender if for some tensor |v_ti| > hi * sqrt(m_t) or |v_ti| < lo * sqrt(m_t).
-2. direction, over the whole packet, among the senders that passed rule 1: while at least
-   `min_direction` remain, drop the one whose cos(v_i, sum of the other remaining) is lowest
-   if it is below cos_min, and recompute.
+2. direction, over the whole packet, among the senders that passed rule 1, each update
+   clipped per tensor to the median norm of those senders (fixed-point weights from integer
+   square roots): while at least `min_direction` remain, drop the one whose cos(v_i, sum of
+   the other remaining, leaving out v_i's echoes, senders with cos(v_i, v_j) > cos_echo, when
+   v_i and its echoes are at most (n - 1) // 3 senders) is lowest if it is below cos_min, and
+   recompute.
 With one sender nothing can be compared and it is kept; with two, the lower median is the
 smaller norm, so only the larger can be excluded (when > hi times the smaller) and the
 direction rule (symmetric for two senders: it cannot tell who is wrong) does not run.
@@ -54,6 +57,9 @@ class RobustConfig:
 
     hi / lo: allowed band of a tensor's update norm around the median norm (ratio of norms).
     cos_min: least cosine between a sender's update and the sum of the others' (in [-1, 1)).
+    cos_echo: another sender whose update has a cosine above this with a sender's is its echo
+    (colluders sending one direction) and is left out of the sum that sender is judged against;
+    honest updates stay far below it (pairwise cosines measured in docs/demo-optimizer.md).
     min_direction: fewest senders (after the norm rule) for the direction rule to run.
     theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
     set of packets can make the shared state non-finite. enabled=False aggregates everything.
@@ -63,6 +69,7 @@ class RobustConfig:
     hi: float = 16.0
     lo: float = 1 / 32
     cos_min: float = -0.05
+    cos_echo: float = 0.5
     min_direction: int = 3
     theta_max: float = 2.0**16
 
@@ -73,6 +80,8 @@ class RobustConfig:
             raise ValueError(f"lo must be in [0, 1], got {self.lo}")
         if not -1 <= self.cos_min < 1:
             raise ValueError(f"cos_min must be in [-1, 1), got {self.cos_min}")
+        if not 0 <= self.cos_echo <= 1:
+            raise ValueError(f"cos_echo must be in [0, 1], got {self.cos_echo}")
         if self.min_direction < 3:
             raise ValueError(f"min_direction must be >= 3, got {self.min_direction}")
         if not (math.isfinite(self.theta_max) and self.theta_max > 0):
@@ -172,22 +181,60 @@ def _cmp(x: tuple[int, int, int], y: tuple[int, int, int]) -> int:
     return (lhs > rhs) - (lhs < rhs)
 
 
+CLIP_BITS = 20  # fixed-point precision of the clipping weights
+
+
+def clipped(G: list[list[list[int]]], keep: list[int]) -> list[list[int]]:
+    """Whole-packet Gram matrix after clipping every sender's update, per tensor, to the lower
+    median norm of the senders in `keep`: weights w_ta = min(1, sqrt(m_t / |v_ta|^2)) in fixed
+    point (integer square roots, so every node gets the same integers). Without it a few
+    colluding senders at a larger norm (inside the norm band) outweigh the many honest ones
+    in every sum they are compared with."""
+    n, one = len(G[0]), 1 << CLIP_BITS
+    dots = [[0] * n for _ in range(n)]
+    for g in G:
+        sq = sorted(g[b][b] for b in keep)
+        m = sq[(len(sq) - 1) // 2]
+        w = [
+            min(one, math.isqrt((m << (2 * CLIP_BITS)) // g[a][a])) if g[a][a] else one
+            for a in range(n)
+        ]
+        for a in keep:
+            for b in keep:
+                dots[a][b] += w[a] * w[b] * g[a][b]
+    return dots
+
+
+def _echo(dots: list[list[int]], a: int, b: int, e: float) -> bool:
+    """Exactly: cos(v_a, v_b) > e (for e >= 0)."""
+    d, f = dots[a][b], Fraction(e)
+    return d > 0 and d * d * f.denominator**2 > f.numerator**2 * dots[a][a] * dots[b][b]
+
+
 def _direction(G: list[list[list[int]]], keep: list[int], cfg: RobustConfig) -> list[int]:
     """Senders in `keep` dropped for direction: repeatedly the one with the lowest cosine to
-    the sum of the other remaining senders, while it is below cos_min and at least
-    min_direction senders remain. One at a time, so that a bad sender does not drag the
+    the sum of the other remaining senders (updates clipped to the median norm; senders whose
+    cosine with it exceeds cos_echo left out of its sum when they are, with it, at most a
+    third of the senders), while it is below cos_min and at
+    least min_direction senders remain. One at a time, so that a bad sender does not drag the
     reference of the honest ones down when they are judged."""
     c = Fraction(cfg.cos_min)
-    dots = [[sum(g[a][b] for g in G) for b in range(len(G[0]))] for a in range(len(G[0]))]
+    dots = clipped(G, keep)
+    echo = {(a, b) for a in keep for b in keep if a != b and _echo(dots, a, b, cfg.cos_echo)}
+    # echoes are left out only for senders whose echoes could all be colluders (fewer than a
+    # third of the senders with it): many agreeing senders are the honest majority
+    few = (len(keep) - 1) // 3
+    echo = {(a, b) for a, b in echo if sum(1 for x, _ in echo if x == a) + 1 <= few}
     keep, out = list(keep), []
     while len(keep) >= cfg.min_direction:
-        total = sum(dots[a][b] for a in keep for b in keep)
         bad = []
         for a in keep:
-            row, n2 = sum(dots[a][b] for b in keep), dots[a][a]
-            q = n2 * (total - 2 * row + n2)  # |v_a|^2 |S - v_a|^2
-            if q and below(row - n2, q, 1, c):
-                bad.append((row - n2, q, a))
+            # a's echoes (near copies of its update) are not part of what it is judged against
+            ref = [b for b in keep if b != a and (a, b) not in echo]
+            row = sum(dots[a][b] for b in ref)
+            q = dots[a][a] * sum(dots[b][d] for b in ref for d in ref)  # |v_a|^2 |S_ref|^2
+            if q and below(row, q, 1, c):
+                bad.append((row, q, a))
         if not bad:
             break
         worst = min(bad, key=cmp_to_key(_cmp))[2]  # ties: the first in sender order

@@ -58,6 +58,8 @@ class RoundCollector:
         deadline = max(deadline, t_reveal + budget * (1 - cfg.commit_share))
         store.reveal(rnd)
         await self._publish(chunks)
+        if chunks and rnd in cfg.equivocate_rounds:
+            await self._equivocate(rnd, payload)
         st.notify()
         await self._wait(rnd, t_reveal, deadline, lambda: bool(store.awaited(rnd)))
         if store.awaited(rnd):
@@ -117,14 +119,15 @@ class RoundCollector:
         self, rnd: int, patient: float, pending: Callable[[], bool]
     ) -> None:
         """Past the commit deadline, keep the commit phase open (until `patient`) while a
-        member has not committed and some peer answers that it has not begun the round: a slow
+        member has not committed and some peer answers that it has not begun the round, or
+        does not answer in time while still connected (a busy machine answers late): a slow
         honest machine is waited for as long as the epoch's schedule allows, a dead one (no
-        answer, no connection) is not."""
+        connection) is not."""
         st = self._state
         while pending() and time.monotonic() < patient:
             views = await self._sync.ask_all(rnd)
-            live = [v for v in views.values() if v is not None and v.reachable]
-            if not any(v.phase == Phase.NOT_STARTED for v in live) or not pending():
+            behind = [v for v in views.values() if v is None or v.phase == Phase.NOT_STARTED]
+            if not any(v is None or v.reachable for v in behind) or not pending():
                 return
             st.metrics.waited_for_behind += 1
             with trio.move_on_at(min(patient, time.monotonic() + 2 * st.config.re_request_s)):
@@ -150,6 +153,12 @@ class RoundCollector:
                 return True
             with trio.move_on_at(min(hard, time.monotonic() + st.config.re_request_s)):
                 await st.changed.wait()
+
+    async def _equivocate(self, rnd: int, payload: bytes) -> None:
+        """Fault hook: a second signed commitment, to another packet, for this round."""
+        commit, _ = self._seal(rnd, payload[::-1] + b"\x00")
+        self._state.store.offer(commit, relayed=True)
+        await self._publish([commit])
 
     def _seal(self, rnd: int, payload: bytes) -> tuple[envmod.Envelope, list[envmod.Envelope]]:
         st, cfg, store = self._state, self._state.config, self._state.store

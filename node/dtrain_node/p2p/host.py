@@ -82,6 +82,9 @@ class GossipConfig:
     max_file_bytes: int = 64 << 30
     file_timeout_s: float = 600.0
     drop_incoming_fraction: float = 0.0  # fault hook for tests: drop incoming packet chunks
+    # fault hook for tests: in these rounds, right after revealing, sign and publish a second
+    # commitment to another packet (equivocate)
+    equivocate_rounds: tuple[int, ...] = ()
     fault_seed: int = 0
 
     def __post_init__(self) -> None:
