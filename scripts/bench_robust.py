@@ -45,8 +45,30 @@ from harness.bench_model import GPT, GPTConfig
 
 ATTACKS = ("poison", "scale=100", "noise", "signflip", "stale", "copy")
 GROSS = ("poison", "scale=100", "noise")  # must be excluded in every round
-COALITION_ATTACKS = ("flip=4", "push=4", "signflip", "push=1", "noise", "stale")
+COALITION_ATTACKS = ("flip=4", "push=4", "signflip", "stale")
 COALITION_SIZES = (4, 5, 7, 8, 10)
+
+
+class ByteLM(torch.nn.Module):
+    """A job's start model (a `builtin:` URI, byte-level) behind the harness GPT's interface:
+    forward(x, y) -> mean next-byte loss."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__()
+        from dtrain_node.train.start import start_model
+
+        self.lm = start_model(uri).fresh()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ids = torch.cat([x, y[:, -1:]], 1).long()
+        return self.lm(input_ids=ids, labels=ids).loss
+
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def make_model(setup: Setup) -> torch.nn.Module:
+    return ByteLM(setup.uri) if setup.uri else GPT(setup.model)
 
 
 @dataclass(frozen=True)
@@ -61,6 +83,7 @@ class Setup:
     inner_lr: float
     eval_windows: int
     max_train: int
+    uri: str | None = None  # a job's model (builtin:tiny) instead of the harness GPT
 
 
 def setups(quick: bool) -> Setup:
@@ -84,11 +107,12 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int 
     otherwise the last f members collude, each sending `attack`."""
     torch.set_num_threads(1)
     train, held = corpus.stdlib_corpus(max_train=setup.max_train)
-    ev = corpus.eval_windows(held, setup.eval_windows, setup.model.ctx)
+    ctx = 127 if setup.uri else setup.model.ctx  # the builtin models' 128 positions
+    ev = corpus.eval_windows(held, setup.eval_windows, ctx)
     shards = corpus.shards(train, n)
     gens = [torch.Generator().manual_seed(1000 * seed + w) for w in range(n)]
     torch.manual_seed(seed)
-    models = [GPT(setup.model) for _ in range(n)]
+    models = [make_model(setup) for _ in range(n)]
     for m in models[1:]:
         m.load_state_dict(models[0].state_dict())
     cfg = DeMoConfig(
@@ -106,7 +130,7 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int 
     rec["attacker_exclusions"] = 0
     for t in range(1, setup.steps + 1):
         for w, m in enumerate(models):
-            m(*corpus.batch(shards[w], setup.bsz, setup.model.ctx, gens[w])).backward()
+            m(*corpus.batch(shards[w], setup.bsz, ctx, gens[w])).backward()
             opts[w].inner_step()
         if t % setup.K:
             continue
@@ -398,6 +422,7 @@ OPTIONS = (
     ("--jobs", dict(type=int, default=1, help="parallel processes, 1 thread each")),
     ("--out", dict(type=Path, default=None, help="default docs/bench (quick: docs/bench/quick)")),
     ("--coalitions", dict(action="store_true", help="f colluding members of n, f up to n/2")),
+    ("--model", dict(default=None, help="a job's model URI (builtin:tiny) for the runs")),
 )
 
 
@@ -411,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     setup = replace(setup, steps=a.steps) if a.steps else setup
     seeds = list(range(a.seeds if a.seeds else (1 if a.quick else 2)))
     t0 = time.time()
-    P = GPT(setup.model).numel()
+    if a.model:
+        setup = replace(setup, uri=a.model)
+    P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
     todo = jobs(setup, seeds)
@@ -435,7 +462,8 @@ def coalitions(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0
     rows = coalition_rows(run_all(todo, a.jobs))
     c = setup.model
     md = (
-        f"Model: byte-level GPT d={c.d} layers={c.n_layer} ctx={c.ctx}, {P:,} params; DeMo local "
+        f"Model: {setup.uri or f'byte-level GPT d={c.d} layers={c.n_layer} ctx={c.ctx}'}, "
+        f"{P:,} params; DeMo local "
         f"K={setup.K}, k={setup.k}, {setup.bits}-bit; {setup.steps} steps; seeds {len(seeds)}; "
         f"the last f members collude every round; RobustConfig defaults; "
         f"wall {time.time() - t0:.0f}s.\n\n"

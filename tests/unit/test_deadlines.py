@@ -9,12 +9,15 @@ from hypothesis import strategies as st
 from dtrain_node.operator.deadlines import (
     FIRST_ROUND_FACTOR,
     MIN_ROUND_S,
+    REPLAY_S,
     SAVE_S,
     TX_S,
     VOTE_MARGIN_S,
     epoch_seconds_needed,
+    reconcile_deadline,
     reveal_window_fits,
     round_deadline,
+    round_patience,
 )
 
 NOW = 1_000_000.0
@@ -87,3 +90,20 @@ def test_epoch_seconds_needed_rejects_bad_input(args: tuple) -> None:
 def test_the_vote_margin_holds_the_save_and_both_transactions() -> None:
     assert VOTE_MARGIN_S == SAVE_S + 2 * TX_S  # commit before the deadline, then reveal
     assert not reveal_window_fits(0) and reveal_window_fits(int(TX_S))
+
+
+def test_patience_is_the_rounds_share_of_the_time_before_the_vote() -> None:
+    """A live member not yet in the round is waited for up to the round's fair share of what
+    is left before the vote (less the replay allowance), never less than MIN_ROUND_S; the
+    transcript agreement gets everything but what replay, save and both votes need."""
+    p = round_patience(now=NOW, epoch_deadline=NOW + 400, rounds_left=2, settle_s=5.0)
+    assert p == (400 - VOTE_MARGIN_S - REPLAY_S) / 2 - 5.0
+    # waiting that long for every round left still ends before the vote's margin
+    assert NOW + 2 * (p + 5.0) <= NOW + 400 - VOTE_MARGIN_S - REPLAY_S
+    late = round_patience(now=NOW, epoch_deadline=NOW + 10, rounds_left=3, settle_s=5.0)
+    assert late == MIN_ROUND_S
+    with pytest.raises(ValueError, match="rounds_left must be >= 1"):
+        round_patience(now=NOW, epoch_deadline=NOW + 400, rounds_left=0, settle_s=5.0)
+    r = reconcile_deadline(now=NOW, epoch_deadline=NOW + 400)
+    assert r == 400 - VOTE_MARGIN_S - REPLAY_S
+    assert reconcile_deadline(now=NOW, epoch_deadline=NOW) == MIN_ROUND_S

@@ -281,3 +281,21 @@ def test_external_backend_missing_names_the_install_command(tmp_path) -> None:
         make_backend(job, "torchtune")
     with pytest.raises(ValueError, match="unknown backend"):
         make_backend(job, "magic")
+
+
+def test_faults_slow_and_equivocate() -> None:
+    slow = Faults.parse(["slow=3"])
+    assert slow.slow == 3.0 and Faults().slow == 1.0
+    slept: list[float] = []
+    slow.throttle(2.0, slept.append)
+    Faults().throttle(2.0, slept.append)  # an honest, normal machine never waits
+    assert slept == [4.0]  # 2 s of steps made to take 6 s
+    assert Faults.parse(["equivocate=1"]).equivocate_rounds == (1,)
+    for bad in (["slow=0.5"], ["slow=1000"]):
+        with pytest.raises(ValueError, match="slow must be in"):
+            Faults.parse(bad)
+    for bad in (["slow=fast"], ["equivocate"], ["equivocate=x"]):
+        with pytest.raises(ValueError, match="unknown fault"):
+            Faults.parse(bad)
+    assert Faults.parse(["attack=flip=4"]).attack == Attack("flip", 4.0)
+    assert Faults.parse(["attack=push=2"]).attack == Attack("push", 2.0)
