@@ -206,3 +206,20 @@ def test_round_state_saved_by_an_older_layout_is_not_resumed(tmp_path) -> None:
     state["e"] = [torch.zeros(64, 64), torch.zeros(64)]  # e as parameters, as saved before
     torch.save(state, path)
     assert roundstate.load(path, opt) is None
+
+
+def test_a_restarted_round_sends_the_packet_it_may_have_sent_before(tmp_path):
+    """Two packets of one round are equivocation: the first one is saved before it goes out
+    and a later run of the same attempt sends exactly it again."""
+    from dtrain_node.operator import roundstate
+
+    first = roundstate.sent_packet(tmp_path, 3, 5, b"packet one")
+    again = roundstate.sent_packet(tmp_path, 3, 5, b"another packet")
+    assert first == again == b"packet one"
+    assert roundstate.sent_packet(tmp_path, 3, 6, b"next round") == b"next round"
+    assert roundstate.sent_packet(tmp_path, 4, 5, b"next attempt") == b"next attempt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "attempt-3.round-5.packet",
+        "attempt-3.round-6.packet",
+        "attempt-4.round-5.packet",
+    ]

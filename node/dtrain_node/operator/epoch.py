@@ -219,6 +219,8 @@ class EpochTrainer:
         t_sync = time.perf_counter()
         honest = opt.prepare()
         packet = self.faults.packet(r, honest, self.context)
+        if packet:
+            packet = roundstate.sent_packet(env.job_dir, job.state.attempt, r, packet)
         deadline = round_deadline(
             env.cfg.round_deadline_s,
             first=r == self.first,

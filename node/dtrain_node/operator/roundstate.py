@@ -20,6 +20,27 @@ def path(job_dir: Path, attempt: int) -> Path:
     return job_dir / f"attempt-{attempt}.round.pt"
 
 
+def packet_path(job_dir: Path, attempt: int, rnd: int) -> Path:
+    return job_dir / f"attempt-{attempt}.round-{rnd}.packet"
+
+
+def sent_packet(job_dir: Path, attempt: int, rnd: int, packet: bytes) -> bytes:
+    """The packet to publish in round `rnd`: the one saved by an earlier run of this attempt
+    that may have published it before it stopped, else `packet`, saved (fsync) before it goes
+    out. Two different packets of one round are equivocation, which is slashed: a restarted
+    node must send the same bytes again."""
+    path = packet_path(job_dir, attempt, rnd)
+    if path.is_file():
+        return path.read_bytes()
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(packet)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return packet
+
+
 def save(
     path: Path,
     opt: DeMo,
