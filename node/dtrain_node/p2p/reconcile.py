@@ -68,21 +68,29 @@ class Reconciler:
         gone: set[ID] = set()
         settled = False
         while True:
+            behind: set[ID] = set()  # peers that have not finished a round: not asked further
             for r in range(rounds):
-                ask = {p for p in st.peers if p not in gone and r not in agreed.get(p, set())}
+                ask = {
+                    p
+                    for p in st.peers
+                    if p not in gone and p not in behind and r not in agreed.get(p, set())
+                }
                 if not ask:
                     continue
                 views = await self._sync.ask_all(r, ask)
                 for pid in ask:
                     v = views.get(pid)
                     if v is None:
-                        continue  # no answer in time: slow is not gone
+                        behind.add(pid)  # no answer in time: slow is not gone
+                        continue
                     if not v.reachable:
                         gone.add(pid)
                         continue
                     vouched |= {(r, d) for s, d in v.commits if s == me}
                     if self._agrees(r, v):
                         agreed.setdefault(pid, set()).add(r)
+                    elif v.phase < Phase.FINISHED:
+                        behind.add(pid)  # rounds only go up: its later ones are not done
             live = [p for p in st.peers if p not in gone]
             if all(len(agreed.get(p, ())) == rounds for p in live):
                 settled = True
