@@ -35,6 +35,21 @@ def _assert_one_transcript(results: list[dict[str, Any]]) -> None:
         assert _canonical(res) == first, f"{res['address']} ends with another transcript"
 
 
+def _attacked(cluster: Any, n: int, attack: str) -> tuple[Any, list[dict[str, Any]]]:
+    """n members over 4 rounds, the last one running `attack` (harness.split_attack_hook):
+    the cluster and the honest members' results."""
+    c = cluster(
+        n,
+        rounds=4,
+        params=100_000,
+        gossip=GOSSIP,
+        hooks={n - 1: SPLIT},
+        extra={"reconcile": 60.0, "attack": attack},
+    )
+    c.start()
+    return c, c.wait_done(list(range(n - 1)), timeout=180)
+
+
 @pytest.mark.timeout(240)
 def test_member_running_ahead_is_never_applied_alone_and_all_agree(cluster: Any) -> None:
     """Member 3 closes every round after 0.1 s and so runs ahead: it commits and reveals each
@@ -72,17 +87,7 @@ def test_equivocator_is_excluded_everywhere_with_a_proof(cluster: Any, n: int) -
     """The last member commits to one packet, and after the honest reveals to another: every
     honest node ends with the same transcript, without it in the attacked round, and holds a
     proof of the equivocation that anyone can check; every honest member is in every round."""
-    rounds = 4
-    c = cluster(
-        n,
-        rounds=rounds,
-        params=100_000,
-        gossip=GOSSIP,
-        hooks={n - 1: SPLIT},
-        extra={"reconcile": 60.0, "attack": "equivocate"},
-    )
-    c.start()
-    results = c.wait_done(list(range(n - 1)), timeout=180)
+    c, results = _attacked(cluster, n, "equivocate")
     attacker = c.members[n - 1]
     _assert_one_transcript(results)
     canon = [set(s) for s, _ in _canonical(results[0])]
@@ -103,17 +108,7 @@ def test_selective_or_withheld_reveal_ends_in_one_transcript(
     member (late_to_some), or never (withhold). Either way every honest node ends with the same
     transcript: with its packet everywhere when one honest member got it, without it
     everywhere when nobody did."""
-    rounds = 4
-    c = cluster(
-        n,
-        rounds=rounds,
-        params=100_000,
-        gossip=GOSSIP,
-        hooks={n - 1: SPLIT},
-        extra={"reconcile": 60.0, "attack": attack},
-    )
-    c.start()
-    results = c.wait_done(list(range(n - 1)), timeout=180)
+    c, results = _attacked(cluster, n, attack)
     attacker = c.members[n - 1]
     _assert_one_transcript(results)
     canon = [set(s) for s, _ in _canonical(results[0])]

@@ -20,6 +20,7 @@ from typing import Any
 
 from dtrain_node.p2p import envelope
 from dtrain_node.p2p.rounds import _Round
+from harness.commit_attack_hook import _seal
 
 ATTACK_ROUND = 2
 
@@ -47,14 +48,6 @@ def collect_round(node: Any, r: int, payload: bytes, ctx: dict[str, Any]) -> Any
         ctx["hidden"] = {(r, commit.payload_sha256): chunks}
     _publish(node, [commit])
     return node.collect_round(r, b"")
-
-
-def _seal(node: Any, r: int, payload: bytes) -> tuple[Any, list[Any]]:
-    cfg = node.config
-    args = {"chain_id": cfg.chain_id, "contract": cfg.contract, "job_id": cfg.job_id}
-    args.update(epoch=node.store.epoch, round=r, payload=payload)
-    chunks = envelope.seal(node.account, **args)
-    return envelope.commitment(node.account, chunks), chunks
 
 
 def _publish(node: Any, envs: list[Any]) -> None:
