@@ -803,6 +803,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
                 _creditIn(c.token, op, c.price);
                 c.paid += 1;
             }
+        } else if (key == bytes32(0) && _commitments[c.attempt][op] != bytes32(0)) {
+            // Committed, then kept its vote back once it could see the others': a losing vote
+            // withheld must cost what a losing vote revealed costs.
+            c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.WithheldReveal);
         } else if (key == bytes32(0) || (c.quorum && key == _UNWORKABLE)) {
             // Silent, or could not work while a quorum could: did no work, fabricated nothing.
             c.slashed += _slashMember(c, op, _params.dropoutSlashBps, SlashReason.Dropout);

@@ -113,6 +113,7 @@ class SlashReason(IntEnum):
     SYNC_FAILURE = 2
     EXTERNAL = 3
     EQUIVOCATION = 4  # signed two packets for one round (reportEquivocation)
+    WITHHELD_REVEAL = 5  # committed and never revealed: the fabrication rate
 
     @property
     def label(self) -> str:

@@ -33,7 +33,8 @@ interface IDistributedTrainingBSMTypes {
         Dropout,
         SyncFailure,
         External,
-        Equivocation
+        Equivocation,
+        WithheldReveal
     }
 
     /// @notice Deploy-time parameters. The four fee shares are basis points summing to 10000.

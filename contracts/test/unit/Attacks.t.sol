@@ -351,10 +351,11 @@ contract VoteCopyingTest is BaseTest {
         vm.prank(ops[2]);
         vm.expectRevert(abi.encodeWithSelector(I.CommitmentMismatch.selector, jobId, ops[2]));
         bsm.revealCheckpoint(jobId, 0, keccak256("trained"), p, saltOf(ops[0], keccak256("trained")));
-        // It never reveals: slashed as a dropout, the two who trained are paid.
+        // It never reveals a vote it committed: slashed at the fabrication rate, the two who
+        // trained are paid.
         uint256 pool = bsm.getPool(ops[2]).totalAssets;
         finalize(jobId);
-        vm.assertEq(bsm.getPool(ops[2]).totalAssets, pool - pool * 500 / 10000);
+        vm.assertEq(bsm.getPool(ops[2]).totalAssets, pool - pool * 1000 / 10000);
         vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100);
         vm.assertEq(bsm.creditOf(ops[2]), 0);
     }

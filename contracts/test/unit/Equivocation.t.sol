@@ -173,3 +173,42 @@ contract ReportEquivocationTest is BaseTest {
         vm.assertEq(bsm.equivocators(jobId), 0);
     }
 }
+
+/// A member that committed and then kept its vote back (it saw the others' and would lose)
+/// pays the fabrication rate, not the dropout rate; one that never committed is a dropout.
+contract WithheldRevealTest is BaseTest {
+    function test_withheldReveal_costsTheFabricationRate() public {
+        (uint256 jobId, address[] memory ops) = runningJob(4, 2);
+        uint32[] memory p = fullParticipation(jobId);
+        for (uint256 i; i < 3; ++i) {
+            submit(jobId, ops[i], keccak256("quorum"), p);
+        }
+        // ops[3] commits a losing vote and withholds it
+        (, I.JobState memory st) = bsm.getJob(jobId);
+        bytes32 c = bsm.commitmentHash(jobId, st.epoch, ops[3], keccak256("other"), p, bytes32(uint256(7)));
+        vm.prank(ops[3]);
+        bsm.commitCheckpoint(jobId, st.epoch, c);
+        uint256 before = bsm.getPool(ops[3]).totalAssets;
+        reveal(jobId);
+        vm.warp(bsm.revealDeadline(jobId) + 1);
+        vm.expectEmit();
+        emit I.Slashed(ops[3], jobId, 0, I.SlashReason.WithheldReveal, before * 1000 / 10000, reporter);
+        vm.prank(reporter);
+        bsm.finalizeEpoch(jobId, 0);
+        vm.assertEq(bsm.getPool(ops[3]).totalAssets, before - before * 1000 / 10000);
+        vm.assertEq(bsm.creditOf(ops[3]), 0);
+        assertConserved();
+    }
+
+    function test_neverCommitted_isADropout() public {
+        (uint256 jobId, address[] memory ops) = runningJob(4, 2);
+        uint32[] memory p = fullParticipation(jobId);
+        for (uint256 i; i < 3; ++i) {
+            submit(jobId, ops[i], keccak256("quorum"), p);
+        }
+        uint256 before = bsm.getPool(ops[3]).totalAssets;
+        finalize(jobId);
+        vm.assertEq(bsm.getPool(ops[3]).totalAssets, before - before * 500 / 10000);
+        assertConserved();
+    }
+}

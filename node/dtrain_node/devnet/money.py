@@ -34,6 +34,7 @@ REASONS = [
     "failed to sync",
     "external",
     "equivocated",
+    "withheld its reveal",
 ]
 
 
