@@ -66,7 +66,8 @@ def test_member_running_ahead_is_never_applied_alone_and_all_agree(cluster: Any)
         gossip=GOSSIP,
         per_node={3: fast},
         hooks={0: PACED, 1: PACED, 2: PACED},
-        extra={"reconcile": 60.0},
+        # the others train 1 s per round: member 3 (0.2 s rounds) is always rounds ahead
+        extra={"reconcile": 60.0, "pause_s": 1.0},
     )
     c.start()
     results = c.wait_done(timeout=180)
