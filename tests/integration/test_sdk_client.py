@@ -283,8 +283,11 @@ def test_job_errors_decode(bsm: BSM, as_account, votes) -> None:
         votes.reveal(ops[0], job_id, 0)
     rc = bsm.finalize_epoch(job_id, 0)
     slashed = rc.all("Slashed")
-    assert {e.args["operator"] for e in slashed} == {ops[0].sender, ops[1].sender}
-    assert all(e.args["reason"] == SlashReason.DROPOUT for e in slashed)
+    # ops[0] committed a vote it could not reveal: withheld; ops[1] never committed: dropout
+    assert {e.args["operator"]: e.args["reason"] for e in slashed} == {
+        ops[0].sender: SlashReason.WITHHELD_REVEAL,
+        ops[1].sender: SlashReason.DROPOUT,
+    }
     with pytest.raises(errors.JobNotRunning, match="is Open, not running"):
         votes.commit(ops[0], job_id, 1, b"\x03" * 32, [4])
 
@@ -459,7 +462,8 @@ def test_copied_commitment_cannot_be_revealed(bsm: BSM, as_account, votes) -> No
     """Attack: a member that did no work copies another member's commitment from the mempool
     or the chain, then replays that member's reveal (checkpoint, participation and salt are in
     its calldata). The commitment binds the operator, so the copier's reveal is refused with a
-    typed error, and at the reveal deadline the copier is slashed as a dropout."""
+    typed error, and at the reveal deadline the copier is slashed for withholding its reveal
+    (at the fabrication rate)."""
     ops = [as_account(i) for i in (1, 2, 3)]
     for i, op in enumerate(ops):
         register(op, i)
@@ -489,7 +493,7 @@ def test_copied_commitment_cannot_be_revealed(bsm: BSM, as_account, votes) -> No
     advance(bsm.w3, p.start_grace + 3600 + p.reveal_window + 1)
     rc = bsm.finalize_epoch(job_id, 0)
     assert [(e.args["operator"], e.args["reason"]) for e in rc.all("Slashed")] == [
-        (copier.sender, SlashReason.DROPOUT)
+        (copier.sender, SlashReason.WITHHELD_REVEAL)
     ]
     assert {e.args["operator"] for e in rc.all("OperatorPaid")} == {honest.sender, other.sender}
     assert rc.first("EpochFinalized").args["checkpoint"] == ckpt
