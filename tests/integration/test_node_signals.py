@@ -59,7 +59,8 @@ STOP = {
     rf"\d\d:\d\d:\d\d \(in \w+\) and reveal by \d\d:\d\d:\d\d \(in \w+\) we are {SLASH}",
     "COMMIT": r"stopping now: we are a member of epoch 1/2 of job {job}; if we do not commit by",
     "REVEAL": r"stopping now: we are a member of epoch 1/2 of job {job}; if we do not reveal by "
-    rf"\d\d:\d\d:\d\d \(in \w+\) we are {SLASH}",
+    r"\d\d:\d\d:\d\d \(in \w+\) we are slashed 10% of our pool \(0\.1 ETH of 1 ETH\) for a "
+    r"withheld reveal",
     "FINALIZE": r"stopping now: our vote for epoch 1/2 of job {job} is in and we leave at its end"
     r"|stopping now: our vote for epoch 1/2 of job {job} is in, but we stay a member",
 }

@@ -152,3 +152,12 @@ def test_signal_messages(state: str, first: str, second: str) -> None:
         assert "slashed 5% of our pool (0.05 ETH of 1 ETH) for dropout" in (
             second_signal_message(s, now)
         )
+
+
+def test_second_signal_after_committing_names_the_withheld_reveal_rate() -> None:
+    now = time.time()
+    s = training(now)
+    s.state, s.committed, s.withheld_bps = "REVEAL", True, 1000
+    msg = second_signal_message(s, now)
+    assert "if we do not reveal by" in msg
+    assert "slashed 10% of our pool (0.1 ETH of 1 ETH) for a withheld reveal" in msg

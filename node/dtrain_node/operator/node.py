@@ -261,6 +261,7 @@ class Node:
 
     def register(self) -> None:
         self.status.dropout_bps = self._params().dropout_slash_bps
+        self.status.withheld_bps = self._params().fabrication_slash_bps
         op = self.bsm.operator(self.me)
         addrs = [a.split("/p2p/")[0] for a in self.transport.listen_addrs]
         if not op.registered:

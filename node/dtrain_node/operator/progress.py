@@ -65,6 +65,7 @@ class Status:
     retry: int = 0  # attempts of this epoch before this one (that we saw)
     linger_until: float = 0.0
     dropout_bps: int = 0
+    withheld_bps: int = 0  # a committed vote never revealed: the fabrication rate
     pool: int = 0  # our pool's assets, what a slash takes its share of
 
     def observe(self, job: Job, me: str) -> None:
@@ -145,14 +146,18 @@ def first_signal_message(s: Status) -> str:
     )
 
 
+def _slash(s: Status, bps: int, why: str) -> str:
+    out = f"slashed {bps / 100:g}% of our pool"
+    if s.pool:
+        out += f" ({format_eth(s.pool * bps // 10_000)} of {format_eth(s.pool)})"
+    return out + f" for {why}; restart with the same --data-dir to carry on"
+
+
 def second_signal_message(s: Status, now: float) -> str:
     """What stopping now costs, in the state the node is in."""
     if s.state in ("REGISTER", "JOIN", "DONE") or s.job is None:
         return "stopping now: nothing at stake"
-    slash = f"slashed {s.dropout_bps / 100:g}% of our pool"
-    if s.pool:
-        slash += f" ({format_eth(s.pool * s.dropout_bps // 10_000)} of {format_eth(s.pool)})"
-    slash += " for dropout; restart with the same --data-dir to carry on"
+    slash = _slash(s, s.dropout_bps, "dropout")
     if not s.running or s.pending or not s.member:
         return (
             f"stopping now: we hold a seat in job {s.job}; once it runs an epoch with us, if "
@@ -167,9 +172,10 @@ def second_signal_message(s: Status, now: float) -> str:
             f"epoch: if we do not commit and reveal it we are {slash}"
         )
     if s.committed:
+        withheld = _slash(s, s.withheld_bps or s.dropout_bps, "a withheld reveal")
         return (
             f"stopping now: we are a member of {epoch}; if we do not reveal by "
-            f"{clock(s.reveal_deadline, now)} we are {slash}"
+            f"{clock(s.reveal_deadline, now)} we are {withheld}"
         )
     return (
         f"stopping now: we are a member of {epoch}; if we do not commit by "
