@@ -220,18 +220,21 @@ interface IDistributedTrainingBSMTypes {
     error AttestationRequired(uint256 jobId, address operator, uint256 expiresAt, uint256 nowTs);
     /// @notice job `jobId` is in epoch `current`, not `given`
     error WrongEpoch(uint256 jobId, uint256 given, uint256 current);
-    /// @notice `length` bytes are not an encoded gossip envelope of version 2.
+    /// @notice `length` bytes are not an encoded gossip envelope of version 2
     error MalformedEnvelope(uint256 length);
-    /// @notice An equivocation proof's envelope names another chain, contract or job.
+    /// @notice an equivocation proof's envelope is for chain `chainId`, contract `contractAddress`
+    /// and job `jobId`: another chain, contract or job
     error ProofForAnotherJob(uint256 chainId, address contractAddress, uint256 jobId);
-    /// @notice An equivocation proof's envelope is of epoch attempt `given`, not the job's
-    /// current attempt `current`.
+    /// @notice an equivocation proof for job `jobId` is of epoch attempt `given`, not its current
+    /// attempt `current`
     error ProofNotCurrentAttempt(uint256 jobId, uint256 given, uint256 current);
-    /// @notice An envelope of a proof is not signed by the sender it names.
+    /// @notice a proof's envelope names `sender` as its sender but is signed by `signer`
     error EnvelopeNotSignedBySender(address sender, address signer);
-    /// @notice The two envelopes are not one sender's for one round naming two packets.
+    /// @notice the envelopes of `firstSender` (round `firstRound`) and `secondSender` (round
+    /// `secondRound`) are not one sender's two different packets for one round
     error NotAnEquivocation(address firstSender, address secondSender, uint256 firstRound, uint256 secondRound);
-    /// @notice `operator`'s equivocation in the job's current attempt is already recorded.
+    /// @notice the equivocation of `operator` in the current attempt of job `jobId` is already
+    /// recorded
     error EquivocationKnown(uint256 jobId, address operator);
     /// @notice epoch deadline `deadline` has passed (now `nowTs`)
     /// @param deadline unix time (seconds) after which submissions are refused.
