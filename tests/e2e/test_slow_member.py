@@ -20,7 +20,7 @@ def test_a_member_three_times_slower_is_waited_for_and_nobody_is_slashed(tmp_pat
     phase open while it is alive and has not begun the round (within the epoch's schedule), so
     every node applies all three packets in every round, votes the same checkpoint, and the
     job completes with everybody paid and nobody slashed."""
-    opts = {"epochs": 2, "steps": 200, "sync": 100, "round_deadline": 2.0, "epoch_duration": 400}
+    opts = {"epochs": 1, "steps": 200, "sync": 100, "round_deadline": 2.0, "epoch_duration": 400}
     with Cluster(tmp_path, operators=3, **opts) as c:
         c.spawn(0)
         c.spawn(1)
@@ -28,11 +28,11 @@ def test_a_member_three_times_slower_is_waited_for_and_nobody_is_slashed(tmp_pat
         c.wait(c.ended, 840, "the job to end")
         assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
         names = [e.name for e in c.bsm.events(job_id=c.job_id)]
-        assert "Slashed" not in names and names.count("OperatorPaid") == 3 * 2
+        assert "Slashed" not in names and names.count("OperatorPaid") == 3
         for o in c.ops:
             assert c.bsm.pool(o.address).total_assets == ETH  # nobody lost stake
         rounds = {i: [m for m in c.metrics(i) if m["kind"] == "round"] for i in range(3)}
-        assert all(len(rs) == 2 * 2 for rs in rounds.values())
+        assert all(len(rs) == 2 for rs in rounds.values())
         assert all(m["applied"] == 3 for rs in rounds.values() for m in rs), rounds
         fast = statistics.median(m["compute_s"] for i in (0, 1) for m in rounds[i])
         assert statistics.median(m["compute_s"] for m in rounds[2]) > 2 * fast
@@ -41,4 +41,4 @@ def test_a_member_three_times_slower_is_waited_for_and_nobody_is_slashed(tmp_pat
             for m in c.metrics(i):
                 if m["kind"] == "epoch_trained":
                     votes.setdefault(m["epoch"], set()).add(m["checkpoint"])
-        assert sorted(votes) == [0, 1] and all(len(v) == 1 for v in votes.values()), votes
+        assert sorted(votes) == [0] and all(len(v) == 1 for v in votes.values()), votes
