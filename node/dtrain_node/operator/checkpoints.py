@@ -73,7 +73,6 @@ class Checkpoints:
         self.transport = transport
         self._peers = peers  # members' addresses -> their (peer key, multiaddrs) on chain
         self._metric = metric
-        self._sleep: Callable[[float], Any] = time.sleep
 
     def _fetch(self, job: Job, expected: bytes, path: Path) -> None:
         """The previous epoch's checkpoint from the members, retried with backoff (peers may be
@@ -92,7 +91,7 @@ class Checkpoints:
             except CheckpointUnavailable:
                 if time.time() + wait > until:
                     raise
-            self._sleep(wait)
+            time.sleep(wait)
             wait = min(2 * wait, FETCH_BACKOFF_MAX_S)
 
     def start_state(self, job: Job, start_pin: bytes, model: torch.nn.Module) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -224,15 +225,21 @@ def _direction(G: list[list[list[int]]], keep: list[int], cfg: RobustConfig) -> 
     # echoes are left out only for senders whose echoes could all be colluders (fewer than a
     # third of the senders with it): many agreeing senders are the honest majority
     few = (len(keep) - 1) // 3
-    echo = {(a, b) for a, b in echo if sum(1 for x, _ in echo if x == a) + 1 <= few}
+    echoes = Counter(a for a, _ in echo)
+    echo = {(a, b) for a, b in echo if echoes[a] + 1 <= few}
     keep, out = list(keep), []
     while len(keep) >= cfg.min_direction:
+        total = sum(dots[a][b] for a in keep for b in keep)
+        rows = {a: sum(dots[a][b] for b in keep) for a in keep}
         bad = []
         for a in keep:
-            # a's echoes (near copies of its update) are not part of what it is judged against
-            ref = [b for b in keep if b != a and (a, b) not in echo]
-            row = sum(dots[a][b] for b in ref)
-            q = dots[a][a] * sum(dots[b][d] for b in ref for d in ref)  # |v_a|^2 |S_ref|^2
+            # a is judged against S_ref = S - v_a - its echoes (near copies of its update)
+            gone = [a] + [b for b in keep if (a, b) in echo]
+            row = rows[a] - sum(dots[a][x] for x in gone)  # <v_a, S_ref>
+            s2 = (
+                total - 2 * sum(rows[x] for x in gone) + sum(dots[x][y] for x in gone for y in gone)
+            )
+            q = dots[a][a] * s2  # |v_a|^2 |S_ref|^2
             if q and below(row, q, 1, c):
                 bad.append((row, q, a))
         if not bad:
