@@ -86,6 +86,34 @@ def test_node_restart_mid_epoch_resumes(tmp_path) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_two_members_restarting_at_once_resume_and_nobody_is_slashed(tmp_path) -> None:
+    """op1 and op2 (of 3) crash in the same round and come back together: each resumes from
+    its own round state while the other is still starting, the three finish the epoch on one
+    transcript, and nobody votes UNWORKABLE, commits twice or is slashed."""
+    with Cluster(tmp_path, operators=3, steps=8, round_deadline=40.0, epoch_duration=300) as c:
+        crashing = [c.spawn(0, ["offline=2"]), c.spawn(1, ["offline=2"])]
+        c.spawn(2)
+        for p in crashing:
+            assert p.popen.wait(timeout=300) == 3
+            c.procs.remove(p)
+        c.spawn(0)
+        c.spawn(1)
+        c.wait(c.ended, 400, "the job to end")
+        assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
+        votes = set()
+        for i in range(3):
+            kinds = [m["kind"] for m in c.metrics(i)]
+            assert ("resumed" in kinds) == (i < 2), i
+            assert kinds.count("committed") == 1 and kinds.count("revealed") == 1, i
+            trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
+            votes |= {m["checkpoint"] for m in trained}
+        assert len(votes) == 1, votes  # one checkpoint, never UNWORKABLE
+        names = [e.name for e in c.bsm.events(job_id=c.job_id)]
+        assert "Slashed" not in names and names.count("OperatorPaid") == 3
+        assert c.bsm.w3.eth.get_balance(c.bsm.address) == c.bsm.accounting().total
+
+
+@pytest.mark.timeout(600)
 def test_sft_job_in_the_devnet(tmp_path) -> None:
     """A fine-tuning method trains over the same node and gossip path as pre-training."""
     with Cluster(tmp_path, operators=2, steps=8, sync=4, method="sft") as c:

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 # dataset missing or failing its hash (or malformed), the model unknown, the recipe missing or
 # failing its hash, the start checkpoint
 # failing its hash or served by no member. The node votes UNWORKABLE instead of training.
+RUN_AHEAD_S = 0.1  # `ahead`: how long a round waits for the others (it does not)
+
 UNWORKABLE_ERRORS = (
     DatasetError,
     ModelUnavailable,
@@ -213,7 +215,7 @@ class EpochTrainer:
         env.between_rounds(job)
         self.faults.before_round(r, env.metric)
         t0 = time.perf_counter()
-        tokens, loss_sum = self._inner_steps()
+        tokens, loss_sum = (0, 0.0) if self.faults.ahead else self._inner_steps()
         self.faults.throttle(time.perf_counter() - t0)
         compute_s = time.perf_counter() - t0
         t_sync = time.perf_counter()
@@ -235,6 +237,8 @@ class EpochTrainer:
             rounds_left=self.rounds - r,
             settle_s=env.transport.settle_s,
         )
+        if self.faults.ahead:
+            deadline, patience = RUN_AHEAD_S, RUN_AHEAD_S
         res = env.transport.collect_round(r, packet, deadline, patience)
         stats = opt.apply(res.packets)
         self.context = RoundContext(opt.spec, env.me, honest, res.packets)

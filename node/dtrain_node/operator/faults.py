@@ -25,6 +25,11 @@ round.
 revealing in round N of every epoch (the gossip transport does it; `epoch=` does not limit it):
 the members' transcript holds both, and they post the proof on-chain.
 
+`ahead` skips training and closes every round at once (no waiting for anyone): the node
+commits and reveals round r as soon as round r - 1 ended, before the honest members begin it.
+With `attack=poison` it is the member that tries to own each round with a poisoned packet; the
+members apply a round only with what the canonical transcript holds, never one early reveal.
+
 `slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
 steps take X times as long). The chain must not punish it.
 """
@@ -44,7 +49,7 @@ from dtrain_node.optim.codec import Spec
 
 USAGE = (
     "fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
-    "scale=X, signflip, noise, stale, copy), slow=X, equivocate=N, epoch=E, once"
+    "scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, epoch=E, once"
 )
 
 
@@ -97,6 +102,7 @@ class Faults:
     first_attempt_only: bool = False  # a retried epoch (no quorum) runs honestly
     slow: float = 1.0  # inner steps take this many times as long
     equivocate_rounds: tuple[int, ...] = ()
+    ahead: bool = False  # no inner steps, no waiting: every round committed before the others
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.slow <= 100.0:
@@ -127,6 +133,8 @@ class Faults:
                 kw["withhold_reveal"] = True
             elif name == "garbage" and not value:
                 kw["garbage_packets"] = True
+            elif name == "ahead" and not value:
+                kw["ahead"] = True
             elif name == "once" and not value:
                 kw["first_attempt_only"] = True
             elif name == "equivocate" and value.isdigit():

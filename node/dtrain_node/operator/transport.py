@@ -9,6 +9,7 @@ node's `transport_factory`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -29,6 +30,8 @@ __all__ = [
     "gossip_transport",
     "peer_specs",
 ]
+
+RUN_AHEAD_SETTLE_S = 0.1  # the `ahead` fault's settle: it does not wait to agree
 
 PayloadValidator = Callable[[bytes], None]  # raises on a payload that must not be relayed
 
@@ -91,4 +94,6 @@ def gossip_transport(cfg: NodeConfig, bsm: BSM, job_id: int) -> Transport:
         round_deadline_s=cfg.round_deadline_s,
         equivocate_rounds=cfg.faults.equivocate_rounds,
     )
+    if cfg.faults.ahead:  # closes each round at once, agreed or not
+        gcfg = dataclasses.replace(gcfg, settle_s=RUN_AHEAD_SETTLE_S)
     return GossipNode(gcfg, bsm.account).start()
