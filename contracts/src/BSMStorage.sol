@@ -83,12 +83,12 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         uint256 syncFailures;
     }
 
-    /// An epoch settled in pieces (through the hooks): members settled so far and totals.
+    /// An epoch settled in pieces (through the hooks): members settled and paid so far, and
+    /// what its finalizers earned.
     struct Progress {
         uint8 cursor;
         uint8 paid;
         uint96 bounty;
-        uint128 slashed;
     }
 
     Params internal _params;

@@ -738,22 +738,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         }
         if (c.paid > 0) {
             if (c.unworkable) _fromEscrow(j, c.price * c.paid, c.token);
-            else _payShared(c, j);
+            else g.bounty += _payShared(c, j, g.bounty).toUint96();
         }
-        if (c.slashed > 0) {
-            // Slashed stake goes to the treasury; the finalizer earns a small bounded reward
-            // (capped per epoch) unless it is the job's caller or a member of the job.
-            uint256 bounty;
-            if (reporter != j.caller && _membership[jobId][reporter] == Membership.None) {
-                uint256 due =
-                    Math.min((g.slashed + c.slashed) * _params.reporterBountyBps / _BPS, _params.maxReporterBounty);
-                bounty = Math.min(due - Math.min(due, g.bounty), c.slashed * _params.reporterBountyBps / _BPS);
-                if (bounty > 0) _credit(reporter, bounty);
-            }
-            _credit(_params.treasury, c.slashed - bounty);
-            g.slashed += c.slashed.toUint128();
-            g.bounty += bounty.toUint96();
-        }
+        // Slashed stake goes to the treasury, all of it: nobody earns from a slash.
+        if (c.slashed > 0) _credit(_params.treasury, c.slashed);
         c.paid += g.paid;
         if (to < members.length) {
             (g.cursor, g.paid) = (uint8(to), uint8(c.paid));
@@ -858,13 +846,25 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     /// Developer and protocol shares of `paid` operator-epochs; rounding dust to the treasury.
-    function _payShared(Settlement memory c, JobState storage j) internal {
+    /// A finalizer that is neither the caller nor in the job earns `reporterBountyBps` of the
+    /// protocol's share, the epoch's calls together at most `maxReporterBounty` (`before`: what
+    /// its earlier calls earned); returns what this call's finalizer earned.
+    function _payShared(Settlement memory c, JobState storage j, uint256 before) internal returns (uint256 bounty) {
         (uint256 price, uint256 paid) = (c.price, c.paid);
         uint256 developerCut = price * _params.developerBps / _BPS;
         uint256 memberCut = price * _params.operatorBps / _BPS + price * _params.stakerBps / _BPS;
-        uint256 protocolCut = price - memberCut - developerCut;
+        uint256 protocol = (price - memberCut - developerCut) * paid;
+        address to = c.reporter;
+        if (to != j.caller && to != _params.treasury && _membership[c.jobId][to] == Membership.None) {
+            uint256 cap = _params.maxReporterBounty;
+            bounty = Math.min(protocol * _params.reporterBountyBps / _BPS, cap - Math.min(cap, before));
+            if (bounty > 0) {
+                _creditIn(c.token, to, bounty);
+                emit FinalizerPaid(c.jobId, c.epoch, to, bounty);
+            }
+        }
         _creditIn(c.token, _params.developer, developerCut * paid);
-        _creditIn(c.token, _params.treasury, protocolCut * paid);
+        _creditIn(c.token, _params.treasury, protocol - bounty);
         _fromEscrow(j, price * paid, c.token);
     }
 

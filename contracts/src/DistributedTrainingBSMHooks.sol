@@ -28,7 +28,8 @@ contract DistributedTrainingBSMHooks is BSMStorage {
         keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)");
     bytes32 private constant _NAME_HASH = keccak256("DistributedTrainingBSM");
     bytes32 private constant _VERSION_HASH = keccak256("1");
-    bytes32 private constant _CALL_TYPEHASH = keccak256("OperatorCall(uint8 job,bytes args,uint256 nonce)");
+    bytes32 private constant _CALL_TYPEHASH =
+        keccak256("OperatorCall(uint8 job,bytes args,uint256 nonce,uint64 attempt,uint64 deadline)");
 
     modifier onlyCore() {
         address core = _params.core;
@@ -59,9 +60,13 @@ contract DistributedTrainingBSMHooks is BSMStorage {
         _checkSpec(abi.decode(requestInputs, (JobSpec)));
     }
 
-    /// JOIN, LEAVE, COMMIT, REVEAL: `inputs` = `abi.encode(address operator, bytes args, bytes
-    /// signature)`, signed by `operator` over EIP-712 `OperatorCall(uint8 job,bytes args,uint256
-    /// nonce)` with its next `operatorNonce`; `args` as for `onJobResult`.
+    /// JOIN, LEAVE, COMMIT, REVEAL: `inputs` = `abi.encode(address operator, bytes args, uint64
+    /// attempt, uint64 deadline, bytes signature)`, signed by `operator` over EIP-712
+    /// `OperatorCall(uint8 job,bytes args,uint256 nonce,uint64 attempt,uint64 deadline)` with its
+    /// next `operatorNonce`; `args` as for `onJobResult`. The call is void after `deadline`,
+    /// once the job (the first word of `args`) is past epoch attempt `attempt` (0: never
+    /// started), and once the operator used or cancelled the nonce: a signed call that reverted
+    /// cannot be replayed later into a seat the operator does not know it holds.
     /// FINALIZE: `inputs` = `abi.encode(uint256 jobId, uint256 epoch)`; settles the next
     /// `HOOK_SETTLE_BATCH` members (call again until `EpochFinalized`); bounties go to the treasury.
     function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs) external payable onlyCore {
@@ -70,18 +75,34 @@ contract DistributedTrainingBSMHooks is BSMStorage {
             return;
         }
         require(job >= _JOIN && job < _FINALIZE, UnknownJobKind(job));
-        (address operator, bytes memory args, bytes memory signature) = abi.decode(inputs, (address, bytes, bytes));
-        uint256 nonce = _nonces[operator]++;
+        (address operator, bytes memory args, uint64 attempt, uint64 deadline, bytes memory signature) =
+            abi.decode(inputs, (address, bytes, uint64, uint64, bytes));
+        require(block.timestamp <= deadline, SignedCallExpired(operator, deadline, block.timestamp));
+        uint256 jobId = abi.decode(args, (uint256));
+        uint64 current = _jobs[jobId].attempt;
+        require(attempt == current, SignedCallStale(operator, jobId, attempt, current));
+        _checkSigned(
+            operator,
+            keccak256(abi.encode(_CALL_TYPEHASH, job, keccak256(args), _nonces[operator]++, attempt, deadline)),
+            signature
+        );
+        _act(job, operator, args);
+    }
+
+    /// Reverts unless `signature` is `operator`'s EIP-712 signature of `structHash`.
+    function _checkSigned(address operator, bytes32 structHash, bytes memory signature) private view {
         bytes32 digest = keccak256(
             abi.encodePacked(
                 "\x19\x01",
                 keccak256(abi.encode(_DOMAIN_TYPEHASH, _NAME_HASH, _VERSION_HASH, block.chainid, address(this))),
-                keccak256(abi.encode(_CALL_TYPEHASH, job, keccak256(args), nonce))
+                structHash
             )
         );
         (address signer, ECDSA.RecoverError err,) = ECDSA.tryRecover(digest, signature);
-        require(err == ECDSA.RecoverError.NoError && signer == operator, InvalidOperatorSignature(operator, nonce));
-        _act(job, operator, args);
+        require(
+            err == ECDSA.RecoverError.NoError && signer == operator,
+            InvalidOperatorSignature(operator, _nonces[operator] - 1)
+        );
     }
 
     /// JOIN, LEAVE, COMMIT, REVEAL and FINALIZE as the result-sending `operator` (which the core

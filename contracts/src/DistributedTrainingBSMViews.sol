@@ -207,6 +207,11 @@ contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, IDistribut
         return _nonces[operator];
     }
 
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function cancelSignedCalls() external {
+        emit SignedCallsCancelled(msg.sender, _nonces[msg.sender]++);
+    }
+
     // ---------------------------------------------------------------- equivocation
 
     /// @inheritdoc IDistributedTrainingBSMViews

@@ -451,10 +451,13 @@ def test_epoch_bounds_and_slash_to_treasury(bsm: BSM, as_account, accounts, vote
     rc = finalizer.finalize_epoch(job_id, 0)
     slashed = sum(e.args["amount"] for e in rc.events if e.name == "Slashed")
     assert slashed > 0
-    bounty = min(slashed * p.reporter_bounty_bps // 10000, p.max_reporter_bounty)
-    assert bsm.credit_of(finalizer.sender) == bounty
     paid = 2 * spec().price_per_operator_epoch
-    assert bsm.credit_of(treasury) - before == slashed - bounty + paid * 20 // 100
+    # the finalizer's reward: a share of the protocol's fee for the paid work, not of the slash
+    bounty = min(paid * 20 // 100 * p.reporter_bounty_bps // 10000, p.max_reporter_bounty)
+    assert bsm.credit_of(finalizer.sender) == bounty
+    rewarded = [e.args for e in rc.events if e.name == "FinalizerPaid"]
+    assert [(r["finalizer"], r["amount"]) for r in rewarded] == [(finalizer.sender, bounty)]
+    assert bsm.credit_of(treasury) - before == slashed + paid * 20 // 100 - bounty
     assert bsm.credit_of(caller.sender) == spec().price_per_operator_epoch  # only the unearned slot
 
 

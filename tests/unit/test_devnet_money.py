@@ -1,5 +1,6 @@
 """The money check, from hand-made event records and hand-computed credits (the contract's
-rules: slashed stake to the treasury, a capped bounty only to a finalizer outside the job)."""
+rules: slashed stake to the treasury, a capped share of the fee only to a finalizer outside
+the job)."""
 
 from __future__ import annotations
 
@@ -63,42 +64,50 @@ def test_a_token_job_pays_the_escrow_part_in_the_token_and_the_slashes_in_ether(
     assert {a: pay[a] + slash[a] for a in EXPECTED} == EXPECTED
 
 
-def slashes(reporter: str, *amounts: int, tx: str = "0xf1") -> list[Event]:
-    return [
-        ev("Slashed", tx=tx, epoch=0, operator=o, reason=1, amount=a, reporter=reporter)
-        for o, a in zip((B, C), amounts, strict=False)
-    ]
+def finalize_call(
+    finalizer: str, paid: tuple[str, ...], slash: int = 0, tx: str = "0xf1"
+) -> list[Event]:
+    """One finalize call of epoch 0 that paid `paid`, slashed C `slash` and rewarded `finalizer`
+    (the contract emits `FinalizerPaid` only to an outsider; the check judges it anyway)."""
+    out = [ev("OperatorPaid", tx=tx, epoch=0, operator=o) for o in paid]
+    if slash:
+        out.append(
+            ev("Slashed", tx=tx, epoch=0, operator=C, reason=0, amount=slash, reporter=finalizer)
+        )
+    return [*out, ev("FinalizerPaid", tx=tx, epoch=0, finalizer=finalizer, amount=0)]
 
 
-def credits(events: list[Event], members: list[str] | None = None) -> dict[str, int]:
+def credits(
+    events: list[Event], members: list[str] | None = None, rules: money.Rules | None = None
+) -> dict[str, int]:
     eps = money.epoch_records(events, 1, {0: members if members is not None else [A, B, C]})
-    return money.expected_credits(eps, ROSTER, P)
+    return money.expected_credits(eps, ROSTER, P, rules=rules)
 
 
-def test_outside_finalizer_gets_a_capped_bounty_the_rest_goes_to_the_treasury() -> None:
+FEE = 2 * 10**15  # the treasury's 20% of one paid operator-epoch
+
+
+def test_outside_finalizer_is_rewarded_from_the_fee_never_from_a_slash() -> None:
     X = "0xE"  # neither the caller nor in the job
-    got = credits(slashes(X, 100, 50))
-    assert got[X] == 15 and got[T] == 135 and got[K] == 0
-    big = credits(slashes(X, ETH, ETH // 2))  # 10% would be 0.15 ETH: capped at 0.01 ETH
-    assert big[X] == 10**16 and big[T] == 3 * ETH // 2 - 10**16
-    batches = credits([*slashes(X, 100), *slashes(X, 0, 50, tx="0xf2")])  # one attempt, 2 calls
-    assert batches[X] == 10 + 5 and batches[T] == 135
-    capped = credits([*slashes(X, ETH), *slashes(X, 0, ETH, tx="0xf2")])  # the cap is per attempt
-    assert capped[X] == 10**16 and capped[T] == 2 * ETH - 10**16
-    started = [ev("EpochStarted", epoch=0, attempt=a) for a in (7, 8)]
-    retried = [started[0], *slashes(X, ETH), started[1], *slashes(X, 0, ETH, tx="0xf2")]
-    twice = credits(retried)  # two attempts of epoch 0: a capped bounty each
-    assert twice[X] == 2 * 10**16 and twice[T] == 2 * ETH - 2 * 10**16
+    small = credits(finalize_call(X, (A, B), slash=100))
+    big = credits(finalize_call(X, (A, B), slash=ETH))
+    assert small[X] == big[X] == 2 * FEE // 10  # 10% of the treasury's cut of 2 paid seats
+    assert small[T] == 2 * FEE - 2 * FEE // 10 + 100 and big[T] == small[T] - 100 + ETH
+    cap = money.Rules(max_reporter_bounty=5 * 10**14)
+    batches = [*finalize_call(X, (A, B)), *finalize_call(X, (C,), tx="0xf2")]  # one epoch, 2 calls
+    got = credits(batches, rules=cap)
+    assert got[X] == 4 * 10**14 + 10**14  # the second call only up to the epoch's cap
+    assert got[T] == 3 * FEE - 5 * 10**14
 
 
-def test_no_bounty_to_the_caller_a_member_or_a_pending_joiner() -> None:
-    for reporter in (K, A, B):  # B is slashed in that very finalize
-        got = credits(slashes(reporter, 100, 50))
-        assert got.get(reporter, 0) == 0 and got[T] == 150
-    assert credits(slashes(B, 100, 50), members=[])[T] == 150  # slashed: a member
+def test_no_bounty_to_the_caller_a_member_the_treasury_or_a_pending_joiner() -> None:
+    for finalizer in (K, A, B, T):  # B is slashed in that very finalize
+        got = credits(finalize_call(finalizer, (A,), slash=50))
+        assert got[T] == FEE + 50 and got[K] == 0, finalizer  # the treasury's cut, whole
+    assert credits(finalize_call(C, (A,), slash=50), members=[])[T] == FEE + 50  # slashed: in it
     joining = ev("JoinRequested", operator="0xE", effectiveEpoch=1)
-    got = credits([joining, *slashes("0xE", 100, 50)])
-    assert got.get("0xE", 0) == 0 and got[T] == 150
+    got = credits([joining, *finalize_call("0xE", (A,), slash=50)])
+    assert got.get("0xE", 0) == 0 and got[T] == FEE + 50
 
 
 def test_pool_share_of_an_epoch_finalized_too_late_goes_to_the_treasury() -> None:

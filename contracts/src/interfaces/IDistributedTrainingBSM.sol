@@ -46,9 +46,10 @@ interface IDistributedTrainingBSMTypes {
         uint16 fabricationSlashBps;
         uint16 dropoutSlashBps;
         uint16 syncFailSlashBps;
-        /// Share of an epoch's slashed stake credited to its finalizer, capped at
-        /// `maxReporterBounty`; nothing when the finalizer is the job's caller or a member.
-        /// The rest of every slash goes to the treasury.
+        /// Share of the protocol's cut of an epoch's payments credited to its finalizer, capped
+        /// at `maxReporterBounty` (in the job's currency); nothing when the finalizer is the
+        /// job's caller or in the job. It never depends on a slash: slashed stake goes to the
+        /// treasury, all of it, so nobody profits from slashing anyone.
         uint16 reporterBountyBps;
         /// Minimum share of an epoch's sync rounds a member must have contributed to.
         uint16 syncThresholdBps;
@@ -75,7 +76,7 @@ interface IDistributedTrainingBSMTypes {
         /// Seconds a job that has started may wait `Open` for members before anyone may fail it
         /// (full refund of the remaining escrow) with `cancelJob`.
         uint64 openTimeout;
-        /// Cap, in wei, on a finalizer's reward from one epoch's slashes.
+        /// Cap on a finalizer's reward for settling one epoch (see `reporterBountyBps`).
         uint96 maxReporterBounty;
         uint256 minStake;
         /// Least `seatBond` a job may ask for, in wei.
@@ -283,6 +284,10 @@ interface IDistributedTrainingBSMTypes {
     /// @notice the hook call is not signed by operator `operator` with its nonce `nonce`
     /// @param nonce the operator's next nonce (`operatorNonce`), which the signature must cover.
     error InvalidOperatorSignature(address operator, uint256 nonce);
+    /// @notice the signed call of `operator` expired at `deadline` (now `nowTs`)
+    error SignedCallExpired(address operator, uint256 deadline, uint256 nowTs);
+    /// @notice the signed call of `operator` is for attempt `signed` of job `jobId`, which is at attempt `current`
+    error SignedCallStale(address operator, uint256 jobId, uint256 signed, uint256 current);
 
     // TEE attestation
     /// @notice verifier `verifier` is not allowed by the blueprint developer
@@ -315,6 +320,8 @@ interface IDistributedTrainingBSMTypes {
     event OperatorUpdated(address indexed operator, bytes32 peerKey, uint256 minPricePerEpoch);
     /// @notice `operator` deregistered; all its self-stake started unbonding.
     event OperatorDeregistered(address indexed operator);
+    /// @notice `operator` voided its signed calls with nonce `nonce` (`cancelSignedCalls`).
+    event SignedCallsCancelled(address indexed operator, uint256 nonce);
     /// @notice `account` added `amount` wei to `operator`'s stake pool, receiving `shares` shares.
     event Staked(address indexed operator, address indexed account, uint256 amount, uint256 shares);
     /// @notice `amount` wei of `account`'s stake with `operator` started unbonding until `unlockAt`.
@@ -362,6 +369,9 @@ interface IDistributedTrainingBSMTypes {
     /// @notice `operator` earned `price` wei for epoch `epoch` of job `jobId`, split among operator,
     /// stakers, protocol and developer.
     event OperatorPaid(uint256 indexed jobId, uint256 indexed epoch, address indexed operator, uint256 price);
+    /// @notice `finalizer` earned `amount` (in the job's currency) out of the protocol's share
+    /// for settling epoch `epoch` of job `jobId`.
+    event FinalizerPaid(uint256 indexed jobId, uint256 indexed epoch, address indexed finalizer, uint256 amount);
     /// @notice `amount` wei of `operator`'s pool (active and unbonding stake) were slashed for
     /// `reason` in epoch `epoch` of job `jobId`, triggered by `reporter`.
     event Slashed(
@@ -509,8 +519,9 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
     ) external;
 
     /// @notice Settles the epoch in progress (anyone; after all members revealed or the reveal
-    /// deadline). Slashed stake goes to the treasury; a sender that is neither the job's caller
-    /// nor a member earns `reporterBountyBps` of it, at most `maxReporterBounty`.
+    /// deadline). Slashed stake goes to the treasury, all of it; a sender that is neither the
+    /// job's caller nor in the job earns `reporterBountyBps` of the protocol's share of the
+    /// epoch's payments, at most `maxReporterBounty` per epoch, whoever is slashed.
     function finalizeEpoch(uint256 jobId, uint256 epoch) external;
 
     /// @notice Runs a Tangle hook's operator action inside the BSM; only the BSM itself (its
@@ -580,6 +591,9 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
     function bondedOf(address operator) external view returns (uint256);
     /// @notice Next nonce `operator` must sign into an EIP-712 `OperatorCall` sent through `onJobCall`.
     function operatorNonce(address operator) external view returns (uint256);
+    /// @notice Voids every signed call of the sender not yet sent (its nonce `operatorNonce`):
+    /// an operator that signed a call it no longer wants cancels it before anyone relays it.
+    function cancelSignedCalls() external;
     /// @notice Running totals whose sum equals the contract balance.
     function accounting()
         external

@@ -472,7 +472,7 @@ contract Handler is Test {
         w.caller = st.caller;
         w.reporter = reporter;
         w.callerCredit = _cr(w.token, st.caller);
-        w.reporterCredit = bsm.creditOf(reporter);
+        w.reporterCredit = _cr(w.token, reporter);
         w.members = bsm.getMembers(id);
         address[] memory pending = bsm.getPendingJoins(id);
         for (uint256 i; i < pending.length; ++i) {
@@ -521,7 +521,7 @@ contract Handler is Test {
         if (b1.developer - b0.developer != paid * devCut) ++ghostSplitViolations;
         ghostPaidEpochs += paid;
         ghostSlashed += slashed;
-        _checkWho(w, logs, price, refund, slashed);
+        _checkWho(w, logs, price, refund);
         if (_aborted(logs)) {
             ++ghostAbortedJobs;
             // Nobody is slashed or paid when a quorum voted UNWORKABLE.
@@ -545,8 +545,10 @@ contract Handler is Test {
 
     /// Each member got exactly its 40% if paid and nothing else (no bounty); a slashed member's
     /// pool lost exactly its logged slash and an unslashed one nothing; the caller got only the
-    /// refund; the finalizer at most `maxReporterBounty`, and nothing if it is caller or member.
-    function _checkWho(Who memory w, Vm.Log[] memory logs, uint256 price, uint256 refund, uint256 slashed) internal {
+    /// refund; an outside finalizer `reporterBountyBps` of the protocol's share of the paid
+    /// operator-epochs (at most `maxReporterBounty`), whatever was slashed, and nothing if it is
+    /// caller or member.
+    function _checkWho(Who memory w, Vm.Log[] memory logs, uint256 price, uint256 refund) internal {
         uint256 opCut = price * bsm.params().operatorBps / 10000;
         uint256 comp = _aborted(logs) ? price * bsm.params().unworkableCompBps / 10000 : 0;
         bool reporterInside = w.reporter == w.caller || w.reporterPending;
@@ -569,13 +571,26 @@ contract Handler is Test {
         if (!callerIsMember && dCaller != refund) ++ghostWhoViolations;
         ghostRefundedTo[w.caller] += refund;
         if (w.reporter != w.caller && w.reporter != treasury) {
-            uint256 dr = bsm.creditOf(w.reporter) - w.reporterCredit;
+            uint256 dr = _cr(w.token, w.reporter) - w.reporterCredit;
             if (!reporterInside) {
-                uint256 cap = bsm.params().maxReporterBounty;
-                uint256 want = slashed * bsm.params().reporterBountyBps / 10000;
-                if (dr != (want < cap ? want : cap)) ++ghostWhoViolations;
+                if (dr != _bounty(price, comp > 0 ? 0 : _paidCount(logs))) ++ghostWhoViolations;
                 ghostBountyTo[w.reporter] += dr;
             }
+        }
+    }
+
+    /// An outside finalizer's reward for `paid` operator-epochs at `price`.
+    function _bounty(uint256 price, uint256 paid) internal view returns (uint256) {
+        I.Params memory q = bsm.params();
+        uint256 protocol =
+            price - price * q.operatorBps / 10000 - price * q.stakerBps / 10000 - price * q.developerBps / 10000;
+        uint256 want = protocol * paid * q.reporterBountyBps / 10000;
+        return want < q.maxReporterBounty ? want : q.maxReporterBounty;
+    }
+
+    function _paidCount(Vm.Log[] memory logs) internal view returns (uint256 n) {
+        for (uint256 i; i < logs.length; ++i) {
+            if (logs[i].emitter == address(bsm) && logs[i].topics[0] == _PAID) ++n;
         }
     }
 

@@ -137,8 +137,8 @@ contract LastMinuteDelegationTest is BaseTest {
 /// Attack 2: a caller creates a job whose epoch nobody can finish, lets the operator's own
 /// join start it, finalizes and pockets the dropout slash of the operator's whole pool. Now
 /// an epoch lasts at least `minEpochDuration` after a `startGrace`, and slashed stake goes to
-/// the treasury: the caller, and every member, gets nothing from a slash; an outside finalizer
-/// gets at most `maxReporterBounty`.
+/// the treasury, whole: the caller, every member and the finalizer get nothing from a slash
+/// (an outside finalizer earns a share of the protocol's fee, at most `maxReporterBounty`).
 contract HoneypotJobTest is BaseTest {
     function test_honeypotJob_tooShortEpochRejected() public {
         I.JobSpec memory s = spec(2, 2, 1);
@@ -193,7 +193,8 @@ contract HoneypotJobTest is BaseTest {
         assertConserved();
     }
 
-    /// An outside finalizer earns at most `maxReporterBounty` however large the slash.
+    /// An outside finalizer earns the same whoever is slashed and however large the slash: a
+    /// share of the protocol's fee for the epoch's paid work, at most `maxReporterBounty`.
     function testFuzz_finalizerRewardBounded(uint256 delegated) public {
         delegated = bound(delegated, 0, 10_000 ether);
         address[] memory ops = registerN(3);
@@ -208,7 +209,7 @@ contract HoneypotJobTest is BaseTest {
         submit(jobId, ops[1], keccak256("good"), p);
         vm.warp(bsm.epochDeadline(jobId) + 1);
         finalize(jobId);
-        vm.assertLe(bsm.creditOf(reporter), MAX_BOUNTY, "finalizer reward above the cap");
+        vm.assertEq(bsm.creditOf(reporter), 2 * PRICE * 20 / 100 / 10, "finalizer reward follows the slash");
         vm.assertEq(bsm.creditOf(caller), PRICE, "the caller gets only its unearned escrow");
         assertConserved();
     }
@@ -327,8 +328,42 @@ contract SybilSeatsTest is BaseTest {
         }
         vm.assertLt(back, escrowOf(spec(3, 3, 1)), "the coalition profited from the slash");
         uint256 slash = honestPool * 1000 / 10000;
-        uint256 bounty = slash / 10 < MAX_BOUNTY ? slash / 10 : MAX_BOUNTY; // to the outside finalizer
-        vm.assertEq(bsm.creditOf(treasury), slash - bounty + 2 * PRICE * 20 / 100);
+        uint256 bounty = 2 * PRICE * 20 / 100 / 10; // to the outside finalizer, from the fee
+        vm.assertEq(bsm.creditOf(treasury), slash + 2 * PRICE * 20 / 100 - bounty);
+        assertConserved();
+    }
+}
+
+/// Attack: a coalition outvotes an honest member and finalizes from a fresh address of its own
+/// to collect the finalizer's bounty out of the victim's slash. The bounty is now a share of
+/// the protocol's fee for the epoch's paid work: slashing the honest member makes the
+/// finalizer earn less (one fewer paid seat), not more, however large the victim's pool.
+contract SlashBountyTest is BaseTest {
+    function _epoch(uint256 victimDelegation, bool victimOutvoted) internal returns (uint256 earned) {
+        address[] memory ops = registerN(3); // ops[0], ops[1]: the coalition
+        if (victimDelegation > 0) {
+            vm.prank(staker);
+            bsm.delegate{value: victimDelegation}(ops[2]);
+        }
+        uint256 jobId = createJob(spec(3, 3, 1));
+        joinAll(jobId, ops);
+        uint32[] memory p = fullParticipation(jobId);
+        submit(jobId, ops[0], keccak256("fabricated"), p);
+        submit(jobId, ops[1], keccak256("fabricated"), p);
+        submit(jobId, ops[2], victimOutvoted ? keccak256("trained") : keccak256("fabricated"), p);
+        uint256 before = bsm.creditOf(reporter); // the coalition's fresh address
+        finalize(jobId);
+        earned = bsm.creditOf(reporter) - before;
+    }
+
+    function testFuzz_slashingAnHonestMemberPaysItsFinalizerNothing(uint256 victimDelegation) public {
+        victimDelegation = bound(victimDelegation, 0, 1_000 ether);
+        uint256 snap = vm.snapshotState();
+        uint256 agreed = _epoch(victimDelegation, false);
+        vm.revertToState(snap);
+        uint256 withSlash = _epoch(victimDelegation, true);
+        vm.assertEq(agreed, 3 * PRICE * 20 / 100 / 10, "3 paid seats");
+        vm.assertEq(withSlash, 2 * PRICE * 20 / 100 / 10, "2 paid seats, nothing from the slash");
         assertConserved();
     }
 }

@@ -211,7 +211,9 @@ contract FinalizeEpochTest is BaseTest {
         // 3 paid operator-epochs: 40% each operator, 20% pool, 20% + 20% shared.
         vm.assertEq(bsm.creditOf(ops[1]), PRICE * 40 / 100);
         vm.assertEq(bsm.creditOf(developer), 3 * PRICE * 20 / 100);
-        vm.assertEq(bsm.creditOf(treasury), 3 * PRICE * 20 / 100);
+        // The outside finalizer: 10% of the protocol's 20%, out of the protocol's share.
+        vm.assertEq(bsm.creditOf(reporter), 3 * PRICE * 20 / 100 / 10);
+        vm.assertEq(bsm.creditOf(treasury), 3 * PRICE * 20 / 100 - 3 * PRICE * 20 / 100 / 10);
         vm.assertEq(bsm.pendingRewards(ops[0], staker), PRICE * 20 / 100 / 2);
         vm.assertEq(bsm.pendingRewards(ops[0], ops[0]), PRICE * 20 / 100 / 2);
         vm.assertEq(bsm.pendingRewards(ops[1], ops[1]), PRICE * 20 / 100);
@@ -265,12 +267,12 @@ contract FinalizeEpochTest is BaseTest {
         vm.assertEq(bsm.creditOf(m[2]), 0);
         vm.assertEq(bsm.creditOf(m[3]), 0);
         vm.assertEq(bsm.creditOf(m[0]), PRICE * 40 / 100);
-        uint256 bounty = (fab + sync) * 1000 / 10000;
-        if (bounty > MAX_BOUNTY) bounty = MAX_BOUNTY;
+        // The outside finalizer: 10% of the protocol's 20% of the 2 paid operator-epochs.
+        uint256 bounty = 2 * PRICE * 20 / 100 * 1000 / 10000;
         vm.assertEq(bsm.creditOf(reporter), bounty);
         vm.assertEq(bsm.creditOf(caller), callerBefore, "the caller gains nothing from a slash");
-        // Treasury: the slashes less the bounty, plus its 20% of the 2 paid operator-epochs.
-        vm.assertEq(bsm.creditOf(treasury) - treasuryBefore, fab + sync - bounty + 2 * PRICE * 20 / 100);
+        // Treasury: the slashes, whole, and its 20% of the 2 paid operator-epochs less the bounty.
+        vm.assertEq(bsm.creditOf(treasury) - treasuryBefore, fab + sync + 2 * PRICE * 20 / 100 - bounty);
         // Slashed members leave at the boundary; the 2 honest ones are below minOperators (4),
         // so the job waits Open, unpaid, for joins.
         vm.assertEq(bsm.getMembers(job2).length, 2);
@@ -372,7 +374,7 @@ contract FinalizeEpochTest is BaseTest {
         submitAll(id, keccak256("x"));
         finalize(id);
         uint256 got = bsm.creditOf(o[0]) + bsm.creditOf(o[1]) + bsm.creditOf(treasury) + bsm.creditOf(developer)
-            + bsm.getPool(o[0]).rewardReserve + bsm.getPool(o[1]).rewardReserve;
+            + bsm.creditOf(reporter) + bsm.getPool(o[0]).rewardReserve + bsm.getPool(o[1]).rewardReserve;
         vm.assertEq(got, 2 * price, "split != price");
         assertConserved();
     }

@@ -96,7 +96,17 @@ abstract contract HooksBase is BaseTest {
         tangle.registerOperator(abi.encode(peerKeyOf(a), addrsOf(1), "cpu:2", uint256(0)));
     }
 
+    /// `args` signed by `key` for the job's current attempt, valid for an hour.
     function signed(uint256 key, uint8 job, bytes memory args) internal view returns (bytes memory) {
+        uint64 attempt = args.length >= 32 ? state(abi.decode(args, (uint256))).attempt : 0;
+        return signedFor(key, job, args, attempt, uint64(block.timestamp + 1 hours));
+    }
+
+    function signedFor(uint256 key, uint8 job, bytes memory args, uint64 attempt, uint64 deadline)
+        internal
+        view
+        returns (bytes memory)
+    {
         address a = vm.addr(key);
         bytes32 domain = keccak256(
             abi.encode(
@@ -109,14 +119,16 @@ abstract contract HooksBase is BaseTest {
         );
         bytes32 structHash = keccak256(
             abi.encode(
-                keccak256("OperatorCall(uint8 job,bytes args,uint256 nonce)"),
+                keccak256("OperatorCall(uint8 job,bytes args,uint256 nonce,uint64 attempt,uint64 deadline)"),
                 job,
                 keccak256(args),
-                bsm.operatorNonce(a)
+                bsm.operatorNonce(a),
+                attempt,
+                deadline
             )
         );
         (uint8 v, bytes32 r, bytes32 s) = vm.sign(key, keccak256(abi.encodePacked("\x19\x01", domain, structHash)));
-        return abi.encode(a, args, abi.encodePacked(r, s, v));
+        return abi.encode(a, args, attempt, deadline, abi.encodePacked(r, s, v));
     }
 
     /// Each of `voters` commits (h, p) by sending a result, then reveals once reveals are open.
@@ -306,9 +318,14 @@ contract HooksTest is HooksBase {
         uint256 jobId = createJob(spec(2, 2, 1));
         bytes memory args = abi.encode(jobId);
         // Signed by someone else.
-        (, bytes memory wrongArgs, bytes memory sig) = abi.decode(signed(keyOf(2), JOIN, args), (address, bytes, bytes));
+        (, bytes memory wrongArgs, uint64 at, uint64 until, bytes memory sig) =
+            abi.decode(signed(keyOf(2), JOIN, args), (address, bytes, uint64, uint64, bytes));
         vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, a, 0));
-        tangle.submitJob(JOIN, abi.encode(a, wrongArgs, sig));
+        tangle.submitJob(JOIN, abi.encode(a, wrongArgs, at, until, sig));
+        // Signed by the operator for another deadline than the one sent.
+        (,,,, sig) = abi.decode(signed(keyOf(1), JOIN, args), (address, bytes, uint64, uint64, bytes));
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, a, 0));
+        tangle.submitJob(JOIN, abi.encode(a, args, at, until + 1, sig));
     }
 }
 
@@ -325,9 +342,10 @@ contract HookActorSpoofingTest is HooksBase {
         tangle.submitJob(JOIN, abi.encode(victim, abi.encode(jobId)));
         // A signature by the attacker over the victim's name.
         bytes memory forged = signed(keyOf(2), JOIN, abi.encode(jobId));
-        (, bytes memory args, bytes memory sig) = abi.decode(forged, (address, bytes, bytes));
+        (, bytes memory args, uint64 at, uint64 until, bytes memory sig) =
+            abi.decode(forged, (address, bytes, uint64, uint64, bytes));
         vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, victim, 0));
-        tangle.submitJob(JOIN, abi.encode(victim, args, sig));
+        tangle.submitJob(JOIN, abi.encode(victim, args, at, until, sig));
         // A result sent by the attacker acts as the attacker, never as the victim.
         address attacker = op(2);
         vm.prank(attacker);
@@ -345,6 +363,72 @@ contract HookActorSpoofingTest is HooksBase {
         tangle.submitJob(JOIN, call_);
         vm.prank(a);
         bsm.leaveJob(jobId);
+        vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, a, 1));
+        tangle.submitJob(JOIN, call_);
+    }
+}
+
+/// Attack: an operator's signed JOIN reverted (the job was full), so its nonce stayed unused and
+/// anyone could relay the same signature later, when a seat was free: the operator held a seat
+/// it did not know of and was slashed as a dropout. A signed call now binds a deadline and the
+/// job's epoch attempt, and the operator can cancel its nonce.
+contract SignedCallReplayTest is HooksBase {
+    function _fullJob() internal returns (uint256 jobId, address[] memory ops, address late) {
+        ops = registerN(2);
+        late = op(3);
+        register(late, MIN_STAKE);
+        jobId = createJob(spec(2, 2, 2));
+        joinAll(jobId, ops); // running, attempt 1, full
+    }
+
+    function test_revert_SignedCallExpired() public {
+        (uint256 jobId, address[] memory ops, address late) = _fullJob();
+        bytes memory call_ = signed(keyOf(3), JOIN, abi.encode(jobId));
+        vm.expectRevert(abi.encodeWithSelector(I.JobFull.selector, jobId, 2, 2));
+        tangle.submitJob(JOIN, call_);
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId); // a seat frees at the boundary
+        submitAll(jobId, keccak256("c"));
+        finalize(jobId);
+        vm.warp(block.timestamp + 2 hours);
+        // Same attempt (the job waits Open for a member) and a free seat: only the deadline stops it.
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        (,,, uint64 deadline,) = abi.decode(call_, (address, bytes, uint64, uint64, bytes));
+        vm.expectRevert(abi.encodeWithSelector(I.SignedCallExpired.selector, late, deadline, block.timestamp));
+        tangle.submitJob(JOIN, call_);
+        vm.assertEq(uint8(bsm.getOperator(late).activeJobs), 0, "seated by a replay");
+    }
+
+    function test_revert_SignedCallStale() public {
+        (uint256 jobId, address[] memory ops, address late) = _fullJob();
+        uint64 attempt = state(jobId).attempt;
+        bytes memory call_ = signedFor(keyOf(3), JOIN, abi.encode(jobId), attempt, uint64(block.timestamp + 30 days));
+        vm.expectRevert(abi.encodeWithSelector(I.JobFull.selector, jobId, 2, 2));
+        tangle.submitJob(JOIN, call_);
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+        submitAll(jobId, keccak256("c"));
+        finalize(jobId); // the job waits Open for a member, still at this attempt
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        address other = op(4);
+        register(other, MIN_STAKE);
+        vm.prank(other);
+        bsm.joinJob(jobId); // attempt 2 starts
+        vm.expectRevert(abi.encodeWithSelector(I.SignedCallStale.selector, late, jobId, attempt, attempt + 1));
+        tangle.submitJob(JOIN, call_);
+        vm.assertEq(uint8(bsm.getOperator(late).activeJobs), 0, "seated by a replay");
+    }
+
+    function test_cancelSignedCalls_voidsTheSignature() public {
+        address a = op(1);
+        register(a, MIN_STAKE);
+        uint256 jobId = createJob(spec(2, 2, 1));
+        bytes memory call_ = signed(keyOf(1), JOIN, abi.encode(jobId));
+        vm.expectEmit();
+        emit I.SignedCallsCancelled(a, 0);
+        vm.prank(a);
+        bsm.cancelSignedCalls();
+        vm.assertEq(bsm.operatorNonce(a), 1);
         vm.expectRevert(abi.encodeWithSelector(I.InvalidOperatorSignature.selector, a, 1));
         tangle.submitJob(JOIN, call_);
     }

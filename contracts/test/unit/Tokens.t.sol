@@ -283,7 +283,9 @@ contract TokenSettlementTest is TokenBase {
             + bsm.pendingTokenRewards(address(usd), ops[0], ops[0])
             + bsm.pendingTokenRewards(address(usd), ops[1], ops[1]);
         vm.assertApproxEqAbs(pending, 2 * TPRICE * 2000 / 10_000, 2, "staker share");
-        vm.assertEq(credit(treasury), 2 * TPRICE * 2000 / 10_000);
+        uint256 bounty = 2 * TPRICE * 2000 / 10_000 * 1000 / 10_000; // to the outside finalizer
+        vm.assertEq(credit(reporter), bounty);
+        vm.assertEq(credit(treasury), 2 * TPRICE * 2000 / 10_000 - bounty);
         // No ether went anywhere.
         vm.assertEq(bsm.creditOf(developer), devBefore);
         vm.assertEq(bsm.creditOf(ops[0]), 0);
@@ -313,7 +315,7 @@ contract TokenSettlementTest is TokenBase {
         joinAll(jobId, ops);
         submitAll(jobId, keccak256("c"));
         finalize(jobId);
-        uint256 total = credit(treasury) + credit(developer);
+        uint256 total = credit(treasury) + credit(developer) + credit(reporter);
         for (uint256 i; i < n; ++i) {
             total += credit(ops[i]);
         }
@@ -324,7 +326,8 @@ contract TokenSettlementTest is TokenBase {
         assertTokenConserved(address(usd));
     }
 
-    /// Slashed stake is ether: it goes to the treasury (and the finalizer's bounty) in ether.
+    /// Slashed stake is ether: it goes to the treasury in ether, whole; the finalizer's bounty
+    /// is a share of the protocol's cut, in the job's token.
     function test_slashStaysInEther() public {
         (uint256 jobId, address[] memory ops) = runningTokenJob(3, 2);
         uint32[] memory p = fullParticipation(jobId);
@@ -332,10 +335,9 @@ contract TokenSettlementTest is TokenBase {
         submit(jobId, ops[1], keccak256("c"), p);
         finalize(jobId); // ops[2] silent: dropout
         uint256 slashed = 1 ether * 500 / 10_000;
-        uint256 bounty = slashed * 1000 / 10_000;
-        vm.assertEq(bsm.creditOf(reporter), bounty);
-        vm.assertEq(bsm.creditOf(treasury), slashed - bounty);
-        vm.assertEq(credit(reporter), 0);
+        vm.assertEq(bsm.creditOf(reporter), 0);
+        vm.assertEq(bsm.creditOf(treasury), slashed);
+        vm.assertEq(credit(reporter), 2 * (TPRICE * 2000 / 10_000) * 1000 / 10_000);
         vm.assertEq(credit(ops[2]), 0);
         vm.assertEq(credit(ops[0]), TPRICE * 4000 / 10_000);
         assertTokenConserved(address(usd));

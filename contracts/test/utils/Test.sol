@@ -41,6 +41,8 @@ interface Vm {
     function assertApproxEqAbs(uint256 left, uint256 right, uint256 maxDelta, string calldata err) external pure;
     function recordLogs() external;
     function getRecordedLogs() external returns (Log[] memory);
+    function snapshotState() external returns (uint256 snapshotId);
+    function revertToState(uint256 snapshotId) external returns (bool success);
 
     struct Gas {
         uint64 gasLimit;

@@ -4,12 +4,13 @@ contract's rules (`DistributedTrainingBSM._finalize`, `_pay`, `_payShared`).
 Per paid operator-epoch at price P: `operatorBps` of P to the operator, `stakerBps` to its
 stake pool (split by shares through a reward per share, rounded down as the contract does; to
 the treasury instead when the epoch was finalized more than a reward period after it began),
-`developerBps` to the developer and the rest to the treasury. Slashed stake goes to the
-treasury, less a finalizer's bounty: `reporterBountyBps` of what its call slashed, the
-attempt's bounties together at most `maxReporterBounty` (a hook finalize settles the members
-in batches, one call each), and nothing to the job's caller or anyone in the job (a member of
-the epoch or a pending joiner). When a quorum votes an epoch UNWORKABLE (`JobAborted`), nobody
-is slashed and each member that revealed UNWORKABLE in that attempt is credited
+`developerBps` to the developer and the rest to the treasury, less a finalizer's reward:
+`reporterBountyBps` of the treasury's cut of the operator-epochs its call paid, the epoch's
+calls together at most `maxReporterBounty` (a hook finalize settles the members in batches,
+one call each), and nothing to the job's caller, the treasury or anyone in the job (a member
+of the epoch or a pending joiner). Slashed stake goes to the treasury, all of it. When a
+quorum votes an epoch UNWORKABLE (`JobAborted`), nobody is slashed and each member that
+revealed UNWORKABLE in that attempt is credited
 `unworkableCompBps` of P, whole, from the escrow. When the job has ended, the escrow it did not
 earn or pay out goes back to the caller. Every stake of the roster was deposited while its
 operator was in no job, so all shares earn from the start. Pure functions over event data.
@@ -68,8 +69,11 @@ class Rules:
         """What each UNWORKABLE voter gets when its vote aborts the job."""
         return price * self.unworkable_comp_bps // BPS
 
-    def bounty(self, slashed: int) -> int:
-        return min(slashed * self.reporter_bounty_bps // BPS, self.max_reporter_bounty)
+    def bounty(self, price: int, paid: int, before: int = 0) -> int:
+        """An outside finalizer's reward for a call that paid `paid` operator-epochs at `price`
+        (`before`: what the epoch's earlier calls earned)."""
+        cap = self.max_reporter_bounty - min(self.max_reporter_bounty, before)
+        return min(self.cuts(price)[3] * paid * self.reporter_bounty_bps // BPS, cap)
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class EpochRecord:
     joining: list[str] = field(default_factory=list)  # pending joiners while it ran
     stakers_late: bool = False  # finalized over a reward period after it began
     compensated: list[str] = field(default_factory=list)  # UNWORKABLE voters of an abort
+    # (finalizer, operator-epochs its call paid) of each finalize call that rewarded one
+    finalizers: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,19 @@ def _unworkable_voters(mine: Sequence[Event]) -> list[str]:
     ]
 
 
+def _finalizers(mine: Sequence[Event]) -> list[tuple[str, int]]:
+    """The finalize calls of the epoch that rewarded their sender (`FinalizerPaid`), each with
+    the operator-epochs it paid."""
+    return [
+        (
+            x.args["finalizer"],
+            sum(1 for y in mine if y.name == "OperatorPaid" and y.tx_hash == x.tx_hash),
+        )
+        for x in mine
+        if x.name == "FinalizerPaid"
+    ]
+
+
 def _slashed(mine: Sequence[Event]) -> list[Slash]:
     """The epoch's slashes, each with its finalize call and attempt (events in block order)."""
     out, attempt = [], 0
@@ -192,30 +211,33 @@ def epoch_records(
                 joining=joining,
                 stakers_late=_late(mine, block_time or {}, reward_period),
                 compensated=_unworkable_voters(mine),
+                finalizers=_finalizers(mine),
             )
         )
     return out
 
 
-def _slashes(ep: EpochRecord, roster: Roster, rules: Rules, expected: dict[str, int]) -> None:
-    """Each finalize call of the epoch: the bounty to an outside finalizer (capped per attempt,
-    as `_finalize` does), the rest to the treasury."""
-    calls: dict[tuple[int, str], list[Slash]] = {}
-    for s in ep.slashed:
-        calls.setdefault((s.attempt, s.tx), []).append(s)
+def _slashes(ep: EpochRecord, roster: Roster, expected: dict[str, int]) -> None:
+    """Slashed stake: to the treasury, all of it."""
+    expected[roster.treasury] += sum(s.amount for s in ep.slashed)
+
+
+def _finalizer_rewards(
+    ep: EpochRecord, roster: Roster, rules: Rules, price: int, expected: dict[str, int]
+) -> None:
+    """Each rewarded finalize call: its share of the treasury's cut, capped per epoch, moves
+    from the treasury to its sender, unless the sender is the caller or in the job."""
     # Everyone paid or slashed in the epoch was a member of it, whatever was observed.
-    in_job = {roster.caller, *ep.members, *ep.joining, *ep.paid, *(s.address for s in ep.slashed)}
-    so_far: dict[int, tuple[int, int]] = {}  # attempt: (slashed, bounty) of its earlier calls
-    for (attempt, _), group in calls.items():
-        reporter, total = group[0].reporter, sum(s.amount for s in group)
-        before, paid = so_far.get(attempt, (0, 0))
-        bounty = 0
-        if reporter not in in_job:
-            due = rules.bounty(before + total)
-            bounty = min(due - min(due, paid), total * rules.reporter_bounty_bps // BPS)
-        so_far[attempt] = (before + total, paid + bounty)
-        expected[reporter] = expected.get(reporter, 0) + bounty
-        expected[roster.treasury] += total - bounty
+    in_job = {roster.caller, roster.treasury, *ep.members, *ep.joining, *ep.paid}
+    in_job |= {s.address for s in ep.slashed}
+    so_far = 0
+    for who, paid in ep.finalizers:
+        if who in in_job:
+            continue
+        reward = rules.bounty(price, paid, so_far)
+        so_far += reward
+        expected[who] = expected.get(who, 0) + reward
+        expected[roster.treasury] -= reward
 
 
 def expected_credits(
@@ -228,14 +250,15 @@ def expected_credits(
 ) -> dict[str, int]:
     """What every account should have been credited. `refund_escrow` is the job's escrow once
     it has ended (what was not paid out goes back to the caller), 0 while it runs. `part`
-    "pay" counts only what the escrow pays (the 40/20/20/20 cuts, compensation, the refund),
-    "slash" only what slashed stake pays (bounties, the treasury's rest): a job escrowed in a
-    token pays the first in the token and the second in ether, as stake is ether."""
+    "pay" counts only what the escrow pays (the 40/20/20/20 cuts, the finalizers' rewards,
+    compensation, the refund), "slash" only what slashed stake pays (the treasury's): a job
+    escrowed in a token pays the first in the token and the second in ether, as stake is
+    ether."""
     rules = rules or Rules()
     expected = dict.fromkeys(roster.names(), 0)
     if part == "slash":
         for ep in epochs:
-            _slashes(ep, roster, rules, expected)
+            _slashes(ep, roster, expected)
         return expected
     shares = {o: {o: roster.self_stake} for o in roster.operators}
     for staker, (op, amount) in roster.delegations.items():
@@ -256,8 +279,9 @@ def expected_credits(
                 reward_per_share[op] += pool_cut * ETH // sum(shares[op].values())
             expected[roster.treasury] += treasury_cut
             expected[roster.developer] += dev_cut
+        _finalizer_rewards(ep, roster, rules, price, expected)
         if part == "all":
-            _slashes(ep, roster, rules, expected)
+            _slashes(ep, roster, expected)
     for op, holders in shares.items():
         for who, sh in holders.items():
             expected[who] += sh * reward_per_share[op] // ETH
