@@ -14,7 +14,8 @@ ever excluded (false exclusions, over every run), and the time the rule adds per
 Writes DIR/robust.json and DIR/robust.md; DIR is docs/bench (full) or docs/bench/quick
 (--quick) unless --out is given. With --coalitions: f = 1 .. (n - 1) // 2 colluding members
 for n in 4, 5, 7, 8, 10 (the last f), every one sending the same kind of attack packet
-(COALITION_ATTACKS; push: all of them one direction), into DIR/coalitions.json and .md.
+(COALITION_ATTACKS; push: all of them one direction; /alt: every other round), into
+DIR/coalitions.json and .md.
 """
 
 from __future__ import annotations
@@ -45,7 +46,17 @@ from harness.bench_model import GPT, GPTConfig
 
 ATTACKS = ("poison", "scale=100", "noise", "signflip", "stale", "copy")
 GROSS = ("poison", "scale=100", "noise")  # must be excluded in every round
-COALITION_ATTACKS = ("flip=4", "push=4", "signflip", "stale")
+# "/alt": the coalition attacks every other round and sends honest packets in between
+COALITION_ATTACKS = (
+    "flip=4",
+    "flip=16",
+    "push=4",
+    "push=16",
+    "push=4/alt",
+    "signflip",
+    "noise",
+    "stale",
+)
 COALITION_SIZES = (4, 5, 7, 8, 10)
 
 
@@ -125,7 +136,9 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int 
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
     bad = tuple(range(n - f, n))
-    atk = Coalition(Attack.parse(attack), bad) if attack not in (None, "absent") else None
+    alternate = attack is not None and attack.endswith("/alt")
+    kind = attack.removesuffix("/alt") if attack else attack
+    atk = Coalition(Attack.parse(kind), bad) if kind not in (None, "absent") else None
     rec = dict(excluded_rounds=0, rounds=0, false_exclusions=0, reasons={}, screen_s=[], agg_s=[])
     rec["attacker_exclusions"] = 0
     for t in range(1, setup.steps + 1):
@@ -135,7 +148,8 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int 
         if t % setup.K:
             continue
         pk = [(o.sender, o.prepare()) for o in opts]
-        pk = atk.packets(pk, opts[0].spec) if atk else pk
+        if atk and not (alternate and rec["rounds"] % 2 == 0):
+            pk = atk.packets(pk, opts[0].spec)
         pk = pk[:-1] if attack == "absent" else pk
         # every honest node computes the same aggregate: compute it once, apply it everywhere
         st = opts[0].apply(pk)

@@ -11,6 +11,9 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     uint256 internal constant _MAX_SLASH_BPS = 5_000;
     uint256 internal constant _BPS = 10_000;
     uint256 internal constant _ACC = 1e18;
+    /// Token reward rates are kept at this scale: a reward of one unit of a 2-decimal token
+    /// over a pool of 1e9 ether of shares still moves the rate (`_ACC` would round it to 0).
+    uint256 internal constant _TOKEN_ACC = 1e36;
     /// The reserved vote for an epoch that cannot be done ("UNWORKABLE", left aligned).
     bytes32 internal constant _UNWORKABLE = "UNWORKABLE";
     /// Actions the hooks extension runs through `hookAction`: the Tangle job ids of
@@ -231,7 +234,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         uint256 rewardReserve;
     }
 
-    /// A stake pool's reward accumulator in one token (same scale as `Pool.rewardPerShare`).
+    /// A stake pool's reward accumulator in one token (scale `_TOKEN_ACC`).
     struct TokenPool {
         uint256 rewardPerShare;
         uint256 rewardReserve;

@@ -87,13 +87,13 @@ abstract contract BSMTokenPayments is BSMStorage, IDistributedTrainingBSMTokens,
         Pool storage p = _pools[operator];
         uint256 rps = _tokenPools[operator][i].rewardPerShare;
         uint256 fresh = pos.freshShares;
-        earned = (pos.shares - fresh) * (rps - _tokenRpsPaid[operator][account][i]) / _ACC;
+        earned = (pos.shares - fresh) * (rps - _tokenRpsPaid[operator][account][i]) / _TOKEN_ACC;
         uint64 fp = pos.freshPeriod;
         if (fresh > 0 && fp <= _period()) {
             // Matured: earns from the rate recorded when its slot rolled (now, if not yet).
             bool rolled = !(p.periodA == fp && p.freshA > 0) && !(p.periodB == fp && p.freshB > 0);
             uint256 recorded = _maturedTokenRps[operator][i][fp]; // plus one; 0: never recorded
-            earned += fresh * (rps - (rolled ? (recorded == 0 ? 0 : recorded - 1) : rps)) / _ACC;
+            earned += fresh * (rps - (rolled ? (recorded == 0 ? 0 : recorded - 1) : rps)) / _TOKEN_ACC;
         }
     }
 

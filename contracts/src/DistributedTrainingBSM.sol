@@ -485,10 +485,10 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         TokenPool storage tp = _tokenPools[operator][i];
         uint256 rps = tp.rewardPerShare;
         uint256 paid = _tokenRpsPaid[operator][account][i];
-        uint256 earned = mature * (rps - paid) / _ACC;
+        uint256 earned = mature * (rps - paid) / _TOKEN_ACC;
         if (matured > 0) {
             uint256 recorded = _maturedTokenRps[operator][i][fp];
-            earned += matured * (rps - (recorded == 0 ? 0 : recorded - 1)) / _ACC;
+            earned += matured * (rps - (recorded == 0 ? 0 : recorded - 1)) / _TOKEN_ACC;
         }
         if (paid != rps) _tokenRpsPaid[operator][account][i] = rps;
         if (earned == 0) return;
@@ -837,7 +837,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
             // The pool's accumulator in this token; its bit lets claims find it.
             uint256 i = _tokenInfo[token].slot - 1;
             TokenPool storage tp = _tokenPools[op][i];
-            tp.rewardPerShare += stakerCut * _ACC / earning;
+            tp.rewardPerShare += stakerCut * _TOKEN_ACC / earning;
             tp.rewardReserve += stakerCut;
             _tokenTotals[token].rewardReserve += stakerCut;
             _poolTokenMask[op] |= 1 << i;

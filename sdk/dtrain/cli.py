@@ -284,7 +284,7 @@ def chain_up(ctx: Ctx, accounts: int, balance: int, port: int) -> None:
     type=AMOUNT,
     default="0.01ether",
     show_default=True,
-    help="Cap on a finalizer's reward from one epoch's slashes (the rest goes to the treasury).",
+    help="Cap on an outside finalizer's reward for one epoch (a share of the protocol's fee).",
 )
 @click.option(
     "--unworkable-comp-bps",

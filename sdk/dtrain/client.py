@@ -523,6 +523,11 @@ class BSM:
         f = self.contract.functions.reportEquivocation(job_id, bytes(first), bytes(second))
         return self._transact(f)
 
+    def cancel_signed_calls(self) -> Receipt:
+        """Voids every EIP-712 `OperatorCall` the sender signed and nobody sent yet (its nonce
+        `operator_nonce` moves on)."""
+        return self._transact(self.contract.functions.cancelSignedCalls())
+
     # ------------------------------------------------------------------ reads
 
     def equivocators(self, job_id: int) -> list[str]:

@@ -100,7 +100,8 @@ def test_equivocator_is_excluded_everywhere_with_a_proof(cluster: Any, n: int) -
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    ("n", "attack"), [(4, "late_to_some"), (7, "late_to_some"), (4, "withhold")]
+    ("n", "attack"),
+    [(4, "late_to_some"), (7, "late_to_some"), (4, "withhold"), (7, "withhold")],
 )
 def test_selective_or_withheld_reveal_ends_in_one_transcript(
     cluster: Any, n: int, attack: str

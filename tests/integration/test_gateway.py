@@ -176,7 +176,10 @@ def test_a_job_bought_over_x402_is_the_payers_escrowed_in_the_token_and_pays_the
     paid = 2 * PRICE  # per operator
     credit = shop.bsm.token_credit_of
     assert credit(shop.usd.address, accounts[DEVELOPER].address) == 3 * paid * 20 // 100
-    assert credit(shop.usd.address, accounts[TREASURY].address) == 3 * paid * 20 // 100
+    # shop.bsm (the deployer, outside the job) finalized: 10% of the protocol's fee, in the token
+    bounty = 3 * paid * 20 // 100 // 10
+    assert credit(shop.usd.address, shop.bsm.sender) == bounty
+    assert credit(shop.usd.address, accounts[TREASURY].address) == 3 * paid * 20 // 100 - bounty
     assert credit(shop.usd.address, ops[0].sender) == paid * 40 // 100
     assert shop.bsm.token_accounting(shop.usd.address).escrow == 0  # all of it earned
     for who in (accounts[DEVELOPER], accounts[OPS[0]]):

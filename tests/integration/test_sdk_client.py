@@ -204,13 +204,16 @@ def test_full_lifecycle_exact_split(bsm: BSM, as_account, accounts, votes) -> No
 
     paid = 2 * price  # two epochs for each operator
     pool = paid * 20 // 100
+    # the deployer finalized both epochs from outside the job: 10% of the protocol's 20%
+    bounty = 3 * paid * 20 // 100 // 10
     expected = {
+        accounts[0].address: bounty,
         ops[0].sender: paid * 40 // 100 + pool // 4,
         ops[1].sender: paid * 40 // 100 + pool // 2,
         ops[2].sender: paid * 40 // 100 + pool,
         s1.sender: pool * 3 // 4,
         s2.sender: pool // 2,
-        accounts[10].address: 3 * paid * 20 // 100,  # treasury
+        accounts[10].address: 3 * paid * 20 // 100 - bounty,  # treasury
         accounts[11].address: 3 * paid * 20 // 100,  # developer
         caller.sender: 0,  # all 3 slots paid in both epochs: nothing to refund
     }
@@ -426,6 +429,9 @@ def test_epoch_bounds_and_slash_to_treasury(bsm: BSM, as_account, accounts, vote
     assert bsm.max_epoch_duration() == p.unbonding_period // 4 - p.start_grace - p.reveal_window
     assert bsm.reward_period() == p.unbonding_period // 2
     assert bsm.operator_nonce(accounts[1].address) == 0
+    rc = as_account(1).cancel_signed_calls()
+    assert [(e.name, e.args["nonce"]) for e in rc.events] == [("SignedCallsCancelled", 0)]
+    assert bsm.operator_nonce(accounts[1].address) == 1
     caller = as_account(4)
     with pytest.raises(errors.InvalidEpochDuration, match=r"epoch duration 1s outside 60s\.\."):
         caller.create_job(spec(epoch_duration=1))

@@ -4,7 +4,7 @@ pragma solidity ^0.8.28;
 import {BaseTest} from "../Base.t.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {TestUSD} from "../../src/devnet/TestUSD.sol";
-import {MintableToken, FeeOnTransferToken, LyingToken, ReentrantToken} from "../utils/BadTokens.sol";
+import {DecimalsToken, MintableToken, FeeOnTransferToken, LyingToken, ReentrantToken} from "../utils/BadTokens.sol";
 import {HooksBase} from "./Hooks.t.sol";
 
 interface IERC20Errors {
@@ -621,3 +621,49 @@ contract HookGasCapTokenTest is HooksBase {
         vm.stopPrank();
     }
 }
+
+/// A stake pool's rewards in a token were kept at the ether scale (1e18 per share): in a
+/// 2-decimal token a pool of 100 ether of shares earning 20 units an epoch moved the rate by
+/// 0.2, rounded to 0, and every unit stayed in the reserve forever. Token rates now keep 1e36.
+contract TokenRewardPrecisionTest is TokenBase {
+    function _stakerRewards(uint8 decimals, uint256 price) internal returns (uint256 toStaker, uint256 toOperator) {
+        DecimalsToken token = new DecimalsToken(decimals);
+        allow(address(token));
+        address[] memory ops = registerN(2);
+        vm.deal(staker, 99 ether);
+        vm.prank(staker);
+        bsm.delegate{value: 99 ether}(ops[0]); // ops[0]'s pool: 100 ether of shares, 99% the staker's
+        I.JobSpec memory s = spec(2, 2, 5);
+        s.pricePerOperatorEpoch = price;
+        token.mint(gateway, escrowOf(s));
+        vm.startPrank(gateway);
+        token.approve(address(bsm), escrowOf(s));
+        uint256 jobId = bsm.createJobWithToken(s, address(token), owner);
+        vm.stopPrank();
+        joinAll(jobId, ops);
+        for (uint256 e; e < 5; ++e) {
+            submitAll(jobId, keccak256(abi.encode(e)));
+            finalize(jobId);
+        }
+        toStaker = bsm.pendingTokenRewards(address(token), ops[0], staker);
+        toOperator = bsm.pendingTokenRewards(address(token), ops[0], ops[0]);
+        vm.prank(staker);
+        bsm.claimRewards(ops[0]);
+        vm.assertEq(bsm.tokenCreditOf(address(token), staker), toStaker, "claimed != pending");
+        assertTokenConserved(address(token));
+    }
+
+    function test_twoDecimalTokenRewardsReachTheStakers() public {
+        // 1.00 a seat-epoch: the pool's 20% is 20 units an epoch, 100 over the job.
+        (uint256 toStaker, uint256 toOperator) = _stakerRewards(2, 100);
+        vm.assertEq(toStaker, 99, "the staker's 99%");
+        vm.assertEq(toOperator, 1, "the operator's 1%");
+    }
+
+    function test_eighteenDecimalTokenRewardsReachTheStakers() public {
+        (uint256 toStaker, uint256 toOperator) = _stakerRewards(18, 1e18);
+        vm.assertEq(toStaker, 99e16, "the staker's 99%");
+        vm.assertEq(toOperator, 1e16, "the operator's 1%");
+    }
+}
+

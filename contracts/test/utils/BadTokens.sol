@@ -16,6 +16,23 @@ contract MintableToken is ERC20 {
     }
 }
 
+/// A mintable token with any number of decimals.
+contract DecimalsToken is ERC20 {
+    uint8 private immutable _DECIMALS;
+
+    constructor(uint8 decimals_) ERC20("DEC", "DEC") {
+        _DECIMALS = decimals_;
+    }
+
+    function decimals() public view override returns (uint8) {
+        return _DECIMALS;
+    }
+
+    function mint(address to, uint256 amount) external {
+        _mint(to, amount);
+    }
+}
+
 /// Burns 1% of every transfer: the recipient receives less than `amount`.
 contract FeeOnTransferToken is MintableToken("FEE") {
     function _update(address from, address to, uint256 amount) internal override {
