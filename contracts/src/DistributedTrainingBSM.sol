@@ -705,7 +705,8 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     /// Settles members `[cursor, cursor + maxMembers)` of the epoch; the call that settles the
-    /// last one also ends the epoch. A hook settles in pieces to stay under the core's gas cap.
+    /// last one also ends the epoch. A hook settles in pieces to stay under the core's gas cap,
+    /// and ends the epoch in one more call.
     function _finalize(uint256 jobId, uint256 epoch, address reporter, uint256 maxMembers) internal {
         JobState storage j = _running(jobId, epoch);
         JobSpec storage spec = _specs[jobId];
@@ -743,7 +744,8 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         // Slashed stake goes to the treasury, all of it: nobody earns from a slash.
         if (c.slashed > 0) _credit(_params.treasury, c.slashed);
         c.paid += g.paid;
-        if (to < members.length) {
+        // Through the hooks, the epoch's end (roster and next attempt) is a call of its own.
+        if (to < members.length || (maxMembers == _HOOK_SETTLE_BATCH && to > g.cursor)) {
             (g.cursor, g.paid) = (uint8(to), uint8(c.paid));
             _progress[jobId] = g;
             emit EpochSettling(jobId, epoch, to, members.length);

@@ -567,8 +567,6 @@ contract ClaimRewardsTokensTest is TokenBase {
 /// A token job finalized through the hooks stays under the core's gas cap per call, in the
 /// worst case measured: every member's pool earned in four tokens and rolls a fresh slot.
 contract HookGasCapTokenTest is HooksBase {
-    event log_named_uint(string key, uint256 val);
-
     function test_hookGasCap_tokenJobFourTokensRolling() public {
         address[] memory ops = registerN(32);
         for (uint256 i; i < 32; ++i) {
