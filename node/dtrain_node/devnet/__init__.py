@@ -7,10 +7,10 @@ epoch boundary, makes one operator fabricate its checkpoint, one go offline mid-
 poison its packets in the last epoch (excluded by the others' robust aggregation, slashed for
 sync failure), then prints and writes (demo-result.json) per epoch the members, the quorum
 hash, who was paid and who was slashed and why, every account's credit against the
-contract's rules (40/20/20/20 split; slashed stake to the treasury, a capped bounty only to a
-finalizer outside the job), the
-held-out loss before and after, the upload bytes per sync against a dense all-reduce, and the
-final checkpoint with its on-chain hash. Exits non-zero when any check fails.
+contract's rules (40/20/20/20 split; slashed stake to the treasury, all of it; a capped share
+of the protocol's fee only to a finalizer outside the job), the held-out loss before and after,
+the upload bytes per sync against a dense all-reduce, and the final checkpoint with its on-chain
+hash. Exits non-zero when any check fails.
 
 | module | what |
 |---|---|
