@@ -69,12 +69,14 @@ def test_token_job_trains_and_splits_40_20_20_20(bsm: BSM, as_account, accounts,
 
     paid = 2 * price  # two epochs per operator
     pool = paid * 20 // 100
+    bounty = 3 * paid * 20 // 100 // 10  # the deployer finalized from outside the job
     expected = {
+        bsm.sender: bounty,
         ops[0].sender: paid * 40 // 100 + pool // 4,
         ops[1].sender: paid * 40 // 100 + pool,
         ops[2].sender: paid * 40 // 100 + pool,
         staker.sender: pool * 3 // 4,
-        accounts[TREASURY].address: 3 * paid * 20 // 100,
+        accounts[TREASURY].address: 3 * paid * 20 // 100 - bounty,
         accounts[DEVELOPER].address: 3 * paid * 20 // 100,
     }
     ether_credit = {who: bsm.credit_of(who) for who in expected}
