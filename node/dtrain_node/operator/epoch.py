@@ -15,6 +15,7 @@ packet and the packets collected in the previous round).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -183,7 +184,8 @@ class EpochTrainer:
         idx = shard.assign(backend.n_items(), job.id, st.epoch, self.members, env.me)
         tj = self.train_job  # batch size and seed offset: the recipe's, else the node's
         seed = job.id * 1000 + st.attempt + tj.seed_offset
-        self.batches = backend.batches(idx, tj.batch_size, seed=seed)
+        batches = backend.batches(idx, tj.batch_size, seed=seed)
+        self.batches = from_round(batches, self.first, job.spec.sync_interval)
         before = backend.evaluate()
         env.metric(
             "epoch_start",
@@ -324,6 +326,13 @@ class EpochTrainer:
             **after,
         )
         return digest, vote
+
+
+def from_round(batches: Iterator[Any], first: int, k: int) -> Iterator[Any]:
+    """The epoch's batch stream from round `first` on (K batches a round): a node resumed at
+    round r trains on the batches it would have reached without stopping, so each round's
+    batches are a function of the shard, the seed and the round (optim/reproduce.py)."""
+    return itertools.islice(batches, first * k, None)
 
 
 def _digests(packets: Sequence[tuple[str, bytes]]) -> list[tuple[str, str]]:
