@@ -46,6 +46,8 @@ contract Handler is Test {
     uint256 public ghostTokenOut;
     uint256 public ghostTokenJobs;
     uint256 public ghostTokenPaidEpochs;
+    uint256 public ghostHookSettlements; // epochs settled through the core's FINALIZE hook, in pieces
+    uint256 public ghostQueuedJoins; // joins while an epoch ran, seated at its boundary
 
     /// What each member committed to, revealed later.
     struct Hidden {
@@ -292,9 +294,10 @@ contract Handler is Test {
     /// (`fail`) disagree until the job fails and the caller is refunded.
     function wholeJob(uint256 n, uint256 epochs, bool fail, uint256 r) external {
         n = bound(n, 2, 3);
-        _ensureOperators(n);
+        _ensureOperators(n + 1);
         uint256 price = 0.01 ether;
-        this.createJob(n, n, epochs, price | (r & (23 << 128)));
+        bool late = (r >> 30) & 1 == 1; // a seat left for an operator joining mid-epoch
+        this.createJob(n, late ? n + 1 : n, epochs, price | (r & (23 << 128)));
         uint256 id = jobs[jobs.length - 1];
         for (uint256 i; i < n; ++i) {
             (, I.JobState memory st0) = bsm.getJob(id);
@@ -310,9 +313,17 @@ contract Handler is Test {
             if ((r >> 25) & 3 == 3) mode |= uint256(1) << 25;
             // An eighth of them have member 1 commit and never reveal in epoch k == 0.
             if (k == 0 && (r >> 27) & 7 == 7) mode |= uint256(1) << 21;
+            if (k == 0 && late) _queueJoin(id, operators[n]);
             this.submit(id, mode, true);
             this.finalize(id, r + k, true);
         }
+    }
+
+    /// `a` joins while the epoch runs: a pending join, seated at the boundary.
+    function _queueJoin(uint256 id, address a) internal {
+        uint256 before = bsm.getPendingJoins(id).length;
+        try this.joinAs(a, id) {} catch {}
+        if (bsm.getPendingJoins(id).length > before) ++ghostQueuedJoins;
     }
 
     function joinAs(address a, uint256 id) external {
@@ -498,14 +509,18 @@ contract Handler is Test {
         if (revealed < bsm.getMembers(id).length && block.timestamp <= bsm.revealDeadline(id)) {
             vm.warp(bsm.revealDeadline(id) + 1);
         }
-        // The finalizer earns slash bounties, so it is never the developer (checked below).
-        // It may be the job's caller, a member, a staker or an outsider.
-        address reporter = actors[r % 9];
-        Who memory w = _who(id, reporter);
+        // The finalizer may earn a share of the fee, so it is never the developer (checked
+        // below). It may be the job's caller, a member, a staker or an outsider; a quarter of
+        // the epochs are settled by the core's FINALIZE hook in pieces (as the treasury).
+        Who memory w = _who(id, (r >> 40) & 3 == 3 ? treasury : actors[r % 9]);
         Books memory b0 = _books(w.token);
         vm.recordLogs();
-        vm.prank(reporter);
-        bsm.finalizeEpoch(id, st.epoch);
+        if ((r >> 40) & 3 == 3) {
+            _hookFinalize(id, st.epoch, st.attempt);
+        } else {
+            vm.prank(w.reporter);
+            bsm.finalizeEpoch(id, st.epoch);
+        }
         Vm.Log[] memory logs = vm.getRecordedLogs();
         (uint256 paid, uint256 slashed, uint256 comp) = _settledFromLogs(logs);
         Books memory b1 = _books(w.token);
@@ -529,6 +544,20 @@ contract Handler is Test {
         }
         if (st.status == I.JobStatus.Completed) ++ghostCompletedJobs;
         if (st.status == I.JobStatus.Failed && refund > 0) ++ghostFailedRefunds;
+    }
+
+    /// The core calls FINALIZE until the epoch's attempt is settled (a few members a call).
+    function _hookFinalize(uint256 id, uint256 epoch, uint64 attempt) internal {
+        for (uint256 calls_; calls_ < 2 * 32; ++calls_) {
+            vm.prank(core);
+            bsm.onJobCall(0, 5, 0, abi.encode(id, epoch));
+            (, I.JobState memory st) = bsm.getJob(id);
+            if (st.status != I.JobStatus.Running || st.epoch != epoch || st.attempt != attempt) {
+                ++ghostHookSettlements;
+                return;
+            }
+        }
+        ++ghostSettlementViolations; // never settled
     }
 
     /// Everything that left escrow and stake arrived as credits or pool rewards, each in its

@@ -109,12 +109,30 @@ contract ReachTest is BaseTest {
         _add("withheld reveals", handler.ghostWithheldReveals());
         _add("token jobs", handler.ghostTokenJobs());
         _add("token paid operator-epochs", handler.ghostTokenPaidEpochs());
+        _add("hook settlements in pieces", handler.ghostHookSettlements());
+        _add("queued joins", handler.ghostQueuedJoins());
+        // After the campaign's last run every path must have been reached at least once.
+        if (_total("runs") == vm.envOr("FOUNDRY_INVARIANT_RUNS", uint256(256))) {
+            for (uint256 i; i < _keys.length; ++i) {
+                vm.assertGe(_total(_keys[i]), 1, string.concat("never reached: ", _keys[i]));
+            }
+        }
+    }
+
+    string[] internal _keys;
+
+    function _env(string memory key) internal pure returns (string memory) {
+        return string.concat("DTRAIN_REACH_", vm_toString(uint256(keccak256(bytes(key)))));
+    }
+
+    function _total(string memory key) internal view returns (uint256) {
+        return vm.envOr(_env(key), uint256(0));
     }
 
     function _add(string memory key, uint256 n) internal {
-        string memory env = string.concat("DTRAIN_REACH_", vm.toString(uint256(keccak256(bytes(key)))));
-        uint256 total = vm.envOr(env, uint256(0)) + n;
-        vm.setEnv(env, vm.toString(total));
+        uint256 total = _total(key) + n;
+        vm.setEnv(_env(key), vm.toString(total));
+        _keys.push(key);
         emit log_named_uint(string.concat("reach: ", key), total);
     }
 
