@@ -68,7 +68,8 @@ contract DistributedTrainingBSMHooks is BSMStorage {
     /// started), and once the operator used or cancelled the nonce: a signed call that reverted
     /// cannot be replayed later into a seat the operator does not know it holds.
     /// FINALIZE: `inputs` = `abi.encode(uint256 jobId, uint256 epoch)`; settles the next
-    /// `HOOK_SETTLE_BATCH` members (call again until `EpochFinalized`); bounties go to the treasury.
+    /// `HOOK_SETTLE_BATCH` members, then ends the epoch in one more call (call again until
+    /// `EpochFinalized`); it earns no finalizer reward (the core's call settles as the treasury).
     function onJobCall(uint64, uint8 job, uint64, bytes calldata inputs) external payable onlyCore {
         if (job == _FINALIZE) {
             _act(_FINALIZE, _params.treasury, inputs);
