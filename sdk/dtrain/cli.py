@@ -19,6 +19,7 @@ import time
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
+from decimal import Decimal, InvalidOperation
 from enum import Enum
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -711,6 +712,9 @@ def job_submit(
     bought from a gateway, its escrow paid in the gateway's token over x402 (--price is then in
     that token).
     """
+    _check_cheap_arguments(price, token or x402_url, seat_bond, epochs, steps, sync_interval, topk)
+    if x402_url is not None and (serve or token):
+        raise click.UsageError("--x402 goes with neither --serve nor --token")
     price_units = 0 if token or x402_url else _price(price, None)
     recipe = Recipe.from_toml(recipe_path) if recipe_path else None
     recipe_pin = recipe.hash() if recipe else ZERO_HASH
@@ -731,8 +735,6 @@ def job_submit(
         server, model_uri, dataset_uri, recipe_path = _start_serving(
             model_uri, dataset_uri, recipe_path or "", serve_port
         )
-    if x402_url is not None and (serve or token):
-        raise click.UsageError("--x402 goes with neither --serve nor --token")
     bsm = ctx.bsm() if x402_url is None else None
     terms = _gateway_terms(x402_url) if x402_url is not None else None
     if bsm is not None and token:
@@ -790,6 +792,46 @@ def job_submit(
     )
     if server is not None:
         _serve_until_ended(ctx, server, bsm, job_id)
+
+
+def _check_cheap_arguments(
+    price: str,
+    in_tokens: str | None,
+    seat_bond: int | None,
+    epochs: int,
+    steps: int,
+    sync_interval: int,
+    topk: int | None,
+) -> None:
+    """`job submit`'s checks that need neither the chain, the dataset nor the model: run first,
+    so a zero price is refused at once (not after a model check of many seconds), in one line
+    naming the option."""
+    if in_tokens:  # whole tokens: the token's decimals are read later, the sign is known now
+        try:
+            positive = Decimal(price.strip()) > 0
+        except InvalidOperation:
+            positive = True  # not a number: `_price` says so once the token is known
+    else:
+        positive = _price(price, None) > 0
+    if not positive:
+        raise ConfigError(
+            f"--price {price} is not above zero: each member is paid it per epoch (e.g. "
+            "--price 0.01ether, or with --token/--x402 whole tokens such as --price 2.5)"
+        )
+    if seat_bond is not None and seat_bond <= 0:
+        raise ConfigError(
+            "--seat-bond must be above zero (leave it out for the deployment's minimum)"
+        )
+    for flag, value in (("--epochs", epochs), ("--steps", steps), ("--sync", sync_interval)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    if sync_interval > steps:
+        raise ConfigError(
+            f"--sync {sync_interval} is above --steps {steps}: an epoch must hold at least one "
+            "sync (--sync at most --steps)"
+        )
+    if topk is not None and topk < 1:
+        raise ConfigError(f"--topk must be at least 1, got {topk}")
 
 
 def _gateway_terms(url: str) -> dict[str, Any]:

@@ -743,3 +743,36 @@ def test_submit_pins_the_measured_topk_for_the_member_count(
     )  # fmt: skip
     assert code == 0, err
     assert bsm.job(int(out.split()[1])).spec.topk_per_chunk == topk
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        (["--price", "0"], "--price"),
+        (["--price", "0ether"], "--price"),
+        (["--price", "0", "--token", "0x" + "00" * 20], "--price"),
+        (["--price", "0.0", "--x402", "http://127.0.0.1:9"], "--price"),
+        (["--price", "1gwei", "--seat-bond", "0"], "--seat-bond"),
+        (["--price", "1gwei", "--epochs", "0"], "--epochs"),
+        (["--price", "1gwei", "--steps", "0"], "--steps"),
+        (["--price", "1gwei", "--steps", "10", "--sync", "20"], "--sync"),
+        (["--price", "1gwei", "--topk", "0"], "--topk"),
+    ],
+)
+def test_submit_refuses_cheap_problems_before_the_model_check(
+    run, bsm, accounts, data, extra, option
+) -> None:
+    """A zero price (or seat bond, epochs, steps...) is refused at once, in one line naming the
+    option: before the dataset is read or the model is loaded (here a model that cannot load,
+    and a dataset that is not there: neither is what the error is about)."""
+    before = bsm.next_job_id()
+    start = time.monotonic()
+    code, out, err = run(
+        "job", "submit", *extra, "--model-uri", "builtin:huge", "--dataset-uri",
+        "/nonexistent/corpus.txt", key=accounts[4].key,
+    )  # fmt: skip
+    assert code != 0 and not out
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert option in err and "model" not in err and "dataset" not in err, err
+    assert time.monotonic() - start < 5
+    assert bsm.next_job_id() == before  # nothing sent
