@@ -715,6 +715,12 @@ def job_submit(
     _check_cheap_arguments(price, token or x402_url, seat_bond, epochs, steps, sync_interval, topk)
     if x402_url is not None and (serve or token):
         raise click.UsageError("--x402 goes with neither --serve nor --token")
+    for flag, uri, pinned in (
+        ("--model-uri", model_uri, bool(model_hash)),
+        ("--dataset-uri", dataset_uri, bool(dataset_hash)),
+        ("--recipe", recipe_path or "", False),
+    ):
+        _refuse_relative_path(flag, uri, serve, pinned)
     price_units = 0 if token or x402_url else _price(price, None)
     recipe = Recipe.from_toml(recipe_path) if recipe_path else None
     recipe_pin = recipe.hash() if recipe else ZERO_HASH
@@ -832,6 +838,32 @@ def _check_cheap_arguments(
         )
     if topk is not None and topk < 1:
         raise ConfigError(f"--topk must be at least 1, got {topk}")
+
+
+def _relative_path(uri: str) -> str | None:
+    """The filesystem path `uri` names when it is a relative one (no scheme, or file:// with a
+    relative path); None for an absolute path and for builtin:, hf://, p2p: and https: URIs."""
+    if not uri or not pins.is_local(uri):
+        return None
+    path = uri.removeprefix("file://")
+    return None if Path(path).is_absolute() else path
+
+
+def _refuse_relative_path(flag: str, uri: str, serve: bool, pinned: bool) -> None:
+    """A relative path would go into the job as it is, and each operator would look for it in
+    its own working directory: refused before any transaction, with what to use instead. With
+    --serve a file or folder that exists here is served and named by its p2p: URI instead; with
+    its hash pinned by hand (--model-hash/--dataset-hash) the caller vouches for the path."""
+    path = _relative_path(uri)
+    if path is None or pinned or (serve and Path(path).expanduser().exists()):
+        return
+    absolute = Path(path).expanduser().resolve()
+    raise ConfigError(
+        f"{flag} {uri!r} is a relative path, which no operator can read (each would look in its "
+        f"own working directory): add --serve to serve it from this machine (the job then names "
+        f"its p2p: URI), or give an absolute path every operator reads ({absolute}), or a "
+        "p2p:, https:// or hf:// URI"
+    )
 
 
 def _gateway_terms(url: str) -> dict[str, Any]:

@@ -776,3 +776,52 @@ def test_submit_refuses_cheap_problems_before_the_model_check(
     assert option in err and "model" not in err and "dataset" not in err, err
     assert time.monotonic() - start < 5
     assert bsm.next_job_id() == before  # nothing sent
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--dataset-uri", "REL_DATA"],
+        ["--dataset-uri", "file://REL_DATA"],
+        ["--dataset-uri", "DATA", "--model-uri", "REL_MODEL"],
+        ["--dataset-uri", "DATA", "--model-uri", "./REL_MODEL"],
+        ["--dataset-uri", "DATA", "--recipe", "recipe.toml"],
+    ],
+)
+def test_submit_refuses_a_relative_path(
+    run, bsm, accounts, data, tmp_path, monkeypatch, extra
+) -> None:
+    """A relative path in a job reaches no operator (each reads it from its own working
+    directory): refused before any transaction, saying what to use instead."""
+    from dtrain_node.train.toy_models import save
+
+    monkeypatch.chdir(tmp_path)
+    save("gpt2", tmp_path / "my-model")
+    Path("corpus.txt").write_text(Path(data).read_text())
+    Path("recipe.toml").write_text("batch_size = 4\n")
+    rel = {"REL_DATA": "corpus.txt", "REL_MODEL": "my-model", "DATA": data}  # REL_ first
+    args = [next((a.replace(k, v) for k, v in rel.items() if k in a), a) for a in extra]
+    before = bsm.next_job_id()
+    code, out, err = run("job", "submit", "--price", "1gwei", *args, key=accounts[4].key)
+    assert code == 1 and not out and len(err.strip().splitlines()) == 1, err
+    assert "relative path" in err and "--serve" in err and "absolute" in err, err
+    assert bsm.next_job_id() == before
+
+
+def test_submit_keeps_every_reference_form(run, bsm, accounts, data, tmp_path) -> None:
+    """Absolute paths, file:// with an absolute path, builtin: with a seed, and p2p:/https:
+    references pinned by hash all still make a job; the job names them as given."""
+    sha = "0x" + "ab" * 32
+    for extra in (
+        ["--dataset-uri", data, "--model-uri", "builtin:tiny?seed=2"],
+        ["--dataset-uri", "file://" + data],
+        ["--dataset-uri", "p2p:/ip4/10.0.0.5/tcp/4100/p2p/12D3KooWx#sha256=ab", "--dataset-hash",
+         sha],
+        ["--dataset-uri", "https://example.com/c.txt#sha256=ab", "--dataset-hash", sha],
+    ):  # fmt: skip
+        code, out, err = run(
+            "--json", "job", "submit", "--price", "1gwei", *extra, key=accounts[4].key
+        )
+        assert code == 0, (extra, err)
+        spec = bsm.job(json.loads(out)["job_id"]).spec
+        assert spec.dataset_uri == extra[1]
