@@ -58,6 +58,7 @@ from dtrain_node.operator.progress import (
     first_signal_message,
     second_signal_message,
 )
+from dtrain_node.operator.settlement import describe_settled, slashes
 from dtrain_node.operator.sources import DEFAULT_MAX_BYTES, Cache
 from dtrain_node.operator.transport import (
     PeerSpec,
@@ -162,7 +163,8 @@ class Node:
         elif kind == "epoch_start":
             self.status.retry = data["attempt"] - self._first_attempt.get(data["epoch"], 0)
         # The live line on a terminal shows rounds; the log gets every line.
-        log.info(describe(kind, data, self.status), extra={"progress": kind == "round"})
+        text = describe_settled(data, self.me) if kind == "finalized" else None
+        log.info(text or describe(kind, data, self.status), extra={"progress": kind == "round"})
 
     def _enter(self, state: str, why: str = "") -> None:
         """Log the state we enter, and why, once: not again on every poll that finds the same."""
@@ -592,6 +594,7 @@ class Node:
                         job=job_id,
                         epoch=job.state.epoch,
                         events=[e.name for e in rc.events if e.name in SETTLE_EVENTS],
+                        slashed=slashes(rc.events),
                     )
                 except (ContractError, TransactionFailed):
                     # Someone else finalized first, or the chain's clock is not there yet.
