@@ -265,15 +265,25 @@ class RecordBackend:
         return export_model(self.start, self.model, out_dir)
 
     @contextlib.contextmanager
-    def _eval(self) -> Iterator[None]:
-        """Eval mode and no grad, restoring the training flag afterwards."""
+    def _dropout_off(self) -> Iterator[None]:
+        """The policy in eval mode (no dropout) with gradients still on, restoring the training
+        flag afterwards. DPO and GRPO take every policy log-prob this way (the loss's and
+        GRPO's pi_old alike), so the policy is one deterministic function: the GRPO ratio is
+        exactly 1 at the first inner step and DPO starts at log 2, as with TRL's
+        `disable_dropout` (its default). Eval mode rather than zeroing the nn.Dropout modules:
+        it also turns off dropout a model keeps as a float (Llama's `attention_dropout`)."""
         was = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
-                yield
+            yield
         finally:
             self.model.train(was)
+
+    @contextlib.contextmanager
+    def _eval(self) -> Iterator[None]:
+        """Eval mode and no grad, restoring the training flag afterwards."""
+        with self._dropout_off(), torch.no_grad():
+            yield
 
 
 class SFTBackend(RecordBackend):
@@ -314,7 +324,9 @@ class DPOBackend(RecordBackend):
 
     def _terms(self, batch: tuple[torch.Tensor, ...]):
         ids, labels, mask = to_device(batch, self.device)
-        pol = losses.sequence_logps(self.model(input_ids=ids, attention_mask=mask).logits, labels)
+        with self._dropout_off():  # as the reference: at init pi = ref exactly (loss log 2)
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+        pol = losses.sequence_logps(logits, labels)
         with torch.no_grad():
             ref = losses.sequence_logps(self.ref(input_ids=ids, attention_mask=mask).logits, labels)
         b = ids.size(0) // 2
@@ -419,13 +431,10 @@ class GRPOBackend(RecordBackend):
         g = self.opts.grpo_group
         ids, mask = to_device((ids, mask), self.device)
         ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
-        was = self.model.training
-        self.model.eval()  # the sampling policy pi_old, without dropout
-        comp = self.sample(ids, mask, seed)
-        with torch.no_grad():
+        with self._eval():  # the sampling policy pi_old, without dropout (as in loss())
+            comp = self.sample(ids, mask, seed)
             old = self._completion_logps(self.model, ids, mask, comp)
             ref = self._completion_logps(self.ref, ids, mask, comp)
-        self.model.train(was)
         texts = ["".join(self.alphabet[i] for i in row) for row in comp.tolist()]
         adv = self._advantages(texts, answers)
         self._rollout = (batch, ids, mask, comp, old, ref, adv)
@@ -442,7 +451,8 @@ class GRPOBackend(RecordBackend):
 
     def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
         ids, mask, comp, old, ref, adv = self.rollout(batch)
-        logp = self._completion_logps(self.model, ids, mask, comp)
+        with self._dropout_off():  # pi as pi_old was taken: the ratio is 1 at the first step
+            logp = self._completion_logps(self.model, ids, mask, comp)
         return losses.grpo_loss(
             logp, old, ref, adv, clip_eps=self.opts.grpo_clip, kl_coef=self.opts.grpo_kl
         )
@@ -536,20 +546,18 @@ class FreeGRPOBackend(GRPOBackend):
         g = self.opts.grpo_group
         ids, mask = to_device((ids, mask), self.device)
         ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)
-        was = self.model.training
-        self.model.eval()
-        comp, cmask = self.sample(ids, mask, seed)
-        with torch.no_grad():
+        with self._eval():  # pi_old without dropout, as loss() takes pi
+            comp, cmask = self.sample(ids, mask, seed)
             old = self._logps(self.model, ids, mask, comp, cmask)
             ref = self._logps(self.ref, ids, mask, comp, cmask)
-        self.model.train(was)
         adv = self._advantages([self._text(row) for row in comp.tolist()], answers)
         self._rollout = (batch, ids, mask, comp, cmask, old, ref, adv)
         return self._rollout[1:]
 
     def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:
         ids, mask, comp, cmask, old, ref, adv = self.rollout(batch)
-        logp = self._logps(self.model, ids, mask, comp, cmask)
+        with self._dropout_off():
+            logp = self._logps(self.model, ids, mask, comp, cmask)
         return losses.grpo_loss(
             logp,
             old,

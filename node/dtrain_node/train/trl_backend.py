@@ -25,7 +25,8 @@ Where TRL's formatting differs from the built-in backend's (docs/methods.md "Bac
     own special tokens: no BOS unless the tokenizer adds one (the built-in prepends BOS), and
     tokens may merge across the prompt/completion boundary (TRL then trains from where the two
     tokenizations diverge);
-  - DPO: TRL turns dropout off in the policy (`disable_dropout`, its default).
+  - DPO: TRL turns dropout off in the policy (`disable_dropout`, its default), as the built-in
+    backend does (finetune.RecordBackend._dropout_off): no difference.
 TRL's own precision default (bf16 autocast, even on the reference model) is turned off: the
 runner decides precision (recipe `bf16`, on CUDA), as for the built-in backend.
 Records are checked to fit `seq_len` in TRL's tokens too: nothing is truncated or dropped.
