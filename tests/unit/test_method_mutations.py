@@ -288,3 +288,33 @@ def test_sft_loss_is_the_mean_over_completion_tokens_only(tmp_path):
         got = float(b.loss(b.collate(recs, 0)))
     assert got == pytest.approx(want, abs=1e-5)
     assert abs(sum(all_nll) / len(all_nll) - want) > 0.05
+
+
+def test_trl_dpo_uses_the_recipe_beta(tmp_path, gpt2):
+    """The trl backend's DPO loss with the recipe's beta = 2.0 (not TRL's default 0.1) is
+    -log sigmoid(beta * margin) with the margin summed by hand over TRL's completion tokens."""
+    pytest.importorskip("trl")
+    beta = 2.0
+    path = tmp_path / "dpo.jsonl"
+    h = tasks.make_dataset(path, "dpo", tasks.last_letter(60, length=4, seed=0))
+    job = TrainJob(1, "dpo", str(gpt2), str(path), h, recipe=Recipe(backend="trl", dpo_beta=beta))
+    b = make_backend(job)
+    assert b.opts.dpo_beta == beta
+    perturb(b.model, scale=0.02)
+    ids, mask, comp = b.collate_rows(b.rows[:6])
+    b.model.eval()
+    with torch.no_grad():
+
+        def summed(model) -> torch.Tensor:
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].double()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+            return (lp * comp[:, 1:]).sum(-1)
+
+        ratio = summed(b.model) - summed(b.ref)
+        got = b.loss((ids, mask, comp)).item()
+    n = ids.size(0) // 2
+    margin = ratio[:n] - ratio[n:]
+    want = float(-torch.nn.functional.logsigmoid(beta * margin).mean())
+    default = float(-torch.nn.functional.logsigmoid(0.1 * margin).mean())
+    assert abs(default - want) > 1e-2
+    assert got == pytest.approx(want, abs=1e-4)
