@@ -292,10 +292,11 @@ def test_faults_slow_and_equivocate() -> None:
     assert slept == [4.0]  # 2 s of steps made to take 6 s
     assert Faults.parse(["equivocate=1"]).equivocate_rounds == (1,)
     assert Faults.parse(["ahead", "attack=poison"]).ahead and not Faults().ahead
+    assert Faults.parse(["withhold=1"]).withhold_rounds == (1,)
     for bad in (["slow=0.5"], ["slow=1000"]):
         with pytest.raises(ValueError, match="slow must be in"):
             Faults.parse(bad)
-    for bad in (["slow=fast"], ["equivocate"], ["equivocate=x"], ["ahead=1"]):
+    for bad in (["slow=fast"], ["equivocate"], ["equivocate=x"], ["ahead=1"], ["withhold"]):
         with pytest.raises(ValueError, match="unknown fault"):
             Faults.parse(bad)
     assert Faults.parse(["attack=flip=4"]).attack == Attack("flip", 4.0)

@@ -25,6 +25,9 @@ round.
 revealing in round N of every epoch (the gossip transport does it; `epoch=` does not limit it):
 the members' transcript holds both, and they post the proof on-chain.
 
+`withhold=N` commits its packet in round N of every epoch and never reveals it, to anyone (the
+gossip transport does it): the members' transcript leaves the packet out everywhere.
+
 `ahead` skips training and closes every round at once (no waiting for anyone): the node
 commits and reveals round r as soon as round r - 1 ended, before the honest members begin it.
 With `attack=poison` it is the member that tries to own each round with a poisoned packet; the
@@ -49,7 +52,8 @@ from dtrain_node.optim.codec import Spec
 
 USAGE = (
     "fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
-    "scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, epoch=E, once"
+    "scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, withhold=N, epoch=E, "
+    "once"
 )
 
 
@@ -102,6 +106,7 @@ class Faults:
     first_attempt_only: bool = False  # a retried epoch (no quorum) runs honestly
     slow: float = 1.0  # inner steps take this many times as long
     equivocate_rounds: tuple[int, ...] = ()
+    withhold_rounds: tuple[int, ...] = ()
     ahead: bool = False  # no inner steps, no waiting: every round committed before the others
 
     def __post_init__(self) -> None:
@@ -139,6 +144,8 @@ class Faults:
                 kw["first_attempt_only"] = True
             elif name == "equivocate" and value.isdigit():
                 kw["equivocate_rounds"] = (int(value),)
+            elif name == "withhold" and value.isdigit():
+                kw["withhold_rounds"] = (int(value),)
             elif name == "slow" and _number(value):
                 kw["slow"] = float(value)
             elif name in ("stop-sync", "offline", "epoch") and value.isdigit():

@@ -56,6 +56,8 @@ class RoundCollector:
         t_reveal = time.monotonic()
         # the packets get their share of the round however long the commitments took
         deadline = max(deadline, t_reveal + budget * (1 - cfg.commit_share))
+        if rnd in cfg.withhold_rounds:  # fault: committed, and the packet never goes out
+            chunks = []
         store.reveal(rnd)
         await self._publish(chunks)
         if chunks and rnd in cfg.equivocate_rounds:

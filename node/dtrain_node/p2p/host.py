@@ -85,6 +85,7 @@ class GossipConfig:
     # fault hook for tests: in these rounds, right after revealing, sign and publish a second
     # commitment to another packet (equivocate)
     equivocate_rounds: tuple[int, ...] = ()
+    withhold_rounds: tuple[int, ...] = ()  # fault: commit in these rounds, never reveal
     fault_seed: int = 0
 
     def __post_init__(self) -> None:
