@@ -178,3 +178,19 @@ def test_an_unworkable_quorum_compensates_its_voters_and_refunds_the_rest() -> N
     assert got[A] == base[A] + P // 10 and got[B] == base[B] + P // 10 and got[C] == base[C]
     assert got[K] == 9 * P - 3 * P - 2 * (P // 10)
     assert money.Rules(unworkable_comp_bps=500).compensation(P) == P // 20
+
+
+def test_token_pool_rewards_round_at_the_contracts_token_scale() -> None:
+    """A pool of 1 + 2 shares earning 2,000 units: 1e18 per share rounds the rate to 666 (666
+    and 1,332), the contract's token scale 1e36 keeps it (666 and 1,333)."""
+    roster = Roster([A], [S], T, D, K, delegations={S: (A, 2 * ETH)})
+    paid = [
+        ev("EpochFinalized", epoch=0, checkpoint=b"\x11" * 32),
+        ev("OperatorPaid", epoch=0, operator=A),
+    ]
+    eps = money.epoch_records(paid, 1, {0: [A]})
+    price = 10_000  # the pool's 20%: 2,000 units
+    ether = money.expected_credits(eps, roster, price, part="pay")
+    token = money.expected_credits(eps, roster, price, part="pay", token=True)
+    assert (ether[A] - 4_000, ether[S]) == (666, 1_332)
+    assert (token[A] - 4_000, token[S]) == (666, 1_333)

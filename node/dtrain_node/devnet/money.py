@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 ETH = 10**18
 BPS = 10_000
+TOKEN_SCALE = 10**36  # the contract's reward rate scale for token jobs (ether's: 1e18)
 REASONS = [
     "fabricated checkpoint",
     "offline mid-epoch",
@@ -247,8 +248,11 @@ def expected_credits(
     refund_escrow: int = 0,
     rules: Rules | None = None,
     part: Literal["all", "pay", "slash"] = "all",
+    token: bool = False,
 ) -> dict[str, int]:
-    """What every account should have been credited. `refund_escrow` is the job's escrow once
+    """What every account should have been credited. `token`: the job pays in a token, whose
+    pool reward rates the contract keeps at 1e36 per share (ether's at 1e18), so the stakers'
+    shares round differently. `refund_escrow` is the job's escrow once
     it has ended (what was not paid out goes back to the caller), 0 while it runs. `part`
     "pay" counts only what the escrow pays (the 40/20/20/20 cuts, the finalizers' rewards,
     compensation, the refund), "slash" only what slashed stake pays (the treasury's): a job
@@ -264,6 +268,7 @@ def expected_credits(
     for staker, (op, amount) in roster.delegations.items():
         shares[op][staker] = amount
     reward_per_share = dict.fromkeys(shares, 0)
+    scale = TOKEN_SCALE if token else ETH
     op_cut, pool_cut, dev_cut, treasury_cut = rules.cuts(price)
     n_paid, compensated = 0, 0
     for ep in epochs:
@@ -276,7 +281,7 @@ def expected_credits(
             if ep.stakers_late:
                 expected[roster.treasury] += pool_cut
             else:
-                reward_per_share[op] += pool_cut * ETH // sum(shares[op].values())
+                reward_per_share[op] += pool_cut * scale // sum(shares[op].values())
             expected[roster.treasury] += treasury_cut
             expected[roster.developer] += dev_cut
         _finalizer_rewards(ep, roster, rules, price, expected)
@@ -284,7 +289,7 @@ def expected_credits(
             _slashes(ep, roster, expected)
     for op, holders in shares.items():
         for who, sh in holders.items():
-            expected[who] += sh * reward_per_share[op] // ETH
+            expected[who] += sh * reward_per_share[op] // scale
     if refund_escrow:
         expected[roster.caller] += refund_escrow - n_paid * price - compensated
     return expected

@@ -152,7 +152,9 @@ def build(obs: Observed, checks: Checks) -> DemoResult:
         expected = money.expected_credits(epochs, r, obs.price, refund, obs.rules)
         balances = money.balances(r, expected, obs.credited, obs.wallets_before)
     else:  # the escrow's part in the token, slashed stake's in ether
-        pay = money.expected_credits(epochs, r, obs.price, refund, obs.rules, part="pay")
+        pay = money.expected_credits(
+            epochs, r, obs.price, refund, obs.rules, part="pay", token=True
+        )
         slash = money.expected_credits(epochs, r, obs.price, refund, obs.rules, part="slash")
         token_balances = money.balances(r, pay, obs.token_credited, obs.wallets_before)
         balances = money.balances(r, slash, obs.credited)
