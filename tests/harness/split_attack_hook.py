@@ -2,9 +2,9 @@
 nodes' view of a round.
 
 Its attack is chosen by config["attack"]:
-- "equivocate": in round ATTACK_ROUND it commits to one packet and reveals it by gossip; once it
-  holds another member's packet of that round (the honest nodes revealed), it signs a second
-  commitment to another packet and publishes it, and serves both from its store.
+- "equivocate": in round ATTACK_ROUND it commits to one packet by gossip; once it holds another
+  member's packet of that round (the honest nodes revealed), it signs a second commitment to
+  another packet and publishes it with both packets, and serves both from its store.
 - "late_to_some": in round ATTACK_ROUND it commits by gossip but never reveals by gossip; its
   sync server hands its packet to the first other member only.
 - "withhold": in round ATTACK_ROUND it commits and never reveals, to anyone.
@@ -38,8 +38,12 @@ def collect_round(node: Any, r: int, payload: bytes, ctx: dict[str, Any]) -> Any
         return node.collect_round(r, payload)
     commit, chunks = _seal(node, r, payload)
     if attack == "equivocate":
-        _publish(node, [commit, *chunks])
-        t = threading.Thread(target=_second_commitment, args=(node, r, payload), daemon=True)
+        # the first packet's chunks go out only with the second commitment: no honest node can
+        # close the round (it awaits the first packet) before the second commitment reaches it
+        _publish(node, [commit])
+        t = threading.Thread(
+            target=_second_commitment, args=(node, r, payload, chunks), daemon=True
+        )
         t.start()
         res = node.collect_round(r, b"")
         t.join(30)
@@ -64,7 +68,7 @@ def _publish(node: Any, envs: list[Any]) -> None:
         node._call(node._state.pubsub.publish, node.topic, e.encode())
 
 
-def _second_commitment(node: Any, r: int, payload: bytes) -> None:
+def _second_commitment(node: Any, r: int, payload: bytes, first: list[Any]) -> None:
     me = node.account.address
     end = time.monotonic() + 25
     while time.monotonic() < end:
@@ -72,7 +76,7 @@ def _second_commitment(node: Any, r: int, payload: bytes) -> None:
             break
         time.sleep(0.01)
     commit, chunks = _seal(node, r, payload[::-1])
-    _publish(node, [commit, *chunks])
+    _publish(node, [commit, *chunks, *first])
 
 
 def _serve_selectively(node: Any, ctx: dict[str, Any]) -> None:
