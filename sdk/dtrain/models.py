@@ -119,6 +119,29 @@ class SlashReason(IntEnum):
     def label(self) -> str:
         return self.name.lower().replace("_", " ")
 
+    @property
+    def meaning(self) -> str:
+        """What the member did, in a few words ("fabricated checkpoint")."""
+        return _SLASH_MEANINGS[self][0]
+
+    @property
+    def explanation(self) -> str:
+        """`meaning` and how the contract knew it."""
+        return ": ".join(_SLASH_MEANINGS[self])
+
+
+_SLASH_MEANINGS = {
+    SlashReason.FABRICATION: ("fabricated checkpoint", "its vote was not the quorum's"),
+    SlashReason.DROPOUT: ("offline mid-epoch", "no vote committed and revealed in time"),
+    SlashReason.SYNC_FAILURE: ("failed to sync", "the quorum saw it miss its syncs"),
+    SlashReason.EXTERNAL: ("external", "slashed through the blueprint's core"),
+    SlashReason.EQUIVOCATION: ("equivocated", "signed two different packets for one round"),
+    SlashReason.WITHHELD_REVEAL: (
+        "withheld its reveal",
+        "committed a vote and never revealed it",
+    ),
+}
+
 
 @dataclass(frozen=True)
 class Params(Decoded):

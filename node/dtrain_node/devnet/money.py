@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from dtrain import UNWORKABLE
+from dtrain.models import SlashReason
 
 if TYPE_CHECKING:
     from dtrain.models import Event
@@ -30,14 +31,7 @@ if TYPE_CHECKING:
 ETH = 10**18
 BPS = 10_000
 TOKEN_SCALE = 10**36  # the contract's reward rate scale for token jobs (ether's: 1e18)
-REASONS = [
-    "fabricated checkpoint",
-    "offline mid-epoch",
-    "failed to sync",
-    "external",
-    "equivocated",
-    "withheld its reveal",
-]
+REASONS = [r.meaning for r in SlashReason]
 
 
 @dataclass(frozen=True)

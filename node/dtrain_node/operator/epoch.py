@@ -36,7 +36,7 @@ from dtrain_node.errors import (
 from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import reconcile_deadline, round_deadline, round_patience
-from dtrain_node.operator.faults import Faults, RoundContext
+from dtrain_node.operator.faults import AHEAD_WAIT_S, Faults, RoundContext
 from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 # dataset missing or failing its hash (or malformed), the model unknown, the recipe missing or
 # failing its hash, the start checkpoint
 # failing its hash or served by no member. The node votes UNWORKABLE instead of training.
-RUN_AHEAD_S = 0.1  # `ahead`: how long a round waits for the others (it does not)
-
 UNWORKABLE_ERRORS = (
     DatasetError,
     ModelUnavailable,
@@ -240,7 +238,7 @@ class EpochTrainer:
             settle_s=env.transport.settle_s,
         )
         if self.faults.ahead:
-            deadline, patience = RUN_AHEAD_S, RUN_AHEAD_S
+            deadline, patience = AHEAD_WAIT_S, AHEAD_WAIT_S
         res = env.transport.collect_round(r, packet, deadline, patience)
         stats = opt.apply(res.packets)
         self.context = RoundContext(opt.spec, env.me, honest, res.packets)

@@ -56,6 +56,9 @@ USAGE = (
     "once"
 )
 
+# `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
+AHEAD_WAIT_S = 0.1
+
 
 def _number(value: str) -> bool:
     try:

@@ -9,17 +9,6 @@ from typing import Any
 from dtrain.models import SlashReason
 from dtrain.units import format_eth
 
-# What each SlashReason means, as a member reads it (the contract's `_settleMember`; the
-# devnet money check's `REASONS` says the same in fewer words).
-REASONS = {
-    SlashReason.FABRICATION: "fabricated checkpoint: its vote was not the quorum's",
-    SlashReason.DROPOUT: "offline mid-epoch: no vote committed and revealed in time",
-    SlashReason.SYNC_FAILURE: "failed to sync: the quorum saw it miss its syncs",
-    SlashReason.EXTERNAL: "external: slashed through the blueprint's core",
-    SlashReason.EQUIVOCATION: "equivocated: signed two different packets for one round",
-    SlashReason.WITHHELD_REVEAL: "withheld its reveal: committed a vote and never revealed it",
-}
-
 
 def slashes(events: Iterable[Any]) -> list[dict[str, Any]]:
     """The `Slashed` events of a settlement receipt as JSON-able records (operator, epoch,
@@ -42,7 +31,7 @@ def _reason(code: int, words: bool = True) -> str:
         reason = SlashReason(code)
     except ValueError:  # a reason this SDK does not know yet
         return f"reason {code}"
-    return f"{reason.name} ({REASONS[reason]})" if words else reason.name
+    return f"{reason.name} ({reason.explanation})" if words else reason.name
 
 
 def settled_line(

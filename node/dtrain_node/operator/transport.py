@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from dtrain_node.operator.faults import AHEAD_WAIT_S
 from dtrain_node.p2p.host import GossipConfig, GossipNode, PeerSpec, RoundResult, Transcript
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ __all__ = [
     "gossip_transport",
     "peer_specs",
 ]
-
-RUN_AHEAD_SETTLE_S = 0.1  # the `ahead` fault's settle: it does not wait to agree
 
 PayloadValidator = Callable[[bytes], None]  # raises on a payload that must not be relayed
 
@@ -96,5 +95,5 @@ def gossip_transport(cfg: NodeConfig, bsm: BSM, job_id: int) -> Transport:
         withhold_rounds=cfg.faults.withhold_rounds,
     )
     if cfg.faults.ahead:  # closes each round at once, agreed or not
-        gcfg = dataclasses.replace(gcfg, settle_s=RUN_AHEAD_SETTLE_S)
+        gcfg = dataclasses.replace(gcfg, settle_s=AHEAD_WAIT_S)
     return GossipNode(gcfg, bsm.account).start()
