@@ -7,6 +7,7 @@ import pytest
 
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
+from dtrain_node.devnet.cluster import node_name
 
 pytestmark = pytest.mark.slow
 
@@ -76,4 +77,87 @@ def test_a_withheld_packet_is_out_for_everyone_and_nobody_is_slashed(tmp_path) -
         paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
         assert paid == sorted(o.address for o in c.ops)
         assert withholder in paid
+        assert c.bsm.w3.eth.get_balance(c.bsm.address) == c.bsm.accounting().total
+
+
+def _node_log(c: Cluster, i: int) -> str:
+    return (c.tmp / node_name(i) / "node.log").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_a_packet_revealed_to_one_member_leaves_one_transcript_and_nobody_is_slashed(
+    tmp_path,
+) -> None:
+    """op4 (of 4) commits its packet in round 1 and reveals it to one member only (through its
+    sync server, never by gossip). Whether the others fetch it from that member or the
+    transcript leaves it out, every node (op4 included) ends the epoch with one checkpoint and
+    one participation vote, the epoch finalizes and nobody is slashed."""
+    with Cluster(tmp_path, operators=4, epochs=1, steps=10, sync=2, round_deadline=3.0) as c:
+        for i in range(3):
+            c.spawn(i)
+        c.spawn(3, ["late=1"])
+        c.wait(c.ended, 700, "the job to end")
+        assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
+        assert _node_log(c, 3).count("fault: round 1 revealed to peer") == 1  # it attacked
+        votes = set()
+        for i in range(4):
+            trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
+            votes |= {(m["checkpoint"], tuple(m["participation"])) for m in trained}
+            transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
+            assert transcript and transcript[-1]["settled"], i
+        assert len(votes) == 1, votes
+        ((_, participation),) = votes
+        assert sorted(participation)[1:] == [5, 5, 5], participation  # honest in every round
+        events = c.bsm.events(job_id=c.job_id)
+        assert "Slashed" not in [e.name for e in events]
+        paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
+        assert paid == sorted(o.address for o in c.ops)
+        assert c.bsm.w3.eth.get_balance(c.bsm.address) == c.bsm.accounting().total
+
+
+@pytest.mark.timeout(1200)
+def test_seven_members_two_attackers_one_transcript_and_only_the_equivocator_is_slashed(
+    tmp_path,
+) -> None:
+    """A 7-member job with two attackers (under a third of the seats): op6 reveals its round 2
+    packet to one member only; op7 equivocates in round 1 and withholds its round 3 packet.
+    Every node ends the epoch with one checkpoint and one participation vote, the five honest
+    members are in every round, the epoch finalizes, op7 is slashed once with its proof, and
+    no honest member loses stake."""
+    with Cluster(
+        tmp_path, operators=7, epochs=1, steps=10, sync=2, round_deadline=4.0, epoch_duration=300
+    ) as c:
+        for i in range(5):
+            c.spawn(i)
+        c.spawn(5, ["late=2"])
+        c.spawn(6, ["equivocate=1", "withhold=3"])
+        c.wait(c.ended, 1000, "the job to end")
+        assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
+        assert _node_log(c, 5).count("fault: round 2 revealed to peer") == 1
+        votes = set()
+        for i in range(7):
+            trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
+            votes |= {
+                (m["checkpoint"], tuple(zip(m["members"], m["participation"], strict=True)))
+                for m in trained
+            }
+            transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
+            assert transcript and transcript[-1]["settled"], i
+        assert len(votes) == 1, votes
+        ((_, participation),) = votes
+        by_member = dict(participation)
+        assert [by_member[o.address] for o in c.ops[:5]] == [5] * 5, by_member
+        assert by_member[c.ops[6].address] == 3, by_member  # out of rounds 1 and 3
+        events = c.bsm.events(job_id=c.job_id)
+        cheat = c.ops[6].address
+        proven = [e.args for e in events if e.name == "EquivocationProven"]
+        assert [(p["operator"], p["round"]) for p in proven] == [(cheat, 1)]
+        slashed = [e.args for e in events if e.name == "Slashed"]
+        assert [(s["operator"], SlashReason(s["reason"])) for s in slashed] == [
+            (cheat, SlashReason.EQUIVOCATION)
+        ]
+        paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
+        assert {o.address for o in c.ops[:5]} <= paid and cheat not in paid
+        for o in c.ops[:5]:
+            assert c.bsm.pool(o.address).total_assets == ETH
         assert c.bsm.w3.eth.get_balance(c.bsm.address) == c.bsm.accounting().total

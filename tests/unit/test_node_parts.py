@@ -293,10 +293,11 @@ def test_faults_slow_and_equivocate() -> None:
     assert Faults.parse(["equivocate=1"]).equivocate_rounds == (1,)
     assert Faults.parse(["ahead", "attack=poison"]).ahead and not Faults().ahead
     assert Faults.parse(["withhold=1"]).withhold_rounds == (1,)
+    assert Faults.parse(["late=2"]).late_rounds == (2,)
     for bad in (["slow=0.5"], ["slow=1000"]):
         with pytest.raises(ValueError, match="slow must be in"):
             Faults.parse(bad)
-    for bad in (["slow=fast"], ["equivocate"], ["equivocate=x"], ["ahead=1"], ["withhold"]):
+    for bad in (["slow=fast"], ["equivocate"], ["equivocate=x"], ["ahead=1"], ["withhold"], ["late"]):
         with pytest.raises(ValueError, match="unknown fault"):
             Faults.parse(bad)
     assert Faults.parse(["attack=flip=4"]).attack == Attack("flip", 4.0)

@@ -123,10 +123,11 @@ class Cluster:
         from dtrain import BSM, LocalChain
 
         o = self.options
-        self.chain = LocalChain(accounts=8).start()
+        # the deployer, one account a seat, then the treasury, the developer and the caller
+        self.chain = LocalChain(accounts=max(8, o.operators + o.late_seats + 4)).start()
         acc = self.chain.accounts
-        self.treasury, self.developer, self.caller = acc[5], acc[6], acc[7]
-        self.ops = acc[1 : 1 + o.operators]
+        self.treasury, self.developer, self.caller = acc[-3], acc[-2], acc[-1]
+        self.ops = acc[1 : 1 + o.operators + o.late_seats]
         self.bsm = BSM.deploy(
             self.chain.url,
             acc[0].key,

@@ -132,7 +132,10 @@ def node() -> None:
         "Misbehave on purpose (repeatable): fabricate, no-reveal (commit, never reveal), "
         "garbage, stop-sync=N, offline=N, "
         "attack=KIND with KIND poison, scale=X, signflip, noise, stale or copy (copy re-sends "
-        "another member's packet of the previous round), scoped by epoch=E and once."
+        "another member's packet of the previous round), ahead (no training, every round "
+        "committed before the others), slow=X (an honest machine X times slower), "
+        "equivocate=N (two commitments in round N), withhold=N (commit in round N, never "
+        "reveal), late=N (reveal round N late, to one member only), scoped by epoch=E and once."
     ),
 )
 @click.option(

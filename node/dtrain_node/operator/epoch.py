@@ -320,6 +320,7 @@ class EpochTrainer:
             job=job.id,
             epoch=st.epoch,
             checkpoint=digest.hex(),
+            members=self.members,  # the order of `participation`
             participation=vote,
             **after,
         )

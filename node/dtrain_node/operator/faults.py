@@ -28,6 +28,12 @@ the members' transcript holds both, and they post the proof on-chain.
 `withhold=N` commits its packet in round N of every epoch and never reveals it, to anyone (the
 gossip transport does it): the members' transcript leaves the packet out everywhere.
 
+`late=N` commits its packet in round N of every epoch and reveals it late and to one member
+only: never by gossip, through its sync server once its own round deadline passed, to the first
+member that asks (the gossip transport does it). The members that did not get it fetch it from
+that member, or the transcript leaves it out everywhere; either way they end with one
+transcript.
+
 `ahead` skips training and closes every round at once (no waiting for anyone): the node
 commits and reveals round r as soon as round r - 1 ended, before the honest members begin it.
 With `attack=poison` it is the member that tries to own each round with a poisoned packet; the
@@ -52,8 +58,8 @@ from dtrain_node.optim.codec import Spec
 
 USAGE = (
     "fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
-    "scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, withhold=N, epoch=E, "
-    "once"
+    "scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, withhold=N, late=N, "
+    "epoch=E, once"
 )
 
 # `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
@@ -110,6 +116,7 @@ class Faults:
     slow: float = 1.0  # inner steps take this many times as long
     equivocate_rounds: tuple[int, ...] = ()
     withhold_rounds: tuple[int, ...] = ()
+    late_rounds: tuple[int, ...] = ()  # reveal to one member only, by sync
     ahead: bool = False  # no inner steps, no waiting: every round committed before the others
 
     def __post_init__(self) -> None:
@@ -149,6 +156,8 @@ class Faults:
                 kw["equivocate_rounds"] = (int(value),)
             elif name == "withhold" and value.isdigit():
                 kw["withhold_rounds"] = (int(value),)
+            elif name == "late" and value.isdigit():
+                kw["late_rounds"] = (int(value),)
             elif name == "slow" and _number(value):
                 kw["slow"] = float(value)
             elif name in ("stop-sync", "offline", "epoch") and value.isdigit():

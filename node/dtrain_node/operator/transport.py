@@ -93,6 +93,7 @@ def gossip_transport(cfg: NodeConfig, bsm: BSM, job_id: int) -> Transport:
         round_deadline_s=cfg.round_deadline_s,
         equivocate_rounds=cfg.faults.equivocate_rounds,
         withhold_rounds=cfg.faults.withhold_rounds,
+        reveal_to_one_rounds=cfg.faults.late_rounds,
     )
     if cfg.faults.ahead:  # closes each round at once, agreed or not
         gcfg = dataclasses.replace(gcfg, settle_s=AHEAD_WAIT_S)

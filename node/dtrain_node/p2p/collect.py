@@ -58,6 +58,9 @@ class RoundCollector:
         deadline = max(deadline, t_reveal + budget * (1 - cfg.commit_share))
         if rnd in cfg.withhold_rounds:  # fault: committed, and the packet never goes out
             chunks = []
+        if chunks and rnd in cfg.reveal_to_one_rounds:  # fault: one peer gets it, by sync
+            st.hidden[rnd], chunks = chunks, []
+            st.favored.pop(rnd, None)  # an earlier epoch's round of that number
         store.reveal(rnd)
         await self._publish(chunks)
         if chunks and rnd in cfg.equivocate_rounds:

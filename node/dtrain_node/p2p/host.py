@@ -86,6 +86,9 @@ class GossipConfig:
     # commitment to another packet (equivocate)
     equivocate_rounds: tuple[int, ...] = ()
     withhold_rounds: tuple[int, ...] = ()  # fault: commit in these rounds, never reveal
+    # fault: in these rounds reveal late and to one peer only: by sync, once our deadline
+    # passed, to the first peer that asks
+    reveal_to_one_rounds: tuple[int, ...] = ()
     fault_seed: int = 0
 
     def __post_init__(self) -> None:

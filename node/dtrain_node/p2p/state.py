@@ -14,6 +14,7 @@ from eth_account.signers.local import LocalAccount
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 
+from dtrain_node.p2p.envelope import Envelope
 from dtrain_node.p2p.metrics import Metrics
 from dtrain_node.p2p.pubsub import SafePubsub
 from dtrain_node.p2p.rounds import RoundStore
@@ -37,6 +38,9 @@ class HostState:
     gossipsub: GossipSub | None = None
     nursery: trio.Nursery | None = None  # lives as long as the host
     changed: trio.Event = field(default_factory=trio.Event)
+    # fault `reveal_to_one_rounds`: round -> our packet's chunks, and the one peer served them
+    hidden: dict[int, list[Envelope]] = field(default_factory=dict)
+    favored: dict[int, ID] = field(default_factory=dict)
 
     def notify(self) -> None:
         """Wake every task waiting for a round to make progress."""

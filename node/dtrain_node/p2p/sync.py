@@ -195,6 +195,15 @@ class SyncServer:
         rnd = req.round
         envs = store.commits_for(rnd, set(req.commits)) + store.envelopes_for(rnd, set(req.have))
         have, commits = tuple(store.have(rnd)), tuple(store.commitments(rnd))
+        # fault `reveal_to_one_rounds`: late (once our deadline passed) and to one peer only
+        hidden = st.hidden.get(rnd) if store.phase(rnd) >= Phase.CLOSED else None
+        if hidden and rnd not in st.favored:
+            st.favored[rnd] = pid
+            log.warning("fault: round %d revealed to peer %s only", rnd, peer)
+        if hidden and st.favored[rnd] == pid:
+            ours = (hidden[0].sender, hidden[0].payload_sha256)
+            envs += [] if ours in req.have else hidden
+            have = tuple(sorted({*have, ours}))
         reply = wire.SyncReply(wire.SYNC_OK, int(store.phase(rnd)), have, len(envs), commits)
         head = self._signed(reply, req)
         await wire.write_frame(stream, head)
