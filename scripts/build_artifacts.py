@@ -23,10 +23,12 @@ sys.path.insert(0, str(ROOT / "sdk"))
 from dtrain.artifacts import ARTIFACT_PATH, CONTRACT, source_hash  # noqa: E402
 
 SOLC = ROOT / "scripts" / "solc"
-# The extensions the BSM deploys in its constructor: the BSM delegates every selector it does not
-# have to the views extension, which delegates every selector it does not have to the hooks
-# extension. Their functions are part of the BSM's interface at its one address, so the shipped
-# ABI and NatSpec merge all three (the BSM's own entries first, then the views', then the hooks').
+# The BSM's extensions, deployed before it (hooks, then views with the hooks' address, then the
+# BSM with the views' address): the BSM delegates every selector it does not have to the views
+# extension, which delegates every selector it does not have to the hooks extension. Their
+# functions are part of the BSM's interface at its one address, so the shipped ABI and NatSpec
+# merge all three (the BSM's own entries first, then the views', then the hooks'); each is also
+# shipped as artifacts/<Name>.json for its bytecode.
 VIEWS = f"{CONTRACT}Views"
 HOOKS = f"{CONTRACT}Hooks"
 EXTENSIONS = (VIEWS, HOOKS)
@@ -159,7 +161,7 @@ def main() -> int:
     ARTIFACT_PATH.parent.mkdir(parents=True, exist_ok=True)
     ARTIFACT_PATH.write_text(json.dumps(artifact, indent=1, sort_keys=True) + "\n")
     print(f"wrote {ARTIFACT_PATH.relative_to(ROOT)} ({len(artifact['bytecode']) // 2 - 1} bytes)")
-    for name in (*DEVNET, *COMPANIONS):
+    for name in (*DEVNET, *COMPANIONS, *EXTENSIONS):
         where = "contracts/src/devnet" if name in DEVNET else "contracts/src"
         d = out["contracts"][f"{where}/{name}.sol"][name]
         path = ARTIFACT_PATH.parent / f"{name}.json"
@@ -170,7 +172,7 @@ def main() -> int:
             "bytecode": "0x" + d["evm"]["bytecode"]["object"],
             "deployedBytecode": "0x" + d["evm"]["deployedBytecode"]["object"],
         }
-        if "userdoc" in d:
+        if name in COMPANIONS:  # the extensions' NatSpec is merged into the BSM's
             devnet["userdoc"] = d["userdoc"]
         path.write_text(json.dumps(devnet, indent=1, sort_keys=True) + "\n")
         print(f"wrote {path.relative_to(ROOT)} ({len(devnet['bytecode']) // 2 - 1} bytes)")

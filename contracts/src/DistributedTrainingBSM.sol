@@ -7,8 +7,6 @@ import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 
 import {IDistributedTrainingBSMActions, IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
 import {BSMStorage} from "./BSMStorage.sol";
-import {DistributedTrainingBSMViews} from "./DistributedTrainingBSMViews.sol";
-import {DistributedTrainingBSMHooks} from "./DistributedTrainingBSMHooks.sol";
 
 /// @title DistributedTrainingBSM
 /// @notice Source of truth for who trains, on what, for how much, and who gets slashed.
@@ -22,10 +20,15 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     uint256 public constant MAX_SLASH_BPS = _MAX_SLASH_BPS;
 
     /// The read-only extension every unknown selector is delegated to (it delegates the
-    /// Tangle hooks on to the hooks extension).
+    /// Tangle hooks on to the hooks extension). Deployed before the BSM, which then fits the
+    /// initcode limit; extensions hold no state, so one deployment serves every BSM of the
+    /// same source.
     address private immutable _VIEWS;
 
-    constructor(Params memory p) {
+    /// @param views a `DistributedTrainingBSMViews` deployed with the address of a
+    /// `DistributedTrainingBSMHooks`, both from this BSM's source
+    constructor(Params memory p, address views) {
+        require(views.code.length > 0, ExtensionHasNoCode(views));
         uint256 sum = uint256(p.operatorBps) + p.stakerBps + p.protocolBps + p.developerBps;
         require(sum == _BPS, BpsSumNot10000(sum));
         require(p.fabricationSlashBps <= MAX_SLASH_BPS, SlashBpsTooHigh(p.fabricationSlashBps, MAX_SLASH_BPS));
@@ -51,7 +54,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         _params = p;
         _nextJobId = 1;
         _nextAttempt = 1;
-        _VIEWS = address(new DistributedTrainingBSMViews(address(new DistributedTrainingBSMHooks())));
+        _VIEWS = views;
     }
 
     /// Every view (see IDistributedTrainingBSMViews) runs in the extension on this storage.

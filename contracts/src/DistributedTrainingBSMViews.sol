@@ -8,8 +8,8 @@ import {BSMTokenPayments} from "./BSMTokenPayments.sol";
 import {GossipEnvelope} from "./libraries/GossipEnvelope.sol";
 
 /// @title DistributedTrainingBSMViews
-/// @notice The read-only half of the BSM. `DistributedTrainingBSM` deploys it in its
-/// constructor and delegates every call it does not implement to it, so these functions run
+/// @notice The read-only half of the BSM. Deployed before `DistributedTrainingBSM`, which takes
+/// its address and delegates every call it does not implement to it, so these functions run
 /// on the BSM's storage; called directly, it reads its own empty state. What it does not
 /// implement either (the Tangle hooks) it delegates on to the hooks extension. It also holds
 /// the entry points of jobs paid in ERC-20 tokens (BSMTokenPayments).
@@ -17,6 +17,7 @@ contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, IDistribut
     address private immutable _HOOKS;
 
     constructor(address hooks) {
+        require(hooks.code.length > 0, ExtensionHasNoCode(hooks));
         _HOOKS = hooks;
     }
 

@@ -56,12 +56,29 @@ abstract contract BaseTest is Test {
         });
     }
 
-    /// Deploys from the artifact (compiled through the IR pipeline) and bubbles up a
+    /// The views extension (with its hooks extension) every BSM of a test delegates to: stateless,
+    /// so deployed once.
+    address internal views;
+
+    /// Deploys from the artifacts (compiled through the IR pipeline) and bubbles up a
     /// constructor revert so that `vm.expectRevert` sees it.
     function deployBSM(I.Params memory p) internal returns (IBSM deployed) {
-        bytes memory code =
-            abi.encodePacked(vm.getCode("DistributedTrainingBSM.sol:DistributedTrainingBSM"), abi.encode(p));
-        address a;
+        if (views == address(0)) {
+            address hooks = deployCode(vm.getCode("DistributedTrainingBSMHooks.sol:DistributedTrainingBSMHooks"));
+            views = deployCode(
+                abi.encodePacked(
+                    vm.getCode("DistributedTrainingBSMViews.sol:DistributedTrainingBSMViews"), abi.encode(hooks)
+                )
+            );
+        }
+        deployed = IBSM(
+            deployCode(
+                abi.encodePacked(vm.getCode("DistributedTrainingBSM.sol:DistributedTrainingBSM"), abi.encode(p, views))
+            )
+        );
+    }
+
+    function deployCode(bytes memory code) internal returns (address a) {
         assembly ("memory-safe") {
             a := create(0, add(code, 32), mload(code))
             if iszero(a) {
@@ -70,7 +87,6 @@ abstract contract BaseTest is Test {
                 revert(m, returndatasize())
             }
         }
-        deployed = IBSM(a);
     }
 
     function setUp() public virtual {

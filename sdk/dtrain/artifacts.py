@@ -14,6 +14,10 @@ CONTRACT = "DistributedTrainingBSM"
 ARTIFACT_PATH = Path(__file__).resolve().parent / "artifacts" / f"{CONTRACT}.json"
 # The attestation verifier the SDK deploys next to a BSM (artifacts/<name>.json).
 VERIFIER = "SignedAttestationVerifier"
+# The BSM's extensions, deployed before it: hooks, then views (taking the hooks' address), then
+# the BSM (taking the views' address). Their ABIs are merged into the BSM's.
+HOOKS = f"{CONTRACT}Hooks"
+VIEWS = f"{CONTRACT}Views"
 
 
 @dataclass(frozen=True)

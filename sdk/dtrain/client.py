@@ -178,8 +178,16 @@ class BSM:
         return bsm
 
     @classmethod
-    def deploy(cls, rpc_url_or_w3: str | Web3, key: str | LocalAccount, params: m.Params) -> BSM:
-        """Deploys a new BSM with `params` from the shipped artifact."""
+    def deploy(
+        cls,
+        rpc_url_or_w3: str | Web3,
+        key: str | LocalAccount,
+        params: m.Params,
+        views: str | None = None,
+    ) -> BSM:
+        """Deploys a new BSM with `params` from the shipped artifacts: first its two extensions
+        (hooks, then views), then the BSM. `views`: the address of a views extension already
+        deployed from the same artifacts, shared instead (extensions hold no state)."""
         w3 = connect(rpc_url_or_w3) if isinstance(rpc_url_or_w3, str) else rpc_url_or_w3
         account = load_key(key) if isinstance(key, str) else key
         art = artifacts.load()
@@ -188,7 +196,15 @@ class BSM:
         deployer.w3, deployer.account, deployer.receipt_timeout = w3, account, 120.0
         deployer.chain_id = w3.eth.chain_id
         deployer.contract = factory  # only for error decoding while deploying
-        rc = deployer._send(factory.constructor(params.as_tuple()), value=0)
+
+        def create(name: str, *args: Any) -> str:
+            ext = artifacts.load_named(name)
+            code = w3.eth.contract(abi=ext.abi, bytecode=ext.bytecode)
+            return str(deployer._send(code.constructor(*args), value=0)["contractAddress"])
+
+        if views is None:
+            views = create(artifacts.VIEWS, create(artifacts.HOOKS))
+        rc = deployer._send(factory.constructor(params.as_tuple(), _addr(views)), value=0)
         address = rc["contractAddress"]
         return cls(w3, address, account)
 

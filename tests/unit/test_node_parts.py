@@ -297,7 +297,14 @@ def test_faults_slow_and_equivocate() -> None:
     for bad in (["slow=0.5"], ["slow=1000"]):
         with pytest.raises(ValueError, match="slow must be in"):
             Faults.parse(bad)
-    for bad in (["slow=fast"], ["equivocate"], ["equivocate=x"], ["ahead=1"], ["withhold"], ["late"]):
+    for bad in (
+        ["slow=fast"],
+        ["equivocate"],
+        ["equivocate=x"],
+        ["ahead=1"],
+        ["withhold"],
+        ["late"],
+    ):
         with pytest.raises(ValueError, match="unknown fault"):
             Faults.parse(bad)
     assert Faults.parse(["attack=flip=4"]).attack == Attack("flip", 4.0)

@@ -298,6 +298,8 @@ interface IDistributedTrainingBSMTypes {
     error TooManyVerifiers(uint256 count, uint256 max);
     /// @notice verifier `verifier` has no code
     error VerifierHasNoCode(address verifier);
+    /// @notice extension `extension` has no code
+    error ExtensionHasNoCode(address extension);
     /// @notice the verifier returned an attestation that expires at `expiresAt` (now `nowTs`)
     error AttestationExpired(uint256 expiresAt, uint256 nowTs);
 

@@ -18,6 +18,41 @@ contract ConstructorTest is BaseTest {
         vm.assertLe(address(bsm).code.length, 24_576, "runtime code size");
     }
 
+    /// EIP-3860: a real chain refuses initcode above 49,152 bytes; the extensions are deployed
+    /// apart, so the BSM's initcode is its runtime plus the constructor.
+    function test_initcodeFitsLimit() public view {
+        bytes memory code = vm.getCode("DistributedTrainingBSM.sol:DistributedTrainingBSM");
+        vm.assertLe(code.length + abi.encode(defaultParams(), views).length, 49_152, "initcode size");
+    }
+
+    /// Every selector the BSM does not have reaches the extensions it was deployed with.
+    function test_delegatesToItsExtensions() public {
+        vm.assertEq(bsm.nextJobId(), 1); // views
+        (bool ok, bytes memory ret) = address(bsm).staticcall(abi.encodeWithSignature("JOIN()"));
+        vm.assertTrue(ok);
+        vm.assertEq(abi.decode(ret, (uint8)), 1); // hooks, through views
+        IBSM other = deployBSM(defaultParams());
+        vm.assertEq(other.params().treasury, treasury); // one deployment serves both
+    }
+
+    function test_revert_ExtensionHasNoCode_views() public {
+        address notAContract = makeAddr("views");
+        bytes memory code = abi.encodePacked(
+            vm.getCode("DistributedTrainingBSM.sol:DistributedTrainingBSM"), abi.encode(defaultParams(), notAContract)
+        );
+        vm.expectRevert(abi.encodeWithSelector(I.ExtensionHasNoCode.selector, notAContract));
+        deployCode(code);
+    }
+
+    function test_revert_ExtensionHasNoCode_hooks() public {
+        address notAContract = makeAddr("hooks");
+        bytes memory code = abi.encodePacked(
+            vm.getCode("DistributedTrainingBSMViews.sol:DistributedTrainingBSMViews"), abi.encode(notAContract)
+        );
+        vm.expectRevert(abi.encodeWithSelector(I.ExtensionHasNoCode.selector, notAContract));
+        deployCode(code);
+    }
+
     function test_revert_BpsSumNot10000() public {
         I.Params memory p = defaultParams();
         p.developerBps = 1999;

@@ -393,6 +393,11 @@ class Node:
                 self._fail_if_abandoned(job)
                 self._sleep()
                 continue
+            if not job.deadline:
+                # a running epoch always has a deadline: this read met a block being mined
+                # (seen on anvil), so read again rather than find the commit deadline passed
+                self._sleep()
+                continue
             self._pool()
             self._leave_if_asked(job)
             sub = self.bsm.submission_of(job_id, self.me, job.block)
