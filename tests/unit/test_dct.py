@@ -15,6 +15,31 @@ def test_basis_orthonormal(n):
     assert torch.allclose(B.T @ B, torch.eye(n, dtype=torch.float64), atol=1e-13)
 
 
+def test_cached_float_basis_does_not_depend_on_torch_cos(monkeypatch):
+    """torch.cos of a float64 tensor (MKL's vector cosine, on several threads) now and then
+    returns the part a worker thread computed with only ~1e-8 accuracy on its first call in a
+    process; a basis built from it and cached would leave every float transform of that
+    process orthonormal only to ~1e-8. Simulate that call: the basis must not change."""
+    real = torch.cos
+
+    def inaccurate(x, *args, **kwargs):
+        y = real(x, *args, **kwargs)
+        half = (torch.arange(y.numel()) >= y.numel() // 2).reshape(y.shape).to(y.dtype)
+        return y * (1 + 1e-8 * half)
+
+    monkeypatch.setattr(torch, "cos", inaccurate)
+    dct._basis64.cache_clear()
+    dct.basis_as.cache_clear()
+    try:
+        B = dct.basis_as(64, torch.float64)
+        assert (B @ B.T - torch.eye(64, dtype=torch.float64)).abs().max() < 1e-14
+        assert torch.equal(B, dct.basis(64))
+    finally:
+        monkeypatch.undo()
+        dct._basis64.cache_clear()
+        dct.basis_as.cache_clear()
+
+
 def test_basis_matches_dct_definition():
     # DCT-II of a constant vector puts everything into coefficient 0 (orthonormal scaling)
     c = dct.basis(64) @ torch.ones(64, dtype=torch.float64)

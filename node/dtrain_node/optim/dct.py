@@ -23,10 +23,20 @@ QBITS = 15  # fixed-point scale of the integer basis: Bq = round(B * 2^15)
 
 
 def basis(n: int = N) -> torch.Tensor:
-    """Orthonormal DCT-II matrix B (float64), rows are frequencies: coefficients = B @ x."""
-    k = torch.arange(n, dtype=torch.float64)[:, None]
-    j = torch.arange(n, dtype=torch.float64)[None, :]
-    B = torch.cos(math.pi * (2 * j + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
+    """Orthonormal DCT-II matrix B (float64), rows are frequencies: coefficients = B @ x.
+
+    The cosines come from math.cos (the C library's, one entry at a time on this thread), not
+    torch.cos: on a float64 tensor of more than 2048 entries torch.cos runs MKL's vector cosine
+    on several threads, and its first call in a process now and then returns the part a worker
+    thread computed with only ~1e-8 relative accuracy (torch 2.13, MKL 2024.2, 2 threads: about
+    1 process in 20). _basis64 caches the first basis of the process, so every float transform
+    of that process was then orthonormal only to ~1e-8.
+    """
+    s = math.sqrt(2.0 / n)
+    B = torch.tensor(
+        [[math.cos(math.pi * (2 * j + 1) * k / (2 * n)) * s for j in range(n)] for k in range(n)],
+        dtype=torch.float64,
+    )
     B[0] /= math.sqrt(2.0)
     return B
 
