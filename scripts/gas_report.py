@@ -109,11 +109,13 @@ def render_cold(cold: dict[str, list[int]]) -> list[str]:
         gas = cold[test]
         over = sum(g > HOOK_CAP for g in gas)
         lines.append(f"| {what} | {len(gas)} | {max(gas):,} | {over} |")
+    worst = max(max(g) for g in cold.values())
+    verdict = "fits" if worst <= HOOK_CAP else "does NOT fit"
     lines += [
         "",
-        "The settling calls (3 members each) and a 3-member job's every call fit; at 32 members",
-        "the call that ends an epoch (the roster of the next one) and the one that closes the",
-        "job do not yet: they walk all 32 members in one call.",
+        f"The heaviest call ({worst:,}) {verdict} the core's {HOOK_CAP:,}: each call settles",
+        "`HOOK_SETTLE_BATCH` members and releases those leaving at the boundary as it settles",
+        "them, and one more call ends the epoch (it reads no member's stake).",
     ]
     return lines
 
@@ -145,7 +147,7 @@ def render(
         "",
         "Through the Tangle hooks (`HookGasCapTest`, tnt-core's 500,000 gas per hook call): the",
         f"heaviest hook call of a 32-member job took {hooks['max gas of one hook call']:,} gas;",
-        "finalizing settles `HOOK_SETTLE_BATCH` = 3 members per call, "
+        "finalizing settles `HOOK_SETTLE_BATCH` = 2 members per call, "
         f"{hooks['finalize hook calls for 2 epochs']} calls for 2 epochs (storage warm",
         "between calls).",
         *render_cold(cold),

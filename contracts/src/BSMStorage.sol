@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
+import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
+
 import {IDistributedTrainingBSMTypes} from "./interfaces/IDistributedTrainingBSM.sol";
 
 /// @title BSMStorage
@@ -23,11 +25,10 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     uint8 internal constant _COMMIT = 3;
     uint8 internal constant _REVEAL = 4;
     uint8 internal constant _FINALIZE = 5;
-    uint8 internal constant _REGISTER = 0xf1;
     uint8 internal constant _DEREGISTER = 0xf2;
     uint8 internal constant _SLASH = 0xf3;
     /// Members an epoch's settlement covers per hook call, under the core's 500k gas cap.
-    uint256 internal constant _HOOK_SETTLE_BATCH = 3;
+    uint256 internal constant _HOOK_SETTLE_BATCH = 2;
 
     enum Membership {
         None,
@@ -146,6 +147,19 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(address operator => Attestation) internal _attestations;
     mapping(address verifier => bool) internal _attestationVerifiers;
     uint256 internal _attestationVerifierCount;
+
+    function _setNetwork(
+        Operator storage o,
+        bytes32 peerKey,
+        string[] memory multiaddrs,
+        string memory hardware,
+        uint256 minPricePerEpoch
+    ) internal {
+        o.peerKey = peerKey;
+        o.multiaddrs = multiaddrs;
+        o.hardware = hardware;
+        o.minPricePerEpoch = SafeCast.toUint96(minPricePerEpoch);
+    }
 
     function _assetsOf(address operator, address account) internal view returns (uint256) {
         Pool storage p = _pools[operator];

@@ -78,7 +78,13 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         string calldata hardware,
         uint256 minPricePerEpoch
     ) external payable {
-        _register(msg.sender, peerKey, multiaddrs, hardware, minPricePerEpoch, msg.value, true);
+        Operator storage o = _operators[msg.sender];
+        require(!o.registered, AlreadyRegistered(msg.sender));
+        require(msg.value >= _params.minStake, StakeBelowMinimum(msg.value, _params.minStake));
+        o.registered = true;
+        _setNetwork(o, peerKey, multiaddrs, hardware, minPricePerEpoch);
+        _mint(msg.sender, msg.sender, msg.value);
+        emit OperatorRegistered(msg.sender, peerKey, msg.value);
     }
 
     /// @inheritdoc IDistributedTrainingBSMActions
@@ -242,10 +248,6 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         } else if (action == _FINALIZE) {
             (uint256 jobId, uint256 epoch) = abi.decode(args, (uint256, uint256));
             _finalize(jobId, epoch, operator, _HOOK_SETTLE_BATCH);
-        } else if (action == _REGISTER) {
-            (bytes32 peerKey, string[] memory multiaddrs, string memory hardware, uint256 price) =
-                abi.decode(args, (bytes32, string[], string, uint256));
-            _register(operator, peerKey, multiaddrs, hardware, price, 0, false);
         } else if (action == _DEREGISTER) {
             _deregister(operator);
         } else if (action == _SLASH) {
@@ -257,39 +259,6 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     // ================================================================ internal: operators
-
-    function _register(
-        address operator,
-        bytes32 peerKey,
-        string[] memory multiaddrs,
-        string memory hardware,
-        uint256 minPricePerEpoch,
-        uint256 amount,
-        bool stakeRequired
-    ) internal {
-        Operator storage o = _operators[operator];
-        require(!o.registered, AlreadyRegistered(operator));
-        require(
-            amount >= _params.minStake || (!stakeRequired && amount == 0), StakeBelowMinimum(amount, _params.minStake)
-        );
-        o.registered = true;
-        _setNetwork(o, peerKey, multiaddrs, hardware, minPricePerEpoch);
-        if (amount > 0) _mint(operator, operator, amount);
-        emit OperatorRegistered(operator, peerKey, amount);
-    }
-
-    function _setNetwork(
-        Operator storage o,
-        bytes32 peerKey,
-        string[] memory multiaddrs,
-        string memory hardware,
-        uint256 minPricePerEpoch
-    ) internal {
-        o.peerKey = peerKey;
-        o.multiaddrs = multiaddrs;
-        o.hardware = hardware;
-        o.minPricePerEpoch = minPricePerEpoch.toUint96();
-    }
 
     function _deregister(address operator) internal {
         Operator storage o = _operators[operator];
@@ -737,8 +706,17 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         c.equivocators = _equivocators[c.attempt];
         Progress memory g = _progress[jobId];
         uint256 to = Math.min(members.length, g.cursor + maxMembers);
+        bool inPieces = maxMembers == _HOOK_SETTLE_BATCH;
+        bool closing = c.unworkable
+            || (c.quorum ? j.epoch + 1 == spec.totalEpochs : j.failedEpochs + 1 >= _params.maxFailedEpochs);
         for (uint256 i = g.cursor; i < to; ++i) {
-            _settleMember(c, members[i], i);
+            address op = members[i];
+            _settleMember(c, op, i);
+            // In pieces, a member that leaves at this boundary is released as it is settled,
+            // so the call that ends the epoch reads no member's stake.
+            if (inPieces && (closing || _membership[jobId][op] != Membership.Active || !_stays(op))) {
+                _release(jobId, op);
+            }
         }
         if (c.paid > 0) {
             if (c.unworkable) _fromEscrow(j, c.price * c.paid, c.token);
@@ -781,7 +759,7 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
                 return;
             }
         }
-        _startEpoch(jobId);
+        _startEpoch(jobId, inPieces);
     }
 
     /// Pays, slashes or skips member `i`. A silent member is slashed even without quorum (it
@@ -881,25 +859,23 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
     }
 
     /// Applies leaves and joins at an epoch boundary and starts the next epoch, or leaves the
-    /// job `Open` until enough operators join.
-    function _startEpoch(uint256 jobId) internal {
+    /// job `Open` until enough operators join. `checked`: every member's stake was judged as it
+    /// was settled (in pieces), and those leaving were released then.
+    function _startEpoch(uint256 jobId, bool checked) internal {
         JobState storage j = _jobs[jobId];
         address[] storage current = _members[jobId];
         address[] storage pending = _pending[jobId];
         address[] memory next = new address[](current.length + pending.length);
         uint256 n;
-        uint256 minStake = _params.minStake;
         for (uint256 i; i < current.length; ++i) {
             address op = current[i];
-            // A member stays while its self-stake still covers the minimum and every seat bond.
-            if (
-                _membership[jobId][op] == Membership.Active && _operators[op].registered
-                    && _assetsOf(op, op) >= Math.max(minStake, _bonded[op])
-            ) {
+            Membership m = _membership[jobId][op];
+            if (m == Membership.Active && (checked || _stays(op))) {
                 next[n++] = op;
-            } else {
+            } else if (m == Membership.Active || m == Membership.Leaving) {
                 _release(jobId, op);
             }
+            // None or Pending: released as it was settled (and perhaps queued again since).
         }
         for (uint256 i; i < pending.length; ++i) {
             address op = pending[i];
@@ -929,13 +905,21 @@ contract DistributedTrainingBSM is BSMStorage, IDistributedTrainingBSMActions, R
         );
     }
 
+    /// A member stays while it is registered and its self-stake still covers the minimum and
+    /// every seat bond.
+    function _stays(address op) internal view returns (bool) {
+        return _operators[op].registered && _assetsOf(op, op) >= Math.max(_params.minStake, _bonded[op]);
+    }
+
     /// Ends a job: releases every member and pending joiner and refunds unearned escrow.
     function _close(uint256 jobId, JobStatus status) internal returns (uint256 refund) {
         JobState storage j = _jobs[jobId];
         j.status = status;
         address[] storage current = _members[jobId];
         for (uint256 i; i < current.length; ++i) {
-            _release(jobId, current[i]);
+            Membership m = _membership[jobId][current[i]];
+            // None or Pending: released as it was settled in pieces (Pending: queued again).
+            if (m == Membership.Active || m == Membership.Leaving) _release(jobId, current[i]);
         }
         address[] storage pending = _pending[jobId];
         for (uint256 i; i < pending.length; ++i) {

@@ -42,7 +42,13 @@ contract DistributedTrainingBSMHooks is BSMStorage {
     /// `registrationInputs` = `abi.encode(bytes32 peerKey, string[] multiaddrs, string hardware,
     /// uint256 minPricePerEpoch)`. The core forwards no stake: the operator adds it with `stake()`.
     function onRegister(address operator, bytes calldata registrationInputs) external payable onlyCore {
-        _act(_REGISTER, operator, registrationInputs);
+        Operator storage o = _operators[operator];
+        require(!o.registered, AlreadyRegistered(operator));
+        (bytes32 peerKey, string[] memory multiaddrs, string memory hardware, uint256 price) =
+            abi.decode(registrationInputs, (bytes32, string[], string, uint256));
+        o.registered = true;
+        _setNetwork(o, peerKey, multiaddrs, hardware, price);
+        emit OperatorRegistered(operator, peerKey, 0);
     }
 
     function onUnregister(address operator) external onlyCore {
