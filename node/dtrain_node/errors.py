@@ -34,6 +34,10 @@ class WireError(RejectedInput):
     """A stream-protocol frame that is malformed or oversized."""
 
 
+class TranscriptInvalid(NodeError, ValueError):
+    """An epoch transcript file that is malformed, or holds a packet its sender did not commit."""
+
+
 class CheckpointInvalid(NodeError, ValueError):
     """A checkpoint that is missing, unreadable or does not match its expected hash."""
 

@@ -3,13 +3,34 @@ slashed on-chain with its proof (real anvil, node processes, libp2p and training
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
 from dtrain_node.devnet.cluster import node_name
+from dtrain_node.operator import evidence
+from dtrain_node.operator.epoch import recompute
+from dtrain_node.operator.node import NodeConfig
 
 pytestmark = pytest.mark.slow
+
+
+def _one_evidence(c: Cluster, n: int) -> evidence.EpochTranscript:
+    """Every node wrote the epoch's transcript file; each one's packets verify against their
+    senders' signed commitments, all are byte-identical and their root is the one each node
+    reported. Returns it."""
+    files = set()
+    for i in range(n):
+        (trained,) = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
+        (t,) = [m for m in c.metrics(i) if m["kind"] == "transcript"]
+        record = evidence.load(evidence.path(c.tmp / node_name(i) / "jobs" / "1", t["attempt"]))
+        evidence.verify(record, trained["members"])
+        assert record.root().hex() == trained["transcript_root"], i
+        files.add(record.encode())
+    assert len(files) == 1, f"{len(files)} different transcripts"
+    return evidence.decode(files.pop())
 
 
 @pytest.mark.timeout(900)
@@ -45,6 +66,22 @@ def test_equivocator_is_slashed_with_its_proof_and_honest_members_are_paid(tmp_p
             transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
             assert transcript and transcript[-1]["settled"], i
         assert len(votes) == 1, votes
+        record = _one_evidence(c, 4)
+        assert [len(r) for r in record.rounds] == [4, 3, 4, 4, 4]  # op4 out of round 1
+        assert cheat not in [p.sender for p in record.rounds[1]]
+        # a referee outside the job recomputes the certified checkpoint from the file alone,
+        # and a transcript without one packet leads elsewhere
+        job = c.bsm.job(c.job_id)
+        assert votes == {job.state.checkpoint.hex()}
+        at = dataclasses.replace(
+            job, state=dataclasses.replace(job.state, epoch=record.epoch, attempt=record.attempt)
+        )
+        referee = NodeConfig(
+            c.treasury.key, c.chain.url, c.bsm.address, tmp_path / "referee", job_id=c.job_id
+        )
+        assert recompute(referee, at, record) == job.state.checkpoint
+        short = dataclasses.replace(record, rounds=(record.rounds[0][1:], *record.rounds[1:]))
+        assert recompute(referee, at, short) != job.state.checkpoint
         assert c.bsm.w3.eth.get_balance(c.bsm.address) == c.bsm.accounting().total
 
 
@@ -72,6 +109,8 @@ def test_a_withheld_packet_is_out_for_everyone_and_nobody_is_slashed(tmp_path) -
         assert len(votes) == 1, votes  # one checkpoint, one participation, everywhere
         ((_, participation),) = votes
         assert sorted(participation) == [4, 5, 5, 5], participation  # op4 out of round 1
+        record = _one_evidence(c, 4)
+        assert withholder not in [p.sender for p in record.rounds[1]]
         events = c.bsm.events(job_id=c.job_id)
         assert "Slashed" not in [e.name for e in events]
         paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
@@ -108,6 +147,7 @@ def test_a_packet_revealed_to_one_member_leaves_one_transcript_and_nobody_is_sla
         assert len(votes) == 1, votes
         ((_, participation),) = votes
         assert sorted(participation)[1:] == [5, 5, 5], participation  # honest in every round
+        _one_evidence(c, 4)
         events = c.bsm.events(job_id=c.job_id)
         assert "Slashed" not in [e.name for e in events]
         paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
@@ -148,6 +188,9 @@ def test_seven_members_two_attackers_one_transcript_and_only_the_equivocator_is_
         by_member = dict(participation)
         assert [by_member[o.address] for o in c.ops[:5]] == [5] * 5, by_member
         assert by_member[c.ops[6].address] == 3, by_member  # out of rounds 1 and 3
+        record = _one_evidence(c, 7)
+        sizes = [len(r) for r in record.rounds]
+        assert sizes[:2] + sizes[3:] == [7, 6, 6, 7] and sizes[2] in (6, 7), sizes
         events = c.bsm.events(job_id=c.job_id)
         cheat = c.ops[6].address
         proven = [e.args for e in events if e.name == "EquivocationProven"]

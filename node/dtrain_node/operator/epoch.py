@@ -33,7 +33,7 @@ from dtrain_node.errors import (
     ModelUnavailable,
     RecipeInvalid,
 )
-from dtrain_node.operator import roundstate
+from dtrain_node.operator import evidence, roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import reconcile_deadline, round_deadline, round_patience
 from dtrain_node.operator.faults import AHEAD_WAIT_S, Faults, RoundContext
@@ -42,7 +42,7 @@ from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
-from dtrain_node.p2p.reconcile import Equivocation
+from dtrain_node.p2p.reconcile import Equivocation, Transcript
 from dtrain_node.train import checkpoint, devices, shard
 from dtrain_node.train.backend import Backend, TrainJob, make_backend
 
@@ -75,6 +75,7 @@ class EpochEnv:
     metric: Callable[..., Any]
     between_rounds: Callable[[Job], None]  # raises to stop now; announces a requested leave
     connect: Callable[[list[str]], None]  # dial these members' peers
+    chain_id: int = 0  # of the chain the job is on (names it in the epoch's evidence file)
 
 
 def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMoConfig:
@@ -123,6 +124,7 @@ class EpochTrainer:
         self.participation: dict[str, int] = {}
         self.applied: list[list[tuple[str, str]]] = []  # per round: (sender, sha256) applied
         self.start_shared: list[Any] = []  # the shared state the epoch started from
+        self.transcript_root: bytes | None = None  # of the canonical transcript, once agreed
         self.equivocations: list[Equivocation] = []  # members' proven equivocations
         self.context: RoundContext  # what the previous round left for `Faults.packet`
 
@@ -281,6 +283,9 @@ class EpochTrainer:
             for r in range(self.rounds)
             if r >= len(self.applied) or sorted(self.applied[r]) != sorted(canonical[r])
         ]
+        record = self._evidence(t)
+        self.transcript_root = record.root()
+        evidence.save(env.job_dir, record)
         self.equivocations = list(t.equivocations)
         for e in t.equivocations:
             env.metric("equivocation", job=job.id, epoch=st.epoch, round=e.round, sender=e.sender)
@@ -303,6 +308,22 @@ class EpochTrainer:
             peers_gone=t.peers_gone,
         )
 
+    def _evidence(self, t: Transcript) -> evidence.EpochTranscript:
+        """The canonical transcript as the epoch's evidence file records it."""
+        job, st = self.job, self.job.state
+        commitments = t.commitments or [[b""] * len(packets) for packets in t.rounds]
+        rounds = tuple(
+            tuple(
+                evidence.Packet(Web3.to_checksum_address(str(s)), p, c)
+                for (s, p), c in zip(packets, commits, strict=True)
+            )
+            for packets, commits in zip(t.rounds, commitments, strict=True)
+        )
+        contract = Web3.to_checksum_address(self.env.cfg.contract)
+        return evidence.EpochTranscript(
+            self.env.chain_id, contract, job.id, st.epoch, st.attempt, rounds
+        )
+
     def _count(self, applied: Iterable[object]) -> None:
         for s in applied:
             key = Web3.to_checksum_address(str(s))
@@ -320,6 +341,7 @@ class EpochTrainer:
             job=job.id,
             epoch=st.epoch,
             checkpoint=digest.hex(),
+            transcript_root=self.transcript_root.hex() if self.transcript_root else None,
             members=self.members,  # the order of `participation`
             participation=vote,
             **after,
@@ -336,3 +358,34 @@ def from_round(batches: Iterator[Any], first: int, k: int) -> Iterator[Any]:
 
 def _digests(packets: Sequence[tuple[str, bytes]]) -> list[tuple[str, str]]:
     return [(Web3.to_checksum_address(s), hashlib.sha256(p).hexdigest()) for s, p in packets]
+
+
+REFEREE = "0x" + "00" * 20  # a replay sends no packet: its sender name is never seen
+
+
+def recompute(
+    cfg: NodeConfig,
+    job: Job,
+    t: evidence.EpochTranscript,
+    start: dict[str, Any] | None = None,
+) -> bytes:
+    """The referee's check (docs/protocol.md 4.7): the checkpoint digest the epoch's canonical
+    transcript `t` leads to from the epoch's start state, by aggregation alone (no training,
+    nobody's private state, no network). `start`: the start tensors of an epoch after the
+    first (the previous epoch's verified checkpoint); None for the first epoch, whose start
+    is the job's start model, checked against its model hash. The caller checks `t` first
+    (`evidence.verify`)."""
+    tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
+    backend = make_backend(tj)
+    model = backend.model
+    if start is None:
+        if backend.start_pin != job.spec.model_hash:
+            raise CheckpointInvalid(
+                f"start model pin {backend.start_pin.hex()[:16]}.. != job's model hash "
+                f"{job.spec.model_hash.hex()[:16]}.."
+            )
+    else:
+        model.load_state_dict(start)
+    opt = DeMo(model.named_parameters(), demo_config(cfg, job, tj.recipe), sender=REFEREE)
+    opt.replay([x.clone() for x in opt.theta_sync], t.packets())
+    return checkpoint.canonical_hash({n: p.detach() for n, p in model.state_dict().items()})

@@ -548,6 +548,7 @@ class Node:
             metric=self._metric,
             between_rounds=self._between_rounds,
             connect=self._connect,
+            chain_id=self.bsm.chain_id,
         )
 
     def _between_rounds(self, job: Job) -> None:

@@ -18,8 +18,9 @@ or not; a node whose live rounds differed replays the transcript (aggregation on
 
 from __future__ import annotations
 
+import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 from libp2p.peer.id import ID
@@ -48,6 +49,9 @@ class Transcript:
     waited_s: float
     peers_agreed: int  # live peers that finished every round holding nothing we lacked
     peers_gone: int  # peers that were unreachable
+    # per round, the encoded signed commitment of each packet in `rounds` (same order): what
+    # lets anyone check the transcript's packets without trusting its holder
+    commitments: list[list[bytes]] = field(default_factory=list)
 
 
 class Reconciler:
@@ -100,6 +104,10 @@ class Reconciler:
             with trio.move_on_at(min(end, time.monotonic() + 4 * st.config.re_request_s)):
                 await st.changed.wait()
         out = [self._canonical(r, vouched) for r in range(rounds)]
+        commitments = [
+            [self._commitment(r, sender, payload) for sender, payload in packets]
+            for r, packets in enumerate(out)
+        ]
         st.metrics.reconcile_timeouts += not settled
         return Transcript(
             rounds=out,
@@ -108,6 +116,7 @@ class Reconciler:
             waited_s=time.monotonic() - t0,
             peers_agreed=sum(len(agreed.get(p, ())) == rounds for p in st.peers),
             peers_gone=len(gone),
+            commitments=commitments,
         )
 
     def _agrees(self, r: int, v: PeerView) -> bool:
@@ -129,6 +138,10 @@ class Reconciler:
         if me in usable and not (own and (r, own[0]) in vouched):
             del usable[me]  # no other member holds our commitment: nobody applies our packet
         return sorted(usable.items())
+
+    def _commitment(self, r: int, sender: str, payload: bytes) -> bytes:
+        env = self._state.store.commitment(r, sender, hashlib.sha256(payload).digest())
+        return b"" if env is None else env.encode()  # usable packets always have one
 
     def _proofs(self, rounds: int) -> list[Equivocation]:
         store = self._state.store

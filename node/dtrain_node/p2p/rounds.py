@@ -331,6 +331,11 @@ class RoundStore:
         st = self.rounds.get(rnd)
         return [] if st is None else sorted((s, d) for s, by in st.commits.items() for d in by)
 
+    def commitment(self, rnd: int, sender: str, digest: bytes) -> Envelope | None:
+        """`sender`'s signed commitment to the packet with this sha256 in round `rnd`."""
+        st = self.rounds.get(rnd)
+        return None if st is None else st.commits.get(sender, {}).get(digest)
+
     def commits_for(self, rnd: int, exclude: set[tuple[str, bytes]]) -> list[Envelope]:
         """The commitment envelopes of a round that the asker does not hold."""
         st = self.rounds.get(rnd)

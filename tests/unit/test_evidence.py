@@ -1,0 +1,201 @@
+"""The epoch's evidence file: a transcript of real DeMo packets, each with its sender's signed
+commitment, survives the file byte for byte, replays to the very shared state the members
+reached live, and any packet its sender did not commit is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from eth_account import Account
+from eth_utils import keccak, to_checksum_address
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dtrain_node.errors import TranscriptInvalid
+from dtrain_node.operator import evidence as ev
+from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.p2p import envelope as envmod
+from dtrain_node.train.start import start_model
+
+K, ROUNDS, CHAIN, JOB, EPOCH, ATTEMPT = 2, 2, 31337, 7, 0, 3
+CONTRACT = to_checksum_address("0x" + "cc" * 20)
+CFG = DeMoConfig(
+    mode="local", sync_interval=K, lr=1.0, compress=CompressConfig(k2d=4, k1d=1, bits=1)
+)
+ACCOUNTS = sorted((Account.create() for _ in range(3)), key=lambda a: a.address.lower())
+
+
+def _fresh(sender: str) -> tuple[torch.nn.Module, DeMo]:
+    torch.manual_seed(0)
+    model = start_model("builtin:tiny").fresh()
+    return model, DeMo(model.named_parameters(), CFG, sender=sender)
+
+
+def _signed(account, rnd: int, payload: bytes, attempt: int = ATTEMPT) -> bytes:
+    chunks = envmod.seal(
+        account,
+        chain_id=CHAIN,
+        contract=CONTRACT,
+        job_id=JOB,
+        epoch=attempt,
+        round=rnd,
+        payload=payload,
+        chunk_size=envmod.MAX_CHUNK,
+    )
+    return envmod.commitment(account, chunks).encode()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """Three members train ROUNDS rounds together, each applying all three packets: the
+    transcript they signed, the start state and the shared state every member reached."""
+    torch.set_num_threads(1)
+    members = [_fresh(a.address) for a in ACCOUNTS]
+    start = [t.clone() for t in members[0][1].theta_sync]
+    rounds = []
+    for r in range(ROUNDS):
+        packets = []
+        for i, (model, opt) in enumerate(members):
+            g = torch.Generator().manual_seed(100 * r + i)
+            for _ in range(K):
+                ids = torch.randint(0, 256, (2, 16), generator=g)
+                model(input_ids=ids, labels=ids).loss.backward()
+                opt.inner_step()
+            packets.append((opt.sender, opt.prepare()))
+        for _, opt in members:
+            opt.apply(packets)
+        signed = zip(ACCOUNTS, packets, strict=True)
+        rounds.append(tuple(ev.Packet(s, p, _signed(a, r, p)) for a, (s, p) in signed))
+    t = ev.EpochTranscript(CHAIN, CONTRACT, JOB, EPOCH, ATTEMPT, tuple(rounds))
+    return t, start, [x.clone() for x in members[0][1].theta_sync]
+
+
+def _members() -> list[str]:
+    return [a.address for a in ACCOUNTS]
+
+
+def test_a_transcript_file_replays_to_the_shared_state_the_members_reached(trained) -> None:
+    t, start, reached = trained
+    assert any(not torch.equal(a, b) for a, b in zip(start, reached, strict=True))  # trained
+    back = ev.decode(t.encode())
+    assert back == t and back.encode() == t.encode()
+    ev.verify(back, _members())
+    _, referee = _fresh("0x" + "00" * 20)  # an outsider: holds no private state of anyone
+    stats = referee.replay(start, back.packets())
+    assert [len(s.applied) for s in stats] == [3] * ROUNDS
+    for a, b in zip(referee.theta_sync, reached, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_packet_its_sender_did_not_commit_is_refused(trained) -> None:
+    t = trained[0]
+    first = t.rounds[0][0]
+    other = ACCOUNTS[1]
+
+    def with_first(p: ev.Packet, **kw) -> ev.EpochTranscript:
+        return dataclasses.replace(t, rounds=((p, *t.rounds[0][1:]), *t.rounds[1:]), **kw)
+
+    changed = first.payload[:-1] + bytes([first.payload[-1] ^ 1])
+    cases = {
+        "payload": with_first(dataclasses.replace(first, payload=changed)),
+        "signature": with_first(  # signed by another member, under the first one's name
+            dataclasses.replace(first, commitment=_forged(other, first.sender, 0, first.payload))
+        ),
+        "unsigned": with_first(dataclasses.replace(first, commitment=b"")),
+        "commitment": with_first(  # committed in another attempt
+            dataclasses.replace(first, commitment=_signed(ACCOUNTS[0], 0, first.payload, 9))
+        ),
+    }
+    for reason, bad in cases.items():
+        with pytest.raises(TranscriptInvalid, match=reason):
+            ev.verify(ev.decode(bad.encode()), _members())
+    with pytest.raises(TranscriptInvalid, match="member"):
+        ev.verify(t, _members()[1:])
+    # a packet committed in round 0 replayed as round 1's
+    moved = dataclasses.replace(t, rounds=(t.rounds[0], (first, *t.rounds[1][1:])))
+    with pytest.raises(TranscriptInvalid, match="commitment"):
+        ev.verify(moved, _members())
+
+
+def _forged(signer, sender: str, rnd: int, payload: bytes) -> bytes:
+    env = envmod.decode(_signed(signer, rnd, payload))
+    env = dataclasses.replace(env, sender=sender, signature=b"")
+    sig = signer.unsafe_sign_hash(env.signing_digest()).signature
+    return dataclasses.replace(env, signature=bytes(sig)).encode()
+
+
+def test_the_root_commits_to_every_packet_and_its_round(trained) -> None:
+    t = trained[0]
+    root = t.root()
+    assert root == ev.decode(t.encode()).root()
+    first = t.rounds[0][0]
+    dropped = dataclasses.replace(t, rounds=(t.rounds[0][1:], *t.rounds[1:]))
+    changed = dataclasses.replace(
+        t, rounds=((dataclasses.replace(first, payload=first.payload + b"\0"), *t.rounds[0][1:]),)
+    )
+    swapped = dataclasses.replace(t, rounds=t.rounds[::-1])
+    roots = {root, dropped.root(), changed.root(), swapped.root()}
+    assert len(roots) == 4
+    # the commitments are evidence of origin, not part of what the root commits to
+    unsigned = dataclasses.replace(
+        t, rounds=tuple(tuple(dataclasses.replace(p, commitment=b"") for p in r) for r in t.rounds)
+    )
+    assert unsigned.root() == root
+
+
+def test_merkle_root_layout() -> None:
+    a, b, c = (keccak(bytes([i])) for i in range(3))
+    assert ev.merkle_root([]) == bytes(32)
+    assert ev.merkle_root([a]) == a
+    assert ev.merkle_root([a, b]) == keccak(a + b)
+    assert ev.merkle_root([a, b, c]) == keccak(keccak(a + b) + c)
+
+
+def test_decode_refuses_malformed_files(trained) -> None:
+    data = trained[0].encode()
+    for n in range(len(data)):
+        with pytest.raises(TranscriptInvalid):
+            ev.decode(data[:n])
+    with pytest.raises(TranscriptInvalid, match="trailing"):
+        ev.decode(data + b"\0")
+    with pytest.raises(TranscriptInvalid, match="version"):
+        ev.decode(data[:4] + b"\x02" + data[5:])
+    t = trained[0]
+    unsorted = dataclasses.replace(t, rounds=(t.rounds[0][::-1], *t.rounds[1:]))
+    with pytest.raises(TranscriptInvalid, match="order"):
+        ev.decode(unsorted.encode())
+    twice = dataclasses.replace(t, rounds=((t.rounds[0][0], t.rounds[0][0]),))
+    with pytest.raises(TranscriptInvalid, match="order"):
+        ev.decode(twice.encode())
+    with pytest.raises(TranscriptInvalid, match="type"):
+        ev.decode("not bytes")  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=600))
+def testFuzz_decode_raises_only_transcript_invalid(data: bytes) -> None:
+    for blob in (data, ev.MAGIC + bytes([ev.VERSION]) + data):
+        try:
+            t = ev.decode(blob)
+        except TranscriptInvalid:
+            continue
+        assert t.encode() == blob
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def testFuzz_a_changed_byte_is_refused_or_no_longer_verifies(trained, data) -> None:
+    raw = bytearray(trained[0].encode())
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] ^= data.draw(st.integers(1, 255))
+    try:
+        t = ev.decode(bytes(raw))
+    except TranscriptInvalid:
+        return
+    assert t.encode() == bytes(raw)
+    if t.rounds != trained[0].rounds:  # a packet changed: its commitment no longer fits
+        with pytest.raises(TranscriptInvalid):
+            ev.verify(t, _members())
