@@ -597,8 +597,8 @@ def _operators(text: str) -> tuple[int, int]:
 @click.option(
     "--price",
     required=True,
-    help="Price per operator-epoch: an ether amount (1gwei, 0.01ether), or with --token whole "
-    "tokens (2.5).",
+    help="Price per operator-epoch: an ether amount (1gwei, 0.01ether), or with --token or "
+    "--x402 whole tokens (2.5).",
 )
 @click.option(
     "--token",
@@ -621,8 +621,10 @@ def _operators(text: str) -> tuple[int, int]:
     "model_uri",
     default="builtin:tiny",
     show_default=True,
-    help="The model the job starts from: builtin:tiny, builtin:small or a model config JSON; "
-    "?seed=N picks its initialisation.",
+    help="The model the job starts from: builtin:tiny or builtin:small (?seed=N picks its "
+    "initialisation), a from_pretrained folder (an absolute path or file:///abs/folder), "
+    "hf://org/name@revision, a folder served as a pack (p2p:...#sha256=..., "
+    "https://...#sha256=...; see --serve) or a model config JSON.",
 )
 @click.option(
     "--model-hash",
@@ -677,7 +679,8 @@ def _operators(text: str) -> tuple[int, int]:
     default=None,
     metavar="URL",
     help="Buy the job from the `dtrain gateway` at URL instead: pay its escrow in the "
-    "gateway's token over x402 (--price is then in the token's base units); the job is yours.",
+    "gateway's token over x402 (--price is then in whole tokens of it, e.g. 0.01); the job is "
+    "yours.",
 )
 @pass_ctx
 def job_submit(
@@ -710,7 +713,7 @@ def job_submit(
     its self-stake while in the job. With --token the job is priced, escrowed, paid and
     refunded in that token (stake and seat bonds stay in ether). With --x402 URL the job is
     bought from a gateway, its escrow paid in the gateway's token over x402 (--price is then in
-    that token).
+    whole tokens of it).
     """
     _check_cheap_arguments(price, token or x402_url, seat_bond, epochs, steps, sync_interval, topk)
     if x402_url is not None and (serve or token):
