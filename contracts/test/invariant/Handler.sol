@@ -5,11 +5,19 @@ import {Test, Vm} from "../utils/Test.sol";
 import {IBSM} from "../utils/IBSM.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {TestUSD} from "../../src/devnet/TestUSD.sol";
+import {DecimalsToken} from "../utils/BadTokens.sol";
+
+interface IMintable {
+    function mint(address to, uint256 amount) external;
+    function approve(address spender, uint256 amount) external returns (bool);
+    function balanceOf(address account) external view returns (uint256);
+}
 
 /// Drives random sequences of every state-changing call across several actors and keeps
 /// running totals of the ether that entered and left, plus per-epoch settlement checks. Half
-/// the jobs are priced in a token (TestUSD, paid by a gateway for the caller): their
-/// settlement is checked in the token, with running totals of the token that entered and left.
+/// the jobs are priced in a token (TestUSD with 6 decimals, or a 2-decimal token, paid by a
+/// gateway for the caller): their settlement is checked in their token, with running totals of
+/// each token that entered and left.
 contract Handler is Test {
     IBSM public bsm;
     address public core;
@@ -41,9 +49,12 @@ contract Handler is Test {
     uint256 public ghostExpiredJobs; // started jobs failed by a stranger after the open timeout
     uint256 public ghostWithheldReveals; // commitments never revealed
     TestUSD public usd;
+    DecimalsToken public dec2;
+    address[] public tokens; // every payment token the jobs use
     address public gateway;
-    uint256 public ghostTokenIn;
-    uint256 public ghostTokenOut;
+    mapping(address token => uint256) public ghostTokenIn;
+    mapping(address token => uint256) public ghostTokenOut;
+    mapping(address token => uint256) public ghostJobsIn; // jobs priced in each token
     uint256 public ghostTokenJobs;
     uint256 public ghostTokenPaidEpochs;
     uint256 public ghostHookSettlements; // epochs settled through the core's FINALIZE hook, in pieces
@@ -83,9 +94,14 @@ contract Handler is Test {
         actors.push(developer_);
         actors.push(makeAddr("inv-caller2"));
         usd = new TestUSD();
+        dec2 = new DecimalsToken(2);
+        tokens.push(address(usd));
+        tokens.push(address(dec2));
         gateway = makeAddr("inv-gateway");
-        vm.prank(developer_);
-        bsm_.setPaymentToken(address(usd), true);
+        for (uint256 i; i < tokens.length; ++i) {
+            vm.prank(developer_);
+            bsm_.setPaymentToken(tokens[i], true);
+        }
     }
 
     /// Credit of `a` in the unit `token` (address(0): ether).
@@ -202,13 +218,14 @@ contract Handler is Test {
 
     function withdrawToken(uint256 s) external {
         address who = _actor(s);
-        uint256 credit = bsm.tokenCreditOf(address(usd), who);
+        address token = tokens[(s >> 128) % tokens.length];
+        uint256 credit = bsm.tokenCreditOf(token, who);
         if (credit == 0) return;
-        uint256 before = usd.balanceOf(who);
+        uint256 before = IMintable(token).balanceOf(who);
         vm.prank(who);
-        bsm.withdrawToken(address(usd));
-        if (usd.balanceOf(who) - before != credit) ++ghostWhoViolations;
-        ghostTokenOut += credit;
+        bsm.withdrawToken(token);
+        if (IMintable(token).balanceOf(who) - before != credit) ++ghostWhoViolations;
+        ghostTokenOut[token] += credit;
     }
 
     function coreSlash(uint256 o, uint256 pct) external {
@@ -252,14 +269,16 @@ contract Handler is Test {
         uint256 escrow = s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
         address c = (price >> 130) & 1 == 1 ? actors[11] : actors[7];
         if ((price >> 132) & 1 == 1) {
-            // Paid in the token by a gateway; the caller owns the job.
-            usd.mint(gateway, escrow);
-            ghostTokenIn += escrow;
+            // Paid in a token by a gateway; the caller owns the job.
+            address token = tokens[(price >> 133) & 1];
+            IMintable(token).mint(gateway, escrow);
+            ghostTokenIn[token] += escrow;
             vm.startPrank(gateway);
-            usd.approve(address(bsm), escrow);
-            jobs.push(bsm.createJobWithToken(s, address(usd), c));
+            IMintable(token).approve(address(bsm), escrow);
+            jobs.push(bsm.createJobWithToken(s, token, c));
             vm.stopPrank();
             ++ghostTokenJobs;
+            ++ghostJobsIn[token];
         } else {
             _fund(c, escrow);
             vm.prank(c);
@@ -297,7 +316,7 @@ contract Handler is Test {
         _ensureOperators(n + 1);
         uint256 price = 0.01 ether;
         bool late = (r >> 30) & 1 == 1; // a seat left for an operator joining mid-epoch
-        this.createJob(n, late ? n + 1 : n, epochs, price | (r & (23 << 128)));
+        this.createJob(n, late ? n + 1 : n, epochs, price | (r & (55 << 128)));
         uint256 id = jobs[jobs.length - 1];
         for (uint256 i; i < n; ++i) {
             (, I.JobState memory st0) = bsm.getJob(id);
@@ -658,6 +677,10 @@ contract Handler is Test {
                 slashed += amount;
             }
         }
+    }
+
+    function tokenCount() external view returns (uint256) {
+        return tokens.length;
     }
 
     function actorCount() external view returns (uint256) {

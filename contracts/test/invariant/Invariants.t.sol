@@ -2,6 +2,8 @@
 pragma solidity ^0.8.28;
 
 import {BaseTest} from "../Base.t.sol";
+import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
+import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {Handler} from "./Handler.sol";
 
 contract InvariantsTest is BaseTest {
@@ -47,25 +49,36 @@ contract InvariantsTest is BaseTest {
 
     /// Per token: the BSM's balance == escrow + credits + unclaimed staker rewards in it.
     function invariant_tokenBalanceEqualsAccounting() public view {
-        (uint256 e, uint256 c, uint256 r) = bsm.tokenAccounting(address(handler.usd()));
-        vm.assertEq(handler.usd().balanceOf(address(bsm)), e + c + r, "token balance != accounted");
-    }
-
-    /// Every token unit that came in is either still held or was withdrawn.
-    function invariant_tokenInMinusOut() public view {
-        vm.assertEq(
-            handler.usd().balanceOf(address(bsm)), handler.ghostTokenIn() - handler.ghostTokenOut(), "token in - out"
-        );
-    }
-
-    /// The token credits ledger is the sum of every actor's token credit.
-    function invariant_tokenCreditsLedgerComplete() public view {
-        (, uint256 credits,) = bsm.tokenAccounting(address(handler.usd()));
-        uint256 sum;
-        for (uint256 i; i < handler.actorCount(); ++i) {
-            sum += bsm.tokenCreditOf(address(handler.usd()), handler.actors(i));
+        for (uint256 t; t < handler.tokenCount(); ++t) {
+            IERC20 token = IERC20(handler.tokens(t));
+            (uint256 e, uint256 c, uint256 r) = bsm.tokenAccounting(address(token));
+            vm.assertEq(token.balanceOf(address(bsm)), e + c + r, "token balance != accounted");
         }
-        vm.assertEq(sum, credits, "token credits ledger");
+    }
+
+    /// Every token unit that came in is either still held or was withdrawn, per token.
+    function invariant_tokenInMinusOut() public view {
+        for (uint256 t; t < handler.tokenCount(); ++t) {
+            address token = handler.tokens(t);
+            vm.assertEq(
+                IERC20(token).balanceOf(address(bsm)),
+                handler.ghostTokenIn(token) - handler.ghostTokenOut(token),
+                "token in - out"
+            );
+        }
+    }
+
+    /// Each token's credits ledger is the sum of every actor's credit in it.
+    function invariant_tokenCreditsLedgerComplete() public view {
+        for (uint256 t; t < handler.tokenCount(); ++t) {
+            address token = handler.tokens(t);
+            (, uint256 credits,) = bsm.tokenAccounting(token);
+            uint256 sum;
+            for (uint256 i; i < handler.actorCount(); ++i) {
+                sum += bsm.tokenCreditOf(token, handler.actors(i));
+            }
+            vm.assertEq(sum, credits, "token credits ledger");
+        }
     }
 
     /// Pending staker rewards never exceed what the pool holds for them.
@@ -108,6 +121,8 @@ contract ReachTest is BaseTest {
         _add("open-timeout failures", handler.ghostExpiredJobs());
         _add("withheld reveals", handler.ghostWithheldReveals());
         _add("token jobs", handler.ghostTokenJobs());
+        _add("jobs in a 6-decimal token", handler.ghostJobsIn(address(handler.usd())));
+        _add("jobs in a 2-decimal token", handler.ghostJobsIn(address(handler.dec2())));
         _add("token paid operator-epochs", handler.ghostTokenPaidEpochs());
         _add("hook settlements in pieces", handler.ghostHookSettlements());
         _add("queued joins", handler.ghostQueuedJoins());
@@ -199,13 +214,50 @@ contract HandlerSmokeTest is BaseTest {
         (uint256 e, uint256 c, uint256 r) = bsm.tokenAccounting(address(h.usd()));
         vm.assertEq(e + c, 0);
         vm.assertEq(h.usd().balanceOf(address(bsm)), r);
-        vm.assertEq(h.ghostTokenIn() - h.ghostTokenOut(), r);
+        vm.assertEq(h.ghostTokenIn(address(h.usd())) - h.ghostTokenOut(address(h.usd())), r);
         assertConserved();
         // A whole token job in one step pays in the token too.
         h.wholeJob(2, 2, false, uint256(1) << 132);
         vm.assertEq(h.ghostTokenJobs(), 2);
         vm.assertEq(h.ghostTokenPaidEpochs(), 9);
         vm.assertEq(h.ghostSettlementViolations() + h.ghostWhoViolations() + h.ghostSplitViolations(), 0);
+    }
+
+    /// A job priced at 7 units of a 2-decimal token: the split's remainders, the staker
+    /// rewards and the refund keep every unit; once everyone withdrew, the BSM holds exactly
+    /// the stakers' unclaimed rewards in it.
+    function test_handlerSettlesTwoDecimalTokenJob() public {
+        Handler h = new Handler(bsm, core, treasury, developer);
+        for (uint256 i; i < 3; ++i) {
+            h.register(i, 2 ether);
+            h.delegate(3 + i, i, 1 ether);
+        }
+        // priced in the 2-decimal token (bits 132, 133) at bound(x, 1, 1 ether) == 7 units
+        uint256 hi = (uint256(1) << 132) | (uint256(1) << 133);
+        h.createJob(2, 3, 2, hi + (1 ether + 6 - hi % 1 ether) % 1 ether); // min 2, max 3
+        address dec2 = address(h.dec2());
+        vm.assertEq(bsm.jobToken(1), dec2);
+        (I.JobSpec memory spec,) = bsm.getJob(1);
+        vm.assertEq(spec.pricePerOperatorEpoch, 7);
+        for (uint256 i; i < 2; ++i) {
+            h.join(i, 0);
+        }
+        for (uint256 k; k < 2; ++k) {
+            h.submit(0, 0);
+            h.finalize(0, 0);
+        }
+        vm.assertEq(h.ghostJobsIn(dec2), 1);
+        vm.assertEq(h.ghostCompletedJobs(), 1);
+        vm.assertEq(h.ghostSplitViolations() + h.ghostSettlementViolations() + h.ghostWhoViolations(), 0);
+        for (uint256 i; i < h.actorCount(); ++i) {
+            h.withdrawToken(i | (uint256(1) << 128));
+        }
+        (uint256 e, uint256 c, uint256 r) = bsm.tokenAccounting(dec2);
+        vm.assertEq(e + c, 0);
+        vm.assertEq(h.dec2().balanceOf(address(bsm)), r);
+        vm.assertEq(h.ghostTokenIn(dec2) - h.ghostTokenOut(dec2), r);
+        vm.assertEq(h.ghostTokenIn(dec2), 7 * 3 * 2); // escrow of 3 seats for 2 epochs
+        assertConserved();
     }
 
     /// Everyone votes UNWORKABLE: the job aborts, nobody is slashed, voters are compensated.
