@@ -4,7 +4,12 @@ A small local HTTP server (stdlib, one thread per request) serves `GET /`, one s
 HTML page (inline CSS and JS, no network), and `GET /api/job`, the job as JSON, which the page
 polls. The JSON is assembled from on-chain reads and events (`assemble`, pure) and from the
 members' metrics files for the loss curve (each node appends a `round` record with the mean
-training loss of every sync round to `metrics.jsonl` in its data directory).
+training loss of every sync round to `metrics.jsonl` in its data directory). A metrics path that
+does not exist yet (a node that has not created its data directory) is waited for: it reads as
+nothing, and the page says it waits for it, until it appears.
+
+A client that leaves before its answer is sent (a closed tab, a cancelled poll) ends its request
+quietly: counted (`JobPageServer.disconnects`) and logged at debug level, no traceback.
 
 Payouts follow the contract's split of a paid operator-epoch (`_pay`, `_payShared`): the
 operator's and the stake pool's cuts, the developer's cut and the rest to the protocol
@@ -17,6 +22,8 @@ their text, in ether or, for a job escrowed in a token, in the token.
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +35,8 @@ from .client import BSM, JOB_EVENTS
 from .errors import ConfigError, DtrainError
 from .models import Event, Job, JobStatus, Params, SlashReason
 from .units import format_eth
+
+log = logging.getLogger("dtrain.jobpage")
 
 METRICS_FILE = "metrics.jsonl"
 POLL_S = 3  # how often the page asks for the job again
@@ -237,10 +246,12 @@ def assemble(
     metrics_sources: Sequence[str] = (),
     block: int = 0,
     unit: Unit = ETHER,
+    metrics_waiting: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The page's JSON: `events` are the job's (block order), `credited` the `Credited` (or,
     for a job in `token`, `TokenCredited`) events of the transactions that paid its members,
-    `records` the members' metrics records. `unit` writes the job's amounts (ether, or the
+    `records` the members' metrics records (read from `metrics_sources`; `metrics_waiting` are
+    the given paths that do not exist yet). `unit` writes the job's amounts (ether, or the
     token's units); the seat bond is always ether."""
     s, st, fmt = job.spec, job.state, unit.format
     return {
@@ -270,7 +281,11 @@ def assemble(
         "payouts": payouts(events, credited, params, fmt),
         "slashes": slashes(events),
         "refund": _refund(events, fmt),
-        "loss": {"sources": list(metrics_sources), "series": loss_series(records, job)},
+        "loss": {
+            "sources": list(metrics_sources),
+            "waiting": list(metrics_waiting),
+            "series": loss_series(records, job),
+        },
     }
 
 
@@ -278,21 +293,20 @@ def assemble(
 
 
 def metrics_file(path: Path) -> Path:
-    """A node's metrics file: `path` itself, or `metrics.jsonl` in a node's data directory."""
+    """A node's metrics file: `path` itself, or `metrics.jsonl` in a node's data directory. Asked
+    again on every read: a path that does not exist yet may appear as either."""
     return path / METRICS_FILE if path.is_dir() else path
 
 
-def check_metrics_paths(paths: Iterable[Path]) -> list[Path]:
-    """The metrics files of `paths` (node data directories or metrics files); a path that does
-    not exist is a typo, not a node that has not started yet."""
-    out = []
-    for p in paths:
-        if not p.exists():
-            raise ConfigError(
-                f"no metrics at {p}: give a node's data directory or its {METRICS_FILE}"
-            )
-        out.append(metrics_file(p))
-    return out
+def metrics_files(paths: Iterable[Path]) -> list[Path]:
+    """The metrics files of `paths` (node data directories or metrics files) as they are now."""
+    return [metrics_file(p) for p in paths]
+
+
+def not_there_yet(paths: Iterable[Path]) -> list[Path]:
+    """The metrics paths that do not exist yet: waited for (a node creates its data directory
+    when it starts), read as nothing until they appear."""
+    return [p for p in paths if not p.exists()]
 
 
 def read_records(files: Iterable[Path]) -> list[dict[str, Any]]:
@@ -331,7 +345,7 @@ class JobPage:
 
     def __init__(self, bsm: BSM, job_id: int, metrics: Sequence[Path] = ()) -> None:
         self.bsm, self.job_id = bsm, job_id
-        self.metrics = check_metrics_paths(metrics)
+        self.metrics = list(metrics)  # as given: each resolved again on every snapshot
         self.bsm.job(job_id)  # an unknown job fails here, before serving
         self._params = bsm.params()
         self._unit = _unit_of(bsm, job_id)
@@ -360,10 +374,11 @@ class JobPage:
             events,
             credited,
             self._params,
-            read_records(self.metrics),
-            [str(p) for p in self.metrics],
+            read_records(metrics_files(self.metrics)),
+            [str(f) for f in metrics_files(self.metrics)],
             block=head,
             unit=self._unit,
+            metrics_waiting=[str(p) for p in not_there_yet(self.metrics)],
         )
 
 
@@ -387,12 +402,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, "text/plain; charset=utf-8", b"not found\n")
 
     def _send(self, code: int, content_type: str, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+        except ConnectionError as exc:  # the client left mid-answer: nothing to answer anymore
+            self.close_connection = True
+            self.server.client_left(self.path, exc)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the terminal shows the URL and the exit line only."""
@@ -409,12 +428,35 @@ class JobPageServer(ThreadingHTTPServer):
         except OSError as exc:
             raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
         self.page = page
+        self.disconnects = 0  # clients that left before their answer was sent
+        self._left = threading.Condition()
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host}:{port}/"
+
+    def client_left(self, what: str, exc: BaseException) -> None:
+        """A client left before its answer (to `what`) was sent: counted, logged at debug."""
+        log.debug("a client left before its answer to %s: %s", what, type(exc).__name__)
+        with self._left:
+            self.disconnects += 1
+            self._left.notify_all()
+
+    def wait_disconnects(self, n: int, timeout: float | None = None) -> bool:
+        """Whether `n` clients have left mid-answer, waiting up to `timeout` seconds."""
+        with self._left:
+            return self._left.wait_for(lambda: self.disconnects >= n, timeout)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client gone while its request was read or answered ends quietly; anything else
+        is reported as socketserver does (a traceback on stderr)."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            self.client_left(f"a request from {client_address[0]}", exc)
+            return
+        super().handle_error(request, client_address)
 
     def start(self) -> JobPageServer:
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
@@ -581,14 +623,19 @@ function chart(d) {
   const pts = series.flatMap((s) => s.points);
   const parts = [];
   const note = $("#loss-note");
+  const waiting = d.loss.waiting && d.loss.waiting.length ?
+    " Waiting for " + d.loss.waiting.join(", ") + " to appear (a node creates its --data-dir " +
+    "when it starts)." : "";
   if (!d.loss.sources.length) {
     note.textContent = "No metrics given: the curve comes from the members' metrics files " +
       "(`dtrain job watch " + d.job.id + " --web --metrics NODE_DATA_DIR`, once per member; " +
       "each node writes metrics.jsonl in its --data-dir).";
   } else if (!pts.length) {
-    note.textContent = "No training rounds of this job yet in " + d.loss.sources.join(", ") + ".";
+    note.textContent = "No training rounds of this job yet in " + d.loss.sources.join(", ") +
+      "." + waiting;
   } else {
-    note.textContent = "Training loss at each sync round, from " + d.loss.sources.join(", ") + ".";
+    note.textContent = "Training loss at each sync round, from " + d.loss.sources.join(", ") +
+      "." + waiting;
   }
   const stepsTotal = d.job.steps_per_epoch * d.job.epochs_total;
   const x0 = 0, x1 = Math.max(stepsTotal, ...pts.map((p) => p.step), 1);

@@ -34,6 +34,7 @@ from dtrain_node.train import corpus
 
 CALLER, OPERATORS = 4, (1, 2)
 CAP = 48  # --max-tokens-cap; the built-in tiny model's context is 128 tokens (bytes)
+LOADING = re.compile(r" (dtrain-job-\d+): listening at (http://\S+/v1) while the model loads \(")
 LISTENING = re.compile(r"serving (dtrain-job-\d+) \(.*engine transformers\) at (http://\S+/v1): ")
 
 
@@ -129,9 +130,15 @@ class Server:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._err, text=True)
 
     def listening(self, deadline_s: float = 120) -> re.Match[str]:
+        """Its first stdout line, once the model is loaded, says it serves; its log said it
+        listened before, while the model loaded."""
         line = _first_line(self.proc, deadline_s)
         m = LISTENING.match(line)
         assert m, f"{line!r}\n{self.log.read_text()}"
+        loading = LOADING.search(self.log.read_text())
+        assert loading and loading.groups() == m.groups(), self.log.read_text()
+        health = httpx.get(m.group(2).removesuffix("/v1") + "/health", timeout=30)
+        assert health.json() == {"status": "ready", "model": m.group(1)}
         return m
 
     def stop(self) -> tuple[int, str]:
@@ -291,7 +298,8 @@ def test_a_folder_whose_weights_are_not_the_checkpoint_is_refused_in_one_line(
         timeout=240,
     )
     assert r.returncode == 1 and r.stdout == ""
-    [line] = r.stderr.strip().splitlines()
+    listened, line = r.stderr.strip().splitlines()  # it listened while verifying, then stopped
+    assert LOADING.search(listened), r.stderr
     assert line.startswith("error: ") and "its weights hash to 0x" in line, line
     assert "refusing to serve it" in line
 
@@ -304,7 +312,8 @@ def test_without_model_dir_it_fetches_from_the_operators(trained: Trained) -> No
         trained.argv("--port", "0", "--timeout", "5"), capture_output=True, text=True, timeout=240
     )
     assert r.returncode == 1 and r.stdout == ""
-    [line] = r.stderr.strip().splitlines()
+    listened, line = r.stderr.strip().splitlines()  # it listened while fetching, then stopped
+    assert LOADING.search(listened), r.stderr
     assert line.startswith(f"error: job {trained.job_id}: nobody serves"), line
 
 

@@ -1,18 +1,31 @@
 """The job page's JSON, assembled from events, a job snapshot and metrics records (pure), and
-its server over a canned snapshot."""
+its server over a canned snapshot; metrics paths that appear later; clients that leave
+mid-answer."""
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from dtrain.errors import ConfigError
-from dtrain.jobpage import PAGE, JobPageServer, assemble, check_metrics_paths, read_records
+from dtrain.jobpage import (
+    PAGE,
+    JobPage,
+    JobPageServer,
+    assemble,
+    metrics_files,
+    not_there_yet,
+    read_records,
+)
 from dtrain.models import Event, Job, JobSpec, JobState, JobStatus, Params, SlashReason
 
 ETH = 10**18
@@ -153,11 +166,12 @@ def test_running_epoch_shows_the_current_members_and_a_failed_attempt() -> None:
     assert d["refund"] is None and d["members"] == [A, B]
 
 
-def test_loss_curve_per_member_by_step_of_this_job_only() -> None:
-    def rnd(node: str, epoch: int, r: int, loss: float, job_id: int = 7) -> dict[str, Any]:
-        return {"kind": "round", "node": node, "job": job_id, "epoch": epoch, "round": r,
-                "loss": loss}  # fmt: skip
+def rnd(node: str, epoch: int, r: int, loss: float, job_id: int = 7) -> dict[str, Any]:
+    return {"kind": "round", "node": node, "job": job_id, "epoch": epoch, "round": r,
+            "loss": loss}  # fmt: skip
 
+
+def test_loss_curve_per_member_by_step_of_this_job_only() -> None:
     records = [
         {"kind": "epoch_start", "node": A, "job": 7, "epoch": 0},
         rnd(A, 0, 0, 5.0),
@@ -175,18 +189,54 @@ def test_loss_curve_per_member_by_step_of_this_job_only() -> None:
     assert d["loss"]["sources"] == ["op1", "op2"]
 
 
-def test_metrics_paths_are_data_dirs_or_files_and_must_exist(tmp_path: Path) -> None:
+def test_metrics_paths_are_data_dirs_or_files(tmp_path: Path) -> None:
     (tmp_path / "op1").mkdir()
     (tmp_path / "op1" / "metrics.jsonl").write_text('{"kind": "round"}\n{"kind": "ro')
     (tmp_path / "m.jsonl").write_text('{"kind": "joined"}\n')
-    files = check_metrics_paths([tmp_path / "op1", tmp_path / "m.jsonl"])
+    files = metrics_files([tmp_path / "op1", tmp_path / "m.jsonl"])
     assert files == [tmp_path / "op1" / "metrics.jsonl", tmp_path / "m.jsonl"]
     # A line being written is skipped; a data dir without its file yet reads as nothing.
     assert read_records(files) == [{"kind": "round"}, {"kind": "joined"}]
     (tmp_path / "op2").mkdir()
-    assert read_records(check_metrics_paths([tmp_path / "op2"])) == []
-    with pytest.raises(ConfigError, match=r"no metrics at .*typo"):
-        check_metrics_paths([tmp_path / "typo"])
+    assert read_records(metrics_files([tmp_path / "op2"])) == []
+    assert not_there_yet([tmp_path / "op1", tmp_path / "late"]) == [tmp_path / "late"]
+
+
+class Chain:
+    """What `JobPage` reads of the chain: job 7 running epoch 2 with A and B, no events."""
+
+    w3 = SimpleNamespace(eth=SimpleNamespace(block_number=50))
+
+    def job(self, job_id: int) -> Job:
+        return job(JobStatus.RUNNING, 1, (A, B))
+
+    def params(self) -> Params:
+        return PARAMS
+
+    def job_token(self, job_id: int) -> str | None:
+        return None
+
+    def events(self, *args: Any) -> list[Event]:
+        return []
+
+
+def test_a_metrics_dir_that_does_not_exist_yet_is_waited_for(tmp_path: Path) -> None:
+    """`--metrics DIR` of a node that has not created its data directory yet: the page serves,
+    says it waits for DIR, and draws DIR's curve once the node writes it."""
+    here, late = tmp_path / "op1", tmp_path / "not-yet" / "op2"
+    here.mkdir()
+    (here / "metrics.jsonl").write_text(json.dumps(rnd(A, 0, 0, 5.0)) + "\n")
+    page = JobPage(Chain(), 7, [here, late])  # type: ignore[arg-type]
+    loss = page.snapshot()["loss"]
+    assert loss["waiting"] == [str(late)]
+    assert [s["member"] for s in loss["series"]] == [A]
+
+    late.mkdir(parents=True)  # the node starts: its data dir, then its metrics
+    assert page.snapshot()["loss"]["waiting"] == []
+    (late / "metrics.jsonl").write_text(json.dumps(rnd(B, 0, 0, 5.1)) + "\n")
+    loss = page.snapshot()["loss"]
+    assert loss["waiting"] == [] and [s["member"] for s in loss["series"]] == [A, B]
+    assert loss["sources"] == [str(here / "metrics.jsonl"), str(late / "metrics.jsonl")]
 
 
 def test_page_is_self_contained() -> None:
@@ -232,3 +282,37 @@ def test_a_taken_port_is_one_config_error() -> None:
         pytest.raises(ConfigError, match=r"cannot serve on 127\.0\.0\.1:"),
     ):
         JobPageServer(Canned({}), port=server.server_address[1])  # type: ignore[arg-type]
+
+
+class Slow:
+    """A page whose JSON is large (more than the socket buffers hold) and is made only once the
+    test lets it."""
+
+    def __init__(self) -> None:
+        self.asked, self.go = threading.Event(), threading.Event()
+
+    def snapshot(self) -> dict[str, Any]:
+        self.asked.set()
+        assert self.go.wait(30)
+        return {"blob": "x" * (32 << 20)}
+
+
+def test_a_client_leaving_mid_answer_ends_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    """The client reads the start of the answer, then resets the connection: the server's
+    write fails mid-answer, which is counted, not printed; the next client is served."""
+    page = Slow()
+    with JobPageServer(page, port=0) as server:  # type: ignore[arg-type]
+        host, port = server.server_address[:2]
+        client = socket.create_connection((host, port), timeout=30)
+        client.sendall(b"GET /api/job HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert page.asked.wait(30)
+        page.go.set()
+        assert client.recv(4096).startswith(b"HTTP/1.0 200 OK")  # the answer has begun
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset: the rest of the answer has nowhere to go
+        assert server.wait_disconnects(1, 30)
+        assert server.disconnects == 1
+        code, _, body = _get(server.url)
+        assert code == 200 and body.decode() == PAGE
+    _, err = capfd.readouterr()
+    assert "Traceback" not in err and "Error" not in err, err

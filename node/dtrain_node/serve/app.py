@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from dtrain_node.serve.config import ServeConfig
 from dtrain_node.serve.engine import Engine, Step
+from dtrain_node.serve.loading import HEALTH_PATH
 from dtrain_node.serve.payment import Free, Payment, Usage
 from dtrain_node.serve.protocol import ApiError, ChatRequest, CompletionRequest, error_body
 from dtrain_node.serve.validate import Plan, chat_plan, completion_plan
@@ -93,6 +94,11 @@ def create_app(engine: Engine, cfg: ServeConfig, payment: Payment | None = None)
         title="dtrain serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     _error_handlers(app)
+
+    @app.get(HEALTH_PATH)
+    async def health() -> dict[str, Any]:
+        """Ready: the model is loaded (while it loads, `Loading` answers 503 here)."""
+        return {"status": "ready", "model": cfg.model_id}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

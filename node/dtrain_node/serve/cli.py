@@ -17,11 +17,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from dtrain.cli import Ctx, emit
-from dtrain.errors import ConfigError
+from dtrain.errors import ConfigError, DtrainError
 from dtrain_node.serve.config import DEFAULT_MAX_TOKENS_CAP, ServeConfig
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from dtrain_node.serve.payment import X402
+    from dtrain_node.serve.source import Verified
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(message)s"
 GRACE_S = 5  # in-flight calls get this long to finish on Ctrl-C
@@ -122,6 +125,11 @@ def serve(
     (chat messages through its tokenizer's chat template). One generation runs at a time;
     others wait their turn. Serves until Ctrl-C.
 
+    It listens at once: while the model is fetched, verified and loaded, every call is
+    answered HTTP 503 (an OpenAI-shaped error, with Retry-After) and GET /health answers 503
+    {"status": "loading"}, then 200 {"status": "ready"}. A model that fails to load stops
+    the server with a one-line error.
+
     With --price each call is paid over x402 (`exact` EVM scheme, an EIP-3009 authorization
     of --token to --pay-to): verified before generating, settled on-chain by this process
     (the --facilitator-key account submits it) after.
@@ -139,15 +147,27 @@ def serve(
         raise click.UsageError("give --out (where to fetch to) or --model-dir, not both")
     bsm = ctx.bsm(signing=False)
     payment = paid(ctx, job_id, price, token, pay_to, facilitator_key)
+    job = bsm.job(job_id)
+    cfg = ServeConfig(job_id, source.completed(job), host, port, max_tokens_cap)
     with contextlib.ExitStack() as stack:
         if model_dir is not None:
-            verified = source.exported(bsm.job(job_id), model_dir)
+            folder = model_dir
+
+            def verified() -> source.Verified:
+                return source.exported(job, folder)
+
         else:
             if out is None:
-                out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dtrain-model-")))
-            verified = source.fetched(bsm, job_id, out, timeout)
-        cfg = ServeConfig(job_id, verified.checkpoint, host, port, max_tokens_cap)
-        run(ctx, cfg, verified.folder, verified.model, payment)
+                temporary = tempfile.TemporaryDirectory(
+                    prefix="dtrain-model-", ignore_cleanup_errors=True
+                )  # a fetch cut short by Ctrl-C may still be writing to it
+                out = Path(stack.enter_context(temporary))
+            target = out
+
+            def verified() -> source.Verified:
+                return source.fetched(bsm, job_id, target, timeout)
+
+        run(ctx, cfg, verified, payment)
 
 
 def paid(
@@ -189,48 +209,102 @@ def paid(
 def run(
     ctx: Ctx,
     cfg: ServeConfig,
-    folder: Path,
-    model: object | None = None,
+    verified: Callable[[], Verified],
     payment: X402 | None = None,
 ) -> None:
-    """Load the model in `folder`, listen, announce it, serve until Ctrl-C or SIGTERM."""
-    from transformers.utils import logging as hf_logging
+    """Listen at once (logged on stderr); load the model (`verified()`, then its engine) on a
+    thread meanwhile, calls being answered HTTP 503 until it is ready; announce it on stdout
+    once ready (the line a script waits for, as before); serve until Ctrl-C or SIGTERM. A model
+    that fails to load stops the server: its error (one line) is raised."""
+    from dtrain_node.serve.loading import Loading
 
-    from dtrain_node.serve.app import create_app
-    from dtrain_node.serve.engine import TransformersEngine, engine_note
-
-    hf_logging.set_verbosity_error()  # not a warning per prompt longer than the context
-    engine = TransformersEngine(folder, model)
-    app = create_app(engine, cfg, payment)
     sock = listen(cfg.host, cfg.port)
     port = sock.getsockname()[1]
-    url = f"http://{url_host(cfg.host)}:{port}/v1"
+    base = f"http://{url_host(cfg.host)}:{port}"
+    url = base + "/v1"
+    gate = Loading(cfg.model_id)
+    server = uvicorn_server(gate)
     _log_requests()
-    emit(
-        ctx,
-        {
-            "job_id": cfg.job_id,
-            "model": cfg.model_id,
-            "checkpoint": cfg.checkpoint.hex(),
-            "engine": engine.name,
-            "url": url,
-            "listening": True,
-            "price": None if payment is None else payment.terms(),
-        },
-        f"serving {cfg.model_id} (checkpoint 0x{cfg.checkpoint.hex()[:16]}.., engine "
-        f"{engine_note()}) at {url}: listening until Ctrl-C"
-        + ("" if payment is None else f"; {payment.note()}"),
+    logging.getLogger("dtrain.serve").info(
+        "%s: listening at %s while the model loads (calls are answered HTTP 503 until it is "
+        "ready; GET %s/health says when)",
+        cfg.model_id,
+        url,
+        base,
     )
-    sys.stdout.flush()
+    failure: list[BaseException] = []
+    terms = None if payment is None else payment.terms()
+
+    def load() -> None:
+        try:
+            app = loaded_app(cfg, verified, payment)
+        except BaseException as exc:
+            failure.append(load_error(cfg, exc))
+            gate.failed(str(failure[0]))
+            server.should_exit = True
+            return
+        gate.ready(app)
+        from dtrain_node.serve.engine import TransformersEngine, engine_note
+
+        emit(
+            ctx,
+            {
+                "job_id": cfg.job_id,
+                "model": cfg.model_id,
+                "checkpoint": cfg.checkpoint.hex(),
+                "engine": TransformersEngine.name,
+                "url": url,
+                "listening": True,
+                "price": terms,
+            },
+            f"serving {cfg.model_id} (checkpoint 0x{cfg.checkpoint.hex()[:16]}.., engine "
+            f"{engine_note()}) at {url}: listening until Ctrl-C"
+            + ("" if payment is None else f"; {payment.note()}"),
+        )
+        sys.stdout.flush()
+
+    threading.Thread(target=load, name="dtrain-serve-load", daemon=True).start()
     with sock:
-        serve_until_signal(app, sock)
+        server.run(sockets=[sock])
+    if failure:
+        raise failure[0]
     emit(ctx, {"stopped": True}, "stopped serving")
 
 
+def loaded_app(
+    cfg: ServeConfig, verified: Callable[[], Verified], payment: X402 | None = None
+) -> Any:
+    """The API over the model `verified()` gives, loaded into its engine."""
+    from transformers.utils import logging as hf_logging
+
+    from dtrain_node.serve.app import create_app
+    from dtrain_node.serve.engine import TransformersEngine
+
+    hf_logging.set_verbosity_error()  # not a warning per prompt longer than the context
+    model = verified()
+    return create_app(TransformersEngine(model.folder, model.model), cfg, payment)
+
+
+def load_error(cfg: ServeConfig, exc: BaseException) -> DtrainError:
+    """`exc`, raised loading the model, as one typed line (an SDK error keeps its own)."""
+    from dtrain_node.serve.loading import ModelLoadFailed, one_line
+
+    if isinstance(exc, DtrainError):
+        return exc
+    error = ModelLoadFailed(f"cannot load the model of job {cfg.job_id}: {one_line(exc)}")
+    error.__cause__ = exc  # what `--debug` shows
+    return error
+
+
 def serve_until_signal(app: object, sock: socket.socket) -> None:
-    """Serve `app` on `sock` until Ctrl-C or SIGTERM: calls in flight get GRACE_S to finish (a
-    second Ctrl-C cuts them short). Unlike uvicorn's own, the signal is not raised again once
-    stopped, so the command ends normally."""
+    """Serve `app` on `sock` until Ctrl-C or SIGTERM (`uvicorn_server`)."""
+    uvicorn_server(app).run(sockets=[sock])
+
+
+def uvicorn_server(app: object) -> uvicorn.Server:
+    """A server of `app` that stops on Ctrl-C or SIGTERM (or once `should_exit` is set): calls
+    in flight get GRACE_S to finish (a second Ctrl-C cuts them short). Unlike uvicorn's own,
+    the signal is not raised again once stopped, so the command ends normally."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -250,7 +324,7 @@ def serve_until_signal(app: object, sock: socket.socket) -> None:
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=GRACE_S
     )
-    Server(config).run(sockets=[sock])
+    return Server(config)
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -10,12 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dtrain.client import BSM
 from dtrain.errors import DtrainError
 from dtrain.models import Job, JobStatus
-from dtrain_node.train import checkpoint
 
 MARKER = "CHECKPOINT_SHA256"
 
@@ -69,6 +66,8 @@ def exported(job: Job, folder: Path) -> Verified:
             f"{folder} is a LoRA export (merged weights, no canonical hash to check): serve "
             f"job {job.id} without --model-dir, which fetches and verifies its checkpoint"
         )
+    from dtrain_node.train import checkpoint
+
     model = _load(folder)
     got = checkpoint.canonical_hash(dict(model.state_dict()))
     if got != digest:
@@ -80,6 +79,7 @@ def exported(job: Job, folder: Path) -> Verified:
 
 
 def _load(folder: Path) -> Any:
+    import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
