@@ -6,6 +6,8 @@ import {IBSM} from "../utils/IBSM.sol";
 import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
 import {TestUSD} from "../../src/devnet/TestUSD.sol";
 import {DecimalsToken} from "../utils/BadTokens.sol";
+import {SignedAttestationVerifier} from "../../src/SignedAttestationVerifier.sol";
+import {ISignedAttestationVerifier as V} from "../../src/interfaces/ISignedAttestationVerifier.sol";
 
 interface IMintable {
     function mint(address to, uint256 amount) external;
@@ -17,7 +19,8 @@ interface IMintable {
 /// running totals of the ether that entered and left, plus per-epoch settlement checks. Half
 /// the jobs are priced in a token (TestUSD with 6 decimals, or a 2-decimal token, paid by a
 /// gateway for the caller): their settlement is checked in their token, with running totals of
-/// each token that entered and left.
+/// each token that entered and left. An eighth of the jobs require a TEE: only operators holding
+/// an unexpired attestation (from the signed-statement verifier) can join them.
 contract Handler is Test {
     IBSM public bsm;
     address public core;
@@ -59,6 +62,11 @@ contract Handler is Test {
     uint256 public ghostTokenPaidEpochs;
     uint256 public ghostHookSettlements; // epochs settled through the core's FINALIZE hook, in pieces
     uint256 public ghostQueuedJoins; // joins while an epoch ran, seated at its boundary
+    SignedAttestationVerifier public verifier;
+    uint256 internal constant _ATTESTER_KEY = 0xA77E57;
+    uint256 public ghostTeeJobs; // jobs that require a TEE
+    uint256 public ghostTeeJoins; // seats taken in them, each with a valid attestation
+    uint256 public ghostTeeJoinViolations; // a seat taken in one without a valid attestation
 
     /// What each member committed to, revealed later.
     struct Hidden {
@@ -102,6 +110,9 @@ contract Handler is Test {
             vm.prank(developer_);
             bsm_.setPaymentToken(tokens[i], true);
         }
+        verifier = new SignedAttestationVerifier(address(this), vm.addr(_ATTESTER_KEY));
+        vm.prank(developer_);
+        bsm_.setAttestationVerifier(address(verifier), true);
     }
 
     /// Credit of `a` in the unit `token` (address(0): ether).
@@ -260,7 +271,7 @@ contract Handler is Test {
             minOperators: uint8(minOps),
             maxOperators: uint8(maxOps),
             epochDuration: short ? uint64(bsm.params().minEpochDuration) : 1 hours,
-            teeRequired: false,
+            teeRequired: (price >> 134) & 7 == 1,
             pricePerOperatorEpoch: bound(price, 1, 1 ether),
             seatBond: bsm.params().minSeatBond * (1 + ((price >> 131) & 1)),
             recipeHash: bytes32(0),
@@ -285,6 +296,25 @@ contract Handler is Test {
             jobs.push(bsm.createJob{value: escrow}(s));
         }
         if (short) ++ghostShortEpochJobs;
+        if (s.teeRequired) ++ghostTeeJobs;
+    }
+
+    /// Operator `o` attests (a TEE statement signed by the service, valid for `validity`).
+    function attest(uint256 o, uint256 validity) external {
+        address a = _op(o);
+        if (!bsm.getOperator(a).registered) return;
+        V.Statement memory st = V.Statement({
+            operator: a,
+            peerKey: bsm.getOperator(a).peerKey,
+            teeType: 1,
+            measurement: keccak256("mrtd"),
+            reportDataHash: keccak256("report"),
+            issuedAt: uint64(block.timestamp),
+            expiresAt: uint64(block.timestamp + bound(validity, 1 hours, 3 days))
+        });
+        (uint8 v, bytes32 r, bytes32 sig) = vm.sign(_ATTESTER_KEY, verifier.statementDigest(st));
+        vm.prank(a);
+        bsm.submitAttestation(address(verifier), abi.encode(st, abi.encodePacked(r, sig, v)));
     }
 
     function _ensureOperators(uint256 n) internal {
@@ -316,8 +346,12 @@ contract Handler is Test {
         _ensureOperators(n + 1);
         uint256 price = 0.01 ether;
         bool late = (r >> 30) & 1 == 1; // a seat left for an operator joining mid-epoch
-        this.createJob(n, late ? n + 1 : n, epochs, price | (r & (55 << 128)));
+        this.createJob(n, late ? n + 1 : n, epochs, price | (r & ((55 << 128) | (7 << 134))));
         uint256 id = jobs[jobs.length - 1];
+        (I.JobSpec memory spec,) = bsm.getJob(id);
+        for (uint256 i; spec.teeRequired && i <= n; ++i) {
+            this.attest(i, 3 days);
+        }
         for (uint256 i; i < n; ++i) {
             (, I.JobState memory st0) = bsm.getJob(id);
             if (st0.status != I.JobStatus.Open) break;
@@ -346,8 +380,20 @@ contract Handler is Test {
     }
 
     function joinAs(address a, uint256 id) external {
+        _joinJob(a, id);
+    }
+
+    /// Every join: one into a job that requires a TEE is counted, and must have been made
+    /// with a valid attestation.
+    function _joinJob(address a, uint256 id) internal {
+        (I.JobSpec memory s,) = bsm.getJob(id);
+        (,,,,,, bool attested) = bsm.attestationOf(a);
         vm.prank(a);
         bsm.joinJob(id);
+        if (s.teeRequired) {
+            ++ghostTeeJoins;
+            if (!attested) ++ghostTeeJoinViolations;
+        }
     }
 
     function cancel(uint256 j) external {
@@ -385,8 +431,7 @@ contract Handler is Test {
     function join(uint256 o, uint256 j) external {
         uint256 id = _job(j);
         if (id == 0) return;
-        vm.prank(_op(o));
-        bsm.joinJob(id);
+        _joinJob(_op(o), id);
     }
 
     function leave(uint256 o, uint256 j) external {

@@ -43,8 +43,10 @@ contract InvariantsTest is BaseTest {
 
     /// Who, not only totals: every settlement paid, slashed, refunded and rewarded exactly the
     /// accounts it should (see Handler._checkWho), across jobs sharing operators and votes.
+    /// Nor did anybody take a seat in a job that requires a TEE without a valid attestation.
     function invariant_perAccountSettlement() public view {
         vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
+        vm.assertEq(handler.ghostTeeJoinViolations(), 0, "TEE seat without attestation");
     }
 
     /// Per token: the BSM's balance == escrow + credits + unclaimed staker rewards in it.
@@ -126,6 +128,8 @@ contract ReachTest is BaseTest {
         _add("token paid operator-epochs", handler.ghostTokenPaidEpochs());
         _add("hook settlements in pieces", handler.ghostHookSettlements());
         _add("queued joins", handler.ghostQueuedJoins());
+        _add("TEE jobs", handler.ghostTeeJobs());
+        _add("TEE seats taken", handler.ghostTeeJoins());
         // After the campaign's last run every path must have been reached at least once.
         if (_total("runs") == vm.envOr("FOUNDRY_INVARIANT_RUNS", uint256(256))) {
             for (uint256 i; i < _keys.length; ++i) {
