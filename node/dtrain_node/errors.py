@@ -38,6 +38,11 @@ class TranscriptInvalid(NodeError, ValueError):
     """An epoch transcript file that is malformed, or holds a packet its sender did not commit."""
 
 
+class EpochNotReproduced(NodeError):
+    """`dtrain node recompute`: an epoch's transcript does not lead to the checkpoint the chain
+    certified for it (or the chain certified none for that attempt)."""
+
+
 class CheckpointInvalid(NodeError, ValueError):
     """A checkpoint that is missing, unreadable or does not match its expected hash."""
 

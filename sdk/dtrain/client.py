@@ -648,11 +648,11 @@ class BSM:
             pending_rewards={_addr(o): self.pending_rewards(o, a) for o in operators},
         )
 
-    def job(self, job_id: int) -> m.Job:
-        """A consistent snapshot: every read at one block, so state and members cannot come
-        from the two sides of an epoch boundary."""
+    def job(self, job_id: int, block: int | None = None) -> m.Job:
+        """A consistent snapshot: every read at one block (the latest, or `block`), so state
+        and members cannot come from the two sides of an epoch boundary."""
         f = self.contract.functions
-        at = self.w3.eth.block_number
+        at = self.w3.eth.block_number if block is None else block
         got = self._read("getJob", job_id, block=at)
         state = m.JobState.from_struct(got["state"])
         if state.status == m.JobStatus.NONE:

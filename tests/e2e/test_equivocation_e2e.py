@@ -4,15 +4,15 @@ slashed on-chain with its proof (real anvil, node processes, libp2p and training
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
+from dtrain.cli import main as cli_main
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
 from dtrain_node.devnet.cluster import node_name
 from dtrain_node.operator import evidence
-from dtrain_node.operator.epoch import recompute
-from dtrain_node.operator.node import NodeConfig
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,9 @@ def _one_evidence(c: Cluster, n: int) -> evidence.EpochTranscript:
 
 
 @pytest.mark.timeout(900)
-def test_equivocator_is_slashed_with_its_proof_and_honest_members_are_paid(tmp_path) -> None:
+def test_equivocator_is_slashed_with_its_proof_and_honest_members_are_paid(
+    tmp_path, capsys
+) -> None:
     """op4 (of 4) publishes a second commitment to another packet right after revealing in
     round 1. Every honest node ends the epoch with the same transcript (without op4 in round
     1), votes the same checkpoint and posts the proof; the chain records the equivocation once,
@@ -69,19 +71,22 @@ def test_equivocator_is_slashed_with_its_proof_and_honest_members_are_paid(tmp_p
         record = _one_evidence(c, 4)
         assert [len(r) for r in record.rounds] == [4, 3, 4, 4, 4]  # op4 out of round 1
         assert cheat not in [p.sender for p in record.rounds[1]]
-        # a referee outside the job recomputes the certified checkpoint from the file alone,
-        # and a transcript without one packet leads elsewhere
-        job = c.bsm.job(c.job_id)
-        assert votes == {job.state.checkpoint.hex()}
-        at = dataclasses.replace(
-            job, state=dataclasses.replace(job.state, epoch=record.epoch, attempt=record.attempt)
-        )
-        referee = NodeConfig(
-            c.treasury.key, c.chain.url, c.bsm.address, tmp_path / "referee", job_id=c.job_id
-        )
-        assert recompute(referee, at, record) == job.state.checkpoint
+        # a referee outside the job, with no key, recomputes the certified checkpoint from the
+        # file alone; the same file without one packet leads elsewhere (exit 1, one line)
+        certified = c.bsm.job(c.job_id).state.checkpoint.hex()
+        assert votes == {certified}
+        f = tmp_path / "transcript.bin"
+        f.write_bytes(record.encode())
+        cmd = ["--rpc-url", c.chain.url, "--contract", c.bsm.address, "--json", "node"]
+        cmd += ["recompute", "--data-dir", str(tmp_path / "referee"), str(f)]
+        capsys.readouterr()
+        assert cli_main(cmd) == 0
+        assert json.loads(capsys.readouterr().out)["checkpoint"] == certified
         short = dataclasses.replace(record, rounds=(record.rounds[0][1:], *record.rounds[1:]))
-        assert recompute(referee, at, short) != job.state.checkpoint
+        f.write_bytes(short.encode())
+        assert cli_main(cmd) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"the chain certified 0x{certified}" in err[0], err
         assert c.bsm.w3.eth.get_balance(c.bsm.address) == c.bsm.accounting().total
 
 

@@ -351,6 +351,60 @@ def fetch(ctx: Ctx, job_id: int, out: Path, timeout: float) -> None:
     )
 
 
+@node.command("recompute")
+@click.argument("transcript", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option(
+    "--start",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="The epoch's start checkpoint (safetensors or canonical stream), after a job's "
+    "first epoch.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where the job's model and dataset are fetched to, verified by hash "
+    "[default: ~/.dtrain/referee].",
+)
+@click.pass_obj
+def node_recompute(ctx: Ctx, transcript: Path, start: Path | None, data_dir: Path | None) -> None:
+    """Re-execute an epoch from its transcript file and compare with the checkpoint the chain
+    certified for it: exit 0 if they are the same, 1 if not.
+
+    Every member writes the file as <data-dir>/jobs/<job>/transcript-<attempt>.bin. Each of
+    its packets is checked against its sender's signed commitment, then the rounds are
+    applied from the epoch's start state (no training; needs no key).
+
+    Example: dtrain node recompute ./op1/jobs/1/transcript-1.bin
+    """
+    from dtrain_node.errors import EpochNotReproduced
+    from dtrain_node.operator import evidence, referee
+    from dtrain_node.operator.node import NodeConfig
+
+    bsm = ctx.bsm(signing=False)
+    t = evidence.load(transcript)
+    assert ctx.rpc_url is not None  # ctx.bsm() checked it
+    data_dir = data_dir or Path.home() / ".dtrain" / "referee"
+    cfg = NodeConfig("", ctx.rpc_url, bsm.address, data_dir, job_id=t.job_id)  # reads only
+    v = referee.check(bsm, cfg, t, start)
+    where = f"job {v.job_id} epoch {v.epoch} (attempt {v.attempt})"
+    if v.certified is None:
+        raise EpochNotReproduced(
+            f"{where}: the transcript leads to 0x{v.recomputed.hex()}; the chain certified "
+            f"no checkpoint for this attempt"
+        )
+    if not v.matches:
+        raise EpochNotReproduced(
+            f"{where}: the transcript leads to 0x{v.recomputed.hex()}, the chain certified "
+            f"0x{v.certified.hex()}"
+        )
+    record = {"job_id": v.job_id, "epoch": v.epoch, "attempt": v.attempt}
+    emit(
+        ctx,
+        {**record, "checkpoint": v.certified.hex()},
+        f"{where}: the transcript leads to the certified checkpoint 0x{v.certified.hex()}",
+    )
+
+
 @click.group()
 def data() -> None:
     """Datasets and models for jobs."""
