@@ -404,24 +404,44 @@ def operator_register(
 @click.argument("address", required=False)
 @pass_ctx
 def operator_info(ctx: Ctx, address: str | None) -> None:
-    """Show an operator (default: the --key account). Example: dtrain operator info 0xabc..."""
+    """Show an operator (default: the --key account) and every slash of its pool: job, epoch,
+    what the pool lost and why (from the chain's `Slashed` events).
+
+    Example: dtrain operator info 0xabc...
+    """
     bsm = ctx.bsm(signing=False)
     addr = address or _key_address(ctx)
     o = bsm.operator(addr)
-    human = "\n".join(
-        [
-            f"operator    {o.address}",
-            f"registered  {o.registered}",
-            f"self-stake  {format_eth(o.self_stake)} ({format_eth(o.bonded)} bonded to seats)",
-            f"pool        {format_eth(o.pool.total_assets if o.pool else 0)}",
-            f"active jobs {o.active_jobs}",
-            f"min price   {format_eth(o.min_price_per_epoch)}",
-            f"peer key    0x{o.peer_key.hex()}",
-            f"addresses   {', '.join(o.multiaddrs) or '-'}",
-            f"hardware    {o.hardware or '-'}",
-        ]
-    )
-    emit(ctx, o, human)
+    slashes = bsm.slashes(o.address)
+    lines = [
+        f"operator    {o.address}",
+        f"registered  {o.registered}",
+        f"self-stake  {format_eth(o.self_stake)} ({format_eth(o.bonded)} bonded to seats)",
+        f"pool        {format_eth(o.pool.total_assets if o.pool else 0)}",
+        f"active jobs {o.active_jobs}",
+        f"min price   {format_eth(o.min_price_per_epoch)}",
+        f"peer key    0x{o.peer_key.hex()}",
+        f"addresses   {', '.join(o.multiaddrs) or '-'}",
+        f"hardware    {o.hardware or '-'}",
+        f"slashed     {format_eth(sum(x.amount for x in slashes))} in {len(slashes)} slash(es)",
+    ]
+    for x in slashes:
+        lines.append(
+            f"  job {x.job_id} epoch {x.epoch + 1}: {format_eth(x.amount)}, "
+            f"{x.reason.explanation} ({x.reason.label}), {format_time(x.time)}"
+        )
+    data = {**_jsonable(o), "slashes": [_slash_json(x) for x in slashes]}
+    emit(ctx, data, "\n".join(lines))
+
+
+def _slash_json(x: Any) -> dict[str, Any]:
+    """A `Slash` for --json: the reason as its name, meaning and explanation, the epoch 0-based
+    as the contract counts (the text shows it 1-based, as `job status` does)."""
+    return {
+        **_jsonable(x),
+        "meaning": x.reason.meaning,
+        "explanation": x.reason.explanation,
+    }
 
 
 # ---------------------------------------------------------------------- stake

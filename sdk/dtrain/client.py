@@ -618,6 +618,12 @@ class BSM:
 
         return positions(self, _addr(account))
 
+    def slashes(self, operator: str) -> tuple[m.Slash, ...]:
+        """Every slash of `operator`'s pool (its `Slashed` events), oldest first."""
+        from .stakes import operator_slashes
+
+        return operator_slashes(self, _addr(operator))
+
     def staked_with(self, account: str) -> list[str]:
         """Operators `account` ever staked with (self-stake included), in the order it first
         did (from the `Staked` events)."""

@@ -402,6 +402,21 @@ class SlashLoss:
 
 
 @dataclass(frozen=True)
+class Slash:
+    """One `Slashed` event of an operator: what its pool (active and unbonding stake) lost."""
+
+    operator: str
+    job_id: int
+    epoch: int  # 0-based, as the contract counts
+    reason: SlashReason
+    amount: int  # wei taken from the operator's whole pool
+    reporter: str  # who settled the epoch (or proved the fault) and earned the bounty
+    block: int
+    time: int  # the block's unix time
+    tx_hash: str
+
+
+@dataclass(frozen=True)
 class Position:
     """An account's stake with one operator (a delegation, or the operator's self-stake)."""
 

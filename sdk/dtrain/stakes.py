@@ -47,6 +47,31 @@ def staked_with(bsm: BSM, account: str) -> dict[str, int]:
     return first
 
 
+def operator_slashes(bsm: BSM, operator: str) -> tuple[m.Slash, ...]:
+    """Every `Slashed` event of `operator`, oldest first."""
+    out: list[m.Slash] = []
+    times: dict[int, int] = {}
+    for e in bsm.events(names=["Slashed"]):
+        if e.args["operator"] != operator:
+            continue
+        if e.block not in times:
+            times[e.block] = int(bsm.w3.eth.get_block(e.block)["timestamp"])
+        out.append(
+            m.Slash(
+                operator=operator,
+                job_id=int(e.args["jobId"]),
+                epoch=int(e.args["epoch"]),
+                reason=m.SlashReason(e.args["reason"]),
+                amount=int(e.args["amount"]),
+                reporter=str(e.args["reporter"]),
+                block=e.block,
+                time=times[e.block],
+                tx_hash="0x" + e.tx_hash.removeprefix("0x"),
+            )
+        )
+    return tuple(out)
+
+
 def slash_losses(bsm: BSM, operator: str, account: str, since: int) -> tuple[m.SlashLoss, ...]:
     """What each `Slashed` event of `operator`'s pool from block `since` took from `account`'s
     position (see the module's docstring for how)."""

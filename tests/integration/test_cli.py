@@ -18,9 +18,9 @@ from web3 import Web3
 from dtrain import errors
 from dtrain.cli import main
 from dtrain.client import BSM
-from dtrain.models import Params
+from dtrain.models import Params, SlashReason
 from dtrain.stakes import peer_id
-from dtrain.units import format_time
+from dtrain.units import format_eth, format_time
 
 DTRAIN = [sys.executable, "-m", "dtrain.cli"]
 
@@ -523,6 +523,63 @@ def test_stake_show_positions_and_what_slashes_took(run, bsm, accounts) -> None:
     code, out, _ = run("job", "watch", str(job_id), "--no-follow")
     assert f"Slashed: operator {ops[0].sender}, jobId {job_id}, epoch 0, reason dropout, " in out
     assert "amount 0.2 ETH" in out and "reason=" not in out
+
+
+def test_operator_info_lists_its_slashes(run, bsm, accounts, votes) -> None:
+    """A slashed operator sees each slash of its pool in `operator info`: job, epoch, the ETH
+    its pool lost and why, in words (`SlashReason.explanation`), in text and --json."""
+    code, out, err = run("--json", "operator", "info", accounts[3].address)
+    assert code == 0, err
+    assert json.loads(out)["slashes"] == []
+    job_id, ops = _slashed_job(bsm, accounts)  # operators 1 and 2: dropouts
+    bsm.finalize_epoch(job_id, 0)
+    # A second job: operators 1, 2 and 3 vote, 3 for another checkpoint (fabrication).
+    third = bsm.with_account(accounts[3].key)
+    third.register_operator(2 * ETH, peer_key(3), [], "")
+    ops.append(third)
+    fab_job = bsm.with_account(accounts[4].key).create_job(spec(total_epochs=1))
+    for op in ops:
+        op.join_job(fab_job)
+    right, wrong = Web3.keccak(text="work"), Web3.keccak(text="made up")
+    for op, ckpt in zip(ops, (right, right, wrong), strict=True):
+        votes.commit(op, fab_job, 0, ckpt, [4, 4, 4])
+    for op in ops:
+        votes.reveal(op, fab_job, 0)
+    rc = bsm.finalize_epoch(fab_job, 0)
+    (fab,) = rc.all("Slashed")
+    assert fab.args["operator"] == third.sender and fab.args["reason"] == SlashReason.FABRICATION
+
+    code, out, err = run("--json", "operator", "info", ops[0].sender)
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["registered"] is True and info["address"] == ops[0].sender
+    (slash,) = info["slashes"]
+    assert (slash["job_id"], slash["epoch"], slash["amount"]) == (job_id, 0, ETH // 5)
+    assert slash["reason"] == "dropout" and slash["reporter"] == bsm.sender
+    assert slash["explanation"] == SlashReason.DROPOUT.explanation
+    assert slash["meaning"] == SlashReason.DROPOUT.meaning
+    assert slash["time"] > 0 and slash["tx_hash"].startswith("0x")
+    code, out, err = run("operator", "info", ops[0].sender)
+    assert code == 0, err
+    assert "\nslashed     0.2 ETH in 1 slash(es)\n" in out
+    assert f"  job {job_id} epoch 1: 0.2 ETH, {SlashReason.DROPOUT.explanation} (dropout), " in out
+
+    code, out, err = run("--json", "operator", "info", third.sender)
+    assert code == 0, err
+    (slash,) = json.loads(out)["slashes"]
+    assert (slash["job_id"], slash["reason"]) == (fab_job, "fabrication")
+    assert slash["amount"] == fab.args["amount"] > 0
+    code, out, err = run("operator", "info", key=accounts[3].key)  # the --key account
+    assert code == 0, err
+    lost = format_eth(fab.args["amount"])
+    assert f"slashed     {lost} in 1 slash(es)\n" in out
+    assert (
+        f"  job {fab_job} epoch 1: {lost}, fabricated checkpoint: its vote was not the quorum's "
+        "(fabrication), "
+    ) in out
+    code, out, err = run("operator", "info", accounts[8].address)  # never registered
+    assert code == 0, err
+    assert "slashed     0 ETH in 0 slash(es)" in out
 
 
 def test_rewards_show_every_pool_without_naming_it(run, bsm, accounts) -> None:
