@@ -71,6 +71,18 @@ def decode_token_revert(data: str | bytes | None) -> DtrainError:
     return TokenError(name, tuple(decode(types, data[4:])))
 
 
+class NotTestUSD(DtrainError):
+    """An address that does not hold this SDK's TestUSD (only it can be minted by anyone)."""
+
+
+def is_test_usd(w3: Web3, address: str) -> bool:
+    """Whether `address` holds the TestUSD this SDK ships: its runtime code is the artifact's,
+    byte for byte outside the immutables (zero in the artifact: the EIP-712 domain cache)."""
+    code = bytes(w3.eth.get_code(Web3.to_checksum_address(address)))
+    ref = bytes.fromhex(str(_artifact()["deployedBytecode"]).removeprefix("0x"))
+    return len(code) == len(ref) and all(r in (0, c) for r, c in zip(ref, code, strict=True))
+
+
 @dataclass(frozen=True)
 class Authorization:
     """A signed EIP-3009 `TransferWithAuthorization` (what x402's `exact` EVM scheme carries)."""
@@ -102,6 +114,19 @@ class TestUSD(CompanionContract):
         token = cls._deploy(rpc_url_or_w3, key)
         assert isinstance(token, TestUSD)
         return token
+
+    @classmethod
+    def attach(cls, w3: Web3, address: str, key: str | LocalAccount | None = None) -> TestUSD:
+        """The TestUSD at `address`; `NotTestUSD` when the address holds anything else."""
+        from .client import load_key
+
+        if not Web3.is_address(address) or not is_test_usd(w3, address):
+            raise NotTestUSD(
+                f"{address} is not the devnet TestUSD this SDK deploys (`dtrain token deploy`); "
+                "only it can be minted by anyone"
+            )
+        account = load_key(key) if isinstance(key, str) else key
+        return cls(w3, address, account)
 
     def _revert_error(self, exc: Exception) -> DtrainError:
         data = getattr(exc, "data", None)

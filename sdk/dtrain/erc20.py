@@ -9,11 +9,15 @@ from typing import Any
 from web3 import Web3
 from web3.contract.contract import Contract
 
-from .errors import DtrainError
+from .errors import ConfigError, DtrainError
 
 
 class InsufficientTokenBalance(DtrainError):
     """The payer holds less of the token than the job's escrow."""
+
+
+class NotAToken(ConfigError):
+    """An address that holds no ERC-20 token on this chain (no code, or no decimals/symbol)."""
 
 
 def _fn(name: str, inputs: list[tuple[str, str]], outputs: list[str], view: bool) -> dict[str, Any]:
@@ -59,3 +63,16 @@ def parse_units(text: str, decimals: int) -> int:
     if len(frac) > decimals:
         raise InvalidAmount(f"{text!r} has more than {decimals} decimal places")
     return int(whole or "0") * 10**decimals + int(frac.ljust(decimals, "0") or "0")
+
+
+def read_token(w3: Web3, token: str) -> tuple[str, int, str]:
+    """(checksum address, decimals, symbol) of the ERC-20 at `token`; `NotAToken` when it is
+    not an address or holds no ERC-20 on this chain."""
+    if not Web3.is_address(token):
+        raise NotAToken(f"not an address: {token!r}")
+    address = Web3.to_checksum_address(token)
+    t = contract(w3, address)
+    try:
+        return address, int(t.functions.decimals().call()), str(t.functions.symbol().call())
+    except Exception:  # no code, or not an ERC-20
+        raise NotAToken(f"{address} is not an ERC-20 token on this chain") from None

@@ -36,7 +36,7 @@ def data(tmp_path_factory) -> str:
 def test_help_lists_all_commands(run) -> None:
     code, out, _ = run("--help", raw=True)
     assert code == 0
-    for group in ("chain", "deploy", "operator", "stake", "job", "rewards"):
+    for group in ("chain", "deploy", "operator", "stake", "job", "rewards", "token"):
         assert group in out
     expected = {
         "operator": ["register", "stake", "unstake", "info", "join", "leave", "deregister"],
@@ -44,6 +44,7 @@ def test_help_lists_all_commands(run) -> None:
         "job": ["submit", "status", "watch", "cancel", "list", "finalize"],
         "rewards": ["show", "withdraw"],
         "chain": ["up"],
+        "token": ["deploy", "allow", "mint", "balance"],
     }
     for group, commands in expected.items():
         code, out, _ = run(group, "--help", raw=True)
