@@ -66,7 +66,10 @@ def test_sft_messages_and_prompt_completion_are_normalised(tmp_path):
         {"prompt": [USER], "completion": "4"},
         {"prompt": [USER, BOT, USER], "completion": "8"},
     ]
-    assert check_dataset(str(path), "sft") == ("5 records (sft, 2 messages, 3 prompt/completion)")
+    assert check_dataset(str(path), "sft") == (
+        "5 records (sft, 2 messages, 3 prompt/completion); 4 prompts, held out at 0.1: "
+        "1 record of 1 prompt"
+    )
 
 
 SFT_BAD = [
@@ -310,6 +313,24 @@ def test_split_keys_chat_prompts_by_content():
     assert text_like[0] in split(text_like, 0.2)[0]  # a text prompt never equals a chat
 
 
+def test_check_dataset_says_what_the_held_out_split_holds_when_prompts_repeat(tmp_path):
+    path = tmp_path / "rep.jsonl"
+    recs = [{"prompt": f"q{i % 40}", "completion": str(i)} for i in range(300)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert check_dataset(str(path), "sft") == (
+        "300 records (sft, prompt/completion); 40 prompts, held out at 0.1: 32 records of 4 prompts"
+    )
+    got = check_dataset(str(path), "sft", Recipe(heldout_fraction=0.25))
+    assert got.endswith("held out at 0.25: 80 records of 10 prompts")
+    path.write_text(
+        "".join(json.dumps({"prompt": "p", "completion": str(i)}) + "\n" for i in range(5))
+    )
+    assert check_dataset(str(path), "sft") == (
+        "5 records (sft, prompt/completion); 1 prompt, held out at 0.1: all of them, nothing "
+        "left to train on (a job would refuse it)"
+    )
+
+
 # ---------------------------------------------------------------------- fuzz
 
 KEYS = ["prompt", "completion", "response", "messages", "chosen", "rejected", "answer", "text"]
@@ -407,6 +428,8 @@ def test_sdk_check_turns_dataset_errors_into_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"line 2: missing key 'completion'"):
         pins.check_dataset(str(path), "sft")
     path = write(tmp_path, [{"prompt": "a", "completion": "b"}] * 2)
-    assert pins.check_dataset(f"file://{path}", "sft") == "2 records (sft, prompt/completion)"
+    assert pins.check_dataset(f"file://{path}", "sft").startswith(
+        "2 records (sft, prompt/completion); 1 prompt"
+    )
     assert [pins.is_local(u) for u in ["d.jsonl", "/a/d.txt", "file:///a", "C:\\d"]] == [True] * 4
     assert not any(pins.is_local(u) for u in ["p2p:/ip4/1.2.3.4/tcp/1/p2p/Qm", "https://x/d"])

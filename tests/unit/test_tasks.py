@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 
 import pytest
 from harness.jobs import tiny_job
@@ -12,6 +13,7 @@ from harness.jobs import tiny_job
 from dtrain_node.errors import DatasetError
 from dtrain_node.train import tasks
 from dtrain_node.train.backend import make_backend
+from dtrain_node.train.dataset import prompt_key
 
 
 def test_addition_answers_are_correct_distinct_and_bounded():
@@ -70,12 +72,67 @@ def test_split_keeps_a_repeated_prompt_on_one_side():
     # prompt's records are held out, wherever they are in the file; nothing is dropped.
     recs = [{"prompt": f"p{i % 7}", "completion": str(i)} for i in range(30)]
     train, held = tasks.split(recs)
-    assert held[-3:] == recs[-3:]
+    assert held[-1] == recs[-1]
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
     assert sorted(map(str, train + held)) == sorted(map(str, recs))
-    assert {r["prompt"] for r in held} == {"p6", "p0", "p1"}  # prompts of records 27, 28, 29
+    # 3 to hold out; the last record's prompt p1 has 5 records, so its group alone is enough
+    assert held == [r for r in recs if r["prompt"] == "p1"] and len(held) == 5
     with pytest.raises(DatasetError, match="no training records"):
         tasks.split([{"prompt": "same", "completion": str(i)} for i in range(10)])
+
+
+def old_split(recs, fraction=0.1):
+    """The split before the cap (every prompt of the last fraction of records, all of their
+    records): what jobs on datasets without repeated prompts were started with."""
+    n = max(1, int(len(recs) * fraction))
+    held = {prompt_key(r["prompt"]) for r in recs[-n:]}
+    train = [r for r in recs[:-n] if prompt_key(r["prompt"]) not in held]
+    return train, [r for r in recs if prompt_key(r["prompt"]) in held]
+
+
+@pytest.mark.parametrize("order", ["round robin", "shuffled", "blocks"])
+def test_split_of_repeated_prompts_holds_out_at_most_one_group_over_the_fraction(order):
+    """300 records over 40 prompts at fraction 0.1: the held-out split was 230 records (round
+    robin) or 150 (shuffled), 35 in blocks; now 30 <= held < 30 + one group, the same every call."""
+    import random
+
+    recs = [{"prompt": f"q{i % 40}", "completion": str(i)} for i in range(300)]
+    if order == "shuffled":
+        random.Random(0).shuffle(recs)
+    elif order == "blocks":
+        recs.sort(key=lambda r: int(r["prompt"][1:]))
+    groups = Counter(r["prompt"] for r in recs)
+    train, held = tasks.split(recs, 0.1)
+    assert len(old_split(recs)[1]) == {"round robin": 230, "shuffled": 150, "blocks": 35}[order]
+    last = recs[-1]["prompt"]
+    assert held[-1] == recs[-1] and 30 <= len(held) < 30 + max(groups.values())
+    assert len(held) <= 30 + groups[last]
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    assert sorted(map(str, train + held)) == sorted(map(str, recs))
+    assert [r for r in recs if r in train] == train and [r for r in recs if r in held] == held
+    assert tasks.split([dict(r) for r in recs], 0.1) == (train, held)
+
+
+def test_split_of_unique_prompts_is_unchanged():
+    """Running jobs depend on it: datasets without repeated prompts split exactly as before
+    the cap (the last fraction of records), pinned by hash and against the old rule."""
+    for method, want in [
+        ("sft", "398242afbacc06cff7336c1d4819f3b35fed44aba41c58865f9c19ac6ec9c7e8"),
+        ("grpo", "2222aed5be96e6bde9f4e4a96a9266cd961cffb39ca32932be5de21de3ac7b8f"),
+    ]:
+        recs = tasks.records(tasks.last_letter(200, length=4, seed=0), method, 0)
+        train, held = tasks.split(recs, 0.1)
+        assert (len(train), len(held)) == (180, 20)
+        got = hashlib.sha256(json.dumps([train, held], sort_keys=True).encode()).hexdigest()
+        assert got == want
+    chats = [[{"role": "user", "content": f"c{i}"}] for i in range(17)]
+    for n in (2, 3, 10, 25, 101, 1000):
+        for fraction in (0.01, 0.1, 0.25, 0.5, 0.9):
+            recs = [{"prompt": f"p{i}", "completion": str(i)} for i in range(n)]
+            recs[: len(chats)] = [{"prompt": c, "answer": "a"} for c in chats][:n]
+            if n - max(1, int(n * fraction)) < 1:
+                continue
+            assert tasks.split(recs, fraction) == old_split(recs, fraction)
 
 
 def prompt_lacks(prompt: str, answer: str) -> bool:

@@ -27,6 +27,7 @@ import difflib
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -376,7 +377,9 @@ def _count(n: int, word: str) -> str:
 
 def check_dataset(path: str, method: str, recipe: Any = None) -> str:
     """Validates the dataset file at `path` for `method` (and the recipe's GRPO reward); returns
-    a summary such as "412 records (sft, messages)". The `dtrain.dataset_check` entry point."""
+    a summary such as "412 records (sft, messages)", and when prompts repeat what the held-out
+    split holds ("; 40 prompts, held out at 0.1: 32 records of 4 prompts", or that it leaves
+    nothing to train on). The `dtrain.dataset_check` entry point."""
     reward = getattr(recipe, "reward", "exact")
     if method == "grpo":
         rewards.reward_fn(reward, getattr(recipe, "reward_pattern", ""))
@@ -399,7 +402,19 @@ def check_dataset(path: str, method: str, recipe: Any = None) -> str:
         else ", ".join(f"{n:,} {f}" for f, n in counts.items())
     )
     extra = f", reward {reward}" if method == "grpo" else ""
-    return f"{_count(len(recs), 'record')} ({method}, {kinds}{extra})"
+    summary = f"{_count(len(recs), 'record')} ({method}, {kinds}{extra})"
+    prompts = len({prompt_key(r["prompt"]) for r in recs})
+    if prompts == len(recs):
+        return summary
+    # Repeated prompts: the held-out split takes whole prompt groups, so say what it holds.
+    fraction = getattr(recipe, "heldout_fraction", 0.1)
+    summary = f"{summary}; {_count(prompts, 'prompt')}, held out at {fraction:g}: "
+    try:
+        _, held = split(recs, fraction)
+    except DatasetError:
+        return f"{summary}all of them, nothing left to train on (a job would refuse it)"
+    held_prompts = len({prompt_key(r["prompt"]) for r in held})
+    return f"{summary}{_count(len(held), 'record')} of {_count(held_prompts, 'prompt')}"
 
 
 def prompt_key(prompt: Prompt) -> tuple[str, str]:
@@ -410,12 +425,24 @@ def prompt_key(prompt: Prompt) -> tuple[str, str]:
 
 
 def split(recs: list[Record], heldout_fraction: float = 0.1) -> tuple[list[Record], list[Record]]:
-    """(train, held-out), disjoint in prompts: the held-out split is the last fraction of records
-    (at least one) plus every other record with one of their prompts (in file order), so no
-    held-out prompt is ever trained on, even when a dataset repeats prompts."""
+    """(train, held-out), disjoint in prompts, both in file order. The held-out split is whole
+    prompt groups (every record of a prompt), taken by walking the records from the end and adding
+    each new prompt's group until it holds at least `n = max(1, int(len(recs) * fraction))`
+    records. So it holds fewer than `n + g` records, g the last group added (at most one group
+    over the fraction however often prompts repeat), and no held-out prompt is ever trained on.
+    With unique prompts it is exactly the last n records (as before the cap)."""
     n_held = max(1, int(len(recs) * heldout_fraction))
-    held = {prompt_key(r["prompt"]) for r in recs[-n_held:]}
-    train = [r for r in recs[:-n_held] if prompt_key(r["prompt"]) not in held]
+    sizes = Counter(prompt_key(r["prompt"]) for r in recs)
+    held: set[tuple[str, str]] = set()
+    count = 0
+    for r in reversed(recs):
+        if count >= n_held:
+            break
+        key = prompt_key(r["prompt"])
+        if key not in held:
+            held.add(key)
+            count += sizes[key]
+    train = [r for r in recs if prompt_key(r["prompt"]) not in held]
     if not train:
         raise DatasetError(
             f"no training records left: all {len(recs)} share the held-out split's prompts"

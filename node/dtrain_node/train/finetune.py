@@ -2,8 +2,8 @@
 built-in byte-level Llama or any Hugging Face causal LM; see docs/methods.md).
 
 They implement the same protocol as backend.CausalLMBackend. Every batch is a tuple whose first
-element is a token tensor (the runner counts tokens with batch[0].numel()). The last 10% of a
-dataset's records (and any other record sharing one of their prompts) are the held-out split every
+element is a token tensor (the runner counts tokens with batch[0].numel()). About the last 10% of
+a dataset's records, in whole prompt groups (at most one group over), are the held-out split every
 node evaluates on, never trained on (tasks.split).
 """
 
