@@ -702,6 +702,11 @@ def _operators(text: str) -> tuple[int, int]:
     "gateway's token over x402 (--price is then in whole tokens of it, e.g. 0.01); the job is "
     "yours.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Run every check and print what the job would pin and escrow; send nothing.",
+)
 @pass_ctx
 def job_submit(
     ctx: Ctx,
@@ -725,6 +730,7 @@ def job_submit(
     serve: bool,
     serve_port: int,
     x402_url: str | None,
+    dry_run: bool,
 ) -> None:
     """Create a job, escrowing price x max operators x epochs.
 
@@ -734,6 +740,11 @@ def job_submit(
     refunded in that token (stake and seat bonds stay in ether). With --x402 URL the job is
     bought from a gateway, its escrow paid in the gateway's token over x402 (--price is then in
     whole tokens of it).
+
+    With --dry-run every check above runs (arguments, paths, dataset and model, the token, and
+    the contract's own checks by estimating the creation from the --key account, which must hold
+    the escrow), then the pins and the escrow are printed and nothing is sent: no transaction,
+    no payment, no serving.
     """
     _check_cheap_arguments(price, token or x402_url, seat_bond, epochs, steps, sync_interval, topk)
     if x402_url is not None and (serve or token):
@@ -760,7 +771,7 @@ def job_submit(
     else:
         model_pin = pins.model_hash(model_uri)
     server = None
-    if serve:  # hashes above come from the local files; the job names their p2p URIs
+    if serve and not dry_run:  # hashes above come from the local files; the job names p2p URIs
         server, model_uri, dataset_uri, recipe_path = _start_serving(
             model_uri, dataset_uri, recipe_path or "", serve_port
         )
@@ -794,6 +805,10 @@ def job_submit(
         recipe_hash=recipe_pin,
         recipe_uri=recipe_path or "",
     )
+    if dry_run:
+        gas = bsm.check_create_job(spec, unit.address if unit else None) if bsm else 0
+        _show_dry_run(ctx, spec, unit, data_summary, gas, serve, x402_url)
+        return
     if bsm is None:
         _buy_job(ctx, x402_url or "", spec, unit)
         return
@@ -821,6 +836,60 @@ def job_submit(
     )
     if server is not None:
         _serve_until_ended(ctx, server, bsm, job_id)
+
+
+def _show_dry_run(
+    ctx: Ctx,
+    spec: JobSpec,
+    unit: _TokenUnit | None,
+    data_summary: str,
+    gas: int,
+    serve: bool,
+    x402_url: str | None,
+) -> None:
+    """`job submit --dry-run`'s report: what the job would pin and escrow (nothing was sent)."""
+    fmt = unit.format if unit else format_eth
+    payer = f"the gateway {x402_url} for " if x402_url else ""
+    payer += load_key(ctx.key).address if ctx.key else "the --key account"
+    recipe_uri = spec.recipe_uri or "the reference recipe"
+    served = "; --serve would serve these local files and pin their p2p: URIs" if serve else ""
+    if x402_url:
+        checked = "the gateway checks it when paid"
+    elif gas:
+        checked = f"the contract accepts it, {gas:,} gas"
+    else:  # a token job whose allowance is short: the approval would come first
+        checked = "the escrow's approval comes first, then the contract's checks"
+    bond = format_eth(spec.seat_bond) if spec.seat_bond else "the deployment's minimum"
+    human = (
+        f"dry run: nothing sent; the job would be created as follows ({checked}){served}\n"
+        f"  model    {spec.model_uri}  0x{spec.model_hash.hex()}\n"
+        f"  dataset  {spec.dataset_uri}  0x{spec.dataset_hash.hex()} (sha256)"
+        + (f", {data_summary}" if data_summary else "")
+        + f"\n  recipe   {recipe_uri}  0x{spec.recipe_hash.hex()}\n"
+        f"  escrow   {fmt(spec.escrow)} = {fmt(spec.price_per_operator_epoch)} x "
+        f"{spec.max_operators} operators x {spec.total_epochs} epoch(s), paid by {payer}\n"
+        f"  seat bond {bond} of each member's self-stake"
+    )
+    data = {
+        "dry_run": True,
+        "token": unit.address if unit else None,
+        "escrow": spec.escrow,
+        "price_per_operator_epoch": spec.price_per_operator_epoch,
+        "max_operators": spec.max_operators,
+        "total_epochs": spec.total_epochs,
+        "seat_bond": spec.seat_bond,
+        "model_uri": spec.model_uri,
+        "model_hash": "0x" + spec.model_hash.hex(),
+        "dataset_uri": spec.dataset_uri,
+        "dataset_hash": "0x" + spec.dataset_hash.hex(),
+        "dataset_summary": data_summary,
+        "recipe_uri": spec.recipe_uri,
+        "recipe_hash": "0x" + spec.recipe_hash.hex(),
+        "gas": gas,
+        "serve": serve,
+        "x402": x402_url,
+    }
+    emit(ctx, data, human)
 
 
 def _check_cheap_arguments(
@@ -955,7 +1024,7 @@ class _TokenUnit:
 
     @classmethod
     def read(cls, w3: Web3, token: str) -> _TokenUnit:
-        """The ERC-20 at `token` (`erc20.NotAToken`, one line, when there is none)."""
+        """The ERC-20 at `token` (`erc20.NotAnERC20`, one line, when there is none)."""
         return cls(*erc20.read_token(w3, token))
 
     def format(self, amount: int) -> str:

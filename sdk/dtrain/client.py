@@ -444,6 +444,44 @@ class BSM:
         )
         return int(self._transact(f).first("JobCreated").args["jobId"])
 
+    def check_create_job(self, spec: m.JobSpec, token: str | None = None) -> int:
+        """What `create_job` (or `create_job_with_token` with `token`) would do, without
+        sending anything: the contract's own checks, by estimating the transaction from the
+        sender (its typed error when it would revert; `InsufficientFunds` when the sender
+        cannot pay the escrow and gas). A token job first needs the token allowed and the
+        escrow in the sender's balance; when its allowance to the BSM is short (the real call
+        approves first) the creation cannot be estimated before that approval, and 0 is
+        returned after those checks. Else the gas estimate."""
+        from . import erc20
+
+        if spec.seat_bond == 0:
+            spec = replace(spec, seat_bond=self.params().min_seat_bond)
+        tx: dict[str, Any] = {"from": self.sender, "value": 0}
+        if token is None:
+            fn = self.contract.functions.createJob(spec.as_tuple())
+            tx["value"] = spec.escrow
+        else:
+            t = erc20.contract(self.w3, token)
+            if not self.is_payment_token(t.address):
+                raise CONTRACT_ERRORS["TokenNotAllowed"](t.address)
+            balance = int(self._call(t.functions.balanceOf(self.sender)))
+            if balance < spec.escrow:
+                raise erc20.InsufficientTokenBalance(
+                    f"{self.sender} holds {balance} of token {t.address}, the escrow is "
+                    f"{spec.escrow}"
+                )
+            if int(self._call(t.functions.allowance(self.sender, self.address))) < spec.escrow:
+                return 0
+            fn = self.contract.functions.createJobWithToken(spec.as_tuple(), t.address, self.sender)
+        try:
+            return int(fn.estimate_gas(tx))
+        except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
+            raise self._revert_error(exc) from None
+        except Web3RPCError as exc:
+            raise self._rpc_error(exc, tx["value"]) from None
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
+
     def set_payment_token(self, token: str, allowed: bool = True) -> Receipt:
         """Allows `token` for new jobs (or stops allowing it); blueprint developer only."""
         return self._transact(self.contract.functions.setPaymentToken(_addr(token), allowed))

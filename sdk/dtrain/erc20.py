@@ -16,7 +16,7 @@ class InsufficientTokenBalance(DtrainError):
     """The payer holds less of the token than the job's escrow."""
 
 
-class NotAToken(ConfigError):
+class NotAnERC20(ConfigError):
     """An address that holds no ERC-20 token on this chain (no code, or no decimals/symbol)."""
 
 
@@ -66,13 +66,13 @@ def parse_units(text: str, decimals: int) -> int:
 
 
 def read_token(w3: Web3, token: str) -> tuple[str, int, str]:
-    """(checksum address, decimals, symbol) of the ERC-20 at `token`; `NotAToken` when it is
+    """(checksum address, decimals, symbol) of the ERC-20 at `token`; `NotAnERC20` when it is
     not an address or holds no ERC-20 on this chain."""
     if not Web3.is_address(token):
-        raise NotAToken(f"not an address: {token!r}")
+        raise NotAnERC20(f"not an address: {token!r}")
     address = Web3.to_checksum_address(token)
     t = contract(w3, address)
     try:
         return address, int(t.functions.decimals().call()), str(t.functions.symbol().call())
     except Exception:  # no code, or not an ERC-20
-        raise NotAToken(f"{address} is not an ERC-20 token on this chain") from None
+        raise NotAnERC20(f"{address} is not an ERC-20 token on this chain") from None

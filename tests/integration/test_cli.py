@@ -883,3 +883,71 @@ def test_submit_keeps_every_reference_form(run, bsm, accounts, data, tmp_path) -
         assert code == 0, (extra, err)
         spec = bsm.job(json.loads(out)["job_id"]).spec
         assert spec.dataset_uri == extra[1]
+
+
+def test_submit_dry_run_sends_nothing_and_pins_what_submit_pins(run, bsm, accounts, data) -> None:
+    """`job submit --dry-run` runs the checks (the contract's too, by estimating the creation),
+    prints the pins and the escrow, and sends nothing: the caller's nonce and balance and the
+    BSM's job count stay; a real submit of the same arguments then pins the same hashes."""
+    from dtrain.devtoken import UNIT, TestUSD
+
+    caller = accounts[4]
+    args = ["job", "submit", "--operators", "2:3", "--epochs", "2", "--steps", "10"]
+    args += ["--sync", "5", "--price", "0.01ether", "--dataset-uri", data]
+    w3 = bsm.w3
+    before = (w3.eth.get_transaction_count(caller.address), w3.eth.get_balance(caller.address))
+    next_job = bsm.next_job_id()
+    code, out, err = run("--json", *args, "--dry-run", key=caller.key)
+    assert code == 0, err
+    dry = json.loads(out)
+    assert dry["dry_run"] is True and dry["gas"] > 0 and dry["token"] is None
+    assert dry["escrow"] == 6 * ETH // 100 and dry["seat_bond"] == bsm.params().min_seat_bond
+    assert (dry["max_operators"], dry["total_epochs"]) == (3, 2)
+    assert dry["dataset_uri"] == data and dry["model_uri"] == "builtin:tiny"
+    assert dry["recipe_hash"] == "0x" + "00" * 32
+    code, out, err = run(*args, "--dry-run", key=caller.key)
+    assert code == 0, err
+    assert out.startswith("dry run: nothing sent; the job would be created as follows ")
+    assert f"  model    builtin:tiny  {dry['model_hash']}\n" in out
+    assert f"  dataset  {data}  {dry['dataset_hash']} (sha256)" in out
+    escrow = f"  escrow   0.06 ETH = 0.01 ETH x 3 operators x 2 epoch(s), paid by {caller.address}"
+    assert escrow in out
+    after = (w3.eth.get_transaction_count(caller.address), w3.eth.get_balance(caller.address))
+    assert after == before and bsm.next_job_id() == next_job
+
+    code, out, err = run("--json", *args, key=caller.key)
+    assert code == 0, err
+    real = json.loads(out)
+    assert real["job_id"] == next_job
+    for field in ("model_hash", "dataset_hash", "recipe_hash", "escrow", "seat_bond"):
+        assert real[field] == dry[field], field
+    spec = bsm.job(next_job).spec
+    assert "0x" + spec.model_hash.hex() == dry["model_hash"]
+    assert "0x" + spec.dataset_hash.hex() == dry["dataset_hash"]
+
+    # The contract's checks run: a seat bond below the minimum, a caller without the escrow.
+    code, _, err = run(*args, "--dry-run", "--seat-bond", "1gwei", key=caller.key)
+    assert code == 1 and err.count("\n") == 1 and "seat bond" in err.lower(), err
+    poor = "0x" + "11" * 32
+    code, _, err = run(*args, "--dry-run", key=poor)
+    assert code == 1 and err.count("\n") == 1 and "0.06 ETH" in err, err
+
+    # A token job: the token must be allowed; the escrow's approval would come first.
+    usd = TestUSD.deploy(w3, accounts[0].key)
+    usd.mint(caller.address, 10 * UNIT)
+    tok = [a if a != "0.01ether" else "0.5" for a in args] + ["--token", usd.address]
+    code, _, err = run(*tok, "--dry-run", key=caller.key)
+    assert code == 1 and "is not an allowed payment token" in err, err
+    bsm.with_account(accounts[11].key).set_payment_token(usd.address)
+    nonce = w3.eth.get_transaction_count(caller.address)
+    code, out, err = run(*tok, "--dry-run", key=caller.key)
+    assert code == 0, err
+    assert "  escrow   3 TUSD = 0.5 TUSD x 3 operators x 2 epoch(s)" in out
+    assert "the escrow's approval comes first" in out
+    assert w3.eth.get_transaction_count(caller.address) == nonce
+    assert usd.allowance(caller.address, bsm.address) == 0
+    usd.with_account(caller.key).approve(bsm.address, 3 * UNIT)
+    code, out, err = run("--json", *tok, "--dry-run", key=caller.key)
+    assert code == 0, err
+    assert json.loads(out)["gas"] > 0 and json.loads(out)["escrow"] == 3 * UNIT
+    assert bsm.next_job_id() == next_job + 1 and usd.balance_of(caller.address) == 10 * UNIT
