@@ -176,16 +176,22 @@ def collate_labelled(coder: Coder, pairs: Sequence[tuple[Prompt, str]]) -> tuple
 
 @torch.no_grad()
 def greedy(
-    model: torch.nn.Module, coder: Coder, prompts: Sequence[Prompt], max_new: int
+    model: torch.nn.Module,
+    coder: Coder,
+    prompts: Sequence[Prompt],
+    max_new: int,
+    vocab: int | None = None,
 ) -> list[str]:
-    """Greedy completions (full vocabulary, stop at EOS) without a KV cache: answers are short."""
+    """Greedy completions (stop at EOS) without a KV cache: answers are short. The argmax is
+    over the model's whole output, or over its first `vocab` rows when given (free GRPO: the
+    tokenizer's entries, as its sampler)."""
     dev = next(model.parameters()).device
     ids, mask = to_device(left_pad([coder.prompt(p) for p in prompts], coder.pad), dev)
     eos, pad = coder.eos, coder.pad
     out = torch.full((len(prompts), 0), pad, dtype=torch.long, device=dev)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
     for _ in range(max_new):
-        nxt = forward(model, ids, mask)[:, -1].argmax(-1)
+        nxt = forward(model, ids, mask)[:, -1, :vocab].argmax(-1)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         done |= nxt == eos
         out = torch.cat([out, nxt[:, None]], 1)
@@ -485,7 +491,14 @@ class FreeGRPOBackend(GRPOBackend):
     `grpo_max_new_tokens` tokens sampled from the model's whole vocabulary at the recipe's
     temperature, each completion ending at its first EOS (the tokens after it are masked out of
     the loss), decoded and scored by the recipe's reward. For answers of any length and shape
-    (numbers, regexes, a format), on a model that already produces sensible text."""
+    (numbers, regexes, a format), on a model that already produces sensible text.
+
+    The vocabulary is the tokenizer's: when the model has more output rows than the tokenizer
+    has entries (a padded embedding: the built-in models' 320 rows for 259 tokens, a GPT-2
+    folder's 50,257 rows for a smaller tokenizer), the rows the tokenizer lacks are cut off the
+    logits before the softmax, in the sampler, in every log-prob (pi, pi_old, the reference) and
+    in the greedy evaluation alike, so no completion holds an id the tokenizer cannot decode and
+    those rows get no gradient (docs/methods.md, next to TRL's behaviour)."""
 
     method = "grpo"
 
@@ -581,7 +594,8 @@ class FreeGRPOBackend(GRPOBackend):
         )
         with self._eval():
             p = self._logps(self.model, ids, mask, comp, cmask).sum(-1).exp()
-            got = greedy(self.model, self.coder, [r["prompt"] for r in recs], self.max_new)
+            asked = [r["prompt"] for r in recs]
+            got = greedy(self.model, self.coder, asked, self.max_new, self.coder.vocab)
         acc = sum(self.reward(t, r["answer"]) for t, r in zip(got, recs, strict=True))
         return {"mean_reward": float(p.mean()), "accuracy": acc / len(recs)}
 
