@@ -237,22 +237,29 @@ def loss_series(records: Iterable[Mapping[str, Any]], job: Job) -> list[dict[str
     ]
 
 
+@dataclass(frozen=True)
+class Curves:
+    """The members' metrics records, the files they were read from, and the given paths that
+    do not exist yet (waited for)."""
+
+    records: Iterable[Mapping[str, Any]] = ()
+    sources: Sequence[str] = ()
+    waiting: Sequence[str] = ()
+
+
 def assemble(
     job: Job,
     events: Sequence[Event],
     credited: Sequence[Event],
     params: Params,
-    records: Iterable[Mapping[str, Any]] = (),
-    metrics_sources: Sequence[str] = (),
+    curves: Curves = Curves(),
     block: int = 0,
     unit: Unit = ETHER,
-    metrics_waiting: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The page's JSON: `events` are the job's (block order), `credited` the `Credited` (or,
     for a job in `token`, `TokenCredited`) events of the transactions that paid its members,
-    `records` the members' metrics records (read from `metrics_sources`; `metrics_waiting` are
-    the given paths that do not exist yet). `unit` writes the job's amounts (ether, or the
-    token's units); the seat bond is always ether."""
+    `curves` the members' metrics. `unit` writes the job's amounts (ether, or the token's
+    units); the seat bond is always ether."""
     s, st, fmt = job.spec, job.state, unit.format
     return {
         "block": block or job.block,
@@ -282,9 +289,9 @@ def assemble(
         "slashes": slashes(events),
         "refund": _refund(events, fmt),
         "loss": {
-            "sources": list(metrics_sources),
-            "waiting": list(metrics_waiting),
-            "series": loss_series(records, job),
+            "sources": list(curves.sources),
+            "waiting": list(curves.waiting),
+            "series": loss_series(curves.records, job),
         },
     }
 
@@ -374,11 +381,13 @@ class JobPage:
             events,
             credited,
             self._params,
-            read_records(metrics_files(self.metrics)),
-            [str(f) for f in metrics_files(self.metrics)],
+            Curves(
+                read_records(metrics_files(self.metrics)),
+                [str(f) for f in metrics_files(self.metrics)],
+                [str(p) for p in not_there_yet(self.metrics)],
+            ),
             block=head,
             unit=self._unit,
-            metrics_waiting=[str(p) for p in not_there_yet(self.metrics)],
         )
 
 

@@ -69,6 +69,27 @@ def test_any_changed_field_breaks_the_signature(field: str, value: int) -> None:
     assert flipped.recover_signer() != env.sender
 
 
+_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141  # secp256k1 order
+
+
+def test_a_signature_has_one_encoding() -> None:
+    """The same signature re-encoded (v = 0, 35, 59 instead of 27; or s -> n - s with v
+    flipped, which ECDSA also recovers) is refused: a relayer cannot mint other bytes that
+    authenticate as a member's envelope (the contract's ECDSA.tryRecover refuses them too)."""
+    env = seal(0, 3)[0]
+    r, s_, v = env.signature[:32], int.from_bytes(env.signature[32:64]), env.signature[64]
+    assert v in (27, 28) and s_ <= _N // 2 and env.recover_signer() == env.sender
+    variants = [r + s_.to_bytes(32) + bytes([w]) for w in (v - 27, v + 8, v + 32)]
+    variants.append(r + (_N - s_).to_bytes(32) + bytes([55 - v]))  # the high-s twin
+    s = store()
+    s.begin(3)
+    for sig in variants:
+        other = dataclasses.replace(env, signature=sig)
+        with pytest.raises(EnvelopeError, match="not canonical"):
+            other.recover_signer()
+        assert reason(s, envelope.decode(other.encode())) == "bad_signature"
+
+
 def test_chunks_stay_under_one_mebibyte_and_reassemble() -> None:
     payload = os.urandom(1_300_000)
     envs = seal(0, 0, payload=payload, chunk_size=envelope.MAX_CHUNK)

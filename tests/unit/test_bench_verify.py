@@ -5,7 +5,6 @@ nobody (so the assertions are about the replay, not the bookkeeping)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -15,15 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_verify", ROOT / "scripts/bench_verify.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_verify"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bv = _load()
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_verify as bv  # noqa: E402
 
 
 @pytest.fixture(scope="module")

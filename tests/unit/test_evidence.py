@@ -114,6 +114,10 @@ def test_a_packet_its_sender_did_not_commit_is_refused(trained) -> None:
             ev.verify(ev.decode(bad.encode()), _members())
     with pytest.raises(TranscriptInvalid, match="member"):
         ev.verify(t, _members()[1:])
+    # the same signature in other bytes (v = 59 recovers the same signer in eth-keys)
+    sig_v = first.commitment[:-1] + bytes([first.commitment[-1] ^ 32])
+    with pytest.raises(TranscriptInvalid, match="not canonical"):
+        ev.verify(with_first(dataclasses.replace(first, commitment=sig_v)), _members())
     # a packet committed in round 0 replayed as round 1's
     moved = dataclasses.replace(t, rounds=(t.rounds[0], (first, *t.rounds[1][1:])))
     with pytest.raises(TranscriptInvalid, match="commitment"):

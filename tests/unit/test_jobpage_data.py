@@ -19,6 +19,7 @@ import pytest
 from dtrain.errors import ConfigError
 from dtrain.jobpage import (
     PAGE,
+    Curves,
     JobPage,
     JobPageServer,
     assemble,
@@ -181,7 +182,7 @@ def test_loss_curve_per_member_by_step_of_this_job_only() -> None:
         rnd(B, 0, 0, 5.1),
         rnd(B, 0, 0, 9.9, job_id=8),
     ]
-    d = assemble(job(JobStatus.RUNNING, 1, (A, B)), [], [], PARAMS, records, ["op1", "op2"])
+    d = assemble(job(JobStatus.RUNNING, 1, (A, B)), [], [], PARAMS, Curves(records, ["op1", "op2"]))
     series = {s["member"]: s["points"] for s in d["loss"]["series"]}
     assert [(p["step"], p["loss"]) for p in series[A]] == [(2, 5.0), (4, 3.9), (6, 3.5)]
     assert series[A][2] == {"step": 6, "epoch": 2, "round": 1, "loss": 3.5}

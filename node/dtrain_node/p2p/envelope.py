@@ -46,6 +46,10 @@ CHUNK, COMMIT = 0, 1  # envelope kinds
 _FIELDS = struct.Struct(">BQ20s32sQQ20sI32sHHI")
 HEADER_LEN = len(MAGIC) + 1 + _FIELDS.size
 SIG_LEN = 65
+# One encoding per signature, as the contract's ECDSA.tryRecover accepts: v is 27 or 28 and s
+# is in the lower half of the curve order (eth-keys alone also takes v = 0, 35, 59, ... and
+# high s, so a relayer could re-encode a member's signature into other valid bytes).
+_HALF_N = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
 OVERHEAD = HEADER_LEN + SIG_LEN
 _FRAME = Frame(MAGIC, VERSION, OVERHEAD)
 MAX_CHUNK = 512 * 1024  # every gossip message stays well under py-libp2p's silent 1 MiB limit
@@ -120,7 +124,11 @@ class Envelope:
         return MAGIC + bytes([VERSION]) + self._fields() + self.chunk + self.signature
 
     def recover_signer(self) -> str:
-        """The checksummed address that signed this envelope (raise EnvelopeError if none)."""
+        """The checksummed address that signed this envelope (raise EnvelopeError if none, or
+        if the signature is not in its one canonical encoding)."""
+        sig = self.signature
+        if len(sig) != SIG_LEN or sig[64] not in (27, 28) or int.from_bytes(sig[32:64]) > _HALF_N:
+            raise EnvelopeError("bad_signature", "signature not canonical (v 27/28, low s)")
         try:
             return Account._recover_hash(self.signing_digest(), signature=self.signature)
         except Exception as e:  # eth-keys raises several types for malformed r, s, v

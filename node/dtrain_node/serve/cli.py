@@ -244,24 +244,7 @@ def run(
             server.should_exit = True
             return
         gate.ready(app)
-        from dtrain_node.serve.engine import TransformersEngine, engine_note
-
-        emit(
-            ctx,
-            {
-                "job_id": cfg.job_id,
-                "model": cfg.model_id,
-                "checkpoint": cfg.checkpoint.hex(),
-                "engine": TransformersEngine.name,
-                "url": url,
-                "listening": True,
-                "price": terms,
-            },
-            f"serving {cfg.model_id} (checkpoint 0x{cfg.checkpoint.hex()[:16]}.., engine "
-            f"{engine_note()}) at {url}: listening until Ctrl-C"
-            + ("" if payment is None else f"; {payment.note()}"),
-        )
-        sys.stdout.flush()
+        _announce(ctx, cfg, url, payment, terms)
 
     threading.Thread(target=load, name="dtrain-serve-load", daemon=True).start()
     with sock:
@@ -269,6 +252,28 @@ def run(
     if failure:
         raise failure[0]
     emit(ctx, {"stopped": True}, "stopped serving")
+
+
+def _announce(ctx: Ctx, cfg: ServeConfig, url: str, payment: X402 | None, terms: Any) -> None:
+    """The line a script waits for on stdout: the model is loaded and answers at `url`."""
+    from dtrain_node.serve.engine import TransformersEngine, engine_note
+
+    emit(
+        ctx,
+        {
+            "job_id": cfg.job_id,
+            "model": cfg.model_id,
+            "checkpoint": cfg.checkpoint.hex(),
+            "engine": TransformersEngine.name,
+            "url": url,
+            "listening": True,
+            "price": terms,
+        },
+        f"serving {cfg.model_id} (checkpoint 0x{cfg.checkpoint.hex()[:16]}.., engine "
+        f"{engine_note()}) at {url}: listening until Ctrl-C"
+        + ("" if payment is None else f"; {payment.note()}"),
+    )
+    sys.stdout.flush()
 
 
 def loaded_app(
