@@ -33,6 +33,35 @@ def _one_evidence(c: Cluster, n: int) -> evidence.EpochTranscript:
     return evidence.decode(files.pop())
 
 
+def _one_vote(c: Cluster, n: int) -> tuple[str, dict[str, int]]:
+    """Every node settled its transcript and voted the same checkpoint and participation:
+    returns them (participation by member)."""
+    votes = set()
+    for i in range(n):
+        trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
+        votes |= {
+            (m["checkpoint"], tuple(zip(m["members"], m["participation"], strict=True)))
+            for m in trained
+        }
+        transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
+        assert transcript and transcript[-1]["settled"], i
+    assert len(votes) == 1, votes  # one checkpoint, one participation, everywhere
+    ((checkpoint, participation),) = votes
+    return checkpoint, dict(participation)
+
+
+def _slashed_once_for_equivocating(events: list, cheat: str) -> dict:
+    """The chain recorded `cheat`'s equivocation in round 1 once and slashed it once for it;
+    returns the slash."""
+    proven = [e.args for e in events if e.name == "EquivocationProven"]
+    assert [(p["operator"], p["round"]) for p in proven] == [(cheat, 1)]
+    slashed = [e.args for e in events if e.name == "Slashed"]
+    assert [(s["operator"], SlashReason(s["reason"])) for s in slashed] == [
+        (cheat, SlashReason.EQUIVOCATION)
+    ]
+    return slashed[0]
+
+
 @pytest.mark.timeout(900)
 def test_equivocator_is_slashed_with_its_proof_and_honest_members_are_paid(
     tmp_path, capsys
@@ -49,32 +78,20 @@ def test_equivocator_is_slashed_with_its_proof_and_honest_members_are_paid(
         assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
         events = c.bsm.events(job_id=c.job_id)
         cheat = c.ops[3].address
-        proven = [e.args for e in events if e.name == "EquivocationProven"]
-        assert [(p["operator"], p["round"]) for p in proven] == [(cheat, 1)]
-        slashed = [e.args for e in events if e.name == "Slashed"]
-        assert [(s["operator"], SlashReason(s["reason"])) for s in slashed] == [
-            (cheat, SlashReason.EQUIVOCATION)
-        ]
-        p = c.bsm.params()
-        assert slashed[0]["amount"] == ETH * p.fabrication_slash_bps // 10_000
+        slash = _slashed_once_for_equivocating(events, cheat)
+        assert slash["amount"] == ETH * c.bsm.params().fabrication_slash_bps // 10_000
         paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
         assert paid == sorted(o.address for o in c.ops[:3])
         for o in c.ops[:3]:
             assert c.bsm.pool(o.address).total_assets == ETH  # no honest member lost stake
-        votes = set()
-        for i in range(4):
-            trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
-            votes |= {m["checkpoint"] for m in trained}
-            transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
-            assert transcript and transcript[-1]["settled"], i
-        assert len(votes) == 1, votes
+        checkpoint, _ = _one_vote(c, 4)
         record = _one_evidence(c, 4)
         assert [len(r) for r in record.rounds] == [4, 3, 4, 4, 4]  # op4 out of round 1
         assert cheat not in [p.sender for p in record.rounds[1]]
         # a referee outside the job, with no key, recomputes the certified checkpoint from the
         # file alone; the same file without one packet leads elsewhere (exit 1, one line)
         certified = c.bsm.job(c.job_id).state.checkpoint.hex()
-        assert votes == {certified}
+        assert checkpoint == certified
         f = tmp_path / "transcript.bin"
         f.write_bytes(record.encode())
         cmd = ["--rpc-url", c.chain.url, "--contract", c.bsm.address, "--json", "node"]
@@ -104,16 +121,11 @@ def test_a_withheld_packet_is_out_for_everyone_and_nobody_is_slashed(tmp_path) -
         c.wait(c.ended, 700, "the job to end")
         assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
         withholder = c.ops[3].address
-        votes = set()
         for i in range(4):
-            trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
-            votes |= {(m["checkpoint"], tuple(m["participation"])) for m in trained}
             assert len([m for m in c.metrics(i) if m["kind"] == "round"]) == 5, i
-            transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
-            assert transcript and transcript[-1]["settled"], i
-        assert len(votes) == 1, votes  # one checkpoint, one participation, everywhere
-        ((_, participation),) = votes
-        assert sorted(participation) == [4, 5, 5, 5], participation  # op4 out of round 1
+        _, participation = _one_vote(c, 4)
+        assert participation[withholder] == 4, participation  # out of round 1
+        assert sorted(participation.values()) == [4, 5, 5, 5], participation
         record = _one_evidence(c, 4)
         assert withholder not in [p.sender for p in record.rounds[1]]
         events = c.bsm.events(job_id=c.job_id)
@@ -143,15 +155,8 @@ def test_a_packet_revealed_to_one_member_leaves_one_transcript_and_nobody_is_sla
         c.wait(c.ended, 700, "the job to end")
         assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
         assert _node_log(c, 3).count("fault: round 1 revealed to peer") == 1  # it attacked
-        votes = set()
-        for i in range(4):
-            trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
-            votes |= {(m["checkpoint"], tuple(m["participation"])) for m in trained}
-            transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
-            assert transcript and transcript[-1]["settled"], i
-        assert len(votes) == 1, votes
-        ((_, participation),) = votes
-        assert sorted(participation)[1:] == [5, 5, 5], participation  # honest in every round
+        _, participation = _one_vote(c, 4)
+        assert [participation[o.address] for o in c.ops[:3]] == [5] * 3, participation
         _one_evidence(c, 4)
         events = c.bsm.events(job_id=c.job_id)
         assert "Slashed" not in [e.name for e in events]
@@ -179,18 +184,7 @@ def test_seven_members_two_attackers_one_transcript_and_only_the_equivocator_is_
         c.wait(c.ended, 1000, "the job to end")
         assert c.bsm.job(c.job_id).state.status.name == "COMPLETED"
         assert _node_log(c, 5).count("fault: round 2 revealed to peer") == 1
-        votes = set()
-        for i in range(7):
-            trained = [m for m in c.metrics(i) if m["kind"] == "epoch_trained"]
-            votes |= {
-                (m["checkpoint"], tuple(zip(m["members"], m["participation"], strict=True)))
-                for m in trained
-            }
-            transcript = [m for m in c.metrics(i) if m["kind"] == "transcript"]
-            assert transcript and transcript[-1]["settled"], i
-        assert len(votes) == 1, votes
-        ((_, participation),) = votes
-        by_member = dict(participation)
+        _, by_member = _one_vote(c, 7)
         assert [by_member[o.address] for o in c.ops[:5]] == [5] * 5, by_member
         assert by_member[c.ops[6].address] == 3, by_member  # out of rounds 1 and 3
         record = _one_evidence(c, 7)
@@ -198,12 +192,7 @@ def test_seven_members_two_attackers_one_transcript_and_only_the_equivocator_is_
         assert sizes[:2] + sizes[3:] == [7, 6, 6, 7] and sizes[2] in (6, 7), sizes
         events = c.bsm.events(job_id=c.job_id)
         cheat = c.ops[6].address
-        proven = [e.args for e in events if e.name == "EquivocationProven"]
-        assert [(p["operator"], p["round"]) for p in proven] == [(cheat, 1)]
-        slashed = [e.args for e in events if e.name == "Slashed"]
-        assert [(s["operator"], SlashReason(s["reason"])) for s in slashed] == [
-            (cheat, SlashReason.EQUIVOCATION)
-        ]
+        _slashed_once_for_equivocating(events, cheat)
         paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
         assert {o.address for o in c.ops[:5]} <= paid and cheat not in paid
         for o in c.ops[:5]:
