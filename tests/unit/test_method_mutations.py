@@ -1,9 +1,10 @@
 """Direct tests for the method mutations the equivalence tests let through (issue 31): the GRPO
 backends' old policy and reference kept apart, free GRPO's completion mask in the loss, the
 policy's log-probs taken without dropout in DPO and GRPO (ratio exactly 1 at the first inner
-step, DPO at init exactly log 2 on a model with dropout), the recipe's `dpo_beta` in the DPO
-loss, and SFT's prompt masking. Each expected value is computed by hand from the models, not
-through the backend's rollout cache or its collation."""
+step, DPO at init exactly log 2 on a model with dropout, built-in and trl), the recipe's
+`dpo_beta` in the DPO loss, and SFT's prompt masking (the loss's value, and a zero gradient on
+every logit that predicts a prompt token). Each expected value is computed by hand from the
+models, not through the backend's rollout cache or its collation."""
 
 from __future__ import annotations
 
@@ -149,10 +150,10 @@ def gpt2(tmp_path_factory) -> Path:
     return save_gpt2(tmp_path_factory.mktemp("hf") / "gpt2")
 
 
-def gpt2_job(tmp_path: Path, gpt2: Path, method: str) -> TrainJob:
+def gpt2_job(tmp_path: Path, gpt2: Path, method: str, recipe: Recipe | None = None) -> TrainJob:
     path = tmp_path / f"{method}.jsonl"
     h = tasks.make_dataset(path, method, tasks.last_letter(60, length=4, seed=0))
-    return TrainJob(1, method, str(gpt2), str(path), h, recipe=Recipe())
+    return TrainJob(1, method, str(gpt2), str(path), h, recipe=recipe or Recipe())
 
 
 def test_the_gpt2_folder_has_dropout(gpt2):
@@ -189,12 +190,16 @@ def test_grpo_ratio_is_exactly_one_at_the_first_step_with_dropout(
         assert torch.equal(ratio, torch.ones_like(ratio)), (ratio.min(), ratio.max())
 
 
-def test_dpo_loss_at_init_is_log_2_with_dropout(tmp_path, gpt2):
+@pytest.mark.parametrize("backend", ["builtin", "trl"])
+def test_dpo_loss_at_init_is_log_2_with_dropout(tmp_path, gpt2, backend):
     """A GPT-2 with dropout 0.1 in train mode: at init the policy equals the reference, so
-    every implicit reward is 0 and the loss is log 2, every time, with gradients flowing."""
-    b = make_backend(gpt2_job(tmp_path, gpt2, "dpo"))
+    every implicit reward is 0 and the loss is log 2, every time, with gradients flowing (the
+    built-in backend's eval-mode forward; TRL's `disable_dropout`, which the trl backend pins)."""
+    if backend == "trl":
+        pytest.importorskip("trl")
+    b = make_backend(gpt2_job(tmp_path, gpt2, "dpo", Recipe(backend=backend)))
     b.model.train()
-    batch = b.collate(b.train[:8], 0)
+    batch = b.collate_rows(b.rows[:8]) if backend == "trl" else b.collate(b.train[:8], 0)
     for _ in range(3):
         loss = b.loss(batch)
         assert loss.item() == pytest.approx(math.log(2), abs=1e-6)
@@ -288,6 +293,34 @@ def test_sft_loss_is_the_mean_over_completion_tokens_only(tmp_path):
         got = float(b.loss(b.collate(recs, 0)))
     assert got == pytest.approx(want, abs=1e-5)
     assert abs(sum(all_nll) / len(all_nll) - want) > 0.05
+
+
+def test_sft_prompt_tokens_get_zero_gradient(tmp_path):
+    """The gradient of SFT's loss on the logits: exactly 0 at every position that predicts a
+    prompt token (BOS + prompt, counted by hand per record) or follows the record's EOS
+    (padding), non-zero at every position that predicts a completion token or EOS."""
+    path = tmp_path / "sft.jsonl"
+    h = tasks.make_dataset(path, "sft", tasks.addition(40, digits=2, seed=0))
+    b = make_backend(tiny_job("sft", path, h))
+    recs = b.train[:6]
+    seen: list[torch.Tensor] = []
+    real = b.model.forward
+
+    def forward(*a, **k):
+        out = real(*a, **k)
+        out.logits.retain_grad()
+        seen.append(out.logits)
+        return out
+
+    b.model.forward = forward
+    b.loss(b.collate(recs, 0)).backward()
+    norms = seen[0].grad.abs().sum(-1)  # [B, T]: position t predicts token t + 1
+    for row, r in zip(norms, recs, strict=True):
+        n_prompt = 1 + len(finetune.encode(r["prompt"]))
+        n_all = n_prompt + len(finetune.encode(r["completion"])) + 1
+        assert torch.all(row[: n_prompt - 1] == 0), row[: n_prompt - 1]
+        assert torch.all(row[n_prompt - 1 : n_all - 1] > 0), row[n_prompt - 1 : n_all - 1]
+        assert torch.all(row[n_all - 1 :] == 0)
 
 
 def test_trl_dpo_uses_the_recipe_beta(tmp_path, gpt2):

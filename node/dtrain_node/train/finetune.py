@@ -275,8 +275,9 @@ class RecordBackend:
         """The policy in eval mode (no dropout) with gradients still on, restoring the training
         flag afterwards. DPO and GRPO take every policy log-prob this way (the loss's and
         GRPO's pi_old alike), so the policy is one deterministic function: the GRPO ratio is
-        exactly 1 at the first inner step and DPO starts at log 2, as with TRL's
-        `disable_dropout` (its default). Eval mode rather than zeroing the nn.Dropout modules:
+        exactly 1 at the first inner step and DPO starts at log 2, as TRL with
+        `disable_dropout=True` (its DPO default; for GRPO TRL advises it with a reference
+        model, docs/methods.md "Dropout"). Eval mode rather than zeroing the nn.Dropout modules:
         it also turns off dropout a model keeps as a float (Llama's `attention_dropout`)."""
         was = self.model.training
         self.model.eval()

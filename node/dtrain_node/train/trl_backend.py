@@ -25,8 +25,9 @@ Where TRL's formatting differs from the built-in backend's (docs/methods.md "Bac
     own special tokens: no BOS unless the tokenizer adds one (the built-in prepends BOS), and
     tokens may merge across the prompt/completion boundary (TRL then trains from where the two
     tokenizations diverge);
-  - DPO: TRL turns dropout off in the policy (`disable_dropout`, its default), as the built-in
-    backend does (finetune.RecordBackend._dropout_off): no difference.
+  - DPO: TRL turns dropout off in the policy and the reference (`disable_dropout`, its DPO
+    default, pinned here), as the built-in backend does (finetune.RecordBackend._dropout_off):
+    no difference.
 TRL's own precision default (bf16 autocast, even on the reference model) is turned off: the
 runner decides precision (recipe `bf16`, on CUDA), as for the built-in backend.
 Records are checked to fit `seq_len` in TRL's tokens too: nothing is truncated or dropped.
@@ -293,7 +294,11 @@ class DPOBackend(TRLBackend):
         from trl import DPOConfig, DPOTrainer
 
         self.ref = self.start.fresh().eval().requires_grad_(False)
-        args = DPOConfig(**self.trainer_args(out_dir), beta=self.opts.dpo_beta)
+        # disable_dropout is TRL's DPO default, pinned: the policy without dropout, as its
+        # reference and as the built-in DPO (at init the loss is exactly log 2)
+        args = DPOConfig(
+            **self.trainer_args(out_dir), beta=self.opts.dpo_beta, disable_dropout=True
+        )
         return DPOTrainer(
             model=self.model,
             ref_model=self.ref,
