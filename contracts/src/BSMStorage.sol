@@ -2,6 +2,7 @@
 pragma solidity ^0.8.28;
 
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
+import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 
 import {IDistributedTrainingBSMTypes} from "./interfaces/IDistributedTrainingBSM.sol";
 
@@ -77,6 +78,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         uint8 committed;
         uint8 revealed;
         uint8 leaderVotes;
+        uint64 revealedAt; // time of the latest reveal: the challenge window counts from it
         bytes32 leaderKey;
     }
 
@@ -176,7 +178,68 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     }
 
     function _maxEpochDuration() internal view returns (uint256) {
-        return _params.unbondingPeriod / 4 - _params.startGrace - _params.revealWindow;
+        Params storage p = _params;
+        return p.unbondingPeriod / 4 - p.startGrace - p.revealWindow - 4 * uint256(p.challengeWindow);
+    }
+
+    /// Until when attempt `t` (of a job with `n` members whose reveals close at `closes`) may be
+    /// challenged: `challengeWindow` after its last reveal once every member revealed, else
+    /// after the reveal deadline.
+    function _challengeCloses(Tally memory t, uint256 n, uint256 closes) internal view returns (uint256) {
+        return (t.revealed == n ? t.revealedAt : closes) + _params.challengeWindow;
+    }
+
+    /// Takes `bps` of the pool's active and unbonding assets; returns the amount, which the
+    /// caller must credit somewhere.
+    function _slash(address operator, uint256 bps, uint256 jobId, uint256 epoch, SlashReason reason, address reporter)
+        internal
+        returns (uint256 amount)
+    {
+        Pool storage p = _pools[operator];
+        uint256 active = uint256(p.totalAssets) * bps / _BPS;
+        uint256 unbonding = uint256(p.unbondingAssets) * bps / _BPS;
+        p.totalAssets -= SafeCast.toUint128(active);
+        p.unbondingAssets -= SafeCast.toUint128(unbonding);
+        _totalStaked -= active;
+        _totalUnbonding -= unbonding;
+        amount = active + unbonding;
+        emit Slashed(operator, jobId, epoch, reason, amount, reporter);
+    }
+
+    function _credit(address account, uint256 amount) internal {
+        _credits[account] += amount;
+        _totalCredits += amount;
+        emit Credited(account, amount);
+    }
+
+    /// Credits `amount` of `token` (address(0): ether) to `account`.
+    function _creditIn(address token, address account, uint256 amount) internal {
+        if (token == address(0)) return _credit(account, amount);
+        _tokenCredits[token][account] += amount;
+        _tokenTotals[token].credits += amount;
+        emit TokenCredited(token, account, amount);
+    }
+
+    /// Validates `participation` against the member list and stores the vote on first sight
+    /// in this attempt, judged by this job's spec: no other job can shape it.
+    function _storeVote(uint256 jobId, uint64 attempt, bytes32 checkpoint, uint32[] memory participation)
+        internal
+        returns (bytes32 key)
+    {
+        uint256 n = _members[jobId].length;
+        require(participation.length == n, ParticipationLength(participation.length, n));
+        JobSpec storage spec = _specs[jobId];
+        uint256 rounds = spec.stepsPerEpoch / spec.syncInterval;
+        uint256 threshold = Math.mulDiv(rounds, _params.syncThresholdBps, _BPS, Math.Rounding.Ceil);
+        uint256 syncFailures;
+        for (uint256 i; i < n; ++i) {
+            uint256 r = participation[i];
+            require(r <= rounds, ParticipationTooHigh(i, r, rounds));
+            if (r < threshold) syncFailures |= 1 << i;
+        }
+        key = keccak256(abi.encode(checkpoint, participation));
+        Vote storage v = _voteData[attempt][key];
+        if (v.checkpoint == bytes32(0)) (v.checkpoint, v.syncFailures) = (checkpoint, syncFailures);
     }
 
     function _commitmentHash(
@@ -270,4 +333,36 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     /// Bit i set: member i of the attempt signed two different packets (or commitments) for
     /// one round; it is slashed at the fabrication rate and not paid when the attempt settles.
     mapping(uint64 attempt => uint256 members) internal _equivocators;
+
+    // ---------------------------------------------------------------- challenges
+    // Written by the views extension's challenge game (BSMChallenges); `_finalize` reads them.
+
+    /// A challenge of one epoch attempt's certified vote.
+    struct Challenge {
+        address challenger;
+        uint64 openedAt;
+        uint8 drawn; // referees drawn (0: not drawn yet)
+        uint8 committed;
+        uint8 revealed;
+        bool resolved;
+        bytes32 transcript;
+        bytes32 verdict; // vote key a majority of the drawn referees revealed
+    }
+
+    /// Where a referee stands in a challenge.
+    enum RefereeStep {
+        None,
+        Applied,
+        Drawn,
+        Committed,
+        Revealed
+    }
+
+    mapping(uint64 attempt => Challenge) internal _challenges;
+    mapping(uint64 attempt => address[]) internal _applicants;
+    mapping(uint64 attempt => address[]) internal _referees;
+    mapping(uint64 attempt => mapping(address referee => RefereeStep)) internal _refereeSteps;
+    mapping(uint64 attempt => mapping(address referee => bytes32)) internal _verdictCommitments;
+    mapping(uint64 attempt => mapping(address referee => bytes32 voteKey)) internal _verdictOf;
+    mapping(uint64 attempt => mapping(bytes32 voteKey => uint8)) internal _verdictCounts;
 }

@@ -5,6 +5,7 @@ import {IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM
 import {IAttestationVerifier} from "./interfaces/IAttestationVerifier.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 import {BSMTokenPayments} from "./BSMTokenPayments.sol";
+import {BSMChallenges} from "./BSMChallenges.sol";
 import {GossipEnvelope} from "./libraries/GossipEnvelope.sol";
 
 /// @title DistributedTrainingBSMViews
@@ -12,8 +13,9 @@ import {GossipEnvelope} from "./libraries/GossipEnvelope.sol";
 /// its address and delegates every call it does not implement to it, so these functions run
 /// on the BSM's storage; called directly, it reads its own empty state. What it does not
 /// implement either (the Tangle hooks) it delegates on to the hooks extension. It also holds
-/// the entry points of jobs paid in ERC-20 tokens (BSMTokenPayments).
-contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, IDistributedTrainingBSMViews {
+/// the entry points of jobs paid in ERC-20 tokens (BSMTokenPayments) and the challenge game
+/// (BSMChallenges).
+contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, BSMChallenges, IDistributedTrainingBSMViews {
     address private immutable _HOOKS;
 
     constructor(address hooks) {
@@ -21,7 +23,8 @@ contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, IDistribut
         _HOOKS = hooks;
     }
 
-    fallback() external {
+    /// Payable: the staking entry points it reaches in the hooks extension take ether.
+    fallback() external payable {
         address hooks = _HOOKS;
         assembly ("memory-safe") {
             calldatacopy(0, 0, calldatasize())

@@ -27,6 +27,7 @@ abstract contract BaseTest is Test {
     uint256 internal constant SEAT_BOND = 0.5 ether;
     uint16 internal constant COMP_BPS = 1000;
     uint96 internal constant MAX_BOUNTY = 0.01 ether;
+    uint256 internal constant CHALLENGE_BOND = 1 ether;
 
     function defaultParams() internal view returns (I.Params memory) {
         return I.Params({
@@ -42,14 +43,17 @@ abstract contract BaseTest is Test {
             unworkableCompBps: COMP_BPS,
             maxOperators: 32,
             maxFailedEpochs: 3,
+            refereeCount: 3,
             unbondingPeriod: UNBONDING,
             minEpochDuration: MIN_EPOCH,
             startGrace: GRACE,
             revealWindow: REVEAL_WINDOW,
             openTimeout: OPEN_TIMEOUT,
+            challengeWindow: 0,
             maxReporterBounty: MAX_BOUNTY,
             minStake: MIN_STAKE,
             minSeatBond: SEAT_BOND,
+            challengeBond: CHALLENGE_BOND,
             treasury: treasury,
             developer: developer,
             core: core

@@ -18,7 +18,7 @@ from .models import (
     Submission,
 )
 from .recipe import Recipe
-from .votes import UNWORKABLE, commitment_hash, new_salt
+from .votes import UNWORKABLE, commitment_hash, new_salt, vote_key
 
 __version__ = "0.1.0"
 
@@ -45,4 +45,5 @@ __all__ = [
     "connect",
     "load_key",
     "new_salt",
+    "vote_key",
 ]

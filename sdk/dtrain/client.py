@@ -577,6 +577,58 @@ class BSM:
         f = self.contract.functions.reportEquivocation(job_id, bytes(first), bytes(second))
         return self._transact(f)
 
+    # ------------------------------------------------------------------ challenges
+
+    def challenge(self, job_id: int, epoch: int, transcript: bytes) -> Receipt:
+        """Disputes the certified vote of the job's current attempt, bonding the deployment's
+        `challenge_bond` in ether; `transcript` is the sha256 of the epoch's transcript file
+        the sender serves to the referees."""
+        bond = self.params().challenge_bond
+        f = self.contract.functions.challenge(job_id, epoch, _b32(transcript))
+        return self._transact(f, value=bond)
+
+    def apply_referee(self, job_id: int, epoch: int) -> Receipt:
+        """Applies to referee the challenge (bonds `challenge_bond` of free self-stake)."""
+        return self._transact(self.contract.functions.applyReferee(job_id, epoch))
+
+    def commit_verdict(
+        self, job_id: int, epoch: int, commitment: bytes, gas: int | None = None
+    ) -> Receipt:
+        """Commits a drawn referee's hidden verdict: `dtrain.commitment_hash(job_id, epoch,
+        sender, checkpoint, participation, salt)`. `gas`: send without estimation (see
+        `finalize_epoch`)."""
+        f = self.contract.functions.commitVerdict(job_id, epoch, _b32(commitment))
+        return self._transact(f, gas=gas)
+
+    def reveal_verdict(
+        self,
+        job_id: int,
+        epoch: int,
+        checkpoint: bytes,
+        participation: Sequence[int],
+        salt: bytes,
+        gas: int | None = None,
+    ) -> Receipt:
+        """Reveals a committed verdict: the (checkpoint, participation) the referee re-executed."""
+        f = self.contract.functions.revealVerdict(
+            job_id, epoch, _b32(checkpoint), [int(p) for p in participation], _b32(salt)
+        )
+        return self._transact(f, gas=gas)
+
+    def resolve_challenge(self, job_id: int, epoch: int, gas: int | None = None) -> Receipt:
+        """Ends the challenge (bonds settled, referees off the majority slashed); anyone may."""
+        f = self.contract.functions.resolveChallenge(job_id, epoch)
+        return self._transact(f, gas=gas)
+
+    def challenge_of(self, attempt: int) -> m.Challenge:
+        return m.Challenge.from_struct(self._read("challengeOf", attempt))
+
+    def certified_vote(self, job_id: int) -> tuple[bytes, int]:
+        """(vote key a quorum certified for the current attempt, time until which it may be
+        challenged); (zero bytes, 0) while reveals are open."""
+        key, closes = self._read("certifiedVote", job_id)
+        return bytes(key), int(closes)
+
     def cancel_signed_calls(self) -> Receipt:
         """Voids every EIP-712 `OperatorCall` the sender signed and nobody sent yet (its nonce
         `operator_nonce` moves on)."""

@@ -105,6 +105,8 @@ AMOUNTS: dict[str, frozenset[str]] = {
     "InsufficientFreeStake": frozenset({"selfStake", "needed"}),
     "StakeBonded": frozenset({"remaining", "needed"}),
     "SeatBondTooLow": frozenset({"seatBond", "minSeatBond"}),
+    "WrongChallengeBond": frozenset({"expected", "sent"}),
+    "InvalidChallengeParams": frozenset({"challengeBond"}),
 }
 # Arguments that are unix times, shown as local time and relative to now, per error.
 TIMES: dict[str, frozenset[str]] = {
@@ -119,6 +121,9 @@ TIMES: dict[str, frozenset[str]] = {
     "StatementExpired": frozenset({"expiresAt", "nowTs"}),
     "StatementNotYetValid": frozenset({"issuedAt", "nowTs"}),
     "StatementBeforeRotation": frozenset({"issuedAt", "validSince"}),
+    "ChallengeWindowClosed": frozenset({"closedAt", "nowTs"}),
+    "ChallengeWindowOpen": frozenset({"closesAt"}),
+    "NotInPhase": frozenset({"opensAt", "closesAt", "nowTs"}),
 }
 _STATUS = ["None", "Open", "Running", "Completed", "Failed", "Cancelled"]
 

@@ -114,6 +114,7 @@ class SlashReason(IntEnum):
     EXTERNAL = 3
     EQUIVOCATION = 4  # signed two packets for one round (reportEquivocation)
     WITHHELD_REVEAL = 5  # committed and never revealed: the fabrication rate
+    WRONG_VERDICT = 6  # a referee off the referees' majority (or that withheld its verdict)
 
     @property
     def label(self) -> str:
@@ -140,6 +141,10 @@ _SLASH_MEANINGS = {
         "withheld its reveal",
         "committed a vote and never revealed it",
     ),
+    SlashReason.WRONG_VERDICT: (
+        "wrong verdict",
+        "as a referee it revealed a verdict other than the referees' majority, or none",
+    ),
 }
 
 
@@ -162,15 +167,22 @@ class Params(Decoded):
     unworkable_comp_bps: int = 1000
     max_operators: int = 32
     max_failed_epochs: int = 3
+    # Referees drawn to re-execute a challenged epoch (odd).
+    referee_count: int = 3
     unbonding_period: int = 7 * 86400
     # An epoch spans at most unbonding_period / 4 (start_grace + epoch_duration + reveal_window).
     min_epoch_duration: int = 60
     start_grace: int = 30
     reveal_window: int = 600
     open_timeout: int = 86400
+    # Seconds after an epoch's last reveal in which its certified vote may be challenged; each
+    # phase of a challenge (referees apply, commit, reveal) lasts as long. 0: no challenges.
+    challenge_window: int = 600
     max_reporter_bounty: int = 10**16
     min_stake: int = 10**18
     min_seat_bond: int = 10**17
+    # Ether a challenger bonds, and self-stake each referee bonds while the challenge is open.
+    challenge_bond: int = 10**17
     core: str = "0x0000000000000000000000000000000000000000"
 
     def as_tuple(self) -> tuple:
@@ -414,6 +426,35 @@ class Slash:
     block: int
     time: int  # the block's unix time
     tx_hash: str
+
+
+@dataclass(frozen=True)
+class Challenge(Decoded):
+    """The challenge of one epoch attempt's certified vote (`challengeOf`); `challenger` is
+    the zero address when there is none."""
+
+    CONVERT: ClassVar[Mapping[str, Callable[[Any], Any]]] = {
+        "transcript": bytes,
+        "certified_key": bytes,
+        "verdict_key": bytes,
+        "applicants": tuple,
+        "referees": tuple,
+    }
+
+    challenger: str
+    opened_at: int
+    resolved: bool
+    transcript: bytes  # sha256 of the transcript file the challenger serves
+    certified_key: bytes
+    verdict_key: bytes  # zero bytes: no verdict (yet)
+    committed: int
+    revealed: int
+    applicants: tuple[str, ...]
+    referees: tuple[str, ...]  # empty until drawn
+
+    @property
+    def open(self) -> bool:
+        return int(self.challenger, 16) != 0 and not self.resolved
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,16 @@ def commitment_hash(
     return keccak(encode(list(_TYPES), list(values)))
 
 
+def vote_key(checkpoint: bytes, participation: Sequence[int]) -> bytes:
+    """keccak256(abi.encode(checkpoint, participation)): how the contract names a (checkpoint,
+    participation) vote (`CheckpointRevealed.voteKey`, `certifiedVote`); `UNWORKABLE` is its
+    own key, whatever participation came with it."""
+    raw = _bytes32(checkpoint, "checkpoint")
+    if raw == UNWORKABLE:
+        return UNWORKABLE
+    return keccak(encode(["bytes32", "uint32[]"], [raw, [int(p) for p in participation]]))
+
+
 def new_salt() -> bytes:
     """32 random bytes: a fresh salt for every commitment keeps a vote hidden until revealed."""
     return secrets.token_bytes(32)

@@ -34,7 +34,10 @@ interface IDistributedTrainingBSMTypes {
         SyncFailure,
         External,
         Equivocation,
-        WithheldReveal
+        WithheldReveal,
+        /// A referee revealed a verdict other than the referees' majority, or never revealed
+        /// the verdict it committed.
+        WrongVerdict
     }
 
     /// @notice Deploy-time parameters. The four fee shares are basis points summing to 10000.
@@ -61,6 +64,9 @@ interface IDistributedTrainingBSMTypes {
         uint8 maxOperators;
         /// Consecutive epochs without quorum after which a job fails.
         uint8 maxFailedEpochs;
+        /// Referees drawn (by stake, among the registered operators outside the job that apply)
+        /// to re-execute a challenged epoch; odd, so a majority always exists among them.
+        uint8 refereeCount;
         /// Must be at least 4 x (startGrace + minEpochDuration + revealWindow): an epoch with its
         /// reveal window spans at most a quarter of it (`maxEpochDuration`), so stake queued
         /// while it backs an epoch stays slashable for three quarters of the period after the
@@ -76,11 +82,19 @@ interface IDistributedTrainingBSMTypes {
         /// Seconds a job that has started may wait `Open` for members before anyone may fail it
         /// (full refund of the remaining escrow) with `cancelJob`.
         uint64 openTimeout;
+        /// Seconds after an epoch's last reveal (or its reveal deadline) in which its certified
+        /// vote may be challenged; each phase of a challenge (referees apply, commit, reveal)
+        /// lasts as long. 0: no challenges, a certified vote is final at once.
+        uint64 challengeWindow;
         /// Cap on a finalizer's reward for settling one epoch (see `reporterBountyBps`).
         uint96 maxReporterBounty;
         uint256 minStake;
         /// Least `seatBond` a job may ask for, in wei.
         uint256 minSeatBond;
+        /// Ether a challenger bonds (returned when the referees overturn the certified vote or
+        /// reach no verdict, sent to the treasury when they uphold it), and self-stake each
+        /// referee bonds while the challenge is open.
+        uint256 challengeBond;
         address treasury;
         address developer;
         /// Tangle core allowed to call the hooks; address(0) disables them.
@@ -133,6 +147,20 @@ interface IDistributedTrainingBSMTypes {
         bytes32 peerKey;
         string[] multiaddrs;
         string hardware;
+    }
+
+    /// A challenge of an epoch attempt's certified vote (see IDistributedTrainingBSMChallenges).
+    struct ChallengeInfo {
+        address challenger; // address(0): not challenged
+        uint64 openedAt;
+        bool resolved;
+        bytes32 transcript; // sha256 of the transcript file the challenger serves
+        bytes32 certifiedKey; // the vote key the challenge disputes
+        bytes32 verdictKey; // the referees' majority vote key; zero: no verdict (yet)
+        uint256 committed;
+        uint256 revealed;
+        address[] applicants;
+        address[] referees; // empty until drawn
     }
 
     struct PoolInfo {
@@ -314,6 +342,37 @@ interface IDistributedTrainingBSMTypes {
     /// @notice a job's owner must not be the zero address
     error ZeroOwner();
 
+    // Challenges
+    /// @notice epoch `epoch` of job `jobId` has no certified vote to challenge (no quorum, or
+    /// reveals still open)
+    error NothingToChallenge(uint256 jobId, uint256 epoch);
+    /// @notice the challenge window closed at `closedAt` (now `nowTs`)
+    error ChallengeWindowClosed(uint256 closedAt, uint256 nowTs);
+    /// @notice job `jobId`'s certified vote can be challenged until `closesAt`: finalize after it
+    error ChallengeWindowOpen(uint256 jobId, uint256 closesAt);
+    /// @notice epoch `epoch` of job `jobId` is challenged and not resolved yet
+    error ChallengeUnresolved(uint256 jobId, uint256 epoch);
+    /// @notice `account` is neither a registered operator nor the job's caller
+    error NotAChallenger(address account);
+    /// @notice a challenge bonds `expected`, not `sent`
+    error WrongChallengeBond(uint256 expected, uint256 sent);
+    /// @notice epoch `epoch` of job `jobId` was already challenged by `challenger`
+    error AlreadyChallenged(uint256 jobId, uint256 epoch, address challenger);
+    /// @notice epoch `epoch` of job `jobId` is not challenged
+    error NotChallenged(uint256 jobId, uint256 epoch);
+    /// @notice `operator` is in job `jobId`, its challenger, or applied already: it cannot referee it
+    error NotAnOutsider(uint256 jobId, address operator);
+    /// @notice `account` is not a drawn referee (or not in the step it tries) of job `jobId`'s challenge
+    error NotAReferee(uint256 jobId, address account);
+    /// @notice a challenge takes at most `max` referee applications
+    error TooManyApplicants(uint256 max);
+    /// @notice this step of the challenge runs from `opensAt` to `closesAt` (now `nowTs`)
+    error NotInPhase(uint256 opensAt, uint256 closesAt, uint256 nowTs);
+    /// @notice the challenge of epoch `epoch` of job `jobId` is resolved
+    error ChallengeResolvedAlready(uint256 jobId, uint256 epoch);
+    /// @notice a challenge game needs an odd `refereeCount` (1..31) and a `challengeBond`
+    error InvalidChallengeParams(uint256 refereeCount, uint256 challengeBond);
+
     // ---------------------------------------------------------------- events
 
     /// @notice `operator` registered with `stake` wei of self-stake.
@@ -430,11 +489,37 @@ interface IDistributedTrainingBSMTypes {
     event TokenCredited(address indexed token, address indexed account, uint256 amount);
     /// @notice `account` withdrew `amount` of its `token` credit.
     event TokenWithdrawn(address indexed token, address indexed account, uint256 amount);
+
+    // Challenges
+    /// @notice `challenger` bonded to dispute the certified vote `certifiedKey` of epoch `epoch`
+    /// of job `jobId`; it serves the epoch's transcript file with sha256 `transcript`.
+    event Challenged(
+        uint256 indexed jobId,
+        uint256 indexed epoch,
+        address indexed challenger,
+        bytes32 certifiedKey,
+        bytes32 transcript
+    );
+    /// @notice `referee` applied, bonding self-stake, to re-execute epoch `epoch` of job `jobId`.
+    event RefereeApplied(uint256 indexed jobId, uint256 indexed epoch, address indexed referee);
+    /// @notice `referees` were drawn by stake among the applicants of the challenge.
+    event RefereesDrawn(uint256 indexed jobId, uint256 indexed epoch, address[] referees);
+    /// @notice `referee` committed its hidden verdict.
+    event VerdictCommitted(uint256 indexed jobId, uint256 indexed epoch, address indexed referee);
+    /// @notice `referee` revealed the verdict `checkpoint` (vote key `voteKey`) it re-executed.
+    event VerdictRevealed(
+        uint256 indexed jobId, uint256 indexed epoch, address indexed referee, bytes32 checkpoint, bytes32 voteKey
+    );
+    /// @notice The challenge of epoch `epoch` of job `jobId` ended with the referees' majority on
+    /// `verdictKey` (zero: none); `overturned`: it differs from the certified vote, which the
+    /// epoch no longer settles on.
+    event ChallengeResolved(uint256 indexed jobId, uint256 indexed epoch, bytes32 verdictKey, bool overturned);
 }
 
-/// @title IDistributedTrainingBSMActions
-/// @notice Every state-changing function of the BSM (implemented by DistributedTrainingBSM).
-interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
+/// @title IDistributedTrainingBSMStaking
+/// @notice Operators' registration and the stake pools (implemented by BSMStakingActions in the
+/// hooks extension, reached through the BSM's and the views extension's fallbacks).
+interface IDistributedTrainingBSMStaking is IDistributedTrainingBSMTypes {
     // ---------------------------------------------------------------- operators and stake
 
     /// @notice Registers the sender as an operator with `msg.value` as self-stake.
@@ -481,7 +566,11 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
 
     /// @notice Credits the sender's staking rewards from `operator`'s pool.
     function claimRewards(address operator) external;
+}
 
+/// @title IDistributedTrainingBSMActions
+/// @notice The state-changing functions the BSM implements itself: jobs, epochs, credits.
+interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
     /// @notice Sends the sender all its credits.
     function withdraw() external;
 
@@ -689,6 +778,48 @@ interface IDistributedTrainingBSMTokens is IDistributedTrainingBSMTypes {
     function paymentTokens() external view returns (address[] memory);
 }
 
+/// @title IDistributedTrainingBSMChallenges
+/// @notice Certified is not final: within `challengeWindow` of an epoch's last reveal anyone
+/// registered (or the job's caller) may bond `challengeBond` and dispute its certified vote.
+/// Registered operators outside the job apply as referees, bonding self-stake; `refereeCount`
+/// of them are drawn by stake, re-execute the epoch from its signed transcript (aggregation
+/// only: the result is one bit string) and commit, then reveal, the (checkpoint,
+/// participation) vote they get. The referees' majority is the verdict: the epoch settles on
+/// it as if a quorum had voted it (members that voted otherwise are slashed for fabrication),
+/// the challenger gets its bond back if the verdict overturns the certified vote (or there is
+/// none) and loses it to the treasury if it upholds it; referees off the majority are slashed.
+/// Each phase (apply, commit, reveal) lasts `challengeWindow`; the epoch cannot be finalized
+/// while its challenge is open. Implemented in the views extension.
+interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
+    /// @notice Disputes the certified vote of epoch `epoch` of job `jobId`, bonding exactly
+    /// `challengeBond` wei; `transcript` is the sha256 of the transcript file the sender serves.
+    function challenge(uint256 jobId, uint256 epoch, bytes32 transcript) external payable;
+    /// @notice Applies to referee the challenge, bonding `challengeBond` of the sender's free
+    /// self-stake until it is resolved. Registered operators outside the job only.
+    function applyReferee(uint256 jobId, uint256 epoch) external;
+    /// @notice A drawn referee commits `commitmentHash(jobId, epoch, referee, checkpoint,
+    /// participation, salt)`; the first commit draws the referees.
+    function commitVerdict(uint256 jobId, uint256 epoch, bytes32 commitment) external;
+    /// @notice Reveals a committed verdict (`checkpoint` may be `UNWORKABLE()`).
+    function revealVerdict(
+        uint256 jobId,
+        uint256 epoch,
+        bytes32 checkpoint,
+        uint32[] calldata participation,
+        bytes32 salt
+    ) external;
+    /// @notice Ends the challenge once every drawn referee revealed or the reveal phase closed:
+    /// settles the bonds and slashes referees off the majority. Anyone may call it.
+    function resolveChallenge(uint256 jobId, uint256 epoch) external;
+    /// @notice The challenge of epoch attempt `attempt` (see `JobState.attempt`).
+    function challengeOf(uint64 attempt) external view returns (ChallengeInfo memory);
+    /// @notice The vote key a quorum certified for the current attempt of job `jobId` (zero: no
+    /// quorum, or reveals still open) and until when it may be challenged (and cannot be
+    /// finalized unchallenged; 0 while reveals are open). A member compares its own vote key,
+    /// `keccak256(abi.encode(checkpoint, participation))`, with it.
+    function certifiedVote(uint256 jobId) external view returns (bytes32 voteKey, uint256 challengeCloses);
+}
+
 /// @title IDistributedTrainingBSM
 /// @notice Membership, jobs, epochs, checkpoint commitments, fees and slashing for distributed
 /// training with DeMo. Operators stake and register permissionlessly, stakers delegate to them,
@@ -703,7 +834,9 @@ interface IDistributedTrainingBSMTokens is IDistributedTrainingBSMTypes {
 /// `address(this).balance == staked + unbonding + escrow + credits + rewardReserve` (see
 /// `accounting()`).
 interface IDistributedTrainingBSM is
+    IDistributedTrainingBSMStaking,
     IDistributedTrainingBSMActions,
     IDistributedTrainingBSMViews,
-    IDistributedTrainingBSMTokens
+    IDistributedTrainingBSMTokens,
+    IDistributedTrainingBSMChallenges
 {}

@@ -23,6 +23,9 @@ interface Vm {
     function assertEq(uint256 left, uint256 right) external pure;
     function assertEq(address left, address right) external pure;
     function assertEq(bytes32 left, bytes32 right) external pure;
+    function assertEq(bytes32 left, bytes32 right, string calldata err) external pure;
+    function assertNotEq(address left, address right) external pure;
+    function prevrandao(bytes32 newPrevrandao) external;
     function assertEq(bool left, bool right) external pure;
     function assertEq(bytes calldata left, bytes calldata right) external pure;
     function assertEq(string calldata left, string calldata right) external pure;

@@ -111,8 +111,18 @@ class Cluster:
     (for the end-to-end tests and the node benchmark). `options` are the other `JobOptions`
     fields."""
 
-    def __init__(self, tmp: Path, operators: int, create_job: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        operators: int,
+        create_job: bool = True,
+        challenge_window: int = 0,
+        referees: int = 0,
+        **options: Any,
+    ) -> None:
         self.tmp = tmp
+        self.challenge_window = challenge_window
+        self.referee_count = referees  # registered operators outside the job (`spawn_referee`)
         options.setdefault("corpus_bytes", TEST_CORPUS_BYTES)
         self.options = JobOptions(operators, **options)
         self.create_job = create_job  # False: the test submits the job itself (set job_id)
@@ -124,14 +134,16 @@ class Cluster:
 
         o = self.options
         # the deployer, one account a seat, then the treasury, the developer and the caller
-        self.chain = LocalChain(accounts=max(8, o.operators + o.late_seats + 4)).start()
+        seats = o.operators + o.late_seats
+        self.chain = LocalChain(accounts=max(8, seats + self.referee_count + 4)).start()
         acc = self.chain.accounts
         self.treasury, self.developer, self.caller = acc[-3], acc[-2], acc[-1]
-        self.ops = acc[1 : 1 + o.operators + o.late_seats]
+        self.ops = acc[1 : 1 + seats]
+        self.referees = acc[1 + seats : 1 + seats + self.referee_count]
         self.bsm = BSM.deploy(
             self.chain.url,
             acc[0].key,
-            deploy_params(self.treasury.address, self.developer.address),
+            deploy_params(self.treasury.address, self.developer.address, self.challenge_window),
         )
         if self.create_job:
             self.spec, _ = tiny_job(self.bsm, self.tmp, o)
@@ -143,6 +155,31 @@ class Cluster:
             self.chain.url, self.bsm.address, self.job_id, self.options.round_deadline, linger
         )
         p = spawn_node(node_name(i), self.ops[i], self.tmp / node_name(i), config, faults or [])
+        self.procs.append(p)
+        return p
+
+    def spawn_referee(self, i: int, stake: int = 10**18) -> Proc:
+        """Registers referee account `i` as an operator (no seat in the job) with `stake`, and
+        starts `dtrain node referee` for it."""
+        account = self.referees[i]
+        self.bsm.with_account(account.key).register_operator(stake, os.urandom(32), [], "cpu", 0)
+        name = f"referee{i + 1}"
+        data_dir = self.tmp / name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "dtrain.cli", "--rpc-url", self.chain.url]
+        cmd += ["--contract", self.bsm.address, "--key", account.key, "--json", "node"]
+        cmd += ["referee", "--data-dir", str(data_dir)]
+        out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - lives as long as the process
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        popen = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        p = Proc(name, account.address, popen, data_dir)
         self.procs.append(p)
         return p
 

@@ -25,18 +25,22 @@ MIN_EPOCH_DURATION = 60
 # Reveals open early once every member committed; only an epoch with a silent member waits for
 # its deadline and then the whole window before it can be finalized, so keep it short.
 REVEAL_WINDOW = 15
+# Certified is final at once on the devnet unless a run asks for challenges (every epoch would
+# wait the window out); the challenge e2e tests deploy with a window of their own.
+CHALLENGE_WINDOW = 0
+MAX_CHALLENGE_WINDOW = 60  # the longest window a devnet run may ask for: jobs fit any of them
 OPEN_TIMEOUT = 300  # a job that lost its members may be failed by anyone after this
 SEAT_BOND = ETH // 10  # the devnet's least seat bond; every operator's 1 ETH covers its seat
 
 
 def max_epoch_duration() -> int:
     """The longest `epochDuration` the devnet's contract accepts (its `maxEpochDuration()`)."""
-    return UNBONDING_PERIOD // 4 - START_GRACE - REVEAL_WINDOW
+    return UNBONDING_PERIOD // 4 - START_GRACE - REVEAL_WINDOW - 4 * MAX_CHALLENGE_WINDOW
 
 
-def deploy_params(treasury: str, developer: str) -> Any:
-    """The devnet's `dtrain.Params`: SDK defaults but for the epoch timing and seat bond
-    above."""
+def deploy_params(treasury: str, developer: str, challenge_window: int = CHALLENGE_WINDOW) -> Any:
+    """The devnet's `dtrain.Params`: SDK defaults but for the epoch timing, seat bond and
+    challenge window above (or `challenge_window`)."""
     from dtrain import Params
 
     return Params(
@@ -48,6 +52,7 @@ def deploy_params(treasury: str, developer: str) -> Any:
         reveal_window=REVEAL_WINDOW,
         open_timeout=OPEN_TIMEOUT,
         min_seat_bond=SEAT_BOND,
+        challenge_window=challenge_window,
     )
 
 

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -403,6 +404,57 @@ def node_recompute(ctx: Ctx, transcript: Path, start: Path | None, data_dir: Pat
         {**record, "checkpoint": v.certified.hex()},
         f"{where}: the transcript leads to the certified checkpoint 0x{v.certified.hex()}",
     )
+
+
+@node.command("referee")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where transcripts, models and datasets are fetched to and metrics.jsonl is "
+    "written [default: ~/.dtrain/referee].",
+)
+@click.option(
+    "--from-block",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="First block whose challenges are refereed.",
+)
+@click.pass_obj
+def node_referee(ctx: Ctx, data_dir: Path | None, from_block: int) -> None:
+    """Referee challenged epochs of jobs this operator is not in, until SIGINT or SIGTERM.
+
+    For each challenge: apply (bonding the deployment's challenge bond of free self-stake),
+    fetch the epoch's transcript over p2p, re-execute it and, if drawn, commit, reveal and
+    resolve the verdict. A referee off the referees' majority, or silent, is slashed. The
+    --key account must be a registered operator outside the job.
+
+    Example: dtrain node referee --data-dir ./referee
+    """
+    import json as _json
+
+    from dtrain_node.operator.node import NodeConfig
+    from dtrain_node.operator.referee_service import RefereeService
+
+    bsm = ctx.bsm()
+    if not bsm.operator(bsm.sender).registered:
+        raise ConfigError(f"{bsm.sender} is not a registered operator: register it first")
+    assert ctx.rpc_url is not None  # ctx.bsm() checked it
+    data_dir = data_dir or Path.home() / ".dtrain" / "referee"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cfg = NodeConfig("", ctx.rpc_url, bsm.address, data_dir)
+
+    def metric(kind: str, **data: Any) -> None:
+        rec = {"t": round(time.time(), 3), "kind": kind, "node": bsm.sender, **data}
+        with open(data_dir / "metrics.jsonl", "a") as f:
+            f.write(_json.dumps(rec) + "\n")
+
+    logging.basicConfig(level=logging.INFO, format=PLAIN_FORMAT, datefmt=DATE_FORMAT)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    metric("referee_started", from_block=from_block)
+    RefereeService(bsm, cfg, metric).run(stop, from_block)
 
 
 @click.group()

@@ -285,7 +285,9 @@ class EpochTrainer:
         ]
         record = self._evidence(t)
         self.transcript_root = record.root()
-        evidence.save(env.job_dir, record)
+        file = evidence.save(env.job_dir, record)
+        # to the referees of a challenge, by the file's sha256 (what `challenge` names)
+        env.transport.serve_file(hashlib.sha256(file.read_bytes()).hexdigest(), file)
         self.equivocations = list(t.equivocations)
         for e in t.equivocations:
             env.metric("equivocation", job=job.id, epoch=st.epoch, round=e.round, sender=e.sender)
@@ -368,11 +370,13 @@ def recompute(
     job: Job,
     t: evidence.EpochTranscript,
     start: dict[str, Any] | None = None,
-) -> bytes:
+) -> tuple[bytes, list[int]]:
     """The referee's check (docs/protocol.md 4.7): the checkpoint digest the epoch's canonical
     transcript `t` leads to from the epoch's start state, by aggregation alone (no training,
-    nobody's private state, no network). `start`: the start tensors of an epoch after the
-    first (the previous epoch's verified checkpoint); None for the first epoch, whose start
+    nobody's private state, no network), and the participation vote it gives (rounds each of
+    `job.members` was applied in, as the members count it). `start`: the start tensors of an
+    epoch after the first (the previous epoch's verified checkpoint); None for the first epoch,
+    whose start
     is the job's start model, checked against its model hash. The caller checks `t` first
     (`evidence.verify`)."""
     tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
@@ -387,5 +391,11 @@ def recompute(
     else:
         model.load_state_dict(start)
     opt = DeMo(model.named_parameters(), demo_config(cfg, job, tj.recipe), sender=REFEREE)
-    opt.replay([x.clone() for x in opt.theta_sync], t.packets())
-    return checkpoint.canonical_hash({n: p.detach() for n, p in model.state_dict().items()})
+    stats = opt.replay([x.clone() for x in opt.theta_sync], t.packets())
+    rounds: dict[str, int] = {}
+    for s in stats:
+        for sender in s.applied:
+            key = Web3.to_checksum_address(str(sender))
+            rounds[key] = rounds.get(key, 0) + 1
+    digest = checkpoint.canonical_hash({n: p.detach() for n, p in model.state_dict().items()})
+    return digest, [rounds.get(m, 0) for m in job.members]

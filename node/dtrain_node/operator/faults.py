@@ -1,7 +1,9 @@
 """Misbehaviours for demos and tests, explicit and off by default.
 
 Each one is something the chain must catch: a fabricated checkpoint hash, committed and
-revealed like an honest one (fabrication slash), a commitment never revealed (dropout slash),
+revealed like an honest one (fabrication slash; `collude`: the same fabricated hash from every
+colluding member, a quorum when they hold 2/3 of the seats, which an honest member's challenge
+overturns), a commitment never revealed (dropout slash),
 no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
 that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver),
 a codec-valid attack packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members'
@@ -57,7 +59,7 @@ from dtrain_node.optim.attacks import KINDS, Attack
 from dtrain_node.optim.codec import Spec
 
 USAGE = (
-    "fabricate, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
+    "fabricate, collude, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
     "scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, withhold=N, late=N, "
     "epoch=E, once"
 )
@@ -106,6 +108,7 @@ class Faults:
     """`epoch` limits every fault to that epoch (None: all epochs)."""
 
     fabricate_checkpoint: bool = False
+    collude: bool = False  # fabricate the checkpoint every colluding member fabricates
     withhold_reveal: bool = False  # commit, then never reveal
     stop_sync_at_round: int | None = None
     offline_at_round: int | None = None
@@ -144,6 +147,8 @@ class Faults:
                 kw["attack"] = _attack(value)
             elif name == "fabricate" and not value:
                 kw["fabricate_checkpoint"] = True
+            elif name == "collude" and not value:
+                kw["collude"] = True
             elif name == "no-reveal" and not value:
                 kw["withhold_reveal"] = True
             elif name == "garbage" and not value:
@@ -216,7 +221,10 @@ class Faults:
         return not self.withhold_reveal
 
     def digest(self, honest: bytes, sender: str, attempt: int) -> bytes:
-        """The checkpoint hash committed and revealed: `fabricate` makes one up."""
+        """The checkpoint hash committed and revealed: `fabricate` makes one up, `collude`
+        makes up the one every colluding member of the attempt votes (a fabricated quorum)."""
+        if self.collude:
+            return Web3.keccak(text=f"fabricated by the coalition:{attempt}")
         if self.fabricate_checkpoint:
             return Web3.keccak(text=f"fabricated:{sender}:{attempt}")
         return honest

@@ -20,6 +20,8 @@ States (each a method of `Node`, logged as it is entered):
     REVEAL    revealCheckpoint once every member committed or the deadline passed, before
               the reveal deadline (skipped when already revealed)
     FINALIZE  finalizeEpoch once everyone revealed or the reveal deadline passed (anyone may)
+              and the certified vote's challenge window passed; a certified vote that is not
+              ours is challenged, and the epoch finalized once the challenge is resolved
     DONE      job ended: export the final checkpoint in Hugging Face format, claim and withdraw,
               serve the final checkpoint for `linger_s` (callers fetch it)
 
@@ -47,6 +49,7 @@ from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
 from dtrain_node.errors import StopRequested
 from dtrain_node.operator import attest, attest_service, vote
+from dtrain_node.operator.challenger import Challenger
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
 from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer
@@ -579,8 +582,13 @@ class Node:
         except (ContractError, TransactionFailed):
             pass  # failed by someone else, or the chain's clock is not there yet
 
+    def _window(self) -> int:
+        return self._params().challenge_window
+
     def finalize(self, job_id: int, attempt: int) -> None:
-        """FINALIZE once every member revealed or the reveal deadline passed."""
+        """FINALIZE once every member revealed or the reveal deadline passed, and the
+        certified vote is past its challenge window (or its challenge resolved): a certified
+        vote that is not ours is challenged first (operator/challenger.py)."""
         self._enter("FINALIZE", "once every member revealed or the reveal deadline passed")
         while True:
             self._check_stop()
@@ -592,7 +600,15 @@ class Node:
             block_ts = self.bsm.latest_block_timestamp()
             all_in = job.revealed == len(job.members)
             if all_in or max(block_ts, int(time.time())) > job.reveal_deadline:
-                gas = None if all_in or block_ts > job.reveal_deadline else FINALIZE_GAS
+                challenger = Challenger(
+                    self.bsm, self.job_dir(job_id), self._metric, self._window()
+                )
+                if not challenger.ready(job, attempt):
+                    self._sleep()
+                    continue
+                # a challenge window passes on the wall clock before a block shows it
+                stale = challenger.window > 0 or (not all_in and block_ts <= job.reveal_deadline)
+                gas = FINALIZE_GAS if stale else None
                 try:
                     rc = self.bsm.finalize_epoch(job_id, job.state.epoch, gas=gas)
                     self._metric(

@@ -30,7 +30,8 @@ class Verdict:
     epoch: int
     attempt: int
     recomputed: bytes
-    certified: bytes | None  # None: the chain certified no checkpoint for this attempt
+    certified: bytes | None  # None: the chain finalized no checkpoint for this attempt (yet)
+    participation: tuple[int, ...] = ()  # the transcript's participation vote, members order
 
     @property
     def matches(self) -> bool:
@@ -58,8 +59,9 @@ def check(bsm: BSM, cfg: NodeConfig, t: evidence.EpochTranscript, start: Path | 
     job = bsm.job(t.job_id, block=mine[0].block)  # members and start as the attempt began
     evidence.verify(t, job.members)
     tensors = None if t.epoch == 0 else _start(start, job.state.checkpoint)
-    recomputed = recompute(cfg, job, t, tensors)
-    return Verdict(t.job_id, t.epoch, t.attempt, recomputed, _certified(bsm, t, mine[0], started))
+    recomputed, participation = recompute(cfg, job, t, tensors)
+    certified = _certified(bsm, t, mine[0], started)
+    return Verdict(t.job_id, t.epoch, t.attempt, recomputed, certified, tuple(participation))
 
 
 def _start(path: Path | None, expected: bytes) -> dict[str, Any]:

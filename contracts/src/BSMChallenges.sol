@@ -1,0 +1,233 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
+
+import {IDistributedTrainingBSMChallenges} from "./interfaces/IDistributedTrainingBSM.sol";
+import {BSMStorage} from "./BSMStorage.sol";
+
+/// @title BSMChallenges
+/// @notice The challenge game of IDistributedTrainingBSMChallenges, part of the views extension:
+/// it runs on the BSM's storage and leaves its verdict in `_challenges`, which the BSM's
+/// `_finalize` settles the epoch on.
+abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges {
+    /// @inheritdoc IDistributedTrainingBSMChallenges
+    function challenge(uint256 jobId, uint256 epoch, bytes32 transcript) external payable {
+        JobState storage j = _current(jobId, epoch);
+        uint64 attempt = j.attempt;
+        (uint256 until, bytes32 certified) = _certified(jobId, attempt, j);
+        require(certified != bytes32(0), NothingToChallenge(jobId, epoch));
+        require(block.timestamp < until, ChallengeWindowClosed(until, block.timestamp));
+        require(_operators[msg.sender].registered || msg.sender == j.caller, NotAChallenger(msg.sender));
+        uint256 bond = _params.challengeBond;
+        require(msg.value == bond, WrongChallengeBond(bond, msg.value));
+        Challenge storage ch = _challenges[attempt];
+        require(ch.challenger == address(0), AlreadyChallenged(jobId, epoch, ch.challenger));
+        (ch.challenger, ch.openedAt, ch.transcript) = (msg.sender, uint64(block.timestamp), transcript);
+        // Held with the escrow until the challenge resolves (`accounting()` stays balanced).
+        _totalEscrow += bond;
+        emit Challenged(jobId, epoch, msg.sender, certified, transcript);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMChallenges
+    function applyReferee(uint256 jobId, uint256 epoch) external {
+        (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
+        _inPhase(ch.openedAt, 0);
+        require(_operators[msg.sender].registered, NotRegistered(msg.sender));
+        require(
+            _membership[jobId][msg.sender] == Membership.None && msg.sender != ch.challenger
+                && _refereeSteps[attempt][msg.sender] == RefereeStep.None,
+            NotAnOutsider(jobId, msg.sender)
+        );
+        address[] storage applicants = _applicants[attempt];
+        require(applicants.length < _MAX_OPERATORS_CAP, TooManyApplicants(_MAX_OPERATORS_CAP));
+        // Bonded like a seat: the same stake cannot back a seat and a referee's verdict twice.
+        uint256 selfStake = _assetsOf(msg.sender, msg.sender);
+        uint256 needed = Math.max(_params.minStake, _bonded[msg.sender] + _params.challengeBond);
+        require(selfStake >= needed, InsufficientFreeStake(selfStake, needed));
+        _bonded[msg.sender] += _params.challengeBond;
+        _refereeSteps[attempt][msg.sender] = RefereeStep.Applied;
+        applicants.push(msg.sender);
+        emit RefereeApplied(jobId, epoch, msg.sender);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMChallenges
+    function commitVerdict(uint256 jobId, uint256 epoch, bytes32 commitment) external {
+        (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
+        _inPhase(ch.openedAt, 1);
+        if (ch.drawn == 0) _draw(jobId, epoch, attempt, ch);
+        require(_refereeSteps[attempt][msg.sender] == RefereeStep.Drawn, NotAReferee(jobId, msg.sender));
+        require(commitment != bytes32(0), ZeroValue());
+        _verdictCommitments[attempt][msg.sender] = commitment;
+        _refereeSteps[attempt][msg.sender] = RefereeStep.Committed;
+        ch.committed += 1;
+        emit VerdictCommitted(jobId, epoch, msg.sender);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMChallenges
+    function revealVerdict(
+        uint256 jobId,
+        uint256 epoch,
+        bytes32 checkpoint,
+        uint32[] calldata participation,
+        bytes32 salt
+    ) external {
+        (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
+        // Opens early once every drawn referee committed: nobody is left to copy a verdict.
+        uint256 closes = ch.openedAt + 3 * uint256(_params.challengeWindow);
+        uint256 opens = ch.drawn > 0 && ch.committed == ch.drawn ? 0 : closes - _params.challengeWindow;
+        require(block.timestamp >= opens && block.timestamp < closes, NotInPhase(opens, closes, block.timestamp));
+        require(_refereeSteps[attempt][msg.sender] == RefereeStep.Committed, NotAReferee(jobId, msg.sender));
+        require(
+            _commitmentHash(jobId, epoch, msg.sender, checkpoint, participation, salt)
+                == _verdictCommitments[attempt][msg.sender],
+            CommitmentMismatch(jobId, msg.sender)
+        );
+        require(checkpoint != bytes32(0), ZeroCheckpoint());
+        bytes32 key = checkpoint == _UNWORKABLE ? _UNWORKABLE : _storeVote(jobId, attempt, checkpoint, participation);
+        _verdictOf[attempt][msg.sender] = key;
+        _refereeSteps[attempt][msg.sender] = RefereeStep.Revealed;
+        ch.revealed += 1;
+        uint256 votes = ++_verdictCounts[attempt][key];
+        if (votes * 2 > ch.drawn) ch.verdict = key;
+        emit VerdictRevealed(jobId, epoch, msg.sender, checkpoint, key);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMChallenges
+    function resolveChallenge(uint256 jobId, uint256 epoch) external {
+        (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
+        if (ch.drawn == 0 || ch.revealed < ch.drawn) {
+            uint256 ends = ch.openedAt + 3 * uint256(_params.challengeWindow);
+            require(block.timestamp >= ends, NotInPhase(ends, type(uint64).max, block.timestamp));
+        }
+        if (ch.drawn == 0 && _applicants[attempt].length > 0) _draw(jobId, epoch, attempt, ch);
+        ch.resolved = true;
+        bytes32 verdict = ch.verdict;
+        uint256 slashed = _settleReferees(jobId, epoch, attempt, verdict);
+        bool overturned = verdict != bytes32(0) && verdict != _tallies[attempt].leaderKey;
+        uint256 bond = _params.challengeBond;
+        _totalEscrow -= bond;
+        // A challenge the referees upheld cost its challenger the bond; one they could not
+        // judge (no majority, no referee) costs it nothing.
+        address treasury = _params.treasury;
+        _credit(verdict == bytes32(0) || overturned ? ch.challenger : treasury, bond);
+        if (slashed > 0) _credit(treasury, slashed);
+        emit ChallengeResolved(jobId, epoch, verdict, overturned);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMChallenges
+    function challengeOf(uint64 attempt) external view returns (ChallengeInfo memory info) {
+        Challenge memory ch = _challenges[attempt];
+        info = ChallengeInfo({
+            challenger: ch.challenger,
+            openedAt: ch.openedAt,
+            resolved: ch.resolved,
+            transcript: ch.transcript,
+            certifiedKey: ch.challenger == address(0) ? bytes32(0) : _tallies[attempt].leaderKey,
+            verdictKey: ch.verdict,
+            committed: ch.committed,
+            revealed: ch.revealed,
+            applicants: _applicants[attempt],
+            referees: _referees[attempt]
+        });
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMChallenges
+    function certifiedVote(uint256 jobId) external view returns (bytes32 voteKey, uint256 challengeCloses) {
+        JobState storage j = _jobs[jobId];
+        if (j.status != JobStatus.Running) return (bytes32(0), 0);
+        (challengeCloses, voteKey) = _certified(jobId, j.attempt, j);
+    }
+
+    // ---------------------------------------------------------------- internal
+
+    function _current(uint256 jobId, uint256 epoch) private view returns (JobState storage j) {
+        j = _jobs[jobId];
+        require(j.status == JobStatus.Running, JobNotRunning(jobId, j.status));
+        require(epoch == j.epoch, WrongEpoch(jobId, epoch, j.epoch));
+    }
+
+    /// The challenge window's end and the certified vote key of `attempt` (zero: no quorum, or
+    /// the reveals are still open).
+    function _certified(uint256 jobId, uint64 attempt, JobState storage j)
+        private
+        view
+        returns (uint256 until, bytes32 key)
+    {
+        Tally memory t = _tallies[attempt];
+        uint256 n = _members[jobId].length;
+        uint256 closes = j.epochStart + _specs[jobId].epochDuration + _params.revealWindow;
+        if (t.revealed < n && block.timestamp <= closes) return (0, bytes32(0));
+        until = _challengeCloses(t, n, closes);
+        if (t.leaderVotes > 0 && uint256(t.leaderVotes) * 3 >= n * 2) key = t.leaderKey;
+    }
+
+    function _open(uint256 jobId, uint256 epoch) private view returns (Challenge storage ch, uint64 attempt) {
+        attempt = _current(jobId, epoch).attempt;
+        ch = _challenges[attempt];
+        require(ch.challenger != address(0), NotChallenged(jobId, epoch));
+        require(!ch.resolved, ChallengeResolvedAlready(jobId, epoch));
+    }
+
+    /// Phase `k` of a challenge opened at `openedAt`: apply (0) or commit (1); each lasts
+    /// `challengeWindow`, and the reveal after them too.
+    function _inPhase(uint256 openedAt, uint256 k) private view {
+        uint256 w = _params.challengeWindow;
+        uint256 opens = openedAt + k * w;
+        uint256 closes = openedAt + (k + 1) * w;
+        require(block.timestamp >= opens && block.timestamp < closes, NotInPhase(opens, closes, block.timestamp));
+    }
+
+    /// Draws `refereeCount` applicants (all of them if fewer apply) weighted by their
+    /// self-stake, without replacement, from the randomness of the drawing block; the bonds of
+    /// the applicants not drawn are released.
+    function _draw(uint256 jobId, uint256 epoch, uint64 attempt, Challenge storage ch) private {
+        address[] memory a = _applicants[attempt];
+        uint256 n = a.length;
+        require(n > 0, NotAReferee(jobId, msg.sender));
+        uint256 want = Math.min(n, _params.refereeCount);
+        uint256[] memory w = new uint256[](n);
+        uint256 total;
+        for (uint256 i; i < n; ++i) {
+            w[i] = _assetsOf(a[i], a[i]) + 1;
+            total += w[i];
+        }
+        uint256 seed = uint256(keccak256(abi.encode(block.prevrandao, attempt)));
+        address[] storage drawn = _referees[attempt];
+        for (uint256 k; k < want; ++k) {
+            uint256 r = uint256(keccak256(abi.encode(seed, k))) % total;
+            uint256 i;
+            while (r >= w[i]) r -= w[i++];
+            total -= w[i];
+            w[i] = 0;
+            drawn.push(a[i]);
+            _refereeSteps[attempt][a[i]] = RefereeStep.Drawn;
+        }
+        uint256 bond = _params.challengeBond;
+        for (uint256 i; i < n; ++i) {
+            if (_refereeSteps[attempt][a[i]] == RefereeStep.Applied) _bonded[a[i]] -= bond;
+        }
+        ch.drawn = uint8(want);
+        emit RefereesDrawn(jobId, epoch, drawn);
+    }
+
+    /// Releases every drawn referee's bond; slashes those that revealed off the verdict or
+    /// withheld a committed one (fabrication rate) and those that never committed (dropout).
+    function _settleReferees(uint256 jobId, uint256 epoch, uint64 attempt, bytes32 verdict)
+        private
+        returns (uint256 slashed)
+    {
+        address[] memory refs = _referees[attempt];
+        uint256 bond = _params.challengeBond;
+        for (uint256 i; i < refs.length; ++i) {
+            address r = refs[i];
+            _bonded[r] -= bond;
+            RefereeStep step = _refereeSteps[attempt][r];
+            if (step == RefereeStep.Drawn) {
+                slashed += _slash(r, _params.dropoutSlashBps, jobId, epoch, SlashReason.Dropout, msg.sender);
+            } else if (step == RefereeStep.Committed || (verdict != bytes32(0) && _verdictOf[attempt][r] != verdict)) {
+                slashed += _slash(r, _params.fabricationSlashBps, jobId, epoch, SlashReason.WrongVerdict, msg.sender);
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+"""A member's side of the challenge game (docs/contract.md, "Challenges").
+
+Once an epoch attempt's reveals are over, a quorum's vote is certified but not final: for the
+deployment's `challenge_window` anyone registered may dispute it. A member whose own vote (the
+checkpoint and participation its transcript led to) is not the certified one disputes it,
+bonding `challenge_bond` and naming its transcript file by sha256 (the file it serves to the
+referees). It then resolves the challenge once it is due (anyone may) and finalizes after: the
+epoch settles on the referees' verdict. A member that voted UNWORKABLE, or has no vote on disk,
+has nothing to show and does not challenge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dtrain import vote_key
+from dtrain.client import BSM
+from dtrain.errors import ContractError, TransactionFailed
+from dtrain.models import Job
+from dtrain_node.operator import evidence, vote
+
+log = logging.getLogger(__name__)
+
+SETTLE_GAS = 3_000_000  # above resolveChallenge with 31 referees to slash
+
+
+class Challenger:
+    def __init__(self, bsm: BSM, job_dir: Path, metric: Callable[..., None], window: int) -> None:
+        self.bsm, self.job_dir, self.metric, self.window = bsm, job_dir, metric, window
+
+    def ready(self, job: Job, attempt: int) -> bool:
+        """Whether the attempt may be finalized now: its certified vote is past its challenge
+        window, or its challenge is resolved. On the way, challenges a certified vote that is
+        not ours and resolves a challenge that is due."""
+        if self.window == 0:
+            return True
+        certified, closes = self.bsm.certified_vote(job.id)
+        ch = self.bsm.challenge_of(attempt)
+        now = max(self.bsm.latest_block_timestamp(), int(time.time()))
+        if int(ch.challenger, 16) == 0:
+            if any(certified) and now < closes and self._disputes(certified, attempt):
+                self._challenge(job, attempt, certified)
+                return False
+            return closes > 0 and now >= closes
+        if not ch.resolved:
+            self._resolve(job, ch.opened_at, ch.referees, ch.revealed)
+            return False
+        return True
+
+    def _disputes(self, certified: bytes, attempt: int) -> bool:
+        ours = vote.load(vote.path(self.job_dir, attempt))
+        if ours is None or ours.is_unworkable:
+            return False
+        return vote_key(ours.checkpoint, ours.participation) != certified
+
+    def _challenge(self, job: Job, attempt: int, certified: bytes) -> None:
+        file = evidence.path(self.job_dir, attempt)
+        sha = hashlib.sha256(file.read_bytes()).digest() if file.is_file() else bytes(32)
+        try:
+            self.bsm.challenge(job.id, job.state.epoch, sha)
+        except (ContractError, TransactionFailed) as exc:
+            log.info("challenge not taken: %s", exc)  # someone challenged first, or too late
+            return
+        log.warning(
+            "epoch %d of job %d: the certified vote 0x%s is not ours: challenged",
+            job.state.epoch + 1,
+            job.id,
+            certified.hex()[:16],
+        )
+        self.metric(
+            "challenged",
+            job=job.id,
+            epoch=job.state.epoch,
+            certified=certified.hex(),
+            transcript=sha.hex(),
+        )
+
+    def _resolve(self, job: Job, opened_at: int, referees: Any, revealed: int) -> None:
+        due = opened_at + 3 * self.window
+        everyone = len(referees) > 0 and revealed == len(referees)
+        if not everyone and max(self.bsm.latest_block_timestamp(), time.time()) < due:
+            return
+        try:
+            # without estimation: a chain that mines only on transactions would estimate
+            # against a block from before `due`
+            rc = self.bsm.resolve_challenge(job.id, job.state.epoch, gas=SETTLE_GAS)
+        except (ContractError, TransactionFailed):
+            return  # resolved by someone else, or the chain's clock is not there yet
+        for e in rc.events:
+            if e.name == "ChallengeResolved":
+                self.metric(
+                    "challenge_resolved",
+                    job=job.id,
+                    epoch=job.state.epoch,
+                    verdict=bytes(e.args["verdictKey"]).hex(),
+                    overturned=bool(e.args["overturned"]),
+                )

@@ -1,0 +1,182 @@
+"""`dtrain node referee`: a registered operator outside a job re-executes its challenged epochs.
+
+For every `Challenged` event it sees, the referee applies (bonding `challenge_bond` of its free
+self-stake), fetches the epoch's transcript file by the sha256 the challenger named (from the
+challenger and the epoch's members, over the same p2p file protocol that serves checkpoints)
+and, for an epoch after the first, its start checkpoint by hash; it checks every packet against
+its sender's signed commitment and re-executes the rounds by aggregation alone (`referee.check`).
+If drawn, it commits the (checkpoint, participation) vote it got, reveals it once every
+referee committed or the commit phase ended, and resolves the challenge once every referee
+revealed or the reveal phase ended. A referee that is not drawn gets its bond back at the draw.
+
+Every phase boundary is on the chain's clock; on a chain that mines only on transactions the
+latest block can be older than the wall clock, so phase transactions are sent without
+estimation (`GAS`) once the wall clock says the phase is open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eth_account import Account
+
+from dtrain import commitment_hash, new_salt
+from dtrain.errors import ContractError, DtrainError, TransactionFailed
+from dtrain_node.operator import evidence, referee
+from dtrain_node.operator.transport import peer_specs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from dtrain.client import BSM
+    from dtrain_node.operator.node import NodeConfig
+
+log = logging.getLogger(__name__)
+
+GAS = 3_000_000  # above the referees' draw at 32 applicants and a 31-referee resolve
+POLL_S = 0.5
+FETCH_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One challenge: what the `Challenged` event and the chain at its block say."""
+
+    job_id: int
+    epoch: int
+    attempt: int
+    challenger: str
+    transcript: bytes
+    members: tuple[str, ...]
+    start: bytes  # the epoch's start checkpoint hash
+
+
+class RefereeService:
+    def __init__(self, bsm: BSM, cfg: NodeConfig, metric: Callable[..., None]) -> None:
+        self.bsm, self.cfg, self.metric = bsm, cfg, metric
+        self.me = bsm.sender
+        self.window = bsm.params().challenge_window
+        self.done: set[tuple[int, int]] = set()
+
+    def run(self, stop: threading.Event, from_block: int = 0) -> None:
+        """Referees every challenge from `from_block` on until `stop` is set."""
+        while not stop.is_set():
+            for e in self.bsm.events(names=["Challenged"], from_block=from_block):
+                job = self.bsm.job(e.args["jobId"], block=e.block)
+                case = Case(
+                    job.id,
+                    e.args["epoch"],
+                    job.state.attempt,
+                    e.args["challenger"],
+                    bytes(e.args["transcript"]),
+                    tuple(job.members),
+                    job.state.checkpoint,
+                )
+                if (case.job_id, case.attempt) not in self.done:
+                    self.done.add((case.job_id, case.attempt))
+                    self._judge_safely(case, stop)
+            stop.wait(POLL_S)
+
+    def _judge_safely(self, case: Case, stop: threading.Event) -> None:
+        try:
+            self.judge(case, stop)
+        except DtrainError as exc:  # unreadable transcript, unavailable data, refused tx
+            log.warning("job %d attempt %d: not refereed: %s", case.job_id, case.attempt, exc)
+            self.metric("referee_failed", job=case.job_id, attempt=case.attempt, error=str(exc))
+
+    def judge(self, case: Case, stop: threading.Event) -> None:
+        ch = self.bsm.challenge_of(case.attempt)
+        if ch.resolved or not self._apply(case, ch.applicants):
+            return
+        t, start = self._evidence(case)
+        v = referee.check(self.bsm, self.cfg, t, start)
+        log.info(
+            "job %d epoch %d: the transcript leads to 0x%s",
+            case.job_id,
+            case.epoch + 1,
+            v.recomputed.hex()[:16],
+        )
+        opened = ch.opened_at
+        self._until(stop, lambda: self._now() >= opened + self.window)
+        salt = new_salt()
+        c = commitment_hash(case.job_id, case.epoch, self.me, v.recomputed, v.participation, salt)
+        try:
+            self.bsm.commit_verdict(case.job_id, case.epoch, c, gas=GAS)
+        except (ContractError, TransactionFailed) as exc:
+            log.info("job %d: not drawn as a referee (%s)", case.job_id, exc)
+            self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
+            return
+        self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
+        self.bsm.reveal_verdict(
+            case.job_id, case.epoch, v.recomputed, v.participation, salt, gas=GAS
+        )
+        self.metric(
+            "verdict",
+            job=case.job_id,
+            epoch=case.epoch,
+            attempt=case.attempt,
+            checkpoint=v.recomputed.hex(),
+            participation=list(v.participation),
+        )
+        self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
+        with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
+            self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
+
+    def _apply(self, case: Case, applicants: Any) -> bool:
+        if self.me in applicants:
+            return True  # restarted: already applied
+        try:
+            self.bsm.apply_referee(case.job_id, case.epoch)
+        except (ContractError, TransactionFailed) as exc:
+            log.info("job %d: cannot referee attempt %d: %s", case.job_id, case.attempt, exc)
+            return False
+        self.metric("referee_applied", job=case.job_id, attempt=case.attempt)
+        return True
+
+    def _evidence(self, case: Case) -> tuple[evidence.EpochTranscript, Path | None]:
+        """The transcript file the challenge names and, after the first epoch, the epoch's
+        start checkpoint, fetched by hash from the challenger and the members."""
+        from dtrain_node.p2p.host import GossipConfig, GossipNode
+
+        work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
+        work.mkdir(parents=True, exist_ok=True)
+        holders = [case.challenger, *[m for m in case.members if m != case.challenger]]
+        peers = [p for p in peer_specs(self.bsm, holders) if p[1]]
+        g = GossipNode(
+            GossipConfig(
+                data_dir=work,
+                chain_id=self.bsm.chain_id,
+                contract=self.bsm.address,
+                job_id=case.job_id,
+                file_timeout_s=FETCH_TIMEOUT_S,
+            ),
+            Account.create(),
+        )
+        g.start()
+        try:
+            file = g.fetch_file(case.transcript.hex(), peers, work / "transcript.bin")
+            start = None
+            if case.epoch > 0:
+                start = g.fetch_file(case.start.hex(), peers, work / "start.stream")
+        finally:
+            g.stop()
+        return evidence.load(file), start
+
+    def _phase_done(self, case: Case, opened: int, count: str, phases: int) -> bool:
+        ch = self.bsm.challenge_of(case.attempt)
+        everyone = len(ch.referees) > 0 and getattr(ch, count) == len(ch.referees)
+        return ch.resolved or everyone or self._now() >= opened + phases * self.window
+
+    def _now(self) -> float:
+        return max(self.bsm.latest_block_timestamp(), time.time())
+
+    def _until(self, stop: threading.Event, cond: Callable[[], bool]) -> None:
+        while not cond():
+            if stop.wait(POLL_S):
+                raise DtrainError("stopped while refereeing")
