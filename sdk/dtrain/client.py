@@ -626,8 +626,8 @@ class BSM:
     def certified_vote(self, job_id: int) -> tuple[bytes, int]:
         """(vote key a quorum certified for the current attempt, time until which it may be
         challenged); (zero bytes, 0) while reveals are open."""
-        key, closes = self._read("certifiedVote", job_id)
-        return bytes(key), int(closes)
+        r = self._read("certifiedVote", job_id)
+        return bytes(r["voteKey"]), int(r["challengeCloses"])
 
     def cancel_signed_calls(self) -> Receipt:
         """Voids every EIP-712 `OperatorCall` the sender signed and nobody sent yet (its nonce

@@ -442,7 +442,7 @@ def node_referee(ctx: Ctx, data_dir: Path | None, from_block: int) -> None:
     assert ctx.rpc_url is not None  # ctx.bsm() checked it
     data_dir = data_dir or Path.home() / ".dtrain" / "referee"
     data_dir.mkdir(parents=True, exist_ok=True)
-    cfg = NodeConfig("", ctx.rpc_url, bsm.address, data_dir)
+    cfg = NodeConfig("", ctx.rpc_url, bsm.address, data_dir, auto=True)  # reads only
 
     def metric(kind: str, **data: Any) -> None:
         rec = {"t": round(time.time(), 3), "kind": kind, "node": bsm.sender, **data}
