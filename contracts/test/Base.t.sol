@@ -60,6 +60,12 @@ abstract contract BaseTest is Test {
         });
     }
 
+    /// The defaults with a one-hour challenge window.
+    function challengeParams() internal view returns (I.Params memory p) {
+        p = defaultParams();
+        p.challengeWindow = 1 hours;
+    }
+
     /// The views extension (with its hooks extension) every BSM of a test delegates to: stateless,
     /// so deployed once.
     address internal views;

@@ -22,63 +22,110 @@ def _worth(c: Cluster, address: str) -> int:
     return b.credit_of(address) + b.stake_of(address, address) + b.pending_rewards(address, address)
 
 
+def _overturned(c: Cluster, honest: list[int], coalition: list[int], reason: SlashReason) -> None:
+    """The job completed on the honest members' vote after a challenge by one of them: the
+    referees revealed it, the coalition was slashed for `reason` and unpaid, every honest
+    member was paid and kept its stake, and the contract's balance equals its accounting."""
+    b = c.bsm
+    assert b.job(c.job_id).state.status.name == "COMPLETED"
+    events = b.events(job_id=c.job_id)
+    votes = {
+        (m["checkpoint"], tuple(m["participation"]))
+        for i in honest
+        for m in c.metrics(i)
+        if m["kind"] == "epoch_trained"
+    }
+    ((checkpoint, participation),) = votes  # one honest vote
+    (challenged,) = [e.args for e in events if e.name == "Challenged"]
+    assert challenged["challenger"] in {c.ops[i].address for i in honest}
+    (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+    assert resolved["overturned"]
+    assert bytes(resolved["verdictKey"]) == vote_key(bytes.fromhex(checkpoint), participation)
+    (finalized,) = [e.args for e in events if e.name == "EpochFinalized"]
+    assert bytes(finalized["checkpoint"]).hex() == checkpoint
+    verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+    assert verdicts and {v["checkpoint"] for v in verdicts} == {checkpoint}
+    slashed = sorted(
+        (e.args["operator"], SlashReason(e.args["reason"])) for e in events if e.name == "Slashed"
+    )
+    assert slashed == sorted((c.ops[i].address, reason) for i in coalition)
+    paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
+    assert paid == sorted(c.ops[i].address for i in honest)
+    for i in coalition:
+        assert _worth(c, c.ops[i].address) < ETH, "a coalition member ends with less"
+    for i in honest:
+        assert b.pool(c.ops[i].address).total_assets == ETH, "no honest member lost stake"
+    assert b.credit_of(challenged["challenger"]) >= b.params().challenge_bond, "bond back"
+    assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+def _cluster(tmp_path, operators: int, steps: int) -> Cluster:
+    return Cluster(
+        tmp_path,
+        operators=operators,
+        epochs=1,
+        steps=steps,
+        sync=2,
+        round_deadline=4.0,
+        epoch_duration=240,
+        challenge_window=WINDOW,
+        referees=3,
+    )
+
+
 @pytest.mark.timeout(1200)
 def test_two_sybils_certify_a_fabrication_and_one_honest_member_overturns_it(tmp_path) -> None:
     """Two colluding members of three (1 ETH each, the minimum) vote one fabricated checkpoint,
     a quorum. The honest member's node sees that the certified vote is not its own and
     challenges; three referee nodes apply, fetch its transcript over p2p, re-execute it and
     reveal the honest member's vote; the epoch settles on it: the colluders are slashed for
-    fabrication and unpaid, the honest member is paid and gets its bond back, and the
-    contract's balance equals its accounting."""
-    with Cluster(
-        tmp_path,
-        operators=3,
-        epochs=1,
-        steps=8,
-        sync=2,
-        round_deadline=4.0,
-        epoch_duration=240,
-        challenge_window=WINDOW,
-        referees=3,
-    ) as c:
+    fabrication and unpaid, the honest member is paid and gets its bond back."""
+    with _cluster(tmp_path, 3, 8) as c:
         for r in range(3):
             c.spawn_referee(r)
-        start = {o.address: ETH for o in c.ops}  # each node registers with 1 ETH
         c.spawn(0, ["collude"])
         c.spawn(1, ["collude"])
         c.spawn(2)
         c.wait(c.ended, 1000, "the job to end")
+        _overturned(c, [2], [0, 1], SlashReason.FABRICATION)
 
-        b = c.bsm
-        assert b.job(c.job_id).state.status.name == "COMPLETED"
-        events = b.events(job_id=c.job_id)
-        (honest_vote,) = [m for m in c.metrics(2) if m["kind"] == "epoch_trained"]
-        honest_key = vote_key(
-            bytes.fromhex(honest_vote["checkpoint"]), honest_vote["participation"]
-        )
-        (challenged,) = [e.args for e in events if e.name == "Challenged"]
-        assert challenged["challenger"] == c.ops[2].address
-        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
-        assert resolved["overturned"] and bytes(resolved["verdictKey"]) == honest_key
-        (finalized,) = [e.args for e in events if e.name == "EpochFinalized"]
-        assert bytes(finalized["checkpoint"]).hex() == honest_vote["checkpoint"]
 
-        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
-        assert verdicts and {v["checkpoint"] for v in verdicts} == {honest_vote["checkpoint"]}
-        slashed = sorted(
-            (e.args["operator"], SlashReason(e.args["reason"]))
-            for e in events
-            if e.name == "Slashed"
-        )
-        assert slashed == sorted((o.address, SlashReason.FABRICATION) for o in c.ops[:2])
-        paid = [e.args["operator"] for e in events if e.name == "OperatorPaid"]
-        assert paid == [c.ops[2].address]
+@pytest.mark.timeout(1200)
+def test_a_callers_sybil_majority_votes_unworkable_and_the_honest_member_is_paid(tmp_path) -> None:
+    """The caller's two sybils hold 2 of 3 seats, train, and vote UNWORKABLE to abort the job
+    and get the escrow back. The honest member challenges; the referees show the epoch trained:
+    the sybils are slashed as dropouts with no compensation, the honest member is paid, and the
+    caller gets back only the seats nobody earned."""
+    with _cluster(tmp_path, 3, 8) as c:
+        for r in range(3):
+            c.spawn_referee(r)
+        c.spawn(0, ["unworkable"])
+        c.spawn(1, ["unworkable"])
+        c.spawn(2)
+        c.wait(c.ended, 1000, "the job to end")
+        _overturned(c, [2], [0, 1], SlashReason.DROPOUT)
+        events = c.bsm.events(job_id=c.job_id)
+        assert not [e for e in events if e.name == "JobAborted"]
+        (done,) = [e.args for e in events if e.name == "JobCompleted"]
+        assert done["refund"] == 2 * c.spec.price_per_operator_epoch
 
-        for o in c.ops[:2]:
-            assert _worth(c, o.address) < start[o.address], "a colluder ends with less"
-        assert b.pool(c.ops[2].address).total_assets == ETH, "the honest member lost no stake"
-        assert b.credit_of(c.ops[2].address) >= b.params().challenge_bond, "its bond came back"
-        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+@pytest.mark.timeout(1500)
+def test_five_of_seven_seats_certify_a_fabrication_and_one_honest_member_overturns_it(
+    tmp_path,
+) -> None:
+    """A coalition of 5 of 7 seats (over 2/3) votes one fabricated checkpoint; one of the two
+    honest members challenges, the referees re-execute, all five are slashed and the two
+    honest members are paid."""
+    with _cluster(tmp_path, 7, 4) as c:
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(5):
+            c.spawn(i, ["collude"])
+        c.spawn(5)
+        c.spawn(6)
+        c.wait(c.ended, 1400, "the job to end")
+        _overturned(c, [5, 6], list(range(5)), SlashReason.FABRICATION)
 
 
 def _referee_metrics(c: Cluster, r: int) -> list[dict]:

@@ -67,6 +67,11 @@ contract Handler is Test {
     uint256 public ghostTeeJobs; // jobs that require a TEE
     uint256 public ghostTeeJoins; // seats taken in them, each with a valid attestation
     uint256 public ghostTeeJoinViolations; // a seat taken in one without a valid attestation
+    uint256 public ghostChallenges; // certified votes disputed
+    uint256 public ghostVerdicts; // challenges the referees' majority decided
+    uint256 public ghostOverturned; // ... against the certified vote
+    uint256 public ghostRefereesSlashed; // referees off the majority, withheld or silent
+    uint256 public ghostChallengeViolations; // a bond or a referee slash that went elsewhere
 
     /// What each member committed to, revealed later.
     struct Hidden {
@@ -77,6 +82,8 @@ contract Handler is Test {
 
     mapping(uint256 id => mapping(uint64 attempt => mapping(address member => Hidden))) internal _hidden;
     mapping(bytes4 => uint256) public calls;
+    /// Registered operators that never take a seat: they referee challenges.
+    address[] public referees;
 
     bytes32 private constant _PAID = keccak256("OperatorPaid(uint256,uint256,address,uint256)");
     bytes32 private constant _SLASHED = keccak256("Slashed(address,uint256,uint256,uint8,uint256,address)");
@@ -101,6 +108,10 @@ contract Handler is Test {
         actors.push(treasury_);
         actors.push(developer_);
         actors.push(makeAddr("inv-caller2"));
+        for (uint256 i; i < 3; ++i) {
+            referees.push(makeAddr(string.concat("inv-referee", string(abi.encodePacked(bytes1(uint8(48 + i)))))));
+            actors.push(referees[i]);
+        }
         usd = new TestUSD();
         dec2 = new DecimalsToken(2);
         tokens.push(address(usd));
@@ -368,6 +379,8 @@ contract Handler is Test {
             if (k == 0 && (r >> 27) & 7 == 7) mode |= uint256(1) << 21;
             if (k == 0 && late) _queueJoin(id, operators[n]);
             this.submit(id, mode, true);
+            // An eighth of the epochs are challenged (on a deployment with a window).
+            if ((r >> 32) & 7 == 7) this.challenge(id, r >> (k + 3), true);
             this.finalize(id, r + k, true);
         }
     }
@@ -506,6 +519,93 @@ contract Handler is Test {
         }
     }
 
+    // ------------------------------------------------------------ challenges
+
+    function challenge(uint256 j, uint256 r) external {
+        this.challenge(_job(j), r, true);
+    }
+
+    /// Disputes the certified vote of the job's attempt (as its caller or a member) and plays the
+    /// whole game: the outside referees apply and commit-reveal the honest vote (with `r` bit 4
+    /// one of them reveals a forged one, bit 5 one stays silent), then anyone resolves. Checks
+    /// that the bond went back to the challenger or to the treasury and every referee slash to the
+    /// treasury.
+    function challenge(uint256 id, uint256 r, bool) external {
+        if (id == 0 || bsm.params().challengeWindow == 0) return;
+        (, I.JobState memory st) = bsm.getJob(id);
+        if (st.status != I.JobStatus.Running) return;
+        _revealAll(id);
+        address[] memory m = bsm.getMembers(id);
+        (, uint256 revealed) = bsm.voteCounts(id);
+        if (revealed < m.length && block.timestamp <= bsm.revealDeadline(id)) vm.warp(bsm.revealDeadline(id) + 1);
+        (bytes32 key, uint256 closes) = bsm.certifiedVote(id);
+        if (key == bytes32(0) || block.timestamp >= closes) return;
+        if (bsm.challengeOf(st.attempt).challenger != address(0)) return;
+        address challenger = r & 1 == 1 ? st.caller : m[(r >> 1) % m.length];
+        uint256 bond = bsm.params().challengeBond;
+        _fund(challenger, bond);
+        vm.prank(challenger);
+        bsm.challenge{value: bond}(id, st.epoch, bytes32(r));
+        ++ghostChallenges;
+        _referee(id, st.epoch, r);
+        _resolve(id, st.epoch, challenger, key);
+    }
+
+    function _referee(uint256 id, uint256 epoch, uint256 r) internal {
+        for (uint256 i; i < referees.length; ++i) {
+            address a = referees[i];
+            if (!bsm.getOperator(a).registered) {
+                _fund(a, 3 ether);
+                vm.prank(a);
+                bsm.registerOperator{value: 3 ether}(bytes32(uint256(uint160(a))), new string[](0), "cpu", 0);
+            }
+            vm.prank(a);
+            bsm.applyReferee(id, epoch);
+        }
+        vm.warp(block.timestamp + bsm.params().challengeWindow);
+        uint32[] memory p = new uint32[](bsm.getMembers(id).length);
+        for (uint256 i; i < p.length; ++i) {
+            p[i] = 4;
+        }
+        for (uint256 i; i < referees.length; ++i) {
+            if (i == 2 && (r >> 5) & 1 == 1) continue; // silent
+            bytes32 v = i == 1 && (r >> 4) & 1 == 1 ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
+            bytes32 c = bsm.commitmentHash(id, epoch, referees[i], v, p, bytes32(i));
+            vm.prank(referees[i]);
+            bsm.commitVerdict(id, epoch, c);
+        }
+        if ((r >> 5) & 1 == 1) vm.warp(block.timestamp + bsm.params().challengeWindow);
+        for (uint256 i; i < referees.length; ++i) {
+            if (i == 2 && (r >> 5) & 1 == 1) continue;
+            bytes32 v = i == 1 && (r >> 4) & 1 == 1 ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
+            vm.prank(referees[i]);
+            bsm.revealVerdict(id, epoch, v, p, bytes32(i));
+        }
+        // resolvable once every referee revealed, else after the reveal phase
+        if ((r >> 5) & 1 == 1) vm.warp(block.timestamp + bsm.params().challengeWindow);
+    }
+
+    function _resolve(uint256 id, uint256 epoch, address challenger, bytes32 certified) internal {
+        uint256 t0 = bsm.creditOf(treasury);
+        uint256 c0 = bsm.creditOf(challenger);
+        vm.recordLogs();
+        vm.prank(actors[8]); // a stranger
+        bsm.resolveChallenge(id, epoch);
+        (, uint256 slashed,) = _settledFromLogs(vm.getRecordedLogs());
+        (, I.JobState memory st) = bsm.getJob(id);
+        bytes32 verdict = bsm.challengeOf(st.attempt).verdictKey;
+        bool backToChallenger = verdict == bytes32(0) || verdict != certified;
+        uint256 bond = bsm.params().challengeBond;
+        uint256 toTreasury = bsm.creditOf(treasury) - t0;
+        if (challenger == treasury) toTreasury -= bond;
+        else if (bsm.creditOf(challenger) - c0 != (backToChallenger ? bond : 0)) ++ghostChallengeViolations;
+        if (toTreasury != slashed + (backToChallenger ? 0 : bond)) ++ghostChallengeViolations;
+        ghostSlashed += slashed;
+        if (slashed > 0) ++ghostRefereesSlashed;
+        if (verdict != bytes32(0)) ++ghostVerdicts;
+        if (backToChallenger && verdict != bytes32(0)) ++ghostOverturned;
+    }
+
     /// Ether stake held, and the job's unit (ether or its token): escrow, owed, developer's credit.
     struct Books {
         uint256 held; // staked + unbonding
@@ -573,6 +673,8 @@ contract Handler is Test {
         if (revealed < bsm.getMembers(id).length && block.timestamp <= bsm.revealDeadline(id)) {
             vm.warp(bsm.revealDeadline(id) + 1);
         }
+        (, uint256 closes) = bsm.certifiedVote(id);
+        if (bsm.challengeOf(st.attempt).challenger == address(0) && block.timestamp < closes) vm.warp(closes);
         // The finalizer may earn a share of the fee, so it is never the developer (checked
         // below). It may be the job's caller, a member, a staker or an outsider; a quarter of
         // the epochs are settled by the core's FINALIZE hook in pieces (as the treasury).

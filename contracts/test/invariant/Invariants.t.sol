@@ -11,6 +11,7 @@ contract InvariantsTest is BaseTest {
 
     function setUp() public override {
         super.setUp();
+        bsm = deployBSM(challengeParams());
         handler = new Handler(bsm, core, treasury, developer);
         targetContract(address(handler));
     }
@@ -46,6 +47,7 @@ contract InvariantsTest is BaseTest {
     /// Nor did anybody take a seat in a job that requires a TEE without a valid attestation.
     function invariant_perAccountSettlement() public view {
         vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
+        vm.assertEq(handler.ghostChallengeViolations(), 0, "challenge bonds and referee slashes");
         vm.assertEq(handler.ghostTeeJoinViolations(), 0, "TEE seat without attestation");
     }
 
@@ -104,12 +106,14 @@ contract ReachTest is BaseTest {
 
     function setUp() public override {
         super.setUp();
+        bsm = deployBSM(challengeParams());
         handler = new Handler(bsm, core, treasury, developer);
         targetContract(address(handler));
     }
 
     function invariant_reach() public view {
         vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
+        vm.assertEq(handler.ghostChallengeViolations(), 0, "challenge bonds and referee slashes");
     }
 
     function afterInvariant() public {
@@ -130,6 +134,10 @@ contract ReachTest is BaseTest {
         _add("queued joins", handler.ghostQueuedJoins());
         _add("TEE jobs", handler.ghostTeeJobs());
         _add("TEE seats taken", handler.ghostTeeJoins());
+        _add("challenges", handler.ghostChallenges());
+        _add("verdicts", handler.ghostVerdicts());
+        _add("certified votes overturned", handler.ghostOverturned());
+        _add("challenges with a referee slashed", handler.ghostRefereesSlashed());
         // After the campaign's last run every path must have been reached at least once.
         if (_total("runs") == vm.envOr("FOUNDRY_INVARIANT_RUNS", uint256(256))) {
             for (uint256 i; i < _keys.length; ++i) {
@@ -188,6 +196,43 @@ contract HandlerSmokeTest is BaseTest {
         vm.assertEq(h.ghostSplitViolations(), 0);
         vm.assertEq(h.ghostSettlementViolations(), 0);
         vm.assertEq(h.ghostWhoViolations(), 0);
+        assertConserved();
+    }
+
+    /// The handler's challenge game runs to its end: upheld (the honest certified vote, one
+    /// referee forging) and overturned (every member voted one forged checkpoint, one referee
+    /// silent).
+    function test_handlerChallenges() public {
+        bsm = deployBSM(challengeParams());
+        Handler h = new Handler(bsm, core, treasury, developer);
+        for (uint256 i; i < 3; ++i) {
+            h.register(i, 2 ether);
+        }
+        h.createJob(3, 3, 2, 0.01 ether);
+        for (uint256 i; i < 3; ++i) {
+            h.join(i, 0);
+        }
+        h.submit(0, 0); // everyone honest
+        h.challenge(0, (1 << 4) | 1); // by the caller; referee 1 reveals a forged verdict
+        vm.assertEq(h.ghostChallenges(), 1);
+        vm.assertEq(h.ghostVerdicts(), 1);
+        vm.assertEq(h.ghostOverturned(), 0);
+        vm.assertEq(h.ghostRefereesSlashed(), 1);
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostPaidEpochs(), 3);
+        h.submit(0, uint256(1) << 24); // every member votes one made-up checkpoint
+        h.challenge(0, (1 << 5) | 4); // by member 2; referee 2 silent
+        vm.assertEq(h.ghostChallenges(), 2);
+        vm.assertEq(h.ghostVerdicts(), 2);
+        vm.assertEq(h.ghostOverturned(), 1);
+        vm.assertEq(h.ghostRefereesSlashed(), 2);
+        uint256 slashed = h.ghostSlashed();
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostPaidEpochs(), 3, "nobody voted the verdict");
+        vm.assertTrue(h.ghostSlashed() > slashed);
+        vm.assertEq(h.ghostChallengeViolations(), 0);
+        vm.assertEq(h.ghostWhoViolations(), 0);
+        vm.assertEq(h.ghostSettlementViolations(), 0);
         assertConserved();
     }
 

@@ -66,12 +66,6 @@ class Challenger:
         except (ContractError, TransactionFailed) as exc:
             log.info("challenge not taken: %s", exc)  # someone challenged first, or too late
             return
-        log.warning(
-            "epoch %d of job %d: the certified vote 0x%s is not ours: challenged",
-            job.state.epoch + 1,
-            job.id,
-            certified.hex()[:16],
-        )
         self.metric(
             "challenged",
             job=job.id,

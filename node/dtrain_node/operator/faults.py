@@ -3,7 +3,8 @@
 Each one is something the chain must catch: a fabricated checkpoint hash, committed and
 revealed like an honest one (fabrication slash; `collude`: the same fabricated hash from every
 colluding member, a quorum when they hold 2/3 of the seats, which an honest member's challenge
-overturns), a commitment never revealed (dropout slash),
+overturns; `unworkable`: the UNWORKABLE vote after training, a caller's sybils getting its
+escrow back), a commitment never revealed (dropout slash),
 no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
 that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver),
 a codec-valid attack packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members'
@@ -55,13 +56,14 @@ from typing import Any, NoReturn
 
 from web3 import Web3
 
+from dtrain import UNWORKABLE
 from dtrain_node.optim.attacks import KINDS, Attack
 from dtrain_node.optim.codec import Spec
 
 USAGE = (
-    "fabricate, collude, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND (KIND: poison, "
-    "scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, withhold=N, late=N, "
-    "epoch=E, once"
+    "fabricate, collude, unworkable, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND "
+    "(KIND: poison, scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, "
+    "withhold=N, late=N, epoch=E, once"
 )
 
 # `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
@@ -109,6 +111,7 @@ class Faults:
 
     fabricate_checkpoint: bool = False
     collude: bool = False  # fabricate the checkpoint every colluding member fabricates
+    vote_unworkable: bool = False  # train, then vote UNWORKABLE (to get a caller its escrow back)
     withhold_reveal: bool = False  # commit, then never reveal
     stop_sync_at_round: int | None = None
     offline_at_round: int | None = None
@@ -149,6 +152,8 @@ class Faults:
                 kw["fabricate_checkpoint"] = True
             elif name == "collude" and not value:
                 kw["collude"] = True
+            elif name == "unworkable" and not value:
+                kw["vote_unworkable"] = True
             elif name == "no-reveal" and not value:
                 kw["withhold_reveal"] = True
             elif name == "garbage" and not value:
@@ -222,7 +227,10 @@ class Faults:
 
     def digest(self, honest: bytes, sender: str, attempt: int) -> bytes:
         """The checkpoint hash committed and revealed: `fabricate` makes one up, `collude`
-        makes up the one every colluding member of the attempt votes (a fabricated quorum)."""
+        makes up the one every colluding member of the attempt votes (a fabricated quorum),
+        `unworkable` votes UNWORKABLE after training."""
+        if self.vote_unworkable:
+            return UNWORKABLE
         if self.collude:
             return Web3.keccak(text=f"fabricated by the coalition:{attempt}")
         if self.fabricate_checkpoint:

@@ -198,6 +198,14 @@ EVENTS = {
     "committed": lambda d: f"committed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
     "revealed": lambda d: f"revealed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
     "finalized": lambda d: f"epoch {d['epoch'] + 1} settled: {', '.join(d['events']) or '-'}",
+    "challenged": lambda d: (
+        f"epoch {d['epoch'] + 1}: the certified vote 0x{d['certified'][:16]}.. is not ours: "
+        f"challenged, the referees re-execute our transcript"
+    ),
+    "challenge_resolved": lambda d: (
+        f"epoch {d['epoch'] + 1}: the referees "
+        f"{'overturned' if d['overturned'] else 'upheld'} the certified vote"
+    ),
     "withdrew": lambda d: f"withdrew {d.get('text') or format_eth(d['amount'])}",
     "lingering": lambda d: f"serving the final checkpoint of job {d['job']} for {span(d['s'])}",
     "stopped": lambda d: "stopped",
