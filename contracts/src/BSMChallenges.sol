@@ -52,6 +52,14 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
     }
 
     /// @inheritdoc IDistributedTrainingBSMChallenges
+    function postTranscript(uint256 jobId, uint256 epoch, bytes32 transcript) external {
+        (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
+        _inPhase(ch.openedAt, 0);
+        require(_commitments[attempt][msg.sender] != bytes32(0), NotMember(jobId, msg.sender));
+        emit TranscriptPosted(jobId, epoch, msg.sender, transcript);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMChallenges
     function commitVerdict(uint256 jobId, uint256 epoch, bytes32 commitment) external {
         (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
         _inPhase(ch.openedAt, 1);

@@ -297,6 +297,28 @@ def chain_up(ctx: Ctx, accounts: int, balance: int, port: int) -> None:
 )
 @click.option("--max-operators", default=32, show_default=True)
 @click.option(
+    "--challenge-window",
+    type=DURATION,
+    default="10m",
+    show_default=True,
+    help="Seconds after an epoch's last reveal in which its certified vote may be challenged "
+    "(each referee phase lasts as long); 0: no challenges.",
+)
+@click.option(
+    "--challenge-bond",
+    type=AMOUNT,
+    default="0.1ether",
+    show_default=True,
+    help="Bond of a challenger (ether) and of each referee (self-stake).",
+)
+@click.option(
+    "--referees",
+    type=click.IntRange(1, 31),
+    default=3,
+    show_default=True,
+    help="Referees drawn per challenge (odd).",
+)
+@click.option(
     "--split",
     default="4000/2000/2000/2000",
     show_default=True,
@@ -324,6 +346,9 @@ def deploy(
     max_bounty: int,
     unworkable_comp_bps: int,
     max_operators: int,
+    challenge_window: int,
+    challenge_bond: int,
+    referees: int,
     split: str,
     slash: str,
 ) -> None:
@@ -354,6 +379,9 @@ def deploy(
         max_reporter_bounty=max_bounty,
         unworkable_comp_bps=unworkable_comp_bps,
         max_operators=max_operators,
+        challenge_window=challenge_window,
+        challenge_bond=challenge_bond,
+        referee_count=referees,
     )
     bsm = BSM.deploy(ctx.rpc_url, account, params)
     saved = update_env(ctx.rpc_url, DTRAIN_CONTRACT=bsm.address)

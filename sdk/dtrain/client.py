@@ -587,6 +587,12 @@ class BSM:
         f = self.contract.functions.challenge(job_id, epoch, _b32(transcript))
         return self._transact(f, value=bond)
 
+    def post_transcript(self, job_id: int, epoch: int, transcript: bytes) -> Receipt:
+        """A voter of the challenged attempt names the transcript file it serves (sha256):
+        the referees re-execute the union of every posted file's packets."""
+        f = self.contract.functions.postTranscript(job_id, epoch, _b32(transcript))
+        return self._transact(f)
+
     def apply_referee(self, job_id: int, epoch: int) -> Receipt:
         """Applies to referee the challenge (bonds `challenge_bond` of free self-stake)."""
         return self._transact(self.contract.functions.applyReferee(job_id, epoch))

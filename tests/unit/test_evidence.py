@@ -203,3 +203,52 @@ def testFuzz_a_changed_byte_is_refused_or_no_longer_verifies(trained, data) -> N
     if t.rounds != trained[0].rounds:  # a packet changed: its commitment no longer fits
         with pytest.raises(TranscriptInvalid):
             ev.verify(t, _members())
+
+
+def _without(t: ev.EpochTranscript, rnd: int, sender: str) -> ev.EpochTranscript:
+    rounds = list(t.rounds)
+    rounds[rnd] = tuple(p for p in rounds[rnd] if p.sender != sender)
+    return dataclasses.replace(t, rounds=tuple(rounds))
+
+
+def test_union_puts_back_what_a_doctored_file_left_out(trained) -> None:
+    """A challenger's file without a member's packets, united with that member's own file, is
+    the members' transcript again: it replays to the shared state they reached."""
+    t, start, reached = trained
+    honest = ACCOUNTS[2].address
+    doctored = _without(_without(t, 0, honest), 1, honest)
+    _, referee = _fresh("0x" + "00" * 20)
+    referee.replay([x.clone() for x in start], doctored.packets())
+    assert any(not torch.equal(a, b) for a, b in zip(referee.theta_sync, reached, strict=True))
+    merged = ev.union([doctored, t])
+    assert merged == t and ev.union([t, doctored]) == t
+    _, referee = _fresh("0x" + "00" * 20)
+    referee.replay([x.clone() for x in start], merged.packets())
+    for a, b in zip(referee.theta_sync, reached, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_union_drops_a_sender_that_signed_two_packets_for_a_round(trained) -> None:
+    t, _, _ = trained
+    cheat = ACCOUNTS[1]
+    other = b"another packet"
+    rounds = list(t.rounds)
+    rounds[1] = tuple(
+        ev.Packet(p.sender, other, _signed(cheat, 1, other)) if p.sender == cheat.address else p
+        for p in rounds[1]
+    )
+    twin = dataclasses.replace(t, rounds=tuple(rounds))
+    ev.verify(twin, _members())
+    merged = ev.union([t, twin])
+    assert [p.sender for p in merged.rounds[1]] == [
+        p.sender for p in t.rounds[1] if p.sender != cheat.address
+    ]
+    assert merged.rounds[0] == t.rounds[0]
+
+
+def test_union_refuses_files_of_another_attempt(trained) -> None:
+    t, _, _ = trained
+    with pytest.raises(TranscriptInvalid, match="another attempt"):
+        ev.union([t, dataclasses.replace(t, attempt=t.attempt + 1)])
+    with pytest.raises(TranscriptInvalid, match="no transcript"):
+        ev.union([])

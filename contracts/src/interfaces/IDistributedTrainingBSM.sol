@@ -221,7 +221,7 @@ interface IDistributedTrainingBSMTypes {
     /// @notice epoch duration `duration`s outside `min`s..`max`s
     /// @param max maxEpochDuration(): a quarter of the unbonding period less the start grace and the reveal window.
     error InvalidEpochDuration(uint256 duration, uint256 min, uint256 max);
-    /// @notice unbonding period `unbondingPeriod`s is shorter than `needed`s (4 x (startGrace + minEpochDuration + revealWindow))
+    /// @notice unbonding period `unbondingPeriod`s is shorter than `needed`s (4 x (startGrace + minEpochDuration + revealWindow + 4 x challengeWindow))
     error UnbondingTooShort(uint256 unbondingPeriod, uint256 needed);
     /// @notice escrow must be exactly `expected`, got `sent`
     /// @param expected price x maxOperators x totalEpochs, in wei.
@@ -500,6 +500,9 @@ interface IDistributedTrainingBSMTypes {
         bytes32 certifiedKey,
         bytes32 transcript
     );
+    /// @notice `member`, a voter of the challenged attempt, serves the transcript file with
+    /// sha256 `transcript`: the referees re-execute the union of every posted transcript.
+    event TranscriptPosted(uint256 indexed jobId, uint256 indexed epoch, address indexed member, bytes32 transcript);
     /// @notice `referee` applied, bonding self-stake, to re-execute epoch `epoch` of job `jobId`.
     event RefereeApplied(uint256 indexed jobId, uint256 indexed epoch, address indexed referee);
     /// @notice `referees` were drawn by stake among the applicants of the challenge.
@@ -794,6 +797,10 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     /// @notice Disputes the certified vote of epoch `epoch` of job `jobId`, bonding exactly
     /// `challengeBond` wei; `transcript` is the sha256 of the transcript file the sender serves.
     function challenge(uint256 jobId, uint256 epoch, bytes32 transcript) external payable;
+    /// @notice A member that voted in the challenged attempt names the transcript file it serves
+    /// (during the apply phase), so that a challenger cannot hide packets from the referees:
+    /// they re-execute the union of the challenger's and every posted transcript's packets.
+    function postTranscript(uint256 jobId, uint256 epoch, bytes32 transcript) external;
     /// @notice Applies to referee the challenge, bonding `challengeBond` of the sender's free
     /// self-stake until it is resolved. Registered operators outside the job only.
     function applyReferee(uint256 jobId, uint256 epoch) external;

@@ -353,6 +353,27 @@ contract RefereeTest is ChallengeBase {
         challengeAs(ops[1], jobId);
     }
 
+    function test_postTranscript_byAVoterInTheApplyPhase() public {
+        vm.expectEmit();
+        emit I.TranscriptPosted(jobId, 0, ops[0], keccak256("its file"));
+        vm.prank(ops[0]);
+        bsm.postTranscript(jobId, 0, keccak256("its file"));
+    }
+
+    function test_revert_postTranscript_NotMember() public {
+        vm.expectRevert(abi.encodeWithSelector(I.NotMember.selector, jobId, outsiders[0]));
+        vm.prank(outsiders[0]);
+        bsm.postTranscript(jobId, 0, keccak256("a file"));
+    }
+
+    function test_revert_postTranscript_NotInPhase() public {
+        uint256 opened = block.timestamp;
+        vm.warp(opened + WINDOW);
+        vm.expectRevert(abi.encodeWithSelector(I.NotInPhase.selector, opened, opened + WINDOW, opened + WINDOW));
+        vm.prank(ops[0]);
+        bsm.postTranscript(jobId, 0, keccak256("a file"));
+    }
+
     function test_revert_ChallengeResolvedAlready() public {
         vm.warp(block.timestamp + 3 * WINDOW);
         bsm.resolveChallenge(jobId, 0);

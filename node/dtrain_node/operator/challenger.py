@@ -5,8 +5,10 @@ deployment's `challenge_window` anyone registered may dispute it. A member whose
 checkpoint and participation its transcript led to) is not the certified one disputes it,
 bonding `challenge_bond` and naming its transcript file by sha256 (the file it serves to the
 referees). It then resolves the challenge once it is due (anyone may) and finalizes after: the
-epoch settles on the referees' verdict. A member that voted UNWORKABLE, or has no vote on disk,
-has nothing to show and does not challenge.
+epoch settles on the referees' verdict. When someone else challenges, every member that voted
+names its own transcript file (`postTranscript`): the referees re-execute the union of the
+files, so a challenger cannot leave honest packets out. A member that voted UNWORKABLE, or has
+no vote on disk, has nothing to show and does not challenge.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ SETTLE_GAS = 3_000_000  # above resolveChallenge with 31 referees to slash
 class Challenger:
     def __init__(self, bsm: BSM, job_dir: Path, metric: Callable[..., None], window: int) -> None:
         self.bsm, self.job_dir, self.metric, self.window = bsm, job_dir, metric, window
+        self.posted: set[int] = set()  # attempts whose challenge we named our transcript for
 
     def ready(self, job: Job, attempt: int) -> bool:
         """Whether the attempt may be finalized now: its certified vote is past its challenge
@@ -48,9 +51,28 @@ class Challenger:
                 return False
             return closes > 0 and now >= closes
         if not ch.resolved:
+            if ch.challenger != self.bsm.sender and now < ch.opened_at + self.window:
+                self._post(job, attempt)
             self._resolve(job, ch.opened_at, ch.referees, ch.revealed)
             return False
         return True
+
+    def _post(self, job: Job, attempt: int) -> None:
+        """Names our transcript file to the referees of a challenge someone else opened, so
+        that their re-execution holds every packet we saw (docs/contract.md, "Challenges")."""
+        file = evidence.path(self.job_dir, attempt)
+        if attempt in self.posted or vote.load(vote.path(self.job_dir, attempt)) is None:
+            return
+        if not file.is_file():
+            return
+        self.posted.add(attempt)
+        sha = hashlib.sha256(file.read_bytes()).digest()
+        try:
+            self.bsm.post_transcript(job.id, job.state.epoch, sha)
+        except (ContractError, TransactionFailed) as exc:
+            log.info("transcript not posted: %s", exc)
+            return
+        self.metric("transcript_posted", job=job.id, epoch=job.state.epoch, transcript=sha.hex())
 
     def _disputes(self, certified: bytes, attempt: int) -> bool:
         ours = vote.load(vote.path(self.job_dir, attempt))

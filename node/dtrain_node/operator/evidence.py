@@ -205,6 +205,35 @@ def verify(t: EpochTranscript, members: Iterable[str]) -> None:
                 raise _reject("payload", f"{where}: not the committed payload")
 
 
+def union(ts: Sequence[EpochTranscript]) -> EpochTranscript:
+    """Every packet of several transcripts of one attempt (verify each first): per round, each
+    sender's packet. A sender whose packets for one round differ between the files signed two
+    (an equivocation, provable on its own) and has none in that round, as in the members'
+    reconcile. A packet one file holds and another lacks is in: a challenger that leaves
+    packets out of its file cannot change the referees' result while their senders, or any
+    member that saw them, posted theirs. Raises TranscriptInvalid for files of other attempts."""
+    if not ts:
+        raise _reject("union", "no transcript")
+    first = ts[0]
+    head = (first.chain_id, first.contract, first.job_id, first.epoch, first.attempt)
+    for t in ts[1:]:
+        other = (t.chain_id, t.contract, t.job_id, t.epoch, t.attempt)
+        if other != head or len(t.rounds) != len(first.rounds):
+            raise _reject("union", f"{other} with {len(t.rounds)} rounds is another attempt")
+    rounds = []
+    for r in range(len(first.rounds)):
+        by: dict[str, Packet] = {}
+        twice: set[str] = set()
+        for t in ts:
+            for p in t.rounds[r]:
+                q = by.get(p.sender)
+                if q is not None and q.payload != p.payload:
+                    twice.add(p.sender)
+                by.setdefault(p.sender, p)
+        rounds.append(tuple(by[s] for s in sorted(by) if s not in twice))
+    return EpochTranscript(*head, tuple(rounds))
+
+
 def save(job_dir: Path, t: EpochTranscript) -> Path:
     out = path(job_dir, t.attempt)
     tmp = out.with_suffix(".tmp")

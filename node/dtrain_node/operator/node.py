@@ -590,6 +590,7 @@ class Node:
         certified vote is past its challenge window (or its challenge resolved): a certified
         vote that is not ours is challenged first (operator/challenger.py)."""
         self._enter("FINALIZE", "once every member revealed or the reveal deadline passed")
+        challenger = Challenger(self.bsm, self.job_dir(job_id), self._metric, self._window())
         while True:
             self._check_stop()
             job = self.bsm.job(job_id)
@@ -600,9 +601,6 @@ class Node:
             block_ts = self.bsm.latest_block_timestamp()
             all_in = job.revealed == len(job.members)
             if all_in or max(block_ts, int(time.time())) > job.reveal_deadline:
-                challenger = Challenger(
-                    self.bsm, self.job_dir(job_id), self._metric, self._window()
-                )
                 if not challenger.ready(job, attempt):
                     self._sleep()
                     continue

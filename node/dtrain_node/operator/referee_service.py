@@ -1,10 +1,13 @@
 """`dtrain node referee`: a registered operator outside a job re-executes its challenged epochs.
 
 For every `Challenged` event it sees, the referee applies (bonding `challenge_bond` of its free
-self-stake), fetches the epoch's transcript file by the sha256 the challenger named (from the
-challenger and the epoch's members, over the same p2p file protocol that serves checkpoints)
-and, for an epoch after the first, its start checkpoint by hash; it checks every packet against
-its sender's signed commitment and re-executes the rounds by aggregation alone (`referee.check`).
+self-stake) and, once the apply phase ended, fetches the transcript files the challenger and
+the attempt's voters named (`TranscriptPosted`), from the challenger and the epoch's members
+over the same p2p file protocol that serves checkpoints, and, for an epoch after the first, its
+start checkpoint by hash; it checks every packet of every file against its sender's signed
+commitment and re-executes the union of the files by aggregation alone (`evidence.union`,
+`referee.check`): a challenger that leaves packets out of its file is outvoted by the files of
+the members that saw them.
 If drawn, it commits the (checkpoint, participation) vote it got, reveals it once every
 referee committed or the commit phase ended, and resolves the challenge once every referee
 revealed or the reveal phase ended. A referee that is not drawn gets its bond back at the draw.
@@ -28,6 +31,7 @@ from eth_account import Account
 
 from dtrain import commitment_hash, new_salt
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
+from dtrain_node.errors import CheckpointUnavailable, NodeError
 from dtrain_node.operator import evidence, referee
 from dtrain_node.operator.transport import peer_specs
 
@@ -86,7 +90,7 @@ class RefereeService:
     def _judge_safely(self, case: Case, stop: threading.Event) -> None:
         try:
             self.judge(case, stop)
-        except DtrainError as exc:  # unreadable transcript, unavailable data, refused tx
+        except (DtrainError, NodeError) as exc:  # unreadable file, unavailable data, refused tx
             log.warning("job %d attempt %d: not refereed: %s", case.job_id, case.attempt, exc)
             self.metric("referee_failed", job=case.job_id, attempt=case.attempt, error=str(exc))
 
@@ -94,7 +98,10 @@ class RefereeService:
         ch = self.bsm.challenge_of(case.attempt)
         if ch.resolved or not self._apply(case, ch.applicants):
             return
-        t, start = self._evidence(case)
+        opened = ch.opened_at
+        # members name their transcript files until the apply phase ends: then re-execute all
+        self._until(stop, lambda: self._now() >= opened + self.window)
+        t, start = self._evidence(case, self._posted(case))
         v = referee.check(self.bsm, self.cfg, t, start)
         log.info(
             "job %d epoch %d: the transcript leads to 0x%s",
@@ -102,8 +109,6 @@ class RefereeService:
             case.epoch + 1,
             v.recomputed.hex()[:16],
         )
-        opened = ch.opened_at
-        self._until(stop, lambda: self._now() >= opened + self.window)
         salt = new_salt()
         c = commitment_hash(case.job_id, case.epoch, self.me, v.recomputed, v.participation, salt)
         try:
@@ -139,9 +144,22 @@ class RefereeService:
         self.metric("referee_applied", job=case.job_id, attempt=case.attempt)
         return True
 
-    def _evidence(self, case: Case) -> tuple[evidence.EpochTranscript, Path | None]:
-        """The transcript file the challenge names and, after the first epoch, the epoch's
-        start checkpoint, fetched by hash from the challenger and the members."""
+    def _posted(self, case: Case) -> list[tuple[str, bytes]]:
+        """(member, sha256) of every transcript file the attempt's voters posted."""
+        return [
+            (e.args["member"], bytes(e.args["transcript"]))
+            for e in self.bsm.events(names=["TranscriptPosted"], job_id=case.job_id)
+            if e.args["epoch"] == case.epoch
+            and self.bsm.job(case.job_id, block=e.block).state.attempt == case.attempt
+        ]
+
+    def _evidence(
+        self, case: Case, posted: list[tuple[str, bytes]]
+    ) -> tuple[evidence.EpochTranscript, Path | None]:
+        """The union of the transcript files the challenge and the voters name (each checked
+        against the members' signed commitments; a file nobody delivers is left out) and,
+        after the first epoch, the epoch's start checkpoint, fetched by hash from the
+        challenger and the members."""
         from dtrain_node.p2p.host import GossipConfig, GossipNode
 
         work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
@@ -159,14 +177,22 @@ class RefereeService:
             Account.create(),
         )
         g.start()
+        files = []
         try:
-            file = g.fetch_file(case.transcript.hex(), peers, work / "transcript.bin")
+            for i, sha in enumerate(dict.fromkeys([case.transcript, *(s for _, s in posted)])):
+                try:
+                    files.append(g.fetch_file(sha.hex(), peers, work / f"transcript-{i}.bin"))
+                except CheckpointUnavailable as exc:
+                    log.info("transcript %s not delivered: %s", sha.hex()[:16], exc)
             start = None
             if case.epoch > 0:
                 start = g.fetch_file(case.start.hex(), peers, work / "start.stream")
         finally:
             g.stop()
-        return evidence.load(file), start
+        ts = [evidence.load(f) for f in files]
+        for t in ts:
+            evidence.verify(t, case.members)
+        return evidence.union(ts), start
 
     def _phase_done(self, case: Case, opened: int, count: str, phases: int) -> bool:
         ch = self.bsm.challenge_of(case.attempt)
