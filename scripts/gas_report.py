@@ -15,7 +15,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FORGE = ROOT / "scripts/toolchain/node_modules/@foundry-rs/forge-linux-amd64/bin/forge"
 LIMITS = {
-    "registerOperator": 200_000,
     "joinJob": 200_000,
     "commitCheckpoint": 200_000,
     "revealCheckpoint": 200_000,
@@ -131,7 +130,10 @@ def render(
         "`MAX_OPERATORS_CAP`), each operator has a delegator, and epochs are settled with all",
         "members paid, all members slashed, and the last epoch closing the job. Gas includes the",
         "21,000 intrinsic cost. `GasAtCapTest` also asserts the limits below, so `make test` fails",
-        "when a change breaks them.",
+        "when a change breaks them. Registration, stake, delegation, unbonding and claims (the",
+        "hooks extension) and every view, token entry point and the challenge game (the views",
+        "extension) run behind the BSM's `fallback` and show as `fallback` here;",
+        "`GasAtCapTest` asserts registration under 225,000.",
         "",
         "| function | calls | min | median | max | limit |",
         "|---|---:|---:|---:|---:|---:|",
@@ -153,8 +155,8 @@ def render(
         *render_cold(cold),
         "",
         "Notes:",
-        "- `registerOperator` max is the first registration on a fresh contract, which turns the",
-        "  `staked` total from zero to non-zero (+17k once); every later registration is the min.",
+        "- The first registration on a fresh contract turns the `staked` total from zero to",
+        "  non-zero (+17k once); `GasAtCapTest` measures a later one.",
         "- `joinJob` max is the join that reaches `minOperators` and starts the epoch: O(1), the",
         "  member list is not copied.",
         "- `finalizeEpoch` is O(members): it pays or slashes each member of the epoch and applies",
@@ -199,7 +201,7 @@ def main() -> int:
         print(f"gas: GasAtCapTest measured no call of {', '.join(missing)}", file=sys.stderr)
         return 1
     for name, limit in LIMITS.items():
-        if functions[name]["max"] > limit and name != "registerOperator":
+        if functions[name]["max"] > limit:
             print(f"gas: {name} max {functions[name]['max']:,} > {limit:,}", file=sys.stderr)
             return 1
     print(render(functions, hooks, cold))

@@ -12,6 +12,9 @@ import {MintableToken} from "./utils/BadTokens.sol";
 contract GasAtCapTest is BaseTest {
     uint256 internal constant CAP = 32;
     uint256 internal constant PER_OPERATOR_LIMIT = 200_000;
+    /// Registration runs in the hooks extension, behind the BSM's and the views' fallbacks
+    /// (two delegatecalls, ~7k gas): it was 199k in the BSM itself.
+    uint256 internal constant REGISTER_LIMIT = 225_000;
     uint256 internal constant FINALIZE_LIMIT = 5_000_000;
     /// claimRewards of a pool that earned in ether and all four payment tokens.
     uint256 internal constant CLAIM_FOUR_TOKENS_LIMIT = 350_000;
@@ -67,7 +70,7 @@ contract GasAtCapTest is BaseTest {
         vm.deal(a, MIN_STAKE);
         vm.prank(a);
         bsm.registerOperator{value: MIN_STAKE}(peerKeyOf(a), addrsOf(100), "cpu:2", 0);
-        vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "registerOperator");
+        vm.assertLe(_gas(), REGISTER_LIMIT, "registerOperator");
     }
 
     function test_gas_joinJob_startsEpochAtCap() public {

@@ -528,7 +528,7 @@ interface IDistributedTrainingBSMStaking is IDistributedTrainingBSMTypes {
     /// @notice Registers the sender as an operator with `msg.value` as self-stake.
     /// @param peerKey Ed25519 public key of the node's libp2p identity; its peer id is the
     /// identity multihash `0x002408011220 || peerKey`. 32 bytes instead of the 38-byte id keep
-    /// registration under 200k gas.
+    /// registration near 200k gas.
     /// @param multiaddrs libp2p addresses of the operator's node.
     /// @param hardware free-form description (e.g. "cpu:2", "gpu:a100x8").
     /// @param minPricePerEpoch lowest `pricePerOperatorEpoch` the operator accepts.
