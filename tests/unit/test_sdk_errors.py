@@ -116,7 +116,7 @@ def test_amount_arguments_name_real_arguments() -> None:
         (
             errors.UnbondingTooShort(100, 2760),
             "unbonding period 100s is shorter than 2760s "
-            "(4 x (startGrace + minEpochDuration + revealWindow))",
+            "(4 x (startGrace + minEpochDuration + revealWindow + 4 x challengeWindow))",
         ),
         # ...and a count, not an amount, outside WrongEscrow.
         (errors.ParticipationLength(3, 2), "participation has 3 entries, the epoch has 2 members"),

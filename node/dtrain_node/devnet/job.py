@@ -28,14 +28,13 @@ REVEAL_WINDOW = 15
 # Certified is final at once on the devnet unless a run asks for challenges (every epoch would
 # wait the window out); the challenge e2e tests deploy with a window of their own.
 CHALLENGE_WINDOW = 0
-MAX_CHALLENGE_WINDOW = 60  # the longest window a devnet run may ask for: jobs fit any of them
 OPEN_TIMEOUT = 300  # a job that lost its members may be failed by anyone after this
 SEAT_BOND = ETH // 10  # the devnet's least seat bond; every operator's 1 ETH covers its seat
 
 
 def max_epoch_duration() -> int:
     """The longest `epochDuration` the devnet's contract accepts (its `maxEpochDuration()`)."""
-    return UNBONDING_PERIOD // 4 - START_GRACE - REVEAL_WINDOW - 4 * MAX_CHALLENGE_WINDOW
+    return UNBONDING_PERIOD // 4 - START_GRACE - REVEAL_WINDOW - 4 * CHALLENGE_WINDOW
 
 
 def deploy_params(treasury: str, developer: str, challenge_window: int = CHALLENGE_WINDOW) -> Any:
