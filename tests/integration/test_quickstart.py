@@ -349,7 +349,7 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     # the journey's outcomes, on what the commands printed and wrote
     kinds = [
         r"^dtrain chain up",
-        r"\bdeploy$",
+        r"\bdeploy\b",
         r"^dtrain operator register",
         r"^dtrain stake delegate",
         r"^dtrain job submit",
