@@ -579,19 +579,23 @@ class BSM:
 
     # ------------------------------------------------------------------ challenges
 
-    def challenge(self, job_id: int, epoch: int, transcript: bytes) -> Receipt:
+    def challenge(
+        self, job_id: int, epoch: int, transcript: bytes, gas: int | None = None
+    ) -> Receipt:
         """Disputes the certified vote of the job's current attempt, bonding the deployment's
         `challenge_bond` in ether; `transcript` is the sha256 of the epoch's transcript file
-        the sender serves to the referees."""
+        the sender serves to the referees. `gas`: send without estimation."""
         bond = self.params().challenge_bond
         f = self.contract.functions.challenge(job_id, epoch, _b32(transcript))
-        return self._transact(f, value=bond)
+        return self._transact(f, value=bond, gas=gas)
 
-    def post_transcript(self, job_id: int, epoch: int, transcript: bytes) -> Receipt:
+    def post_transcript(
+        self, job_id: int, epoch: int, transcript: bytes, gas: int | None = None
+    ) -> Receipt:
         """A voter of the challenged attempt names the transcript file it serves (sha256):
         the referees re-execute the union of every posted file's packets."""
         f = self.contract.functions.postTranscript(job_id, epoch, _b32(transcript))
-        return self._transact(f)
+        return self._transact(f, gas=gas)
 
     def apply_referee(self, job_id: int, epoch: int) -> Receipt:
         """Applies to referee the challenge (bonds `challenge_bond` of free self-stake)."""
