@@ -128,6 +128,40 @@ def test_five_of_seven_seats_certify_a_fabrication_and_one_honest_member_overtur
         _overturned(c, [5, 6], list(range(5)), SlashReason.FABRICATION)
 
 
+@pytest.mark.timeout(1200)
+def test_a_challenge_with_a_doctored_transcript_loses_its_bond(tmp_path) -> None:
+    """A member of an honest 4-member quorum challenges it with a transcript file that leaves
+    every other member's packets out (re-executed alone it gives another checkpoint, and every
+    honest member would be slashed). The honest members name their own files; the referees
+    re-execute the union, uphold the certified vote, and the challenger's bond goes to the
+    treasury; nobody is slashed and every member is paid."""
+    with _cluster(tmp_path, 4, 8) as c:
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        c.spawn(3, ["doctor"])
+        c.wait(c.ended, 1000, "the job to end")
+        b = c.bsm
+        assert b.job(c.job_id).state.status.name == "COMPLETED"
+        events = b.events(job_id=c.job_id)
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] == c.ops[3].address
+        posted = {e.args["member"] for e in events if e.name == "TranscriptPosted"}
+        assert posted and posted <= {o.address for o in c.ops[:3]}
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert not resolved["overturned"]
+        assert bytes(resolved["verdictKey"]) == bytes(challenged["certifiedKey"])
+        assert not [e for e in events if e.name == "Slashed"]
+        paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
+        assert paid == sorted(o.address for o in c.ops)
+        price = c.spec.price_per_operator_epoch
+        assert b.credit_of(c.ops[3].address) == price * 40 // 100, "paid, its bond not back"
+        for o in c.ops:
+            assert b.pool(o.address).total_assets == ETH
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
 def _referee_metrics(c: Cluster, r: int) -> list[dict]:
     from dtrain_node.devnet.cluster import read_metrics
 

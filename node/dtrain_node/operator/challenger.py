@@ -13,6 +13,7 @@ no vote on disk, has nothing to show and does not challenge.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -33,8 +34,18 @@ SETTLE_GAS = 3_000_000  # above resolveChallenge with 31 referees to slash
 
 
 class Challenger:
-    def __init__(self, bsm: BSM, job_dir: Path, metric: Callable[..., None], window: int) -> None:
+    def __init__(
+        self,
+        bsm: BSM,
+        job_dir: Path,
+        metric: Callable[..., None],
+        window: int,
+        serve: Callable[[str, Path], None] | None = None,
+        doctor: bool = False,
+    ) -> None:
         self.bsm, self.job_dir, self.metric, self.window = bsm, job_dir, metric, window
+        self.serve = serve  # (sha256 hex, path): serves a file to the referees
+        self.doctor = doctor  # fault: challenge with our own packets only (docs/node.md)
         self.posted: set[int] = set()  # attempts whose challenge we named our transcript for
 
     def ready(self, job: Job, attempt: int) -> bool:
@@ -90,6 +101,8 @@ class Challenger:
         return key if 3 * votes >= 2 * len(job.members) else bytes(32)
 
     def _disputes(self, certified: bytes, attempt: int) -> bool:
+        if self.doctor:
+            return True
         ours = vote.load(vote.path(self.job_dir, attempt))
         if ours is None or ours.is_unworkable:
             return False
@@ -97,6 +110,8 @@ class Challenger:
 
     def _challenge(self, job: Job, attempt: int, certified: bytes) -> None:
         file = evidence.path(self.job_dir, attempt)
+        if self.doctor and file.is_file():
+            file = self._doctored(file)
         sha = hashlib.sha256(file.read_bytes()).digest() if file.is_file() else bytes(32)
         try:
             # without estimation: the latest block may be from before the reveal deadline
@@ -111,6 +126,19 @@ class Challenger:
             certified=certified.hex(),
             transcript=sha.hex(),
         )
+
+    def _doctored(self, file: Path) -> Path:
+        """Fault `doctor`: our transcript with every other member's packets left out, served
+        under its own sha256."""
+        t = evidence.load(file)
+        me = self.bsm.sender
+        rounds = tuple(tuple(p for p in packets if p.sender == me) for packets in t.rounds)
+        out = file.with_name(f"doctored-{t.attempt}.bin")
+        out.write_bytes(dataclasses.replace(t, rounds=rounds).encode())
+        if self.serve is not None:
+            self.serve(hashlib.sha256(out.read_bytes()).hexdigest(), out)
+        log.warning("fault: challenging with a transcript of our own packets only")
+        return out
 
     def _resolve(self, job: Job, opened_at: int, referees: Any, revealed: int) -> None:
         due = opened_at + 3 * self.window

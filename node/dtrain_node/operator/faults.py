@@ -4,7 +4,9 @@ Each one is something the chain must catch: a fabricated checkpoint hash, commit
 revealed like an honest one (fabrication slash; `collude`: the same fabricated hash from every
 colluding member, a quorum when they hold 2/3 of the seats, which an honest member's challenge
 overturns; `unworkable`: the UNWORKABLE vote after training, a caller's sybils getting its
-escrow back), a commitment never revealed (dropout slash),
+escrow back; `doctor`: a challenge of an honest quorum with a transcript file that leaves the
+other members' packets out, which the referees re-execute united with the files the members
+post, so the challenger loses its bond), a commitment never revealed (dropout slash),
 no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
 that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver),
 a codec-valid attack packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members'
@@ -61,9 +63,9 @@ from dtrain_node.optim.attacks import KINDS, Attack
 from dtrain_node.optim.codec import Spec
 
 USAGE = (
-    "fabricate, collude, unworkable, no-reveal, garbage, stop-sync=N, offline=N, attack=KIND "
-    "(KIND: poison, scale=X, signflip, noise, stale, copy), ahead, slow=X, equivocate=N, "
-    "withhold=N, late=N, epoch=E, once"
+    "fabricate, collude, unworkable, doctor, no-reveal, garbage, stop-sync=N, offline=N, "
+    "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, slow=X, "
+    "equivocate=N, withhold=N, late=N, epoch=E, once"
 )
 
 # `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
@@ -112,6 +114,7 @@ class Faults:
     fabricate_checkpoint: bool = False
     collude: bool = False  # fabricate the checkpoint every colluding member fabricates
     vote_unworkable: bool = False  # train, then vote UNWORKABLE (to get a caller its escrow back)
+    doctor: bool = False  # challenge the quorum with a transcript of our own packets only
     withhold_reveal: bool = False  # commit, then never reveal
     stop_sync_at_round: int | None = None
     offline_at_round: int | None = None
@@ -154,6 +157,8 @@ class Faults:
                 kw["collude"] = True
             elif name == "unworkable" and not value:
                 kw["vote_unworkable"] = True
+            elif name == "doctor" and not value:
+                kw["doctor"] = True
             elif name == "no-reveal" and not value:
                 kw["withhold_reveal"] = True
             elif name == "garbage" and not value:
