@@ -69,23 +69,38 @@ class RefereeService:
         self.done: set[tuple[int, int]] = set()
 
     def run(self, stop: threading.Event, from_block: int = 0) -> None:
-        """Referees every challenge from `from_block` on until `stop` is set."""
+        """Referees every challenge from `from_block` on until `stop` is set, each in a thread
+        of its own (a challenge's phases take three windows; another may open meanwhile)."""
+        threads: list[threading.Thread] = []
         while not stop.is_set():
-            for e in self.bsm.events(names=["Challenged"], from_block=from_block):
-                job = self.bsm.job(e.args["jobId"], block=e.block)
-                case = Case(
-                    job.id,
-                    e.args["epoch"],
-                    job.state.attempt,
-                    e.args["challenger"],
-                    bytes(e.args["transcript"]),
-                    tuple(job.members),
-                    job.state.checkpoint,
-                )
+            head = self.bsm.w3.eth.block_number
+            new = [] if head < from_block else self._challenged(from_block, head)
+            for e in new:
+                case = self._case(e)
                 if (case.job_id, case.attempt) not in self.done:
                     self.done.add((case.job_id, case.attempt))
-                    self._judge_safely(case, stop)
+                    t = threading.Thread(target=self._judge_safely, args=(case, stop), daemon=True)
+                    t.start()
+                    threads.append(t)
+            from_block = max(from_block, head + 1)
             stop.wait(POLL_S)
+        for t in threads:
+            t.join(timeout=5)
+
+    def _challenged(self, first: int, last: int) -> list[Any]:
+        return self.bsm.events(names=["Challenged"], from_block=first, to_block=last)
+
+    def _case(self, e: Any) -> Case:
+        job = self.bsm.job(e.args["jobId"], block=e.block)
+        return Case(
+            job.id,
+            e.args["epoch"],
+            job.state.attempt,
+            e.args["challenger"],
+            bytes(e.args["transcript"]),
+            tuple(job.members),
+            job.state.checkpoint,
+        )
 
     def _judge_safely(self, case: Case, stop: threading.Event) -> None:
         try:
