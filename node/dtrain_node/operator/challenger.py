@@ -14,7 +14,6 @@ no vote on disk, has nothing to show and does not challenge.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -27,6 +26,7 @@ from dtrain.client import BSM
 from dtrain.errors import ContractError, TransactionFailed
 from dtrain.models import Job
 from dtrain_node.operator import evidence, vote
+from dtrain_node.p2p.files import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Challenger:
         if not file.is_file():
             return
         self.posted.add(attempt)
-        sha = hashlib.sha256(file.read_bytes()).digest()
+        sha = sha256_file(file)
         try:
             self.bsm.post_transcript(job.id, job.state.epoch, sha, gas=SETTLE_GAS)
         except (ContractError, TransactionFailed) as exc:
@@ -112,7 +112,7 @@ class Challenger:
         file = evidence.path(self.job_dir, attempt)
         if self.doctor and file.is_file():
             file = self._doctored(file)
-        sha = hashlib.sha256(file.read_bytes()).digest() if file.is_file() else bytes(32)
+        sha = sha256_file(file) if file.is_file() else bytes(32)
         try:
             # without estimation: the latest block may be from before the reveal deadline
             self.bsm.challenge(job.id, job.state.epoch, sha, gas=SETTLE_GAS)
@@ -136,7 +136,7 @@ class Challenger:
         out = file.with_name(f"doctored-{t.attempt}.bin")
         out.write_bytes(dataclasses.replace(t, rounds=rounds).encode())
         if self.serve is not None:
-            self.serve(hashlib.sha256(out.read_bytes()).hexdigest(), out)
+            self.serve(sha256_file(out).hex(), out)
         log.warning("fault: challenging with a transcript of our own packets only")
         return out
 

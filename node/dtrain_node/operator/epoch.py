@@ -42,6 +42,7 @@ from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation, Transcript
 from dtrain_node.train import checkpoint, devices, shard
 from dtrain_node.train.backend import Backend, TrainJob, make_backend
@@ -287,7 +288,7 @@ class EpochTrainer:
         self.transcript_root = record.root()
         file = evidence.save(env.job_dir, record)
         # to the referees of a challenge, by the file's sha256 (what `challenge` names)
-        env.transport.serve_file(hashlib.sha256(file.read_bytes()).hexdigest(), file)
+        env.transport.serve_file(sha256_file(file).hex(), file)
         self.equivocations = list(t.equivocations)
         for e in t.equivocations:
             env.metric("equivocation", job=job.id, epoch=st.epoch, round=e.round, sender=e.sender)
