@@ -195,19 +195,13 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         require(n > 0, NotAReferee(jobId, msg.sender));
         uint256 want = Math.min(n, _params.refereeCount);
         uint256[] memory w = new uint256[](n);
-        uint256 total;
         for (uint256 i; i < n; ++i) {
             w[i] = _assetsOf(a[i], a[i]) + 1;
-            total += w[i];
         }
-        uint256 seed = uint256(keccak256(abi.encode(block.prevrandao, attempt)));
+        _drawByWeight(w, want, uint256(keccak256(abi.encode(block.prevrandao, attempt))));
         address[] storage drawn = _referees[attempt];
-        for (uint256 k; k < want; ++k) {
-            uint256 r = uint256(keccak256(abi.encode(seed, k))) % total;
-            uint256 i;
-            while (r >= w[i]) r -= w[i++];
-            total -= w[i];
-            w[i] = 0;
+        for (uint256 i; i < n; ++i) {
+            if (w[i] != 0) continue;
             drawn.push(a[i]);
             _refereeSteps[attempt][a[i]] = RefereeStep.Drawn;
         }

@@ -365,4 +365,67 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(uint64 attempt => mapping(address referee => bytes32)) internal _verdictCommitments;
     mapping(uint64 attempt => mapping(address referee => bytes32 voteKey)) internal _verdictOf;
     mapping(uint64 attempt => mapping(bytes32 voteKey => uint8)) internal _verdictCounts;
+
+    // ---------------------------------------------------------------- seat draw
+    // Scheduled by the BSM's `_join`, drawn by the views extension (BSMSeats).
+
+    /// An applicant's weight in a seat draw is its self-stake up to this many `minStake`.
+    uint256 internal constant _SEAT_WEIGHT_CAP = 10;
+
+    /// When the seats of an `Open` job are drawn (0: fewer than `minOperators` applied).
+    mapping(uint256 jobId => uint64) internal _seatDrawAt;
+
+    function _seatWeight(address op) internal view returns (uint256) {
+        return Math.min(_assetsOf(op, op), _SEAT_WEIGHT_CAP * _params.minStake);
+    }
+
+    /// Picks `want` of the entries weighted `w` (each at least 1) without replacement, from
+    /// `seed`; zeroes the weight of each pick, so `w[i] == 0` marks the picked entries.
+    function _drawByWeight(uint256[] memory w, uint256 want, uint256 seed) internal pure {
+        uint256 total;
+        for (uint256 i; i < w.length; ++i) {
+            total += w[i];
+        }
+        for (uint256 k; k < want; ++k) {
+            uint256 r = uint256(keccak256(abi.encode(seed, k))) % total;
+            uint256 i;
+            while (r >= w[i]) r -= w[i++];
+            total -= w[i];
+            w[i] = 0;
+        }
+    }
+
+    // ---------------------------------------------------------------- membership
+
+    function _openAttempt(uint256 jobId, JobState storage j) internal {
+        uint64 attempt = _nextAttempt++;
+        // A start grace after the start condition: nobody is slashed for time it did not have.
+        uint64 start = uint64(block.timestamp) + _params.startGrace;
+        j.status = JobStatus.Running;
+        j.attempt = attempt;
+        j.epochStart = start;
+        emit EpochStarted(
+            jobId, j.epoch, attempt, _members[jobId].length, j.checkpoint, start + _specs[jobId].epochDuration
+        );
+    }
+
+    function _release(uint256 jobId, address op) internal {
+        _membership[jobId][op] = Membership.None;
+        _operators[op].activeJobs -= 1;
+        _bonded[op] -= _specs[jobId].seatBond;
+    }
+
+    function _writeMembers(address[] storage list, address[] memory next, uint256 n) internal {
+        uint256 old = list.length;
+        for (uint256 i; i < n; ++i) {
+            if (i < old) {
+                if (list[i] != next[i]) list[i] = next[i];
+            } else {
+                list.push(next[i]);
+            }
+        }
+        for (uint256 i = old; i > n; --i) {
+            list.pop();
+        }
+    }
 }

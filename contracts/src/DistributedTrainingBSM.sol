@@ -200,7 +200,9 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         );
         if (spec.teeRequired) _requireAttestation(jobId, operator);
         uint256 count = _members[jobId].length + _pending[jobId].length;
-        require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
+        bool drawing = j.status == JobStatus.Open && _params.seatDrawWindow > 0;
+        if (!drawing) require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
+        else if (count == _MAX_OPERATORS_CAP) _displaceLightest(jobId, j.epoch, operator);
 
         o.activeJobs += 1;
         _bonded[operator] += spec.seatBond;
@@ -213,8 +215,33 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             _membership[jobId][operator] = Membership.Active;
             _members[jobId].push(operator);
             emit JoinRequested(jobId, operator, j.epoch);
-            if (count + 1 >= spec.minOperators) _openAttempt(jobId, j);
+            if (_members[jobId].length < spec.minOperators) return;
+            if (!drawing) {
+                _openAttempt(jobId, j);
+            } else if (_seatDrawAt[jobId] == 0) {
+                uint64 drawAt = uint64(block.timestamp) + _params.seatDrawWindow;
+                _seatDrawAt[jobId] = drawAt;
+                emit SeatDrawScheduled(jobId, j.epoch, drawAt);
+            }
         }
+    }
+
+    /// A full list of applicants takes a newcomer only in place of its lightest applicant, and
+    /// only if the newcomer weighs more: crowding the draw costs stake, not addresses.
+    function _displaceLightest(uint256 jobId, uint256 epoch, address newcomer) internal {
+        address[] storage list = _members[jobId];
+        uint256 lightest;
+        uint256 least = type(uint256).max;
+        for (uint256 i; i < list.length; ++i) {
+            uint256 w = _seatWeight(list[i]);
+            if (w < least) (lightest, least) = (i, w);
+        }
+        uint256 weight = _seatWeight(newcomer);
+        require(weight > least, ApplicantsFull(jobId, least, weight));
+        address out = list[lightest];
+        _removeFrom(list, out);
+        _release(jobId, out);
+        emit SeatNotDrawn(jobId, epoch, out);
     }
 
     /// The attestation is judged by the views extension (`attestationOf`), reached through this
@@ -239,6 +266,8 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         } else {
             _removeFrom(_members[jobId], operator);
             _release(jobId, operator);
+            // Too few applicants left to draw from: the next `minOperators`-th one reschedules.
+            if (_members[jobId].length < _specs[jobId].minOperators) delete _seatDrawAt[jobId];
             emit LeaveRequested(jobId, operator, j.epoch);
         }
     }
@@ -549,18 +578,6 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         }
     }
 
-    function _openAttempt(uint256 jobId, JobState storage j) internal {
-        uint64 attempt = _nextAttempt++;
-        // A start grace after the start condition: nobody is slashed for time it did not have.
-        uint64 start = uint64(block.timestamp) + _params.startGrace;
-        j.status = JobStatus.Running;
-        j.attempt = attempt;
-        j.epochStart = start;
-        emit EpochStarted(
-            jobId, j.epoch, attempt, _members[jobId].length, j.checkpoint, start + _specs[jobId].epochDuration
-        );
-    }
-
     /// A member stays while it is registered and its self-stake still covers the minimum and
     /// every seat bond.
     function _stays(address op) internal view returns (bool) {
@@ -591,12 +608,6 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         }
     }
 
-    function _release(uint256 jobId, address op) internal {
-        _membership[jobId][op] = Membership.None;
-        _operators[op].activeJobs -= 1;
-        _bonded[op] -= _specs[jobId].seatBond;
-    }
-
     function _removeFrom(address[] storage list, address op) internal {
         uint256 last = list.length - 1;
         for (uint256 i; i <= last; ++i) {
@@ -605,20 +616,6 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
                 list.pop();
                 return;
             }
-        }
-    }
-
-    function _writeMembers(address[] storage list, address[] memory next, uint256 n) internal {
-        uint256 old = list.length;
-        for (uint256 i; i < n; ++i) {
-            if (i < old) {
-                if (list[i] != next[i]) list[i] = next[i];
-            } else {
-                list.push(next[i]);
-            }
-        }
-        for (uint256 i = old; i > n; --i) {
-            list.pop();
         }
     }
 }

@@ -50,6 +50,7 @@ abstract contract BaseTest is Test {
             revealWindow: REVEAL_WINDOW,
             openTimeout: OPEN_TIMEOUT,
             challengeWindow: 0,
+            seatDrawWindow: 0,
             maxReporterBounty: MAX_BOUNTY,
             minStake: MIN_STAKE,
             minSeatBond: SEAT_BOND,
@@ -64,6 +65,18 @@ abstract contract BaseTest is Test {
     function challengeParams() internal view returns (I.Params memory p) {
         p = defaultParams();
         p.challengeWindow = 1 hours;
+    }
+
+    /// The defaults with seats drawn by stake a minute after `minOperators` applied.
+    function seatDrawParams() internal view returns (I.Params memory p) {
+        p = defaultParams();
+        p.seatDrawWindow = 1 minutes;
+    }
+
+    /// The invariant campaigns' deployment: challenges and seat draws on.
+    function campaignParams() internal view returns (I.Params memory p) {
+        p = challengeParams();
+        p.seatDrawWindow = 1 minutes;
     }
 
     /// The views extension (with its hooks extension) every BSM of a test delegates to: stateless,

@@ -319,6 +319,14 @@ def chain_up(ctx: Ctx, accounts: int, balance: int, port: int) -> None:
     help="Referees drawn per challenge (odd).",
 )
 @click.option(
+    "--seat-draw-window",
+    type=DURATION,
+    default="60s",
+    show_default=True,
+    help="Seconds a job's seats stay open to applications once its minimum applied, before "
+    "they are drawn by stake; 0: seats go to the first joiners.",
+)
+@click.option(
     "--split",
     default="4000/2000/2000/2000",
     show_default=True,
@@ -349,6 +357,7 @@ def deploy(
     challenge_window: int,
     challenge_bond: int,
     referees: int,
+    seat_draw_window: int,
     split: str,
     slash: str,
 ) -> None:
@@ -382,6 +391,7 @@ def deploy(
         challenge_window=challenge_window,
         challenge_bond=challenge_bond,
         referee_count=referees,
+        seat_draw_window=seat_draw_window,
     )
     bsm = BSM.deploy(ctx.rpc_url, account, params)
     saved = update_env(ctx.rpc_url, DTRAIN_CONTRACT=bsm.address)

@@ -48,6 +48,9 @@ JOB_EVENTS = (
     "JobCancelled",
     "JoinRequested",
     "LeaveRequested",
+    "SeatDrawScheduled",
+    "SeatsDrawn",
+    "SeatNotDrawn",
     "EpochStarted",
     "CheckpointCommitted",
     "CheckpointRevealed",
@@ -638,6 +641,22 @@ class BSM:
         challenged); (zero bytes, 0) while reveals are open."""
         r = self._read("certifiedVote", job_id)
         return bytes(r["voteKey"]), int(r["challengeCloses"])
+
+    # ------------------------------------------------------------------ seat draw
+
+    def draw_seats(self, job_id: int, gas: int | None = None) -> Receipt:
+        """Draws the seats of an `Open` job among its applicants (by capped self-stake) and
+        starts its epoch; anyone may, once `seat_draw_at(job_id)` has passed. `gas`: send
+        without estimation."""
+        return self._transact(self.contract.functions.drawSeats(job_id), gas=gas)
+
+    def seat_draw_at(self, job_id: int) -> int:
+        """When the job's seats are drawn (0: no draw scheduled)."""
+        return int(self._read("seatDrawAt", job_id))
+
+    def seat_weight(self, operator: str) -> int:
+        """The operator's weight in a seat draw: its self-stake, capped."""
+        return int(self._read("seatWeight", operator))
 
     def cancel_signed_calls(self) -> Receipt:
         """Voids every EIP-712 `OperatorCall` the sender signed and nobody sent yet (its nonce

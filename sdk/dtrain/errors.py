@@ -107,6 +107,7 @@ AMOUNTS: dict[str, frozenset[str]] = {
     "SeatBondTooLow": frozenset({"seatBond", "minSeatBond"}),
     "WrongChallengeBond": frozenset({"expected", "sent"}),
     "InvalidChallengeParams": frozenset({"challengeBond"}),
+    "ApplicantsFull": frozenset({"lightest", "weight"}),
 }
 # Arguments that are unix times, shown as local time and relative to now, per error.
 TIMES: dict[str, frozenset[str]] = {
@@ -124,6 +125,7 @@ TIMES: dict[str, frozenset[str]] = {
     "ChallengeWindowClosed": frozenset({"closedAt", "nowTs"}),
     "ChallengeWindowOpen": frozenset({"closesAt"}),
     "NotInPhase": frozenset({"opensAt", "closesAt", "nowTs"}),
+    "SeatDrawNotDue": frozenset({"drawAt", "nowTs"}),
 }
 _STATUS = ["None", "Open", "Running", "Completed", "Failed", "Cancelled"]
 

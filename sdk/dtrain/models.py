@@ -178,6 +178,9 @@ class Params(Decoded):
     # Seconds after an epoch's last reveal in which its certified vote may be challenged; each
     # phase of a challenge (referees apply, commit, reveal) lasts as long. 0: no challenges.
     challenge_window: int = 600
+    # Seconds a job's seats stay open to applications once min_operators applied; then
+    # `draw_seats` draws max_operators of them by capped self-stake. 0: first joiners.
+    seat_draw_window: int = 60
     max_reporter_bounty: int = 10**16
     min_stake: int = 10**18
     min_seat_bond: int = 10**17

@@ -33,6 +33,7 @@ def deployed(chain: LocalChain, accounts: list[DevAccount]) -> BSM:
         min_stake=ETH,
         unbonding_period=86400,
         challenge_window=0,  # certified is final: the challenge game has its own tests
+        seat_draw_window=0,  # first joiners are seated: the draw has its own tests
     )
     return BSM.deploy(chain.url, accounts[0].key, params)
 

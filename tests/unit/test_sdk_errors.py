@@ -51,7 +51,9 @@ def test_every_abi_error_decodes(item) -> None:
             assert _stamp(value) in message, (name, message)
         elif isinstance(value, int) and name != "status":
             assert str(value) in message, (name, message)
-            assert f"{value} wei" not in message and " ETH" not in message, (name, message)
+            # shown as a number, not as ether (another argument of the error may be ether)
+            assert f"{value} wei" not in message, (name, message)
+            assert format_eth(value) not in message, (name, message)
 
 
 def _stamp(ts: int) -> str:
@@ -137,6 +139,15 @@ def test_amount_arguments_name_real_arguments() -> None:
             f"reveals open after {_stamp(1700000000)} (",
         ),
         (errors.RevealClosed(1700000600, 1700000601), "the reveal window closed at 20"),
+        (
+            errors.ApplicantsFull(5, 10**18, 10**18),
+            "job 5 has 32 applicants and the lightest weighs 1 ETH: an applicant weighing "
+            "1 ETH (capped self-stake) must weigh more",
+        ),
+        (
+            errors.SeatDrawNotDue(5, 1700000000, 1699999990),
+            f"job 5's seats are drawn at {_stamp(1700000000)} (",
+        ),
     ],
     ids=lambda x: type(x).__name__ if isinstance(x, errors.ContractError) else "",
 )

@@ -86,6 +86,11 @@ interface IDistributedTrainingBSMTypes {
         /// vote may be challenged; each phase of a challenge (referees apply, commit, reveal)
         /// lasts as long. 0: no challenges, a certified vote is final at once.
         uint64 challengeWindow;
+        /// Seconds a job's seats stay open to applications once `minOperators` have applied,
+        /// before `drawSeats` draws `maxOperators` of them by stake (see
+        /// IDistributedTrainingBSMSeats). 0: seats go to the first joiners and the epoch starts
+        /// at the `minOperators`-th join.
+        uint64 seatDrawWindow;
         /// Cap on a finalizer's reward for settling one epoch (see `reporterBountyBps`).
         uint96 maxReporterBounty;
         uint256 minStake;
@@ -373,6 +378,14 @@ interface IDistributedTrainingBSMTypes {
     /// @notice a challenge game needs an odd `refereeCount` (1..31) and a `challengeBond`
     error InvalidChallengeParams(uint256 refereeCount, uint256 challengeBond);
 
+    // Seat draw
+    /// @notice job `jobId`'s seats are drawn at `drawAt` (0: not scheduled, fewer than
+    /// `minOperators` applied), now `nowTs`
+    error SeatDrawNotDue(uint256 jobId, uint256 drawAt, uint256 nowTs);
+    /// @notice job `jobId` has 32 applicants and the lightest weighs
+    /// `lightest`: an applicant weighing `weight` (capped self-stake) must weigh more
+    error ApplicantsFull(uint256 jobId, uint256 lightest, uint256 weight);
+
     // ---------------------------------------------------------------- events
 
     /// @notice `operator` registered with `stake` wei of self-stake.
@@ -517,6 +530,16 @@ interface IDistributedTrainingBSMTypes {
     /// `verdictKey` (zero: none); `overturned`: it differs from the certified vote, which the
     /// epoch no longer settles on.
     event ChallengeResolved(uint256 indexed jobId, uint256 indexed epoch, bytes32 verdictKey, bool overturned);
+
+    // Seat draw
+    /// @notice `minOperators` applied for epoch `epoch` of job `jobId`: its seats are drawn by
+    /// stake at `drawAt` (`drawSeats`), and more operators may apply until then.
+    event SeatDrawScheduled(uint256 indexed jobId, uint256 indexed epoch, uint256 drawAt);
+    /// @notice `seated` were drawn by stake among the applicants for epoch `epoch` of job `jobId`.
+    event SeatsDrawn(uint256 indexed jobId, uint256 indexed epoch, address[] seated);
+    /// @notice `operator` applied for epoch `epoch` of job `jobId` and holds no seat: it was not
+    /// drawn, or a heavier applicant took its place in a full list; its bond is released.
+    event SeatNotDrawn(uint256 indexed jobId, uint256 indexed epoch, address indexed operator);
 }
 
 /// @title IDistributedTrainingBSMStaking
@@ -827,6 +850,28 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     function certifiedVote(uint256 jobId) external view returns (bytes32 voteKey, uint256 challengeCloses);
 }
 
+/// @title IDistributedTrainingBSMSeats
+/// @notice Seats by stake, not by speed: with `seatDrawWindow > 0`, joining an `Open` job is
+/// applying for a seat. Once `minOperators` applied, applications stay open `seatDrawWindow`
+/// seconds (up to 32 applicants; when full, a heavier applicant displaces the
+/// lightest); then anyone calls `drawSeats`, which draws `maxOperators` of them without
+/// replacement, each pick weighted by its self-stake capped at `SEAT_WEIGHT_CAP` x `minStake`,
+/// from the drawing block's randomness, releases the others and starts the epoch. Joins of a
+/// running job fill its free seats for the next epoch in order, as without a draw.
+/// Implemented in the views extension.
+interface IDistributedTrainingBSMSeats is IDistributedTrainingBSMTypes {
+    /// @notice Draws the seats of `Open` job `jobId` among its applicants and starts its epoch;
+    /// anyone may call it once `seatDrawAt(jobId)` has passed.
+    function drawSeats(uint256 jobId) external;
+    /// @notice When the seats of job `jobId` are drawn (0: no draw scheduled).
+    function seatDrawAt(uint256 jobId) external view returns (uint256);
+    /// @notice An applicant's weight in the draw: its self-stake, capped at
+    /// `SEAT_WEIGHT_CAP` x `minStake` (one heavy operator cannot crowd out the others).
+    function seatWeight(address operator) external view returns (uint256);
+    /// @notice Applicants weigh their self-stake up to this many `minStake` in a seat draw.
+    function SEAT_WEIGHT_CAP() external view returns (uint256);
+}
+
 /// @title IDistributedTrainingBSM
 /// @notice Membership, jobs, epochs, checkpoint commitments, fees and slashing for distributed
 /// training with DeMo. Operators stake and register permissionlessly, stakers delegate to them,
@@ -845,5 +890,6 @@ interface IDistributedTrainingBSM is
     IDistributedTrainingBSMActions,
     IDistributedTrainingBSMViews,
     IDistributedTrainingBSMTokens,
-    IDistributedTrainingBSMChallenges
+    IDistributedTrainingBSMChallenges,
+    IDistributedTrainingBSMSeats
 {}

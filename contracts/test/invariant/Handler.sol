@@ -72,6 +72,9 @@ contract Handler is Test {
     uint256 public ghostOverturned; // ... against the certified vote
     uint256 public ghostRefereesSlashed; // referees off the majority, withheld or silent
     uint256 public ghostChallengeViolations; // a bond or a referee slash that went elsewhere
+    uint256 public ghostSeatDraws; // epochs whose seats were drawn among applicants
+    uint256 public ghostSeatsNotDrawn; // applicants left out of a draw (their bond released)
+    uint256 public ghostSeatViolations; // a draw that seated the wrong count or kept a bond
 
     /// What each member committed to, revealed later.
     struct Hidden {
@@ -368,6 +371,12 @@ contract Handler is Test {
             if (st0.status != I.JobStatus.Open) break;
             try this.joinAs(operators[i], id) {} catch {}
         }
+        // Half of the jobs get one applicant more than they have seats, when seats are drawn.
+        if ((r >> 36) & 1 == 1 && bsm.params().seatDrawWindow > 0 && n + 2 <= operators.length) {
+            _ensureOperators(n + 2);
+            try this.joinAs(operators[n + 1], id) {} catch {}
+        }
+        this.drawSeats(id, r, true);
         for (uint256 k; k < 12; ++k) {
             (, I.JobState memory st) = bsm.getJob(id);
             if (st.status != I.JobStatus.Running) break;
@@ -407,6 +416,44 @@ contract Handler is Test {
             ++ghostTeeJoins;
             if (!attested) ++ghostTeeJoinViolations;
         }
+    }
+
+    function drawSeats(uint256 j, uint256 r) external {
+        this.drawSeats(_job(j), r, true);
+    }
+
+    /// Draws the seats of an `Open` job whose draw is scheduled (waiting until it is due): the
+    /// job must start with min(applicants, maxOperators) of its applicants, and every applicant
+    /// left out must get its seat bond back.
+    function drawSeats(uint256 id, uint256 r, bool) external {
+        if (id == 0) return;
+        (I.JobSpec memory s, I.JobState memory st) = bsm.getJob(id);
+        uint256 at = bsm.seatDrawAt(id);
+        if (st.status != I.JobStatus.Open || at == 0) return;
+        if (block.timestamp < at) vm.warp(at);
+        address[] memory a = bsm.getMembers(id);
+        uint256[] memory bonded = new uint256[](a.length);
+        for (uint256 i; i < a.length; ++i) {
+            bonded[i] = bsm.bondedOf(a[i]);
+        }
+        vm.prevrandao(bytes32(r));
+        bsm.drawSeats(id);
+        ++ghostSeatDraws;
+        uint256 want = a.length < s.maxOperators ? a.length : s.maxOperators;
+        (, st) = bsm.getJob(id);
+        if (bsm.getMembers(id).length != want || st.status != I.JobStatus.Running) ++ghostSeatViolations;
+        address[] memory m = bsm.getMembers(id);
+        uint256 left;
+        for (uint256 i; i < a.length; ++i) {
+            bool seated;
+            for (uint256 k; k < m.length; ++k) {
+                seated = seated || m[k] == a[i];
+            }
+            if (!seated) ++left;
+            if (bsm.bondedOf(a[i]) != (seated ? bonded[i] : bonded[i] - s.seatBond)) ++ghostSeatViolations;
+        }
+        if (left != a.length - want) ++ghostSeatViolations;
+        ghostSeatsNotDrawn += left;
     }
 
     function cancel(uint256 j) external {

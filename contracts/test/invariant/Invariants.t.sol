@@ -11,7 +11,7 @@ contract InvariantsTest is BaseTest {
 
     function setUp() public override {
         super.setUp();
-        bsm = deployBSM(challengeParams());
+        bsm = deployBSM(campaignParams());
         handler = new Handler(bsm, core, treasury, developer);
         targetContract(address(handler));
     }
@@ -49,6 +49,7 @@ contract InvariantsTest is BaseTest {
         vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
         vm.assertEq(handler.ghostChallengeViolations(), 0, "challenge bonds and referee slashes");
         vm.assertEq(handler.ghostTeeJoinViolations(), 0, "TEE seat without attestation");
+        vm.assertEq(handler.ghostSeatViolations(), 0, "seat draw: count or released bonds");
     }
 
     /// Per token: the BSM's balance == escrow + credits + unclaimed staker rewards in it.
@@ -106,7 +107,7 @@ contract ReachTest is BaseTest {
 
     function setUp() public override {
         super.setUp();
-        bsm = deployBSM(challengeParams());
+        bsm = deployBSM(campaignParams());
         handler = new Handler(bsm, core, treasury, developer);
         targetContract(address(handler));
     }
@@ -114,6 +115,7 @@ contract ReachTest is BaseTest {
     function invariant_reach() public view {
         vm.assertEq(handler.ghostWhoViolations(), 0, "per-account settlement");
         vm.assertEq(handler.ghostChallengeViolations(), 0, "challenge bonds and referee slashes");
+        vm.assertEq(handler.ghostSeatViolations(), 0, "seat draw: count or released bonds");
     }
 
     function afterInvariant() public {
@@ -138,6 +140,8 @@ contract ReachTest is BaseTest {
         _add("verdicts", handler.ghostVerdicts());
         _add("certified votes overturned", handler.ghostOverturned());
         _add("challenges with a referee slashed", handler.ghostRefereesSlashed());
+        _add("seat draws", handler.ghostSeatDraws());
+        _add("applicants not drawn", handler.ghostSeatsNotDrawn());
         // After the campaign's last run every path must have been reached at least once.
         if (_total("runs") == vm.envOr("FOUNDRY_INVARIANT_RUNS", uint256(256))) {
             for (uint256 i; i < _keys.length; ++i) {

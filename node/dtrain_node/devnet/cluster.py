@@ -118,10 +118,12 @@ class Cluster:
         create_job: bool = True,
         challenge_window: int = 0,
         referees: int = 0,
+        seat_draw_window: int = 0,
         **options: Any,
     ) -> None:
         self.tmp = tmp
         self.challenge_window = challenge_window
+        self.seat_draw_window = seat_draw_window
         self.referee_count = referees  # registered operators outside the job (`spawn_referee`)
         options.setdefault("corpus_bytes", TEST_CORPUS_BYTES)
         self.options = JobOptions(operators, **options)
@@ -143,7 +145,12 @@ class Cluster:
         self.bsm = BSM.deploy(
             self.chain.url,
             acc[0].key,
-            deploy_params(self.treasury.address, self.developer.address, self.challenge_window),
+            deploy_params(
+                self.treasury.address,
+                self.developer.address,
+                self.challenge_window,
+                self.seat_draw_window,
+            ),
         )
         if self.create_job:
             self.spec, _ = tiny_job(self.bsm, self.tmp, o)
@@ -151,10 +158,18 @@ class Cluster:
         return self
 
     def spawn(self, i: int, faults: list[str] | None = None, linger: float = 0.0) -> Proc:
+        return self._spawn(node_name(i), self.ops[i], faults or [], linger)
+
+    def spawn_applicant(self, i: int) -> Proc:
+        """An operator node for referee account `i` (one more applicant than the job has
+        seats, when seats are drawn), named `applicant<i + 1>`."""
+        return self._spawn(f"applicant{i + 1}", self.referees[i], [], 0.0)
+
+    def _spawn(self, name: str, account: Any, faults: list[str], linger: float) -> Proc:
         config = NodeConfig(
             self.chain.url, self.bsm.address, self.job_id, self.options.round_deadline, linger
         )
-        p = spawn_node(node_name(i), self.ops[i], self.tmp / node_name(i), config, faults or [])
+        p = spawn_node(name, account, self.tmp / name, config, faults)
         self.procs.append(p)
         return p
 

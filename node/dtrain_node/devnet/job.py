@@ -28,6 +28,7 @@ REVEAL_WINDOW = 15
 # Certified is final at once on the devnet unless a run asks for challenges (every epoch would
 # wait the window out); the challenge e2e tests deploy with a window of their own.
 CHALLENGE_WINDOW = 0
+SEAT_DRAW_WINDOW = 0  # the first joiners are seated at once (the draw has its own tests)
 OPEN_TIMEOUT = 300  # a job that lost its members may be failed by anyone after this
 SEAT_BOND = ETH // 10  # the devnet's least seat bond; every operator's 1 ETH covers its seat
 
@@ -37,9 +38,14 @@ def max_epoch_duration() -> int:
     return UNBONDING_PERIOD // 4 - START_GRACE - REVEAL_WINDOW - 4 * CHALLENGE_WINDOW
 
 
-def deploy_params(treasury: str, developer: str, challenge_window: int = CHALLENGE_WINDOW) -> Any:
-    """The devnet's `dtrain.Params`: SDK defaults but for the epoch timing, seat bond and
-    challenge window above (or `challenge_window`)."""
+def deploy_params(
+    treasury: str,
+    developer: str,
+    challenge_window: int = CHALLENGE_WINDOW,
+    seat_draw_window: int = SEAT_DRAW_WINDOW,
+) -> Any:
+    """The devnet's `dtrain.Params`: SDK defaults but for the epoch timing, seat bond,
+    challenge window and seat draw window above (or the arguments)."""
     from dtrain import Params
 
     return Params(
@@ -52,6 +58,7 @@ def deploy_params(treasury: str, developer: str, challenge_window: int = CHALLEN
         open_timeout=OPEN_TIMEOUT,
         min_seat_bond=SEAT_BOND,
         challenge_window=challenge_window,
+        seat_draw_window=seat_draw_window,
     )
 
 

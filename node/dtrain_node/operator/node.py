@@ -78,6 +78,8 @@ log = logging.getLogger("dtrain.node")
 FINALIZE_GAS = 6_000_000  # above finalizeEpoch at the 32-member cap (docs/gas.md)
 REVEAL_GAS = 1_000_000  # above revealCheckpoint at the 32-member cap (first sight of a vote)
 SETTLE_EVENTS = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted")
+DRAW_SEATS_GAS = 3_000_000  # above drawSeats among 32 applicants
+MAX_APPLICANTS = 32  # the contract's cap on a drawing job's applicants (MAX_OPERATORS_CAP)
 ATTEST_MARGIN_S = 600  # a recorded attestation this close to expiry is renewed before a join
 
 
@@ -154,6 +156,7 @@ class Node:
         self._entered_why = ""  # why we entered the current state (logged once)
         self.stop_signal: int | None = None  # the signal that stopped us now, if one did
         self._finishing = False  # stopping: a late signal must not interrupt the cleanup
+        self._applied = False  # we applied for a seat of a job that draws them
 
     # ------------------------------------------------------------------ plumbing
 
@@ -351,7 +354,10 @@ class Node:
 
     def _acceptable(self, j: Job, free_stake: int) -> bool:
         s = j.spec
-        room = len(j.members) + len(j.pending_joins) < s.max_operators
+        # an Open job that draws its seats takes applicants beyond its seats
+        drawing = j.state.status == JobStatus.OPEN and self._params().seat_draw_window > 0
+        seats = MAX_APPLICANTS if drawing else s.max_operators
+        room = len(j.members) + len(j.pending_joins) < seats
         live = j.state.status in (JobStatus.OPEN, JobStatus.RUNNING)
         need = epoch_seconds_needed(s.steps_per_epoch, s.sync_interval, self.cfg.step_s)
         return (
@@ -388,12 +394,14 @@ class Node:
                 return self.done(job)
             if job.state.status != JobStatus.RUNNING or self.me not in job.members:
                 if self.me not in job.members and self.me not in job.pending_joins:
-                    self._metric("not_a_member", job=job_id)
+                    drawn_out = self._applied and job.state.status == JobStatus.RUNNING
+                    self._metric("not_drawn" if drawn_out else "not_a_member", job=job_id)
                     return {"left": True, "job": job_id}
                 self._enter("WAIT", f"job {job_id} has not started an epoch with us yet")
                 if self.leave_requested.is_set():
                     return self._leave_now(job)
                 self._fail_if_abandoned(job)
+                self._draw_if_due(job)
                 self._sleep()
                 continue
             if not job.deadline:
@@ -581,6 +589,22 @@ class Node:
             self._metric("failed_open_job", job=job.id, epoch=st.epoch)
         except (ContractError, TransactionFailed):
             pass  # failed by someone else, or the chain's clock is not there yet
+
+    def _draw_if_due(self, job: Job) -> None:
+        """Seats by stake: we applied to an Open job whose draw is scheduled; once it is due,
+        any applicant draws the seats (which starts the epoch)."""
+        if job.state.status != JobStatus.OPEN or self.me not in job.members:
+            return
+        self._applied = True
+        at = self.bsm.seat_draw_at(job.id)
+        if at == 0 or time.time() < at:
+            return
+        try:
+            # fixed gas: an estimate against a block stamped before `at` would revert
+            self.bsm.draw_seats(job.id, gas=DRAW_SEATS_GAS)
+            self._metric("seats_drawn", job=job.id)
+        except (ContractError, TransactionFailed):
+            pass  # drawn by another applicant, or the chain's clock is not there yet
 
     def _window(self) -> int:
         return self._params().challenge_window

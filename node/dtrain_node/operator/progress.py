@@ -195,6 +195,8 @@ EVENTS = {
     "leaving": lambda d: f"leave of job {d['job']} announced: it applies at the next boundary",
     "left": lambda d: f"left job {d['job']}: seat and bond given back",
     "not_a_member": lambda d: f"no longer a member of job {d['job']}",
+    "seats_drawn": lambda d: f"drew the seats of job {d['job']} among its applicants",
+    "not_drawn": lambda d: f"not drawn for a seat of job {d['job']}: bond given back, nothing lost",
     "committed": lambda d: f"committed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
     "revealed": lambda d: f"revealed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
     "finalized": lambda d: f"epoch {d['epoch'] + 1} settled: {', '.join(d['events']) or '-'}",

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
+
+import {IDistributedTrainingBSMSeats} from "./interfaces/IDistributedTrainingBSM.sol";
+import {BSMStorage} from "./BSMStorage.sol";
+
+/// @title BSMSeats
+/// @notice The seat draw of IDistributedTrainingBSMSeats, part of the views extension: it runs
+/// on the BSM's storage, among the applicants the BSM's `_join` recorded as members of the
+/// `Open` job.
+abstract contract BSMSeats is BSMStorage, IDistributedTrainingBSMSeats {
+    /// @inheritdoc IDistributedTrainingBSMSeats
+    uint256 public constant SEAT_WEIGHT_CAP = _SEAT_WEIGHT_CAP;
+
+    /// @inheritdoc IDistributedTrainingBSMSeats
+    function drawSeats(uint256 jobId) external {
+        JobState storage j = _jobs[jobId];
+        require(j.status == JobStatus.Open, JobNotOpen(jobId, j.status));
+        uint256 drawAt = _seatDrawAt[jobId];
+        require(drawAt != 0 && block.timestamp >= drawAt, SeatDrawNotDue(jobId, drawAt, block.timestamp));
+        delete _seatDrawAt[jobId];
+        address[] storage list = _members[jobId];
+        address[] memory a = list;
+        uint256 n = a.length;
+        uint256 want = Math.min(n, _specs[jobId].maxOperators);
+        uint256[] memory w = new uint256[](n);
+        for (uint256 i; i < n; ++i) {
+            w[i] = _seatWeight(a[i]) + 1;
+        }
+        // `_nextAttempt` is the attempt the draw opens: no two draws share a seed.
+        _drawByWeight(w, want, uint256(keccak256(abi.encode(block.prevrandao, jobId, _nextAttempt))));
+        address[] memory seated = new address[](want);
+        uint256 k;
+        for (uint256 i; i < n; ++i) {
+            if (w[i] == 0) {
+                seated[k++] = a[i];
+            } else {
+                _release(jobId, a[i]);
+                emit SeatNotDrawn(jobId, j.epoch, a[i]);
+            }
+        }
+        _writeMembers(list, seated, want);
+        emit SeatsDrawn(jobId, j.epoch, seated);
+        _openAttempt(jobId, j);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMSeats
+    function seatDrawAt(uint256 jobId) external view returns (uint256) {
+        return _seatDrawAt[jobId];
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMSeats
+    function seatWeight(address operator) external view returns (uint256) {
+        return _seatWeight(operator);
+    }
+}

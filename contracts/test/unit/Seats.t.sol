@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity ^0.8.28;
+
+import {BaseTest} from "../Base.t.sol";
+import {IDistributedTrainingBSMTypes as I} from "../../src/interfaces/IDistributedTrainingBSM.sol";
+
+/// Seats by stake, not by speed: joining an `Open` job applies for a seat; `seatDrawWindow`
+/// after the `minOperators`-th application anyone draws `maxOperators` seats by capped
+/// self-stake and the epoch starts.
+abstract contract SeatsBase is BaseTest {
+    uint64 internal constant DRAW_WINDOW = 1 minutes;
+
+    function setUp() public virtual override {
+        super.setUp();
+        bsm = deployBSM(seatDrawParams());
+    }
+
+    /// Registers `n` applicants (`stake` each) named `label`1..n and applies them to `jobId`.
+    function applyN(uint256 jobId, string memory label, uint256 n, uint256 stake)
+        internal
+        returns (address[] memory ops)
+    {
+        ops = new address[](n);
+        for (uint256 i; i < n; ++i) {
+            ops[i] = makeAddr(string.concat(label, vm_toString(i + 1)));
+            register(ops[i], stake);
+        }
+        joinAll(jobId, ops);
+    }
+
+    function drawNow(uint256 jobId, uint256 randomness) internal {
+        vm.warp(bsm.seatDrawAt(jobId));
+        vm.prevrandao(bytes32(randomness));
+        bsm.drawSeats(jobId);
+    }
+
+    function seatsOf(uint256 jobId, address[] memory group) internal view returns (uint256 k) {
+        address[] memory m = bsm.getMembers(jobId);
+        for (uint256 i; i < m.length; ++i) {
+            for (uint256 g; g < group.length; ++g) {
+                if (m[i] == group[g]) ++k;
+            }
+        }
+    }
+}
+
+contract JoinApplyTest is SeatsBase {
+    function test_theMinOperatorsthApplicationSchedulesTheDrawAndStartsNothing() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        applyN(jobId, "a", 1, MIN_STAKE);
+        vm.assertEq(bsm.seatDrawAt(jobId), 0, "one applicant of two: nothing scheduled");
+        address second = makeAddr("second");
+        register(second, MIN_STAKE);
+        vm.expectEmit();
+        emit I.SeatDrawScheduled(jobId, 0, block.timestamp + DRAW_WINDOW);
+        vm.prank(second);
+        bsm.joinJob(jobId);
+        vm.assertEq(bsm.seatDrawAt(jobId), block.timestamp + DRAW_WINDOW);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Open), "the epoch waits for the draw");
+    }
+
+    /// The attack: two sybils join a min-2 job first. Without a draw their second join starts
+    /// the epoch with only them in it; with one, the honest operator that applies within the
+    /// window is seated beside them.
+    function test_twoSybilsJoiningFirstNoLongerOwnTheEpoch() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        address[] memory sybils = applyN(jobId, "sybil", 2, MIN_STAKE);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Open));
+        address[] memory honest = applyN(jobId, "honest", 1, 100 * MIN_STAKE);
+        drawNow(jobId, 1);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Running));
+        vm.assertEq(seatsOf(jobId, honest), 1, "the honest applicant holds a seat");
+        vm.assertEq(seatsOf(jobId, sybils), 2);
+    }
+
+    function test_firstJoinersStartTheEpochWithoutADraw() public {
+        bsm = deployBSM(defaultParams());
+        uint256 jobId = createJob(spec(2, 3, 1));
+        applyN(jobId, "sybil", 2, MIN_STAKE);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Running), "seatDrawWindow 0: first come");
+        vm.assertEq(bsm.seatDrawAt(jobId), 0);
+    }
+
+    function test_revert_ApplicantsFull() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        applyN(jobId, "crowd", 32, MIN_STAKE);
+        address late = makeAddr("late");
+        register(late, MIN_STAKE);
+        vm.prank(late);
+        vm.expectRevert(abi.encodeWithSelector(I.ApplicantsFull.selector, jobId, MIN_STAKE, MIN_STAKE));
+        bsm.joinJob(jobId);
+    }
+
+    /// The attack: 32 minimum-stake addresses fill the list so nobody else can apply. A heavier
+    /// applicant takes the lightest one's place; the displaced one gets its bond back.
+    function test_crowdingTheListCostsStakeNotAddresses() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        address[] memory crowd = applyN(jobId, "crowd", 32, MIN_STAKE);
+        address heavy = makeAddr("heavy");
+        register(heavy, 2 * MIN_STAKE);
+        vm.expectEmit();
+        emit I.SeatNotDrawn(jobId, 0, crowd[0]);
+        vm.prank(heavy);
+        bsm.joinJob(jobId);
+        address[] memory m = bsm.getMembers(jobId);
+        vm.assertEq(m.length, 32);
+        vm.assertEq(seatsOf(jobId, crowd), 31);
+        vm.assertEq(bsm.bondedOf(crowd[0]), 0, "the displaced applicant's bond is released");
+        vm.assertEq(bsm.getOperator(crowd[0]).activeJobs, 0);
+        assertConserved();
+    }
+
+    function test_aLeaveBelowMinOperatorsUnschedulesTheDraw() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        address[] memory ops = applyN(jobId, "a", 2, MIN_STAKE);
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+        vm.assertEq(bsm.seatDrawAt(jobId), 0);
+        vm.warp(block.timestamp + DRAW_WINDOW);
+        vm.expectRevert(abi.encodeWithSelector(I.SeatDrawNotDue.selector, jobId, 0, block.timestamp));
+        bsm.drawSeats(jobId);
+        // the next `minOperators`-th applicant schedules a full window from its own join
+        applyN(jobId, "b", 1, MIN_STAKE);
+        vm.assertEq(bsm.seatDrawAt(jobId), block.timestamp + DRAW_WINDOW);
+    }
+}
+
+contract DrawSeatsTest is SeatsBase {
+    function test_revert_SeatDrawNotDue() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        applyN(jobId, "a", 2, MIN_STAKE);
+        uint256 at = bsm.seatDrawAt(jobId);
+        vm.warp(at - 1);
+        vm.expectRevert(abi.encodeWithSelector(I.SeatDrawNotDue.selector, jobId, at, at - 1));
+        bsm.drawSeats(jobId);
+    }
+
+    function test_revert_JobNotOpen() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        applyN(jobId, "a", 2, MIN_STAKE);
+        drawNow(jobId, 7);
+        vm.expectRevert(abi.encodeWithSelector(I.JobNotOpen.selector, jobId, I.JobStatus.Running));
+        bsm.drawSeats(jobId);
+    }
+
+    function test_drawSeatsMaxOperatorsReleasesTheRestAndStartsTheEpoch() public {
+        uint256 jobId = createJob(spec(2, 3, 1));
+        address[] memory ops = applyN(jobId, "a", 5, MIN_STAKE);
+        uint256 before = bsm.stakeOf(ops[0], ops[0]);
+        drawNow(jobId, 42);
+        address[] memory m = bsm.getMembers(jobId);
+        vm.assertEq(m.length, 3);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Running));
+        vm.assertEq(state(jobId).epochStart, block.timestamp + GRACE);
+        vm.assertEq(bsm.seatDrawAt(jobId), 0);
+        uint256 seated;
+        for (uint256 i; i < ops.length; ++i) {
+            bool isMember = seatsOf(jobId, single(ops[i])) == 1;
+            vm.assertEq(bsm.bondedOf(ops[i]), isMember ? SEAT_BOND : 0);
+            vm.assertEq(bsm.getOperator(ops[i]).activeJobs, isMember ? 1 : 0);
+            vm.assertEq(bsm.stakeOf(ops[i], ops[i]), before, "a draw takes nobody's stake");
+            if (isMember) ++seated;
+        }
+        vm.assertEq(seated, 3);
+        assertConserved();
+    }
+
+    /// A coalition of 4 of 12 equal applicants (a third of the stake) drawn into 6 seats over
+    /// 300 draws: it averages a third of the seats, and holds 2/3 of them about as often as the
+    /// hypergeometric law says (C(4,4)C(8,2)/C(12,6) = 28/924 = 3.0%).
+    function test_aCoalitionsSeatsFollowItsShareOfTheStake() public {
+        uint256 jobId = createJob(spec(2, 6, 1));
+        address[] memory coalition = applyN(jobId, "coalition", 4, MIN_STAKE);
+        applyN(jobId, "honest", 8, MIN_STAKE);
+        uint256 at = bsm.seatDrawAt(jobId);
+        (uint256 seats, uint256 twoThirds) = sample(jobId, coalition, at, 300);
+        vm.assertApproxEqAbs(seats, 300 * 2, 60, "a third of 6 seats on average");
+        vm.assertLe(twoThirds, 24, "2/3 of the seats in ~3% of draws, not more");
+        vm.assertGe(twoThirds, 1);
+    }
+
+    /// Weight is self-stake capped at SEAT_WEIGHT_CAP x minStake: ten times the stake is ten
+    /// times the weight up to the cap, and no more beyond it.
+    function test_weightIsSelfStakeCapped() public {
+        address small = makeAddr("small");
+        address whale = makeAddr("whale");
+        register(small, MIN_STAKE);
+        register(whale, 1000 * MIN_STAKE);
+        vm.assertEq(bsm.seatWeight(small), MIN_STAKE);
+        vm.assertEq(bsm.seatWeight(whale), bsm.SEAT_WEIGHT_CAP() * MIN_STAKE);
+    }
+
+    /// One applicant at the weight cap beside four at the minimum (weights 10:1:1:1:1) for the
+    /// 2 seats of a job: it is seated in about 93% of draws, a light one in about 27%.
+    function test_heavierApplicantsAreDrawnMoreOften() public {
+        uint256 jobId = createJob(spec(2, 2, 1));
+        address[] memory heavy = applyN(jobId, "heavy", 1, 10 * MIN_STAKE);
+        applyN(jobId, "light", 4, MIN_STAKE);
+        uint256 at = bsm.seatDrawAt(jobId);
+        (uint256 seats,) = sample(jobId, heavy, at, 200);
+        // P(heavy seated) = 10/14 + (4/14)(10/13) = 0.934
+        vm.assertGe(seats, 170, "about 187 of 200");
+    }
+
+    function testFuzz_drawSeatsMinOfApplicantsAndMaxOperators(uint8 applicants, uint8 maxOps, uint256 seed) public {
+        maxOps = uint8(bound(maxOps, 2, 32));
+        applicants = uint8(bound(applicants, 2, 32));
+        uint256 jobId = createJob(spec(2, maxOps, 1));
+        address[] memory ops = applyN(jobId, "a", applicants, MIN_STAKE);
+        drawNow(jobId, seed);
+        address[] memory m = bsm.getMembers(jobId);
+        uint256 want = applicants < maxOps ? applicants : maxOps;
+        vm.assertEq(m.length, want);
+        vm.assertEq(seatsOf(jobId, ops), want, "every seat holder applied, none twice");
+        uint256 bonded;
+        for (uint256 i; i < ops.length; ++i) {
+            bonded += bsm.bondedOf(ops[i]);
+        }
+        vm.assertEq(bonded, want * SEAT_BOND);
+        assertConserved();
+    }
+
+    function sample(uint256 jobId, address[] memory group, uint256 at, uint256 runs)
+        internal
+        returns (uint256 seats, uint256 twoThirds)
+    {
+        vm.warp(at);
+        uint256 snap = vm.snapshotState();
+        for (uint256 r; r < runs; ++r) {
+            vm.prevrandao(bytes32(uint256(keccak256(abi.encode("draw", r)))));
+            bsm.drawSeats(jobId);
+            uint256 k = seatsOf(jobId, group);
+            uint256 n = bsm.getMembers(jobId).length;
+            seats += k;
+            if (k * 3 >= n * 2) ++twoThirds;
+            vm.revertToState(snap);
+        }
+    }
+
+    function single(address a) internal pure returns (address[] memory g) {
+        g = new address[](1);
+        g[0] = a;
+    }
+}
