@@ -26,7 +26,7 @@ ZERO_HASH = b"\x00" * 32
 
 REWARDS = ("exact", "numeric", "contains", "regex", "format")  # dtrain_node.train.rewards
 GRPO_COMPLETIONS = ("alphabet", "free")
-BACKENDS = ("builtin", "trl")  # dtrain_node.train.backend.make_backend
+BACKENDS = ("builtin", "trl", "torchtune")  # dtrain_node.train.backend.make_backend
 MAX_PATTERN = 200  # characters of a reward regex (the recipe's, or a GRPO record's answer)
 
 
@@ -143,7 +143,7 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
         "comma-separated module names such as 'q_proj,v_proj' (empty: the attention projections)",
     ),
     "bf16": (bool, lambda v: True, "true or false"),
-    "backend": (str, lambda v: v in BACKENDS, "builtin or trl"),
+    "backend": (str, lambda v: v in BACKENDS, "builtin, trl or torchtune"),
 }
 
 
@@ -187,7 +187,7 @@ class Recipe:
     lora_dropout: float = 0.0
     lora_targets: str = ""  # comma-separated module names; empty: the attention projections
     bf16: bool = False  # bfloat16 autocast on CUDA
-    backend: str = "builtin"  # the training library: "builtin" or "trl" (TRL's SFT/DPO losses)
+    backend: str = "builtin"  # the training library: "builtin", "trl" or "torchtune" (SFT/DPO)
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, str):

@@ -277,8 +277,8 @@ def test_corpus_hash_is_checked(tmp_path) -> None:
 
 def test_external_backend_missing_names_the_install_command(tmp_path) -> None:
     job = tiny_job("cpt", tmp_path / "x")
-    with pytest.raises(BackendUnavailable, match="pip install torchtune"):
-        make_backend(job, "torchtune")
+    with pytest.raises(BackendUnavailable, match="pip install axolotl"):
+        make_backend(job, "axolotl")
     with pytest.raises(ValueError, match="unknown backend"):
         make_backend(job, "magic")
 

@@ -92,7 +92,7 @@ BAD = [
     ("lora_targets", "q_proj,,v_proj", "'lora_targets' must be comma-separated module names"),
     ("bf16", 1, "'bf16' must be true or false"),
     ("bf16", "true", "'bf16' must be true or false"),
-    ("backend", "torchtune", "'backend' must be builtin or trl, got 'torchtune'"),
+    ("backend", "unsloth", "'backend' must be builtin, trl or torchtune, got 'unsloth'"),
     ("backend", 1, "'backend' must be a string"),
 ]
 

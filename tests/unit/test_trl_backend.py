@@ -109,7 +109,7 @@ def test_methods_trl_does_not_train_are_refused_clearly(tmp_path, gpt2, method) 
 
 def test_other_external_backends_keep_their_errors(tmp_path, gpt2) -> None:
     j = job(tmp_path, gpt2, "sft", chat_sft(4))
-    for name in ("torchtune", "axolotl", "unsloth"):
+    for name in ("axolotl", "unsloth"):  # torchtune has an adapter: test_backend_torchtune.py
         with pytest.raises(BackendUnavailable, match=name):
             make_backend(j, name)
 

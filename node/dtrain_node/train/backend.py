@@ -2,8 +2,10 @@
 
 The runner only calls: `model`, `n_items()`, `batches(indices, batch_size, seed)`,
 `loss(batch)`, `evaluate()` and `export(out_dir)`. External backends plug in behind the same
-protocol: `trl` (trl_backend.py, SFT and DPO, selected by the recipe's `backend`); torchtune,
-axolotl and unsloth fail with a clear message (not installed, or no adapter yet).
+protocol, selected by the recipe's `backend`: `trl` (trl_backend.py, SFT and DPO) and
+`torchtune` (torchtune_backend.py, SFT and DPO). axolotl and unsloth fail with a one-line
+`BackendUnavailable` (unsloth: no CUDA device; not installed; or no adapter yet), which the
+node's pre-flight turns into a refusal before joining.
 """
 
 from __future__ import annotations
@@ -188,10 +190,27 @@ class CausalLMBackend:
 
 
 EXTERNAL = {
-    "torchtune": ("torchtune", "pip install torchtune"),
     "axolotl": ("axolotl", "pip install axolotl"),
     "unsloth": ("unsloth", "pip install unsloth"),
 }
+NEEDS_CUDA = ("unsloth",)  # its kernels run on GPUs only: refused up front on a node without one
+ADAPTERS = ("builtin", "trl", "torchtune")
+
+
+def external(name: str) -> BackendUnavailable:
+    """Why the external backend `name` cannot train here, in one line: no CUDA device (for
+    the backends that need one), the package is not installed, or no adapter exists yet."""
+    if name in NEEDS_CUDA and not torch.cuda.is_available():
+        return BackendUnavailable(
+            f"backend {name!r} needs a CUDA GPU and this node has none "
+            f"(use one of {', '.join(ADAPTERS)} on a CPU node)"
+        )
+    package, install = EXTERNAL[name]
+    if importlib.util.find_spec(package) is None:
+        return BackendUnavailable(
+            f"backend {name!r} needs the {package} package, which is not installed: {install}"
+        )
+    return BackendUnavailable(f"backend {name!r} has no adapter in this version")
 
 
 METHODS = ("cpt", "sft", "dpo", "grpo")
@@ -202,12 +221,12 @@ def make_backend(job: TrainJob, name: str | None = None, options: Any = None) ->
     a recipe); `options` is a finetune.MethodOptions (DPO beta, GRPO group size / clip / KL
     coefficient), defaults when None."""
     name = name or getattr(job.recipe, "backend", "builtin")
-    if name == "trl":
+    if name in ("trl", "torchtune"):
         if job.method not in METHODS:
             raise ValueError(f"unknown method {job.method!r}; known: {', '.join(METHODS)}")
-        from dtrain_node.train import trl_backend
+        from dtrain_node.train import torchtune_backend, trl_backend
 
-        return trl_backend.make(job, options)
+        return (trl_backend if name == "trl" else torchtune_backend).make(job, options)
     if name == "builtin":
         if job.method == "cpt":
             return CausalLMBackend(job)
@@ -218,13 +237,9 @@ def make_backend(job: TrainJob, name: str | None = None, options: Any = None) ->
             return finetune.BACKENDS[job.method](job, options)
         raise ValueError(f"unknown method {job.method!r}; known: {', '.join(METHODS)}")
     if name in EXTERNAL:
-        package, install = EXTERNAL[name]
-        if importlib.util.find_spec(package) is None:
-            raise BackendUnavailable(
-                f"backend {name!r} needs the {package} package, which is not installed: {install}"
-            )
-        raise BackendUnavailable(f"backend {name!r} has no adapter in this version")
-    raise ValueError(f"unknown backend {name!r}; known: builtin, trl, {', '.join(EXTERNAL)}")
+        raise external(name)
+    known = ", ".join((*ADAPTERS, *EXTERNAL))
+    raise ValueError(f"unknown backend {name!r}; known: {known}")
 
 
 def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Recipe | None) -> bytes:
