@@ -257,11 +257,17 @@ def test_dpo_at_init_is_log_2_on_a_model_with_dropout(tmp_path, gpt2) -> None:
 # ---------------------------------------------------------------- shared state and export
 
 
-def test_two_torchtune_workers_sync_bitwise_identically_and_learn(tmp_path, gpt2) -> None:
+@pytest.mark.parametrize(("method", "records"), [("sft", chat_sft(8)), ("dpo", text_dpo())])
+def test_two_torchtune_workers_sync_bitwise_identically_and_learn(
+    tmp_path, gpt2, method, records
+) -> None:
     """Two workers on disjoint shards: torchtune computes each batch's loss, our AdamW steps,
     DeMo syncs with lockstep; the shared state is bitwise identical on both after every sync,
-    the models equal it, and the held-out loss went down."""
-    j = job(tmp_path, gpt2, "sft", chat_sft(8))
+    the models equal it, the held-out loss went down, and the export reloads with
+    from_pretrained and scores the held-out loss the worker reports."""
+    from transformers import AutoModelForCausalLM
+
+    j = job(tmp_path, gpt2, method, records)
     workers = [make_backend(j), make_backend(j)]
     before = workers[0].evaluate()["heldout_loss"]
     cfg = DeMoConfig(mode="local", sync_interval=2, inner_lr=3e-3)
@@ -281,7 +287,10 @@ def test_two_torchtune_workers_sync_bitwise_identically_and_learn(tmp_path, gpt2
             assert torch.equal(a, b)
     for o in opts:
         assert all(torch.equal(p.detach(), t) for p, t in zip(o.params, o.theta_sync, strict=True))
-    assert workers[1].evaluate()["heldout_loss"] < before
+    after = workers[1].evaluate()["heldout_loss"]
+    assert after < before
+    workers[1].model = AutoModelForCausalLM.from_pretrained(workers[0].export(tmp_path / "out"))
+    assert workers[1].evaluate()["heldout_loss"] == pytest.approx(after, rel=1e-6)
 
 
 def test_lora_trains_only_the_adapters_and_the_export_loads(tmp_path, gpt2) -> None:
