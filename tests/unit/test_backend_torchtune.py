@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -311,3 +312,19 @@ def test_lora_trains_only_the_adapters_and_the_export_loads(tmp_path, gpt2) -> N
     loaded = AutoModelForCausalLM.from_pretrained(b.export(tmp_path / "out")).eval()
     b.model = loaded
     assert b.evaluate()["heldout_loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_lora_and_torchtune_imports_print_nothing() -> None:
+    """peft imports torchao whenever it is installed, and torchao 0.16 logs at import that it
+    skips its C++ extensions on this torch: the node's imports of peft (LoRA) and torchtune
+    keep that off stderr. A fresh interpreter, so the import really happens."""
+    quiet = (
+        "from dtrain_node.train import start, torchtune_backend\n"
+        "with start.torchao_quiet():\n    import peft\n"
+        "torchtune_backend.load()\n"
+    )
+    run = [sys.executable, "-c"]
+    got = subprocess.run([*run, quiet], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and got.stderr == "", got.stderr
+    loud = subprocess.run([*run, "import peft"], capture_output=True, text=True, timeout=120)
+    assert "Skipping import of cpp extensions" in loud.stderr  # what the quiet import hides

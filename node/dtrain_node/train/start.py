@@ -16,9 +16,12 @@ node checks the pin of what it loaded before it trains.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Mapping
+import logging
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from functools import cached_property
 from pathlib import Path
@@ -198,6 +201,23 @@ def model_hash(uri: str) -> bytes:
     return start.pin(start.fresh().state_dict())
 
 
+@contextlib.contextmanager
+def torchao_quiet() -> Iterator[None]:
+    """Imports inside it do not print torchao's import-time notices: with torch 2.13, torchao
+    0.16 logs a warning that it skips its C++/CUDA extensions, and warns about its deprecated
+    import paths. peft imports torchao whenever it is installed (the `torchtune` extra), so
+    LoRA would print them on every node; nothing here uses those extensions."""
+    log = logging.getLogger("torchao")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
 def adapt(model: Any, recipe: Any) -> Any:
     """The model a job trains: `model` itself, or with LoRA adapters (peft) when the recipe has
     `lora_rank` > 0. Only the adapters train (DeMo syncs the trainable tensors only); their
@@ -206,7 +226,8 @@ def adapt(model: Any, recipe: Any) -> Any:
     if not rank:
         return model
     try:
-        from peft import LoraConfig, get_peft_model
+        with torchao_quiet():
+            from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise ModelUnavailable(f"the recipe asks for LoRA, which needs peft: {exc}") from None
     targets = [t.strip() for t in recipe.lora_targets.split(",") if t.strip()] or None

@@ -28,8 +28,6 @@ The policy's DPO log-probs are taken without dropout, as the built-in DPO's (doc
 from __future__ import annotations
 
 import importlib
-import logging
-import warnings
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +36,7 @@ import torch
 from dtrain_node.errors import BackendUnavailable, RecipeInvalid
 from dtrain_node.train import finetune, losses
 from dtrain_node.train.devices import to_device
+from dtrain_node.train.start import torchao_quiet
 
 PACKAGE = "torchtune"
 INSTALL = "pip install 'dtrain[torchtune]' (torchtune 0.6.1 with torchao 0.16.0)"
@@ -61,12 +60,8 @@ def load() -> ModuleType:
     """torchtune, imported; `BackendUnavailable` naming the install command when it is absent,
     or why its import failed (torchtune 0.6.1 imports torchao at the top and needs its
     `torchao.dtypes.nf4tensor`, which torchao 0.18 no longer has)."""
-    quiet = logging.getLogger("torchao")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # torchao warns once that it skips its CUDA extensions
     try:
-        with warnings.catch_warnings():  # and about its own deprecated import paths
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with torchao_quiet():
             return importlib.import_module(PACKAGE)
     except ModuleNotFoundError as exc:
         if exc.name != PACKAGE:
@@ -76,8 +71,6 @@ def load() -> ModuleType:
         ) from exc
     except ImportError as exc:
         raise _broken(exc) from exc
-    finally:
-        quiet.setLevel(level)
 
 
 def _broken(exc: ImportError) -> BackendUnavailable:
