@@ -5,9 +5,11 @@ libp2p and training)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from dtrain import vote_key
+from dtrain import UNWORKABLE, vote_key
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
 
@@ -159,6 +161,53 @@ def test_a_challenge_with_a_doctored_transcript_loses_its_bond(tmp_path) -> None
         assert b.credit_of(c.ops[3].address) == price * 40 // 100, "paid, its bond not back"
         for o in c.ops:
             assert b.pool(o.address).total_assets == ETH
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+@pytest.mark.timeout(1200)
+def test_a_challenge_of_a_proven_unworkable_vote_loses_its_bond(tmp_path) -> None:
+    """The job's dataset changes after its members applied: every member's epoch fails the
+    dataset's pin and votes UNWORKABLE, a quorum. The caller disputes it anyway (a dispute that
+    would get every member slashed), naming a transcript nobody serves. The referees rebuild the
+    job from its own files, meet the same failure and reveal UNWORKABLE: the vote is upheld,
+    the caller's bond goes to the treasury, nobody is slashed and the members are compensated."""
+    with Cluster(
+        tmp_path,
+        operators=3,
+        epochs=1,
+        steps=8,
+        sync=2,
+        round_deadline=4.0,
+        epoch_duration=240,
+        challenge_window=WINDOW,
+        referees=3,
+        seat_draw_window=20,  # the seats wait: the dataset changes after every member applied
+    ) as c:
+        b = c.bsm
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        c.wait(lambda: len(b.job(c.job_id).members) == 3, 300, "three applications")
+        Path(c.spec.dataset_uri).write_bytes(b"not the dataset the job pins\n")
+        c.wait(lambda: any(b.certified_vote(c.job_id)[0]), 600, "a certified vote")
+        assert b.certified_vote(c.job_id)[0] == UNWORKABLE
+        treasury = b.credit_of(c.treasury.address)
+        b.with_account(c.caller.key).challenge(c.job_id, 0, bytes(32))
+        c.wait(c.ended, 900, "the job to end")
+        events = b.events(job_id=c.job_id)
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert not resolved["overturned"] and bytes(resolved["verdictKey"]) == UNWORKABLE
+        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+        assert verdicts and {v["checkpoint"] for v in verdicts} == {UNWORKABLE.hex()}
+        assert [e for e in events if e.name == "JobAborted"]
+        assert not [e for e in events if e.name == "Slashed"]
+        bond = b.params().challenge_bond
+        assert b.credit_of(c.treasury.address) >= treasury + bond, "the caller's bond"
+        comp = c.spec.price_per_operator_epoch * b.params().unworkable_comp_bps // 10_000
+        for o in c.ops:
+            assert b.pool(o.address).total_assets == ETH, "nobody lost stake"
+            assert b.credit_of(o.address) >= comp, "compensated (plus, maybe, a finalizer's fee)"
         assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 

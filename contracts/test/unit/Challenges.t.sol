@@ -65,9 +65,13 @@ abstract contract ChallengeBase is BaseTest {
 
     /// Every drawn referee commits and reveals `verdict` (full participation).
     function judge(uint256 jobId, bytes32 verdict) internal returns (address[] memory refs) {
+        return judgeWith(jobId, verdict, fullParticipation(jobId));
+    }
+
+    /// Every drawn referee commits and reveals (`verdict`, `p`).
+    function judgeWith(uint256 jobId, bytes32 verdict, uint32[] memory p) internal returns (address[] memory refs) {
         I.ChallengeInfo memory c = bsm.challengeOf(state(jobId).attempt);
         vm.warp(c.openedAt + WINDOW);
-        uint32[] memory p = fullParticipation(jobId);
         address[] memory applicants = c.applicants;
         // the first commit draws the referees: draw by committing as any drawn applicant
         for (uint256 i; i < applicants.length; ++i) {
@@ -179,6 +183,32 @@ contract CallerMajorityChallengeTest is ChallengeBase {
         vm.assertEq(bsm.stakeOf(ops[0], ops[0]), MIN_STAKE - MIN_STAKE * 500 / 10000);
         // the caller gets back only the seats nobody earned
         vm.assertEq(bsm.creditOf(caller) - callerBefore, escrowOf(spec(3, 3, 1)) - PRICE);
+        assertConserved();
+    }
+}
+
+/// Attack: every seat is a sybil's; they vote UNWORKABLE in the block their epoch starts, to
+/// collect the compensation without training. The window holds the vote; the caller disputes
+/// it; the job's files build, so nothing proves UNWORKABLE and the referees re-execute the
+/// transcript nobody showed: the start checkpoint, no participation. The sybils are dropouts,
+/// nobody is compensated, the caller gets back the whole escrow and its bond.
+contract UnprovenUnworkableTest is ChallengeBase {
+    function test_unworkableInTheStartBlock_isADropoutOnceTheCallerDisputesIt() public {
+        (uint256 jobId, address[] memory ops) = certify(3, 0, MIN_STAKE, bsm.UNWORKABLE());
+        uint256 closes = closesOf(jobId);
+        vm.expectRevert(abi.encodeWithSelector(I.ChallengeWindowOpen.selector, jobId, closes));
+        finalizeNow(jobId);
+        uint256 callerBefore = bsm.creditOf(caller);
+        challengeAs(caller, jobId);
+        applyAll(jobId, 3);
+        judgeWith(jobId, state(jobId).checkpoint, new uint32[](3));
+        bsm.resolveChallenge(jobId, 0);
+        finalizeNow(jobId);
+        for (uint256 i; i < ops.length; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), 0, "no compensation");
+            vm.assertEq(bsm.stakeOf(ops[i], ops[i]), MIN_STAKE - MIN_STAKE * 500 / 10000, "a dropout");
+        }
+        vm.assertEq(bsm.creditOf(caller) - callerBefore, escrowOf(spec(3, 3, 1)) + CHALLENGE_BOND);
         assertConserved();
     }
 }

@@ -23,7 +23,7 @@ from dtrain_node.errors import (
     ModelUnavailable,
     RecipeInvalid,
 )
-from dtrain_node.operator.sources import Cache, fetch_job
+from dtrain_node.operator.sources import Cache, LocalSources, fetch_job
 from dtrain_node.train.backend import TrainJob, make_backend
 
 if TYPE_CHECKING:
@@ -33,22 +33,33 @@ if TYPE_CHECKING:
 CANNOT = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid, BackendUnavailable)
 
 
+# What the job's own files, fetched intact, prove nobody can train: every honest node that
+# builds the job reproduces it (a backend we lack or a file we cannot fetch proves nothing).
+PROVES_UNWORKABLE = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid)
+
+
 def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
     """None when we can train `job`; else why not, in one line. With a cache, the job's remote
     files are fetched into it first (else its references are read as they are)."""
     try:
-        local = fetch_job(job, cache) if cache is not None else None
-        backend = make_backend(TrainJob.from_job(job, batch_size, local))
-        got = backend.start_pin
-        want = bytes(job.spec.model_hash)
-        if got != want:
-            raise CheckpointInvalid(
-                f"the start model of {job.spec.model_uri!r} hashes to 0x{got.hex()}, "
-                f"the job pins 0x{want.hex()}"
-            )
+        build(job, batch_size, fetch_job(job, cache) if cache is not None else None)
     except CANNOT as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def build(job: Job, batch_size: int, local: LocalSources | None) -> None:
+    """Builds `job`'s backend exactly as training will, from its fetched files `local`
+    (reading the dataset checks its sha256), and checks the start model's pin: raises what
+    stops it."""
+    backend = make_backend(TrainJob.from_job(job, batch_size, local))
+    got = backend.start_pin
+    want = bytes(job.spec.model_hash)
+    if got != want:
+        raise CheckpointInvalid(
+            f"the start model of {job.spec.model_uri!r} hashes to 0x{got.hex()}, "
+            f"the job pins 0x{want.hex()}"
+        )
 
 
 class Preflight:

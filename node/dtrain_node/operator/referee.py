@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtrain_node.errors import CheckpointInvalid, TranscriptInvalid
-from dtrain_node.operator import evidence
+from dtrain_node.operator import evidence, preflight
 from dtrain_node.operator.epoch import recompute
+from dtrain_node.operator.sources import fetch_job
 from dtrain_node.train import checkpoint
 
 if TYPE_CHECKING:
     from dtrain.client import BSM
+    from dtrain.models import Job
     from dtrain_node.operator.node import NodeConfig
 
 
@@ -62,6 +64,27 @@ def check(bsm: BSM, cfg: NodeConfig, t: evidence.EpochTranscript, start: Path | 
     recomputed, participation = recompute(cfg, job, t, tensors)
     certified = _certified(bsm, t, mine[0], started)
     return Verdict(t.job_id, t.epoch, t.attempt, recomputed, certified, tuple(participation))
+
+
+def unworkable(job: Job, cfg: NodeConfig) -> str | None:
+    """Why nobody can train `job` (its model, dataset or recipe, fetched intact, fails to
+    build, read or match its pin: what every honest node reproduces), or None. Raises
+    DatasetError, ModelUnavailable or RecipeInvalid when a file cannot be fetched at all: that
+    proves nothing either way (docs/contract.md, "Provable UNWORKABLE")."""
+    local = fetch_job(job, cfg.source_cache())  # availability first: a failure is not evidence
+    try:
+        preflight.build(job, cfg.batch_size, local)
+    except preflight.PROVES_UNWORKABLE as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def empty(
+    job: Job, epoch: int, attempt: int, chain_id: int, contract: str
+) -> evidence.EpochTranscript:
+    """The transcript of an attempt nobody showed a packet of: every round empty."""
+    rounds = tuple(() for _ in range(job.spec.steps_per_epoch // job.spec.sync_interval))
+    return evidence.EpochTranscript(chain_id, contract, job.id, epoch, attempt, rounds)
 
 
 def _start(path: Path | None, expected: bytes) -> dict[str, Any]:

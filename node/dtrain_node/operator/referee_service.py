@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from eth_account import Account
 
-from dtrain import commitment_hash, new_salt
+from dtrain import UNWORKABLE, commitment_hash, new_salt
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain_node.errors import CheckpointUnavailable, NodeError
 from dtrain_node.operator import evidence, referee
@@ -116,6 +116,38 @@ class RefereeService:
         opened = ch.opened_at
         # members name their transcript files until the apply phase ends: then re-execute all
         self._until(stop, lambda: self._now() >= opened + self.window)
+        checkpoint, participation = self._verdict(case)
+        salt = new_salt()
+        c = commitment_hash(case.job_id, case.epoch, self.me, checkpoint, participation, salt)
+        try:
+            self.bsm.commit_verdict(case.job_id, case.epoch, c, gas=GAS)
+        except (ContractError, TransactionFailed) as exc:
+            log.info("job %d: not drawn as a referee (%s)", case.job_id, exc)
+            self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
+            return
+        self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
+        self.bsm.reveal_verdict(case.job_id, case.epoch, checkpoint, participation, salt, gas=GAS)
+        self.metric(
+            "verdict",
+            job=case.job_id,
+            epoch=case.epoch,
+            attempt=case.attempt,
+            checkpoint=checkpoint.hex(),
+            participation=list(participation),
+        )
+        self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
+        with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
+            self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
+
+    def _verdict(self, case: Case) -> tuple[bytes, tuple[int, ...]]:
+        """UNWORKABLE when the job's own files prove that nobody can train it; else the
+        (checkpoint, participation) the union of the delivered transcripts leads to (a packet
+        nobody delivered counts as absent: with no file at all, every round is empty)."""
+        job = self.bsm.job(case.job_id)
+        why = referee.unworkable(job, self.cfg)
+        if why is not None:
+            log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch + 1, why)
+            return UNWORKABLE, tuple(0 for _ in case.members)
         t, start = self._evidence(case, self._posted(case))
         v = referee.check(self.bsm, self.cfg, t, start)
         log.info(
@@ -124,29 +156,7 @@ class RefereeService:
             case.epoch + 1,
             v.recomputed.hex()[:16],
         )
-        salt = new_salt()
-        c = commitment_hash(case.job_id, case.epoch, self.me, v.recomputed, v.participation, salt)
-        try:
-            self.bsm.commit_verdict(case.job_id, case.epoch, c, gas=GAS)
-        except (ContractError, TransactionFailed) as exc:
-            log.info("job %d: not drawn as a referee (%s)", case.job_id, exc)
-            self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
-            return
-        self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
-        self.bsm.reveal_verdict(
-            case.job_id, case.epoch, v.recomputed, v.participation, salt, gas=GAS
-        )
-        self.metric(
-            "verdict",
-            job=case.job_id,
-            epoch=case.epoch,
-            attempt=case.attempt,
-            checkpoint=v.recomputed.hex(),
-            participation=list(v.participation),
-        )
-        self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
-        with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
-            self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
+        return v.recomputed, v.participation
 
     def _apply(self, case: Case, applicants: Any) -> bool:
         if self.me in applicants:
@@ -207,7 +217,13 @@ class RefereeService:
         ts = [evidence.load(f) for f in files]
         for t in ts:
             evidence.verify(t, case.members)
+        if not ts:
+            job = self.bsm.job(case.job_id)
+            return referee.empty(job, case.epoch, case.attempt, *self._chain()), start
         return evidence.union(ts), start
+
+    def _chain(self) -> tuple[int, str]:
+        return self.bsm.chain_id, self.bsm.address
 
     def _phase_done(self, case: Case, opened: int, count: str, phases: int) -> bool:
         ch = self.bsm.challenge_of(case.attempt)
