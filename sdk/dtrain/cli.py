@@ -29,7 +29,7 @@ import click
 import requests
 from web3 import Web3
 
-from . import erc20, pins
+from . import axolotl, erc20, pins
 from .chain import LocalChain
 from .client import BSM, FINALIZE_GAS, JOB_EVENTS, connect, load_key
 from .envfile import env_path, read_env, remove_env, update_env, write_env
@@ -1132,9 +1132,11 @@ def data() -> None:
 @pass_ctx
 def data_check_cmd(ctx: Ctx, path: str, method: str, recipe_path: str | None) -> None:
     """Validate the dataset file PATH for a job of --method as `job submit` does, and print a
-    summary; a bad file prints its bad lines by number and exits 1."""
+    summary; a bad file prints its bad lines by number and exits 1. PATH may be an axolotl
+    YAML config (.yml/.yaml): its datasets, model and recipe are checked (dtrain.axolotl)."""
     recipe = Recipe.from_toml(recipe_path) if recipe_path else None
-    summary = pins.check_dataset(path, method, recipe)
+    check = axolotl.check_config if axolotl.is_config(path) else pins.check_dataset
+    summary = check(path, method, recipe)
     emit(
         ctx, {"dataset": path, "method": method, "summary": summary}, f"dataset  {path}  {summary}"
     )
