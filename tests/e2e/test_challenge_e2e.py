@@ -12,6 +12,8 @@ import pytest
 from dtrain import UNWORKABLE, vote_key
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
+from dtrain_node.devnet.plan import node_name
+from dtrain_node.p2p.files import sha256_file
 
 pytestmark = pytest.mark.slow
 
@@ -159,6 +161,37 @@ def test_a_challenge_with_a_doctored_transcript_loses_its_bond(tmp_path) -> None
         assert paid == sorted(o.address for o in c.ops)
         price = c.spec.price_per_operator_epoch
         assert b.credit_of(c.ops[3].address) == price * 40 // 100, "paid, its bond not back"
+        for o in c.ops:
+            assert b.pool(o.address).total_assets == ETH
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+@pytest.mark.timeout(1200)
+def test_a_challenge_with_a_packet_signed_after_the_epoch_loses_its_bond(tmp_path) -> None:
+    """A member of an honest 4-member quorum challenges it with its transcript in which its
+    round-0 packet is replaced by one it signed after the epoch (valid by its signature; united
+    with the others' files it would drop the member from that round and make every honest vote
+    look fabricated). A certified voter's own posted file leads to the certified vote, so the
+    referees uphold it: the challenger loses its bond, nobody is slashed, everyone is paid."""
+    with _cluster(tmp_path, 4, 8) as c:
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        c.spawn(3, ["inject"])
+        c.wait(c.ended, 1000, "the job to end")
+        b = c.bsm
+        events = b.events(job_id=c.job_id)
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] == c.ops[3].address
+        injected = sorted((c.tmp / node_name(3) / "jobs").glob("*/inject-*.bin"))
+        assert injected and sha256_file(injected[0]) == bytes(challenged["transcript"])
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert not resolved["overturned"]
+        assert bytes(resolved["verdictKey"]) == bytes(challenged["certifiedKey"])
+        assert not [e for e in events if e.name == "Slashed"]
+        paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
+        assert paid == sorted(o.address for o in c.ops)
         for o in c.ops:
             assert b.pool(o.address).total_assets == ETH
         assert b.w3.eth.get_balance(b.address) == b.accounting().total

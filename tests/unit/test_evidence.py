@@ -228,6 +228,38 @@ def test_union_puts_back_what_a_doctored_file_left_out(trained) -> None:
         assert torch.equal(a, b)
 
 
+def test_a_packet_signed_after_the_epoch_moves_the_union_not_the_voters_own_file(
+    trained,
+) -> None:
+    """The attack the referees' certified-first rule answers (fault `inject`): a member
+    re-signs its round-0 packet with its round-1 payload after the epoch and names a file
+    holding it. United with the honest file, the sender has two packets in round 0 and none
+    counts: the union replays away from the state every member reached, so a referee that
+    only unites would turn the honest quorum into fabricators. The honest voters' own file
+    still replays to that state, which is what the referee checks first."""
+    t, start, reached = trained
+    cheat = ACCOUNTS[1]
+    (later,) = [p for p in t.rounds[1] if p.sender == cheat.address]
+    rounds = list(t.rounds)
+    rounds[0] = tuple(
+        ev.Packet(p.sender, later.payload, _signed(cheat, 0, later.payload))
+        if p.sender == cheat.address
+        else p
+        for p in rounds[0]
+    )
+    injected = dataclasses.replace(t, rounds=tuple(rounds))
+    ev.verify(injected, _members())  # valid by its signatures
+    merged = ev.union([injected, t])
+    assert cheat.address not in {p.sender for p in merged.rounds[0]}
+    _, referee = _fresh("0x" + "00" * 20)
+    referee.replay([x.clone() for x in start], merged.packets())
+    assert any(not torch.equal(a, b) for a, b in zip(referee.theta_sync, reached, strict=True))
+    _, referee = _fresh("0x" + "00" * 20)
+    referee.replay([x.clone() for x in start], t.packets())
+    for a, b in zip(referee.theta_sync, reached, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_union_drops_a_sender_that_signed_two_packets_for_a_round(trained) -> None:
     t, _, _ = trained
     cheat = ACCOUNTS[1]

@@ -26,6 +26,7 @@ from dtrain.client import BSM
 from dtrain.errors import ContractError, TransactionFailed
 from dtrain.models import Job
 from dtrain_node.operator import evidence, vote
+from dtrain_node.p2p import envelope
 from dtrain_node.p2p.files import sha256_file
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,13 @@ class Challenger:
         metric: Callable[..., None],
         window: int,
         serve: Callable[[str, Path], None] | None = None,
-        doctor: bool = False,
+        tamper: str = "",
     ) -> None:
         self.bsm, self.job_dir, self.metric, self.window = bsm, job_dir, metric, window
         self.serve = serve  # (sha256 hex, path): serves a file to the referees
-        self.doctor = doctor  # fault: challenge with our own packets only (docs/node.md)
+        # fault (docs/node.md): challenge with a tampered file, `doctor` (our own packets only)
+        # or `inject` (one of our packets replaced by one signed after the epoch)
+        self.tamper = tamper
         self.posted: set[int] = set()  # attempts whose challenge we named our transcript for
 
     def ready(self, job: Job, attempt: int) -> bool:
@@ -101,7 +104,7 @@ class Challenger:
         return key if 3 * votes >= 2 * len(job.members) else bytes(32)
 
     def _disputes(self, certified: bytes, attempt: int) -> bool:
-        if self.doctor:
+        if self.tamper:
             return True
         ours = vote.load(vote.path(self.job_dir, attempt))
         if ours is None or ours.is_unworkable:
@@ -110,8 +113,8 @@ class Challenger:
 
     def _challenge(self, job: Job, attempt: int, certified: bytes) -> None:
         file = evidence.path(self.job_dir, attempt)
-        if self.doctor and file.is_file():
-            file = self._doctored(file)
+        if self.tamper and file.is_file():
+            file = self._tampered(file)
         sha = sha256_file(file) if file.is_file() else bytes(32)
         try:
             # without estimation: the latest block may be from before the reveal deadline
@@ -127,18 +130,46 @@ class Challenger:
             transcript=sha.hex(),
         )
 
-    def _doctored(self, file: Path) -> Path:
-        """Fault `doctor`: our transcript with every other member's packets left out, served
-        under its own sha256."""
+    def _tampered(self, file: Path) -> Path:
+        """Faults `doctor` and `inject`: our transcript tampered with, served under its own
+        sha256."""
         t = evidence.load(file)
-        me = self.bsm.sender
-        rounds = tuple(tuple(p for p in packets if p.sender == me) for packets in t.rounds)
-        out = file.with_name(f"doctored-{t.attempt}.bin")
-        out.write_bytes(dataclasses.replace(t, rounds=rounds).encode())
+        t = self._doctored(t) if self.tamper == "doctor" else self._injected(t)
+        out = file.with_name(f"{self.tamper}-{t.attempt}.bin")
+        out.write_bytes(t.encode())
         if self.serve is not None:
             self.serve(sha256_file(out).hex(), out)
-        log.warning("fault: challenging with a transcript of our own packets only")
         return out
+
+    def _doctored(self, t: evidence.EpochTranscript) -> evidence.EpochTranscript:
+        """Every other member's packets left out."""
+        me = self.bsm.sender
+        rounds = tuple(tuple(p for p in packets if p.sender == me) for packets in t.rounds)
+        log.warning("fault: challenging with a transcript of our own packets only")
+        return dataclasses.replace(t, rounds=rounds)
+
+    def _injected(self, t: evidence.EpochTranscript) -> evidence.EpochTranscript:
+        """Our packet of the first round we sent one replaced by the payload of our next one,
+        under a commitment we sign now: a packet no member applied, valid by its signature."""
+        me = self.bsm.sender
+        ours = [(r, p) for r, packets in enumerate(t.rounds) for p in packets if p.sender == me]
+        r, first = ours[0]
+        later = next(p for _, p in ours[1:] if p.payload != first.payload)
+        account = self.bsm.account
+        chunks = envelope.seal(
+            account,
+            chain_id=t.chain_id,
+            contract=t.contract,
+            job_id=t.job_id,
+            epoch=t.attempt,
+            round=r,
+            payload=later.payload,
+        )
+        forged = evidence.Packet(me, later.payload, envelope.commitment(account, chunks).encode())
+        rounds = list(t.rounds)
+        rounds[r] = tuple(forged if p is first else p for p in rounds[r])
+        log.warning("fault: challenging with our round %d packet re-signed after the epoch", r)
+        return dataclasses.replace(t, rounds=tuple(rounds))
 
     def _resolve(self, job: Job, opened_at: int, referees: Any, revealed: int) -> None:
         due = opened_at + 3 * self.window

@@ -6,7 +6,10 @@ colluding member, a quorum when they hold 2/3 of the seats, which an honest memb
 overturns; `unworkable`: the UNWORKABLE vote after training, a caller's sybils getting its
 escrow back; `doctor`: a challenge of an honest quorum with a transcript file that leaves the
 other members' packets out, which the referees re-execute united with the files the members
-post, so the challenger loses its bond), a commitment never revealed (dropout slash),
+post, so the challenger loses its bond; `inject`: a challenge of an honest quorum with a file
+in which one of the challenger's packets is replaced by one it signs after the epoch, which the
+referees set aside because a certified voter's own file leads to the certified vote), a
+commitment never revealed (dropout slash),
 no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
 that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver),
 a codec-valid attack packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members'
@@ -63,7 +66,7 @@ from dtrain_node.optim.attacks import KINDS, Attack
 from dtrain_node.optim.codec import Spec
 
 USAGE = (
-    "fabricate, collude, unworkable, doctor, no-reveal, garbage, stop-sync=N, offline=N, "
+    "fabricate, collude, unworkable, doctor, inject, no-reveal, garbage, stop-sync=N, offline=N, "
     "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, slow=X, "
     "equivocate=N, withhold=N, late=N, epoch=E, once"
 )
@@ -115,6 +118,7 @@ class Faults:
     collude: bool = False  # fabricate the checkpoint every colluding member fabricates
     vote_unworkable: bool = False  # train, then vote UNWORKABLE (to get a caller its escrow back)
     doctor: bool = False  # challenge the quorum with a transcript of our own packets only
+    inject: bool = False  # challenge it with one of our packets re-signed after the epoch
     withhold_reveal: bool = False  # commit, then never reveal
     stop_sync_at_round: int | None = None
     offline_at_round: int | None = None
@@ -159,6 +163,8 @@ class Faults:
                 kw["vote_unworkable"] = True
             elif name == "doctor" and not value:
                 kw["doctor"] = True
+            elif name == "inject" and not value:
+                kw["inject"] = True
             elif name == "no-reveal" and not value:
                 kw["withhold_reveal"] = True
             elif name == "garbage" and not value:

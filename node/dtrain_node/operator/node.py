@@ -614,10 +614,11 @@ class Node:
         certified vote is past its challenge window (or its challenge resolved): a certified
         vote that is not ours is challenged first (operator/challenger.py)."""
         self._enter("FINALIZE", "once every member revealed or the reveal deadline passed")
-        doctor = self._faults(self.bsm.job(job_id).state).doctor
+        f = self._faults(self.bsm.job(job_id).state)
+        tamper = "doctor" if f.doctor else "inject" if f.inject else ""
         serve = self.transport.serve_file if self.transport is not None else None
         challenger = Challenger(
-            self.bsm, self.job_dir(job_id), self._metric, self._window(), serve, doctor
+            self.bsm, self.job_dir(job_id), self._metric, self._window(), serve, tamper
         )
         while True:
             self._check_stop()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from eth_account import Account
 
-from dtrain import UNWORKABLE, commitment_hash, new_salt
+from dtrain import UNWORKABLE, commitment_hash, new_salt, vote_key
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain_node.errors import CheckpointUnavailable, NodeError
 from dtrain_node.operator import evidence, referee
@@ -140,23 +140,48 @@ class RefereeService:
             self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
 
     def _verdict(self, case: Case) -> tuple[bytes, tuple[int, ...]]:
-        """UNWORKABLE when the job's own files prove that nobody can train it; else the
-        (checkpoint, participation) the union of the delivered transcripts leads to (a packet
-        nobody delivered counts as absent: with no file at all, every round is empty)."""
+        """UNWORKABLE when the job's own files prove that nobody can train it. Else the
+        certified vote when a file posted by one of its voters leads to it (a file holding a
+        packet nobody applied, signed after the fact, cannot turn an honest quorum into
+        fabricators); else the (checkpoint, participation) the union of the delivered files
+        leads to (a packet nobody delivered counts as absent: with no file, every round is
+        empty)."""
         job = self.bsm.job(case.job_id)
         why = referee.unworkable(job, self.cfg)
         if why is not None:
             log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch + 1, why)
             return UNWORKABLE, tuple(0 for _ in case.members)
-        t, start = self._evidence(case, self._posted(case))
+        files, start = self._evidence(case, self._posted(case))
+        upheld = self._certified_by_own_file(case, files, start)
+        if upheld is not None:
+            return upheld
+        ts = [t for _, t in files]
+        empty = referee.empty(job, case.epoch, case.attempt, *self._chain())
+        t = evidence.union(ts) if ts else empty
         v = referee.check(self.bsm, self.cfg, t, start)
         log.info(
-            "job %d epoch %d: the transcript leads to 0x%s",
+            "job %d epoch %d: the transcripts lead to 0x%s",
             case.job_id,
             case.epoch + 1,
             v.recomputed.hex()[:16],
         )
         return v.recomputed, v.participation
+
+    def _certified_by_own_file(
+        self, case: Case, files: list[tuple[set[str], evidence.EpochTranscript]], start: Path | None
+    ) -> tuple[bytes, tuple[int, ...]] | None:
+        """The certified vote, when a file one of its voters named leads to it."""
+        certified = self.bsm.challenge_of(case.attempt).certified_key
+        for holders, t in files:
+            if not any(
+                self.bsm.submission_of(case.job_id, m).vote_key == certified for m in holders
+            ):
+                continue
+            v = referee.check(self.bsm, self.cfg, t, start)
+            if vote_key(v.recomputed, v.participation) == certified:
+                log.info("job %d: a certified voter's own file leads to its vote", case.job_id)
+                return v.recomputed, v.participation
+        return None
 
     def _apply(self, case: Case, applicants: Any) -> bool:
         if self.me in applicants:
@@ -180,11 +205,11 @@ class RefereeService:
 
     def _evidence(
         self, case: Case, posted: list[tuple[str, bytes]]
-    ) -> tuple[evidence.EpochTranscript, Path | None]:
-        """The union of the transcript files the challenge and the voters name (each checked
-        against the members' signed commitments; a file nobody delivers is left out) and,
-        after the first epoch, the epoch's start checkpoint, fetched by hash from the
-        challenger and the members."""
+    ) -> tuple[list[tuple[set[str], evidence.EpochTranscript]], Path | None]:
+        """(who named it, transcript) of each distinct file the challenge and the voters name
+        that was delivered and checks against the members' signed commitments (a file nobody
+        delivers is left out) and, after the first epoch, the epoch's start checkpoint, fetched
+        by hash from the challenger and the members."""
         from dtrain_node.p2p.host import GossipConfig, GossipNode
 
         work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
@@ -202,11 +227,15 @@ class RefereeService:
             Account.create(),
         )
         g.start()
+        named: dict[bytes, set[str]] = {}
+        for who, sha in [(case.challenger, case.transcript), *posted]:
+            named.setdefault(sha, set()).add(who)
         files = []
         try:
-            for i, sha in enumerate(dict.fromkeys([case.transcript, *(s for _, s in posted)])):
+            for i, (sha, holders) in enumerate(named.items()):
                 try:
-                    files.append(g.fetch_file(sha.hex(), peers, work / f"transcript-{i}.bin"))
+                    got = g.fetch_file(sha.hex(), peers, work / f"transcript-{i}.bin")
+                    files.append((holders, got))
                 except CheckpointUnavailable as exc:
                     log.info("transcript %s not delivered: %s", sha.hex()[:16], exc)
             start = None
@@ -214,13 +243,10 @@ class RefereeService:
                 start = g.fetch_file(case.start.hex(), peers, work / "start.stream")
         finally:
             g.stop()
-        ts = [evidence.load(f) for f in files]
-        for t in ts:
+        ts = [(holders, evidence.load(f)) for holders, f in files]
+        for _, t in ts:
             evidence.verify(t, case.members)
-        if not ts:
-            job = self.bsm.job(case.job_id)
-            return referee.empty(job, case.epoch, case.attempt, *self._chain()), start
-        return evidence.union(ts), start
+        return ts, start
 
     def _chain(self) -> tuple[int, str]:
         return self.bsm.chain_id, self.bsm.address
