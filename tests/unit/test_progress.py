@@ -73,6 +73,18 @@ def test_progress_line_has_every_field() -> None:
     assert "attempt" not in line and "9" not in line.split("|")[2]
 
 
+def test_a_grpo_round_shows_its_mean_reward_next_to_the_loss() -> None:
+    """A GRPO loss near 0 says nothing of what the policy learns: the round's mean reward
+    is shown beside it (and only for a round that has one)."""
+    now = float(int(time.time()))
+    s = training(now)
+    s.on_round({**ROUND, "loss": 0.0009, "reward": 1.4e-9})
+    parts = progress_line(s, now).split(" | ")
+    assert parts[4:6] == ["loss 0.0009", "reward 0.0000"]
+    s.on_round({**ROUND, "round": 5})
+    assert not any(p.startswith("reward") for p in progress_line(s, now).split(" | "))
+
+
 def test_events_read_well_and_hide_the_job_wide_attempt() -> None:
     now = time.time()
     s = training(now)

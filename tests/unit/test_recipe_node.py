@@ -97,6 +97,38 @@ def test_grpo_settings_come_from_the_recipe(tmp_path, recipe_file) -> None:
     assert backend.repeats == 2
 
 
+def test_a_grpo_rounds_inner_steps_report_their_mean_reward(tmp_path, node_cfg) -> None:
+    """The round metric carries the reward of the completions the inner steps sampled (what
+    the progress line shows); an SFT round has none."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dtrain_node.operator.epoch import EpochTrainer
+
+    for method, task in ((Method.GRPO, "grpo"), (Method.SFT, "sft")):
+        data = tmp_path / f"{task}.jsonl"
+        tasks.make_dataset(data, task, tasks.reversal(40, length=4, seed=2))
+        job = chain_job(method, data, b"\0" * 32, "")
+        tj = TrainJob.from_job(job, batch_size=4)
+        backend = make_backend(tj)
+        trainer = SimpleNamespace(
+            job=SimpleNamespace(spec=SimpleNamespace(sync_interval=2)),
+            batches=backend.batches(backend_indices(backend), 4, seed=0),
+            device=torch.device("cpu"),
+            train_job=tj,
+            backend=backend,
+            opt=DeMo(backend.model.named_parameters(), demo_config(node_cfg, job, tj.recipe)),
+            rewards=[],
+        )
+        tokens, _ = EpochTrainer._inner_steps(trainer)  # type: ignore[arg-type]
+        assert tokens > 0
+        if method == Method.GRPO:
+            assert len(trainer.rewards) == 2 and all(0 <= x <= 1 for x in trainer.rewards)
+        else:
+            assert trainer.rewards == []
+
+
 def test_no_recipe_keeps_the_node_settings(tmp_path, node_cfg) -> None:
     data = tmp_path / "sft.jsonl"
     tasks.make_dataset(data, "sft", tasks.reversal(30, length=4, seed=3))

@@ -201,7 +201,8 @@ class EpochTrainer:
         backend.model.train()
 
     def _inner_steps(self) -> tuple[int, float]:
-        """K inner steps; returns (tokens, summed loss)."""
+        """K inner steps; returns (tokens, summed loss). A GRPO backend's mean reward of
+        the steps' sampled completions goes to `self.rewards`."""
         tokens, loss_sum = 0, 0.0
         for _ in range(self.job.spec.sync_interval):
             batch = next(self.batches)
@@ -211,6 +212,9 @@ class EpochTrainer:
             self.opt.inner_step()
             tokens += batch[0].numel()
             loss_sum += float(loss.detach())
+            reward = getattr(self.backend, "last_reward", None)
+            if reward is not None:
+                self.rewards.append(reward)
         return tokens, loss_sum
 
     def _round(self, r: int) -> None:
@@ -218,6 +222,7 @@ class EpochTrainer:
         env.between_rounds(job)
         self.faults.before_round(r, env.metric)
         t0 = time.perf_counter()
+        self.rewards: list[float] = []
         tokens, loss_sum = (0, 0.0) if self.faults.ahead else self._inner_steps()
         self.faults.throttle(time.perf_counter() - t0)
         compute_s = time.perf_counter() - t0
@@ -258,6 +263,7 @@ class EpochTrainer:
             round=r,
             peers=len(self.members) - 1,
             loss=round(loss_sum / job.spec.sync_interval, 4),
+            **({"reward": round(sum(self.rewards) / len(self.rewards), 4)} if self.rewards else {}),
             tokens_per_s=round(tokens / max(compute_s, 1e-9), 1),
             bytes_out=len(packet),
             applied=len(stats.applied),

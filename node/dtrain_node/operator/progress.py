@@ -51,6 +51,7 @@ class Status:
     rounds: int | None = None  # sync rounds per epoch
     round: int | None = None  # last finished round (0-based) of this attempt
     loss: float | None = None
+    reward: float | None = None  # GRPO: mean reward of the round's sampled completions
     tokens_per_s: float | None = None
     round_s: float | None = None  # mean seconds per round of this attempt
     peers: tuple[int, int] | None = None  # (peers whose packet we applied, peers)
@@ -72,6 +73,7 @@ class Status:
         """Update from a job snapshot (read at one block)."""
         if job.state.epoch != self.epoch or job.id != self.job:
             self.round, self.loss, self.tokens_per_s, self.round_s, self.peers = (None,) * 5
+            self.reward = None
         self.job, self.epoch = job.id, job.state.epoch
         self.epochs = job.spec.total_epochs
         self.rounds = job.spec.steps_per_epoch // job.spec.sync_interval
@@ -88,13 +90,14 @@ class Status:
         else:
             self.round_s = took
         self.round, self.loss = data["round"], data["loss"]
+        self.reward = data.get("reward")
         self.tokens_per_s = data["tokens_per_s"]
         self.peers = (max(0, data["applied"] - 1), data["peers"])
 
 
 def progress_line(s: Status, now: float) -> str:
-    """One line: job, epoch e/E, round r/R, loss, tokens/s, ETA, time to the commit deadline,
-    peers (what is not known yet is left out)."""
+    """One line: job, epoch e/E, round r/R, loss (and a GRPO round's mean reward), tokens/s,
+    ETA, time to the commit deadline, peers (what is not known yet is left out)."""
     parts = [f"{s.state:<8}"]
     if s.job is not None:
         parts.append(f"job {s.job}")
@@ -108,7 +111,10 @@ def progress_line(s: Status, now: float) -> str:
         done = 0 if s.round is None else s.round + 1
         parts.append(f"round {done}/{s.rounds}")
     if s.loss is not None and s.state == "TRAIN":
-        parts += [f"loss {s.loss:.4f}", f"{s.tokens_per_s:.0f} tok/s"]
+        parts.append(f"loss {s.loss:.4f}")
+        if s.reward is not None:  # a GRPO loss near 0 says nothing of what it learns
+            parts.append(f"reward {s.reward:.4f}")
+        parts.append(f"{s.tokens_per_s:.0f} tok/s")
         if s.round_s is not None and s.rounds:
             parts.append(f"ETA {span((s.rounds - (s.round or 0) - 1) * s.round_s)}")
     if s.running and s.deadline and s.state in ("START", "TRAIN", "COMMIT"):
