@@ -238,7 +238,7 @@ def make_recipe(cfg: dict[str, Any], where: _Where, backend: str) -> Recipe:
         raise where.error("learning_rate", "required")
     out: dict[str, Any] = {"backend": backend, **AXOLOTL_DEFAULTS}
     out["seq_len"] = DEFAULT_SEQUENCE_LEN
-    out.update({DIRECT[k]: v for k, v in cfg.items() if k in DIRECT})
+    out.update({DIRECT[k]: _number(v) for k, v in cfg.items() if k in DIRECT})
     micro, accum = cfg.get("micro_batch_size", 1), cfg.get("gradient_accumulation_steps", 1)
     for name, v in (("micro_batch_size", micro), ("gradient_accumulation_steps", accum)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -249,7 +249,7 @@ def make_recipe(cfg: dict[str, Any], where: _Where, backend: str) -> Recipe:
             raise where.error("bf16", f"true, false or auto, got {cfg['bf16']!r}")
         out["bf16"] = cfg["bf16"] in (True, "auto")
     if "val_set_size" in cfg:
-        v = cfg["val_set_size"]
+        v = _number(cfg["val_set_size"])
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1:
             raise where.error(
                 "val_set_size", f"a fraction in (0, 1) (a job holds out records), got {v!r}"
@@ -264,6 +264,17 @@ def make_recipe(cfg: dict[str, Any], where: _Where, backend: str) -> Recipe:
         msg = str(exc)
         name = next((a for r, a in back.items() if f"'{r}'" in msg), "config")
         raise where.error(name, msg) from exc
+
+
+def _number(value: Any) -> Any:
+    """A YAML string such as `2e-5` (PyYAML reads an exponent without a dot as a string; axolotl's
+    schema coerces it) as a float; anything else as is."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def lora_fields(cfg: dict[str, Any], where: _Where) -> dict[str, Any]:
@@ -282,7 +293,7 @@ def lora_fields(cfg: dict[str, Any], where: _Where) -> dict[str, Any]:
     for k in ("lora_r", "lora_alpha"):
         if k not in cfg:
             raise where.error(k, "required with adapter: lora")
-    out = {"lora_rank": cfg["lora_r"], "lora_alpha": cfg["lora_alpha"]}
+    out = {"lora_rank": cfg["lora_r"], "lora_alpha": _number(cfg["lora_alpha"])}
     targets = cfg.get("lora_target_modules")
     if targets is not None:
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
@@ -430,7 +441,12 @@ def input_output(row: dict[str, Any], ds: dict[str, Any]) -> list[dict[str, Any]
 def _messages(row: dict[str, Any], ds: dict[str, Any]) -> list[dict[str, str]]:
     """A record's conversation as role/content messages, through the entry's mappings."""
     key = ds.get("field_messages") or "messages"
-    maps = {"role": "role", "content": "content", **(ds.get("message_property_mappings") or {})}
+    given = ds.get("message_property_mappings") or {}
+    if not isinstance(given, dict):
+        raise _Bad(
+            "message_property_mappings must be a mapping such as {role: from, content: value}"
+        )
+    maps = {"role": "role", "content": "content", **given}
     roles = {
         alias: role
         for role, aliases in (ds.get("roles") or DEFAULT_ROLES).items()

@@ -122,6 +122,14 @@ def test_fields_left_out_take_axolotls_defaults_and_are_noted(tmp_path) -> None:
     )
 
 
+def test_numbers_yaml_reads_as_strings_are_read_as_axolotl_reads_them(tmp_path) -> None:
+    config = SFT.replace("learning_rate: 0.0003", "learning_rate: 2e-5") + "weight_decay: 1e-2\n"
+    r = axolotl.read_config(write(tmp_path, config, alpaca_rows())).recipe
+    assert (r.inner_lr, r.inner_weight_decay) == (2e-5, 1e-2)
+    with pytest.raises(ConfigError, match=r": learning_rate: .*'fast'"):
+        axolotl.read_config(write(tmp_path, SFT.replace("0.0003", "fast"), alpaca_rows()))
+
+
 def test_dpo_beta_comes_from_rl_beta(tmp_path) -> None:
     rows = [{"question": f"q{i}", "chosen": "a", "rejected": "b"} for i in range(4)]
     config = SFT.replace("type: alpaca", "type: chatml.intel") + "rl: dpo\nrl_beta: 0.25\n"
