@@ -18,6 +18,8 @@ contract GasAtCapTest is BaseTest {
     uint256 internal constant FINALIZE_LIMIT = 5_000_000;
     /// claimRewards of a pool that earned in ether and all four payment tokens.
     uint256 internal constant CLAIM_FOUR_TOKENS_LIMIT = 350_000;
+    /// A node sends drawSeats with this fixed gas (node.py DRAW_SEATS_GAS).
+    uint256 internal constant DRAW_SEATS_LIMIT = 3_000_000;
 
     uint256 internal jobId;
     address[] internal ops;
@@ -81,6 +83,32 @@ contract GasAtCapTest is BaseTest {
             vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "joinJob");
         }
         vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Running));
+    }
+
+    /// 32 applicants, the cap: the displacing join, and the draws of 3 seats (29 released)
+    /// and of 32 seats.
+    function test_gas_seatDrawAtCap() public {
+        bsm = deployBSM(seatDrawParams());
+        ops = registerN(CAP);
+        address heavy = makeAddr("heavy applicant");
+        register(heavy, 2 * MIN_STAKE);
+        for (uint256 seats = 3; seats <= CAP; seats += CAP - 3) {
+            uint256 id = createJob(spec(2, uint8(seats), 1));
+            joinAll(id, ops);
+            vm.prank(heavy);
+            bsm.joinJob(id);
+            vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "joinJob displacing the lightest applicant");
+            vm.warp(bsm.seatDrawAt(id));
+            bsm.drawSeats(id);
+            vm.assertLe(_gas(), DRAW_SEATS_LIMIT, "drawSeats");
+            vm.assertEq(bsm.getMembers(id).length, seats);
+            for (uint256 i; i < CAP; ++i) {
+                vm.prank(ops[i]);
+                try bsm.leaveJob(id) {} catch {}
+            }
+            vm.prank(heavy);
+            try bsm.leaveJob(id) {} catch {}
+        }
     }
 
     function test_gas_commitAndRevealCheckpoint() public {
