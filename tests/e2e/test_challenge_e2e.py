@@ -167,6 +167,40 @@ def test_a_challenge_with_a_doctored_transcript_loses_its_bond(tmp_path) -> None
 
 
 @pytest.mark.timeout(1200)
+def test_the_caller_overturns_a_fabrication_by_every_member(tmp_path) -> None:
+    """Every seat is a colluder's: no member challenges their fabricated quorum. The caller,
+    an outsider with no transcript of its own, disputes it; the members name their files as
+    any voter does, none of them leads to the fabricated checkpoint, and the referees' union
+    does not either: every member is slashed and unpaid, the caller gets its bond and the whole
+    escrow back."""
+    with _cluster(tmp_path, 3, 8) as c:
+        b = c.bsm
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i, ["collude"])
+        c.wait(lambda: any(b.certified_vote(c.job_id)[0]), 600, "a certified vote")
+        caller = b.with_account(c.caller.key)
+        caller.challenge(c.job_id, 0, bytes(32))
+        c.wait(c.ended, 900, "the job to end")
+        events = b.events(job_id=c.job_id)
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] == c.caller.address
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert resolved["overturned"]
+        slashed = sorted(
+            (e.args["operator"], SlashReason(e.args["reason"]))
+            for e in events
+            if e.name == "Slashed"
+        )
+        assert slashed == sorted((o.address, SlashReason.FABRICATION) for o in c.ops)
+        assert not [e for e in events if e.name == "OperatorPaid"]
+        escrow = c.spec.price_per_operator_epoch * c.spec.max_operators * c.spec.total_epochs
+        assert b.credit_of(c.caller.address) == escrow + b.params().challenge_bond
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+@pytest.mark.timeout(1200)
 def test_a_challenge_with_a_packet_signed_after_the_epoch_loses_its_bond(tmp_path) -> None:
     """A member of an honest 4-member quorum challenges it with its transcript in which its
     round-0 packet is replaced by one it signed after the epoch (valid by its signature; united
