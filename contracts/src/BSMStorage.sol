@@ -428,4 +428,10 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
             list.pop();
         }
     }
+
+    // ---------------------------------------------------------------- cancel at a boundary
+
+    /// The caller asked its running job to end once the epoch in progress settles
+    /// (`cancelJob`); `_finalize` then closes it `Cancelled` instead of starting the next epoch.
+    mapping(uint256 jobId => bool) internal _cancelRequested;
 }

@@ -96,7 +96,18 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
     /// @inheritdoc IDistributedTrainingBSMActions
     function cancelJob(uint256 jobId) external {
         JobState storage j = _job(jobId);
-        require(j.status == JobStatus.Open, JobNotOpen(jobId, j.status));
+        if (j.status == JobStatus.Running) {
+            // Ends at the epoch's boundary: the epoch in progress is settled (paid) as usual.
+            require(msg.sender == j.caller, NotJobCaller(msg.sender, j.caller));
+            require(!_cancelRequested[jobId], CancelAlreadyRequested(jobId, j.epoch));
+            // Half settled through the hooks: the members settled so far stay bonded, and the
+            // call ending the epoch must not release them all under the hook gas cap.
+            require(_progress[jobId].cursor == 0, SettlementInProgress(jobId, j.epoch));
+            _cancelRequested[jobId] = true;
+            emit CancelRequested(jobId, j.epoch);
+            return;
+        }
+        require(j.status == JobStatus.Open, JobEnded(jobId, j.status));
         if (msg.sender == j.caller) {
             uint256 refund = _close(jobId, JobStatus.Cancelled);
             emit JobCancelled(jobId, refund);
@@ -392,7 +403,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         Progress memory g = _progress[jobId];
         uint256 to = Math.min(members.length, g.cursor + maxMembers);
         bool inPieces = maxMembers == _HOOK_SETTLE_BATCH;
-        bool closing = c.unworkable
+        bool closing = c.unworkable || _cancelRequested[jobId]
             || (c.quorum ? j.epoch + 1 == spec.totalEpochs : j.failedEpochs + 1 >= _params.maxFailedEpochs);
         for (uint256 i = g.cursor; i < to; ++i) {
             address op = members[i];
@@ -443,6 +454,11 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
                 emit JobFailed(jobId, refund);
                 return;
             }
+        }
+        if (_cancelRequested[jobId]) {
+            uint256 refund = _close(jobId, JobStatus.Cancelled);
+            emit JobCancelled(jobId, refund);
+            return;
         }
         _startEpoch(jobId, inPieces);
     }

@@ -128,6 +128,11 @@ contract DistributedTrainingBSMViews is
     }
 
     /// @inheritdoc IDistributedTrainingBSMViews
+    function cancelRequested(uint256 jobId) external view returns (bool) {
+        return _cancelRequested[jobId];
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMViews
     function getMembers(uint256 jobId) external view returns (address[] memory) {
         return _members[jobId];
     }

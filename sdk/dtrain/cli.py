@@ -1210,12 +1210,17 @@ def job_status(ctx: Ctx, job_id: int) -> None:
     j = bsm.job(job_id)
     holders = bsm.final_holders(job_id) if j.state.status == JobStatus.COMPLETED else []
     unit = _job_unit(bsm, job_id)
+    ending = j.state.status == JobStatus.RUNNING and bsm.cancel_requested(job_id)
     data = {
         **_jsonable(j),
         "token": unit.address if unit else None,
         "final_holders": _jsonable(holders),
+        "cancel_requested": ending,
     }
-    emit(ctx, data, _job_lines(j, holders, unit.format if unit else format_eth))
+    human = _job_lines(j, holders, unit.format if unit else format_eth)
+    if ending:
+        human += f"\ncancel requested: the job ends after epoch {j.state.epoch}, the rest refunded"
+    emit(ctx, data, human)
 
 
 @job.command("list")
@@ -1253,10 +1258,14 @@ for _tx in (
 @click.argument("job_id", type=int)
 @pass_ctx
 def job_cancel(ctx: Ctx, job_id: int) -> None:
-    """End an open job; its escrow is credited back to its caller.
+    """End a job; the escrow no epoch earned is credited back to its caller.
 
-    The caller may cancel its open job at any time. Anyone may end a job that started and has
-    since waited the deployment's open timeout for members (it then fails).
+    The caller may cancel its open job at any time. A running job (caller only) ends after the
+    epoch in progress: that epoch still settles as usual (its members paid, or slashed), then
+    the job closes cancelled instead of starting the next epoch and the rest of the escrow is
+    refunded to the wei (the refund shows in `rewards` once the epoch is finalized). Anyone may
+    end a job that started and has since waited the deployment's open timeout for members (it
+    then fails).
 
     Example: dtrain job cancel 1
     """
@@ -1264,6 +1273,14 @@ def job_cancel(ctx: Ctx, job_id: int) -> None:
     rc = bsm.cancel_job(job_id)
     unit = _job_unit(bsm, job_id)
     fmt = unit.format if unit else format_eth  # the refund's unit
+    if rc.all("CancelRequested"):
+        epoch = rc.first("CancelRequested").args["epoch"]
+        human = (
+            f"job {job_id} ends after epoch {epoch}: that epoch is settled as usual, "
+            "then the unearned escrow is credited to its caller"
+        )
+        emit(ctx, {"tx": rc.tx_hash, "status": "cancel_requested", "epoch": epoch}, human)
+        return
     if rc.all("JobFailed"):
         refund = rc.first("JobFailed").args["refund"]
         human = (

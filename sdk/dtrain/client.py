@@ -46,6 +46,7 @@ JOB_EVENTS = (
     "JobCreated",
     "JobEscrowedInToken",
     "JobCancelled",
+    "CancelRequested",
     "JoinRequested",
     "LeaveRequested",
     "SeatDrawScheduled",
@@ -527,10 +528,18 @@ class BSM:
         return int(rc.first("JobCreated").args["jobId"])
 
     def cancel_job(self, job_id: int) -> Receipt:
-        """Ends an `Open` job, its escrow credited to its caller: `JobCancelled` when the sender
-        is the caller; `JobFailed` when anyone else ends a job that started and has since waited
-        `open_timeout` for members (before that: `OpenTimeoutPending`)."""
+        """Ends a job, its unearned escrow credited to its caller. An `Open` job: `JobCancelled`
+        when the sender is the caller; `JobFailed` when anyone else ends a job that started and
+        has since waited `open_timeout` for members (before that: `OpenTimeoutPending`). A
+        `Running` job (caller only, once: `CancelAlreadyRequested`): `CancelRequested`; the epoch
+        in progress still settles as usual (members paid or slashed), then the finalize that
+        ends it closes the job `Cancelled` and refunds the rest of the escrow to the wei
+        (`JobCancelled`), or completes it if it was the last epoch. An ended job: `JobEnded`."""
         return self._transact(self.contract.functions.cancelJob(job_id))
+
+    def cancel_requested(self, job_id: int) -> bool:
+        """Whether the job's caller asked it to end at its current epoch's boundary."""
+        return bool(self.contract.functions.cancelRequested(job_id).call())
 
     def join_job(self, job_id: int) -> Receipt:
         return self._transact(self.contract.functions.joinJob(job_id))

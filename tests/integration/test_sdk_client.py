@@ -271,8 +271,8 @@ def test_job_errors_decode(bsm: BSM, as_account, votes) -> None:
     assert bsm.vote_counts(job_id) == (1, 0)
     with pytest.raises(errors.EpochNotFinalizable, match="0 of 2 members revealed"):
         bsm.finalize_epoch(job_id, 0)
-    with pytest.raises(errors.JobNotOpen, match="is Running, not open"):
-        caller.cancel_job(job_id)
+    with pytest.raises(errors.NotJobCaller, match="is not the caller"):
+        ops[2].cancel_job(job_id)  # a running job: only its caller may cancel it
     with pytest.raises(errors.NotCore):
         caller._transact(caller.contract.functions.onUnregister(caller.sender))
     p = bsm.params()

@@ -16,7 +16,8 @@ interface IDistributedTrainingBSMTypes {
 
     /// @notice Lifecycle of a job. `Open`: waiting for `max(2, minOperators)` members before an
     /// epoch can start (the first, or any later one after a boundary left fewer). `Running`: an
-    /// epoch is in progress. `Failed`: no quorum `maxFailedEpochs` times in a row, voted
+    /// epoch is in progress. `Cancelled`: by its caller, at once while `Open`, at the next epoch
+    /// boundary while `Running` (`cancelJob`). `Failed`: no quorum `maxFailedEpochs` times in a row, voted
     /// unworkable, or left `Open` for `openTimeout` after it started.
     enum JobStatus {
         None,
@@ -239,6 +240,12 @@ interface IDistributedTrainingBSMTypes {
     error JobNotOpen(uint256 jobId, JobStatus status);
     /// @notice job `jobId` is `status`, not running
     error JobNotRunning(uint256 jobId, JobStatus status);
+    /// @notice job `jobId` already ended (`status`): there is nothing left to cancel
+    error JobEnded(uint256 jobId, JobStatus status);
+    /// @notice the caller already asked job `jobId` to end after epoch `epoch`
+    error CancelAlreadyRequested(uint256 jobId, uint256 epoch);
+    /// @notice epoch `epoch` of job `jobId` is being settled in pieces; cancel once it has ended
+    error SettlementInProgress(uint256 jobId, uint256 epoch);
     /// @notice job `jobId` is full: `members` of `maxOperators` operators
     error JobFull(uint256 jobId, uint256 members, uint256 maxOperators);
     /// @notice `operator` already joined job `jobId`
@@ -408,6 +415,10 @@ interface IDistributedTrainingBSMTypes {
     event JobCreated(uint256 indexed jobId, address indexed caller, Method method, uint256 escrow);
     /// @notice Job `jobId` was cancelled; `refund` wei were credited to its caller.
     event JobCancelled(uint256 indexed jobId, uint256 refund);
+    /// @notice The caller of running job `jobId` asked it to end once epoch `epoch` settles:
+    /// that epoch is settled (paid or slashed) as usual, then the job closes `Cancelled` and
+    /// the escrow no epoch earned is refunded to the caller (`JobCancelled`).
+    event CancelRequested(uint256 indexed jobId, uint256 epoch);
     /// @notice `operator` joins job `jobId` from epoch `effectiveEpoch`.
     event JoinRequested(uint256 indexed jobId, address indexed operator, uint256 effectiveEpoch);
     /// @notice `operator` leaves job `jobId` from epoch `effectiveEpoch`.
@@ -605,9 +616,13 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
     /// @notice Creates a job; `msg.value` must equal price x maxOperators x totalEpochs.
     function createJob(JobSpec calldata spec) external payable returns (uint256 jobId);
 
-    /// @notice Ends an `Open` job and credits its remaining escrow to the caller: the caller
-    /// may cancel it at any time (`Cancelled`); anyone may fail it (`Failed`) once it has
-    /// started and then waited `openTimeout` for members.
+    /// @notice Ends a job and credits its remaining escrow to the caller. An `Open` job: the
+    /// caller may cancel it at any time (`Cancelled`); anyone may fail it (`Failed`) once it has
+    /// started and then waited `openTimeout` for members. A `Running` job (caller only, once):
+    /// the epoch in progress still settles as usual, its members paid or slashed by
+    /// `finalizeEpoch`, and then, instead of the next epoch starting, the job closes
+    /// `Cancelled` and the escrow no epoch earned is refunded (`CancelRequested`, then
+    /// `JobCancelled`); if that epoch was the last, the job completes as usual.
     function cancelJob(uint256 jobId) external;
 
     /// @notice Joins a job, bonding `seatBond` of the sender's free self-stake; takes effect at
@@ -672,6 +687,9 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
     function rewardPeriod() external view returns (uint256);
     function creditOf(address account) external view returns (uint256);
     function getJob(uint256 jobId) external view returns (JobSpec memory spec, JobState memory state);
+    /// @notice Whether the caller asked job `jobId` to end at its current epoch's boundary
+    /// (`cancelJob` on a running job); stays true once the job closed.
+    function cancelRequested(uint256 jobId) external view returns (bool);
     /// @notice Members of the epoch in progress, in participation order (join order, with
     /// leavers compacted out at each boundary). Nodes sort a copy for shard assignment.
     function getMembers(uint256 jobId) external view returns (address[] memory);

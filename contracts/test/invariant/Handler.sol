@@ -75,6 +75,11 @@ contract Handler is Test {
     uint256 public ghostSeatDraws; // epochs whose seats were drawn among applicants
     uint256 public ghostSeatsNotDrawn; // applicants left out of a draw (their bond released)
     uint256 public ghostSeatViolations; // a draw that seated the wrong count or kept a bond
+    uint256 public ghostCancelRequests; // callers' cancels of a running job
+    uint256 public ghostCancelledRunning; // ... closed Cancelled at the epoch's boundary
+    bool internal _cancelAsked; // the job being finalized had a cancel requested
+    uint256 internal _jobEscrow; // ... and this escrow before its finalize
+    uint256 internal _jobId; // ... and this id
 
     /// What each member committed to, revealed later.
     struct Hidden {
@@ -390,6 +395,8 @@ contract Handler is Test {
             this.submit(id, mode, true);
             // An eighth of the epochs are challenged (on a deployment with a window).
             if ((r >> 32) & 7 == 7) this.challenge(id, r >> (k + 3), true);
+            // A quarter of the jobs are cancelled by their caller once epoch 0's votes are in.
+            if (k == 0 && (r >> 38) & 3 == 3) this.cancelRunning(id, true);
             this.finalize(id, r + k, true);
         }
     }
@@ -463,6 +470,36 @@ contract Handler is Test {
         if (st.status != I.JobStatus.Open) return;
         vm.prank(st.caller);
         bsm.cancelJob(id);
+    }
+
+    /// The caller cancels a running job: it stays Running until its epoch is finalized.
+    function cancelRunning(uint256 j) external {
+        this.cancelRunning(_job(j), true);
+    }
+
+    function cancelRunning(uint256 id, bool) external {
+        if (id == 0) return;
+        (, I.JobState memory st) = bsm.getJob(id);
+        if (st.status != I.JobStatus.Running || bsm.cancelRequested(id)) return;
+        vm.prank(st.caller);
+        bsm.cancelJob(id);
+        (, I.JobState memory after_) = bsm.getJob(id);
+        if (after_.status != I.JobStatus.Running || after_.escrow != st.escrow) ++ghostWhoViolations;
+        ++ghostCancelRequests;
+    }
+
+    /// A job whose caller cancelled it while running ends at the boundary its epoch reached:
+    /// completed if that was its last epoch, else Cancelled with its whole remaining escrow
+    /// gone (`left`: what left the escrow books: payments, compensations and the refund, which
+    /// `_checkWho` checks the caller received), so the refund is the unearned escrow exactly.
+    function _checkCancelled(uint256 left) internal {
+        (, I.JobState memory st) = bsm.getJob(_jobId);
+        if (st.status == I.JobStatus.Running || st.status == I.JobStatus.Open) {
+            ++ghostSettlementViolations; // a cancelled job started another epoch
+        } else if (st.status == I.JobStatus.Cancelled) {
+            if (st.escrow != 0 || left != _jobEscrow) ++ghostSettlementViolations;
+            ++ghostCancelledRunning;
+        }
     }
 
     /// A stranger fails a job that started and then waited `openTimeout` for members: the
@@ -727,6 +764,7 @@ contract Handler is Test {
         // the epochs are settled by the core's FINALIZE hook in pieces (as the treasury).
         Who memory w = _who(id, (r >> 40) & 3 == 3 ? treasury : actors[r % 9]);
         Books memory b0 = _books(w.token);
+        (_cancelAsked, _jobEscrow, _jobId) = (bsm.cancelRequested(id), st.escrow, id);
         vm.recordLogs();
         if ((r >> 40) & 3 == 3) {
             _hookFinalize(id, st.epoch, st.attempt);
@@ -740,7 +778,8 @@ contract Handler is Test {
         (, st) = bsm.getJob(id);
         uint256 price = spec.pricePerOperatorEpoch;
         uint256 refund = b0.escrow - b1.escrow - paid * price - comp; // underflow: escrow fell short
-        bool ended = st.status == I.JobStatus.Completed || st.status == I.JobStatus.Failed;
+        bool ended =
+            st.status == I.JobStatus.Completed || st.status == I.JobStatus.Failed || st.status == I.JobStatus.Cancelled;
         if (!ended && refund != 0) ++ghostSettlementViolations;
         _checkOwed(w.token, b0, b1, paid * price + refund + comp, slashed);
         if (w.token != address(0)) ghostTokenPaidEpochs += paid;
@@ -750,6 +789,7 @@ contract Handler is Test {
         ghostPaidEpochs += paid;
         ghostSlashed += slashed;
         _checkWho(w, logs, price, refund);
+        if (_cancelAsked) _checkCancelled(b0.escrow - b1.escrow);
         if (_aborted(logs)) {
             ++ghostAbortedJobs;
             // Nobody is slashed or paid when a quorum voted UNWORKABLE.

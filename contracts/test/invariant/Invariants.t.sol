@@ -142,6 +142,8 @@ contract ReachTest is BaseTest {
         _add("challenges with a referee slashed", handler.ghostRefereesSlashed());
         _add("seat draws", handler.ghostSeatDraws());
         _add("applicants not drawn", handler.ghostSeatsNotDrawn());
+        _add("running-job cancel requests", handler.ghostCancelRequests());
+        _add("running jobs cancelled at a boundary", handler.ghostCancelledRunning());
         // After the campaign's last run every path must have been reached at least once.
         if (_total("runs") == vm.envOr("FOUNDRY_INVARIANT_RUNS", uint256(256))) {
             for (uint256 i; i < _keys.length; ++i) {
@@ -201,6 +203,37 @@ contract HandlerSmokeTest is BaseTest {
         vm.assertEq(h.ghostSettlementViolations(), 0);
         vm.assertEq(h.ghostWhoViolations(), 0);
         assertConserved();
+    }
+
+    /// A running job its caller cancels: the epoch in progress is paid, then the job closes
+    /// Cancelled with the unearned escrow refunded (the handler's checks count no violation).
+    function test_handlerCancelsRunning() public {
+        Handler h = new Handler(bsm, core, treasury, developer);
+        for (uint256 i; i < 3; ++i) {
+            h.register(i, 2 ether);
+        }
+        h.createJob(3, 3, 3, 0.01 ether);
+        for (uint256 i; i < 3; ++i) {
+            h.join(i, 0);
+        }
+        h.cancelRunning(0);
+        h.cancelRunning(0); // once only: the handler skips a job already asked
+        vm.assertEq(h.ghostCancelRequests(), 1);
+        h.submit(0, 0);
+        h.finalize(0, 0);
+        vm.assertEq(h.ghostPaidEpochs(), 3);
+        vm.assertEq(h.ghostCancelledRunning(), 1);
+        vm.assertEq(h.ghostSettlementViolations(), 0);
+        vm.assertEq(h.ghostWhoViolations(), 0);
+        assertConserved();
+    }
+
+    function test_wholeJobCancelled() public {
+        bsm = deployBSM(campaignParams());
+        Handler h = new Handler(bsm, core, treasury, developer);
+        h.wholeJob(2, 3, false, uint256(3) << 38);
+        vm.assertEq(h.ghostCancelRequests(), 1);
+        vm.assertEq(h.ghostCancelledRunning(), 1);
     }
 
     /// The handler's challenge game runs to its end: upheld (the honest certified vote, one

@@ -487,3 +487,39 @@ contract ChallengeTest is ChallengeBase {
         }
     }
 }
+
+/// The caller cancels a running job while its epoch's certified vote is challenged: the
+/// epoch still settles on the referees' verdict (the honest member paid, the fabricators
+/// slashed), then the job closes `Cancelled` with the unearned epoch refunded.
+contract CancelDuringChallengeTest is ChallengeBase {
+    function test_cancelDuringChallenge_settlesOnTheVerdict() public {
+        address[] memory ops = new address[](3);
+        for (uint256 i; i < 3; ++i) {
+            ops[i] = op(i + 1);
+            register(ops[i], i < 2 ? MIN_STAKE : 100 ether);
+        }
+        uint256 jobId = createJob(spec(3, 3, 2));
+        joinAll(jobId, ops);
+        uint32[] memory p = fullParticipation(jobId);
+        for (uint256 i; i < 3; ++i) {
+            submit(jobId, ops[i], i < 2 ? keccak256("fabricated") : trained(), p);
+        }
+        reveal(jobId);
+        challengeAs(ops[2], jobId);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        vm.expectRevert(abi.encodeWithSelector(I.ChallengeUnresolved.selector, jobId, 0));
+        finalizeNow(jobId);
+        applyAll(jobId, 3);
+        judge(jobId, trained());
+        vm.prank(reporter);
+        bsm.resolveChallenge(jobId, 0);
+        finalizeNow(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        vm.assertEq(bsm.epochCheckpoint(jobId, 0), trained());
+        vm.assertEq(bsm.creditOf(ops[2]), PRICE * 40 / 100 + CHALLENGE_BOND, "paid, and its bond back");
+        vm.assertEq(bsm.creditOf(ops[0]), 0, "a fabricator is not paid");
+        vm.assertEq(bsm.creditOf(caller), PRICE * 3 * 2 - PRICE, "all but the one paid operator-epoch");
+        assertConserved();
+    }
+}

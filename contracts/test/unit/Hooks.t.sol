@@ -478,3 +478,53 @@ contract HookGasCapTest is HooksBase {
         assertConserved();
     }
 }
+
+/// A running job cancelled by its caller and settled through the hooks in pieces, at the
+/// 32-member cap: every call fits the core's gas cap and the refund is exact.
+contract HookCancelTest is HooksBase {
+    function _joinedThroughHooks(uint256 n) internal returns (uint256 jobId, address[] memory ops) {
+        ops = registerN(n);
+        for (uint256 i; i < n; ++i) {
+            vm.prank(staker);
+            bsm.delegate{value: 1 ether}(ops[i]);
+        }
+        jobId = createJob(spec(uint8(n), uint8(n), 3));
+        for (uint256 i; i < n; ++i) {
+            vm.prank(ops[i]);
+            tangle.submitResult(JOIN, abi.encode(jobId));
+        }
+    }
+
+    function test_cancelledAtCap_settlesInPiecesUnderTheCap() public {
+        (uint256 jobId, address[] memory ops) = _joinedThroughHooks(32);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        submitAll(jobId, keccak256("c0"));
+        uint256 calls = hookFinalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        vm.assertLe(tangle.maxGas(), tangle.HOOK_GAS());
+        emit log_named_uint("max gas of one hook call (cancelled)", tangle.maxGas());
+        vm.assertGe(calls, uint256(32) / 2);
+        vm.assertEq(bsm.creditOf(caller), PRICE * 32 * 2, "two unearned epochs back");
+        for (uint256 i; i < 32; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100);
+            vm.assertEq(bsm.bondedOf(ops[i]), 0);
+        }
+        assertConserved();
+    }
+
+    /// Once a hook has settled part of the epoch, a cancel waits for the epoch's end.
+    function test_revert_SettlementInProgress() public {
+        (uint256 jobId,) = _joinedThroughHooks(4);
+        submitAll(jobId, keccak256("c0"));
+        tangle.submitJob(FINALIZE, abi.encode(jobId, 0));
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.SettlementInProgress.selector, jobId, 0));
+        bsm.cancelJob(jobId);
+        hookFinalize(jobId);
+        vm.assertEq(state(jobId).epoch, 1);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        vm.assertTrue(bsm.cancelRequested(jobId));
+    }
+}

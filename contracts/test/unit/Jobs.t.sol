@@ -119,10 +119,21 @@ contract CancelJobTest is BaseTest {
         bsm.cancelJob(jobId);
     }
 
-    function test_revert_JobNotOpen() public {
-        (uint256 jobId,) = runningJob(2, 2);
+    function test_revert_JobEnded_cancelled() public {
+        uint256 jobId = createJob(spec(3, 4, 2));
         vm.prank(caller);
-        vm.expectRevert(abi.encodeWithSelector(I.JobNotOpen.selector, jobId, I.JobStatus.Running));
+        bsm.cancelJob(jobId);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.JobEnded.selector, jobId, I.JobStatus.Cancelled));
+        bsm.cancelJob(jobId);
+    }
+
+    function test_revert_JobEnded_completed() public {
+        (uint256 jobId,) = runningJob(2, 1);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.JobEnded.selector, jobId, I.JobStatus.Completed));
         bsm.cancelJob(jobId);
     }
 
@@ -168,6 +179,144 @@ contract CancelJobTest is BaseTest {
         vm.prank(reporter);
         vm.expectRevert(abi.encodeWithSelector(I.NotJobCaller.selector, reporter, caller));
         bsm.cancelJob(jobId);
+    }
+}
+
+/// `cancelJob` by the caller of a running job: the epoch in progress settles as usual (its
+/// members paid), then the job closes `Cancelled` and the unearned escrow goes back, to the wei.
+contract CancelRunningJobTest is BaseTest {
+    function test_endsAtTheBoundary_exactRefund() public {
+        (uint256 jobId, address[] memory ops) = runningJob(2, 3);
+        vm.expectEmit();
+        emit I.CancelRequested(jobId, 0);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Running), "the epoch in progress runs on");
+        vm.assertTrue(bsm.cancelRequested(jobId));
+        submitAll(jobId, keccak256("c0"));
+        vm.expectEmit();
+        emit I.JobCancelled(jobId, PRICE * 2 * 2);
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        vm.assertEq(state(jobId).epoch, 1, "epoch 0 finalized");
+        vm.assertEq(bsm.epochCheckpoint(jobId, 0), keccak256("c0"));
+        vm.assertEq(bsm.creditOf(caller), PRICE * 2 * 2, "two unearned epochs back");
+        vm.assertEq(state(jobId).escrow, 0);
+        for (uint256 i; i < 2; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100, "member paid for epoch 0");
+            vm.assertEq(bsm.bondedOf(ops[i]), 0, "bond released");
+            vm.assertEq(bsm.getOperator(ops[i]).activeJobs, 0);
+        }
+        vm.assertEq(bsm.getMembers(jobId).length, 0);
+        assertConserved();
+    }
+
+    /// Cancelling after the work is revealed does not dodge paying for it.
+    function test_cancelAfterTheVotes_epochStillPaid() public {
+        (uint256 jobId, address[] memory ops) = runningJob(3, 2);
+        submitAll(jobId, keccak256("c0"));
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        for (uint256 i; i < 3; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100);
+        }
+        vm.assertEq(bsm.creditOf(caller), PRICE * 3);
+        assertConserved();
+    }
+
+    /// Silent members are slashed as usual; an epoch without quorum earns nothing, so the
+    /// whole remaining escrow goes back and no other attempt starts.
+    function test_failedEpoch_slashesDropouts_refundsAll() public {
+        (uint256 jobId, address[] memory ops) = runningJob(3, 2);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        submit(jobId, ops[0], keccak256("c0"), fullParticipation(jobId));
+        uint256 pool = bsm.getPool(ops[1]).totalAssets;
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        vm.assertLt(bsm.getPool(ops[1]).totalAssets, pool, "silent member slashed");
+        vm.assertEq(bsm.creditOf(caller), PRICE * 3 * 2);
+        vm.assertEq(bsm.creditOf(ops[0]), 0);
+        assertConserved();
+    }
+
+    /// A pending joiner is released, not started.
+    function test_pendingJoinerReleased() public {
+        address[] memory ops = registerN(2);
+        uint256 jobId = createJob(spec(2, 3, 3));
+        joinAll(jobId, ops);
+        address late = op(9);
+        register(late, MIN_STAKE);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        vm.prank(late);
+        bsm.joinJob(jobId);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        vm.assertEq(bsm.bondedOf(late), 0);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 0);
+        assertConserved();
+    }
+
+    /// Cancelling in the last epoch changes nothing: the job completes.
+    function test_lastEpoch_completes() public {
+        (uint256 jobId,) = runningJob(2, 1);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
+        vm.assertEq(bsm.creditOf(caller), 0);
+    }
+
+    function test_revert_CancelAlreadyRequested() public {
+        (uint256 jobId,) = runningJob(2, 3);
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        vm.prank(caller);
+        vm.expectRevert(abi.encodeWithSelector(I.CancelAlreadyRequested.selector, jobId, 0));
+        bsm.cancelJob(jobId);
+    }
+
+    function test_revert_NotJobCaller() public {
+        (uint256 jobId, address[] memory ops) = runningJob(2, 3);
+        vm.prank(ops[0]);
+        vm.expectRevert(abi.encodeWithSelector(I.NotJobCaller.selector, ops[0], caller));
+        bsm.cancelJob(jobId);
+        vm.assertFalse(bsm.cancelRequested(jobId));
+    }
+
+    /// Cancelled in epoch `at` of `epochs` with `n` members: epochs 0..at are paid, the rest
+    /// (and the seats never filled) refunded to the wei.
+    function testFuzz_exactRefund(uint8 nSeed, uint8 maxSeed, uint8 epochSeed, uint8 atSeed) public {
+        uint256 n = bound(nSeed, 2, 5);
+        uint256 maxOps = bound(maxSeed, n, 6);
+        uint32 epochs = uint32(bound(epochSeed, 1, 5));
+        uint256 at = bound(atSeed, 0, epochs - 1);
+        address[] memory ops = registerN(n);
+        I.JobSpec memory s = spec(uint8(n), uint8(maxOps), epochs);
+        uint256 jobId = createJob(s);
+        joinAll(jobId, ops);
+        for (uint256 e; e < at; ++e) {
+            submitAll(jobId, keccak256(abi.encode(e)));
+            finalize(jobId);
+        }
+        vm.prank(caller);
+        bsm.cancelJob(jobId);
+        submitAll(jobId, keccak256(abi.encode(at)));
+        finalize(jobId);
+        bool last = at + 1 == epochs;
+        vm.assertEq(uint8(status(jobId)), uint8(last ? I.JobStatus.Completed : I.JobStatus.Cancelled));
+        uint256 paid = PRICE * n * (at + 1);
+        vm.assertEq(bsm.creditOf(caller), escrowOf(s) - paid, "refund = escrow - paid epochs");
+        for (uint256 i; i < n; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100 * (at + 1));
+            vm.assertEq(bsm.bondedOf(ops[i]), 0);
+        }
+        assertConserved();
     }
 }
 

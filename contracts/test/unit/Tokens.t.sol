@@ -362,6 +362,27 @@ contract TokenSettlementTest is TokenBase {
         assertTokenConserved(address(usd));
     }
 
+    /// Cancelled while running: the epoch in progress is paid in the token, the rest of the
+    /// token escrow goes back to the owner to the unit; no ether moves.
+    function test_cancelRunningRefundsInToken() public {
+        (uint256 jobId, address[] memory ops) = runningTokenJob(2, 3);
+        vm.prank(gateway);
+        vm.expectRevert(abi.encodeWithSelector(I.NotJobCaller.selector, gateway, owner));
+        bsm.cancelJob(jobId);
+        vm.prank(owner);
+        bsm.cancelJob(jobId);
+        submitAll(jobId, keccak256("c0"));
+        finalize(jobId);
+        vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
+        vm.assertEq(credit(owner), TPRICE * 2 * 2);
+        vm.assertEq(credit(ops[0]), TPRICE * 4000 / 10_000);
+        vm.assertEq(bsm.creditOf(owner), 0);
+        (uint256 e,,) = bsm.tokenAccounting(address(usd));
+        vm.assertEq(e, 0, "no token escrow left");
+        assertTokenConserved(address(usd));
+        assertConserved();
+    }
+
     function test_completedJobRefundsUnusedSeats() public {
         address[] memory ops = registerN(2);
         I.JobSpec memory s = tspec(2, 4, 1);
