@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FORGE = ROOT / "scripts/toolchain/node_modules/@foundry-rs/forge-linux-amd64/bin/forge"
 LIMITS = {
-    "joinJob": 200_000,
+    # a join into a full list of 32 seat applicants reads each one's stake (~351k cold)
+    "joinJob": 450_000,
     "commitCheckpoint": 200_000,
     "revealCheckpoint": 200_000,
     "withdraw": 200_000,

@@ -20,6 +20,9 @@ contract GasAtCapTest is BaseTest {
     uint256 internal constant CLAIM_FOUR_TOKENS_LIMIT = 350_000;
     /// A node sends drawSeats with this fixed gas (node.py DRAW_SEATS_GAS).
     uint256 internal constant DRAW_SEATS_LIMIT = 3_000_000;
+    /// A join into a full list of 32 applicants reads every applicant's stake to find the
+    /// lightest (~351k cold): still under the core's 500k for a hook call.
+    uint256 internal constant DISPLACING_JOIN_LIMIT = 450_000;
 
     uint256 internal jobId;
     address[] internal ops;
@@ -85,8 +88,8 @@ contract GasAtCapTest is BaseTest {
         vm.assertEq(uint8(status(job2)), uint8(I.JobStatus.Running));
     }
 
-    /// 32 applicants, the cap: the displacing join, and the draws of 3 seats (29 released)
-    /// and of 32 seats.
+    /// 32 applicants, the cap: the join that displaces the lightest, and the draws of 3 seats
+    /// (29 released) and of 32 seats.
     function test_gas_seatDrawAtCap() public {
         bsm = deployBSM(seatDrawParams());
         ops = registerN(CAP);
@@ -97,7 +100,7 @@ contract GasAtCapTest is BaseTest {
             joinAll(id, ops);
             vm.prank(heavy);
             bsm.joinJob(id);
-            vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "joinJob displacing the lightest applicant");
+            vm.assertLe(_gas(), DISPLACING_JOIN_LIMIT, "joinJob displacing the lightest applicant");
             vm.warp(bsm.seatDrawAt(id));
             bsm.drawSeats(id);
             vm.assertLe(_gas(), DRAW_SEATS_LIMIT, "drawSeats");
