@@ -2,9 +2,11 @@
 
 A `Recipe` is written as a flat TOML file (any subset of the fields below; the rest keep their
 defaults, which are the reference node's constants) and pinned on-chain by `recipeHash`, the
-sha256 of its canonical form: compact JSON of every field (defaults filled in), keys sorted.
-The hash therefore does not depend on key order, whitespace, comments or on whether a default
-is written out. A zero `recipeHash` means the reference node's default recipe (docs/methods.md).
+sha256 of its canonical form: compact JSON of every field (defaults filled in, except the
+`LATER_FIELDS` at their defaults, so that recipes written before those fields keep their hash),
+keys sorted. The hash therefore does not depend on key order, whitespace, comments or on
+whether a default is written out. A zero `recipeHash` means the reference node's default
+recipe (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ ZERO_HASH = b"\x00" * 32
 REWARDS = ("exact", "numeric", "contains", "regex", "format")  # dtrain_node.train.rewards
 GRPO_COMPLETIONS = ("alphabet", "free")
 BACKENDS = ("builtin", "trl", "torchtune")  # dtrain_node.train.backend.make_backend
+LR_SCHEDULES = ("constant", "linear", "cosine")  # dtrain_node.train.inner.lr_factor
 MAX_PATTERN = 200  # characters of a reward regex (the recipe's, or a GRPO record's answer)
 
 
@@ -144,7 +147,17 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     ),
     "bf16": (bool, lambda v: True, "true or false"),
     "backend": (str, lambda v: v in BACKENDS, "builtin, trl or torchtune"),
+    "lr_schedule": (str, lambda v: v in LR_SCHEDULES, "constant, linear or cosine"),
+    "warmup_steps": (int, lambda v: v >= 0, ">= 0 (inner steps of linear warm-up)"),
+    "min_lr_ratio": (float, lambda v: 0 <= v <= 1, "in [0, 1] (of inner_lr, at the job's end)"),
+    "max_grad_norm": (float, lambda v: v >= 0, ">= 0 (0: no clipping)"),
+    "grad_accum": (int, lambda v: v >= 1, ">= 1 (micro-batches per inner step)"),
 }
+
+# Fields added after the first pinned canonical form: written into `canonical()` (and
+# `to_toml()`) only when set to something else than their default, so that every recipe
+# written before them keeps its hash (and a default recipe file stays readable by older nodes).
+LATER_FIELDS = ("lr_schedule", "warmup_steps", "min_lr_ratio", "max_grad_norm", "grad_accum")
 
 
 def _toml_value(v: Any) -> str:
@@ -188,6 +201,14 @@ class Recipe:
     lora_targets: str = ""  # comma-separated module names; empty: the attention projections
     bf16: bool = False  # bfloat16 autocast on CUDA
     backend: str = "builtin"  # the training library: "builtin", "trl" or "torchtune" (SFT/DPO)
+    # The inner step's schedule, over the job's inner steps (epochs x steps per epoch), counted
+    # from the job's first step: `warmup_steps` rising linearly to inner_lr, then constant, or a
+    # linear or cosine decay to inner_lr x min_lr_ratio at the job's end (dtrain_node.train.inner)
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float = 0.0  # clip the inner step's gradients to this global norm; 0: never
+    grad_accum: int = 1  # micro-batches of batch_size each inner step accumulates
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, str):
@@ -201,6 +222,11 @@ class Recipe:
             raise ConfigError(
                 "recipe field 'reward_pattern' must be set for reward 'format', e.g. "
                 "reward_pattern = '<answer>(.*)</answer>'"
+            )
+        if self.min_lr_ratio and self.lr_schedule == "constant":
+            raise ConfigError(
+                "recipe field 'min_lr_ratio' applies to lr_schedule 'linear' or 'cosine' only "
+                "(lr_schedule is 'constant'): set the schedule, or leave min_lr_ratio out"
             )
         if self.outer_weight_decay * self.outer_lr >= 1:
             raise ConfigError(
@@ -232,13 +258,20 @@ class Recipe:
             raise ConfigError(f"recipe {str(path)!r} is not valid TOML: {exc}") from exc
         return cls.from_dict(data, source=f"recipe {str(path)!r}")
 
+    def _pinned(self) -> dict[str, Any]:
+        """Every field, but the `LATER_FIELDS` left at their defaults."""
+        later = {f.name: f.default for f in fields(self) if f.name in LATER_FIELDS}
+        return {k: v for k, v in asdict(self).items() if k not in later or v != later[k]}
+
     def to_toml(self) -> str:
-        """Every field as a flat TOML file that `from_toml` reads back as this recipe."""
-        return "".join(f"{k} = {_toml_value(v)}\n" for k, v in asdict(self).items())
+        """Every field (the `LATER_FIELDS` only when set) as a flat TOML file that `from_toml`
+        reads back as this recipe."""
+        return "".join(f"{k} = {_toml_value(v)}\n" for k, v in self._pinned().items())
 
     def canonical(self) -> str:
-        """Compact JSON of every field, keys sorted: the bytes `hash()` covers."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        """Compact JSON of every field (the `LATER_FIELDS` only when set), keys sorted: the
+        bytes `hash()` covers."""
+        return json.dumps(self._pinned(), sort_keys=True, separators=(",", ":"))
 
     def hash(self) -> bytes:
         """The `recipeHash` a job pins: sha256 of `canonical()`."""

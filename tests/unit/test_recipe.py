@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from dtrain.errors import ConfigError
-from dtrain.recipe import RULES, Recipe
+from dtrain.recipe import LATER_FIELDS, RULES, Recipe
 
 
 def test_defaults_are_the_reference_node_constants() -> None:
@@ -94,6 +94,16 @@ BAD = [
     ("bf16", "true", "'bf16' must be true or false"),
     ("backend", "unsloth", "'backend' must be builtin, trl or torchtune, got 'unsloth'"),
     ("backend", 1, "'backend' must be a string"),
+    ("lr_schedule", "step", "'lr_schedule' must be constant, linear or cosine, got 'step'"),
+    ("lr_schedule", 1, "'lr_schedule' must be a string"),
+    ("warmup_steps", -1, "'warmup_steps' must be >= 0"),
+    ("warmup_steps", 2.5, "'warmup_steps' must be an integer"),
+    ("min_lr_ratio", 1.5, "'min_lr_ratio' must be in [0, 1]"),
+    ("min_lr_ratio", 0.1, "'min_lr_ratio' applies to lr_schedule 'linear' or 'cosine' only"),
+    ("max_grad_norm", -1.0, "'max_grad_norm' must be >= 0 (0: no clipping)"),
+    ("max_grad_norm", float("inf"), "'max_grad_norm' must be >= 0 (0: no clipping), got inf"),
+    ("grad_accum", 0, "'grad_accum' must be >= 1"),
+    ("grad_accum", "2", "'grad_accum' must be a number"),
 ]
 
 
@@ -134,6 +144,36 @@ def test_default_canonical_form_is_pinned() -> None:
         '"lora_targets":"","outer_lr":1.0,"outer_momentum":0.95,"outer_weight_decay":0.0,'
         '"reward":"exact","reward_pattern":"","seed":0,"seq_len":128}'
     )
+
+
+def test_schedule_fields_enter_the_hash_only_when_set(tmp_path) -> None:
+    """The fields added after the pinned form (LATER_FIELDS) leave every older recipe's hash as
+    it was: at their defaults they are neither hashed nor written out; set, they are both."""
+    assert set(LATER_FIELDS) < {f.name for f in fields(Recipe)}
+    old = Recipe(batch_size=4, seed=3)
+    written = Recipe(
+        batch_size=4, seed=3, lr_schedule="constant", warmup_steps=0, max_grad_norm=0, grad_accum=1
+    )
+    assert written.hash() == old.hash() and written.canonical() == old.canonical()
+    assert not any(name in old.to_toml() for name in LATER_FIELDS)
+    for change in (
+        {"lr_schedule": "linear"},
+        {"lr_schedule": "cosine", "min_lr_ratio": 0.1},
+        {"warmup_steps": 10},
+        {"max_grad_norm": 1.0},
+        {"grad_accum": 4},
+    ):
+        r = Recipe(batch_size=4, seed=3, **change)
+        assert r.hash() != old.hash(), change
+        assert all(json.loads(r.canonical())[k] == v for k, v in change.items())
+        p = tmp_path / "r.toml"
+        p.write_text(r.to_toml())
+        assert Recipe.from_toml(p) == r and Recipe.from_toml(p).hash() == r.hash()
+    a, b = (
+        Recipe(lr_schedule="cosine", warmup_steps=5),
+        Recipe(lr_schedule="linear", warmup_steps=5),
+    )
+    assert a.hash() != b.hash()
 
 
 def test_to_toml_reads_back(tmp_path) -> None:

@@ -21,7 +21,7 @@ import torch
 from dtrain.errors import ConfigError
 from dtrain.recipe import ZERO_HASH, Recipe
 from dtrain_node.errors import BackendUnavailable, DatasetError, RecipeInvalid
-from dtrain_node.train import corpus, dataset, shard
+from dtrain_node.train import corpus, dataset, inner, shard
 from dtrain_node.train import losses as methods
 from dtrain_node.train.devices import to_device
 from dtrain_node.train.start import StartModel, adapt, export_model, start_model
@@ -219,7 +219,13 @@ METHODS = ("cpt", "sft", "dpo", "grpo")
 def make_backend(job: TrainJob, name: str | None = None, options: Any = None) -> Backend:
     """The backend `name` for the job's method (None: the recipe's `backend`, "builtin" without
     a recipe); `options` is a finetune.MethodOptions (DPO beta, GRPO group size / clip / KL
-    coefficient), defaults when None."""
+    coefficient), defaults when None. With a recipe's `grad_accum` above 1 its batch stream
+    yields one group of micro-batches per inner step (train/inner.py)."""
+    backend = _make_backend(job, name, options)
+    return inner.accumulating(backend, job.recipe)  # type: ignore[no-any-return]
+
+
+def _make_backend(job: TrainJob, name: str | None, options: Any) -> Backend:
     name = name or getattr(job.recipe, "backend", "builtin")
     if name in ("trl", "torchtune"):
         if job.method not in METHODS:
