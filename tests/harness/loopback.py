@@ -101,7 +101,12 @@ class LoopbackTransport:
         return [key for key, _ in peers]
 
     def collect_round(
-        self, rnd: int, payload: bytes, deadline_s: float, patience_s: float | None = None
+        self,
+        rnd: int,
+        payload: bytes,
+        deadline_s: float,
+        patience_s: float | None = None,
+        state: bytes = b"",
     ) -> RoundResult:
         if self.epoch is None:
             raise RuntimeError("set_epoch() before collect_round()")

@@ -74,6 +74,10 @@ class Checkpoints:
         self._peers = peers  # members' addresses -> their (peer key, multiaddrs) on chain
         self._metric = metric
 
+    def peers(self, members: Sequence[str]) -> list[PeerSpec]:
+        """These members' (peer key, multiaddrs) as registered on chain."""
+        return self._peers(members)
+
     def _fetch(self, job: Job, expected: bytes, path: Path) -> None:
         """The previous epoch's checkpoint from the members, retried with backoff (peers may be
         restarting too) until only the vote's margin is left before the commit deadline; then

@@ -33,10 +33,12 @@ from dtrain_node.errors import (
     ModelUnavailable,
     RecipeInvalid,
 )
-from dtrain_node.operator import evidence, roundstate
+from dtrain_node.operator import evidence, roundstate, spotcheck
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import reconcile_deadline, round_deadline, round_patience
+from dtrain_node.operator.epochchecks import CheckSetup, EpochChecks
 from dtrain_node.operator.faults import AHEAD_WAIT_S, Faults, RoundContext
+from dtrain_node.operator.replaycheck import ClaimHead
 from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
@@ -128,6 +130,9 @@ class EpochTrainer:
         self.transcript_root: bytes | None = None  # of the canonical transcript, once agreed
         self.equivocations: list[Equivocation] = []  # members' proven equivocations
         self.context: RoundContext  # what the previous round left for `Faults.packet`
+        self.checks: EpochChecks | None = None  # replay spot checks (docs/protocol.md 4.6)
+        self.first_diverged: int | None = None  # first live round the transcript changed
+        self.canonical: list[list[tuple[str, str]]] = []  # the transcript's (sender, sha)
 
     def run(self) -> tuple[bytes, list[int]]:
         """`prepare` then `train`."""
@@ -148,6 +153,8 @@ class EpochTrainer:
         for r in range(self.first, self.rounds):
             self._round(r)
         self._reconcile()
+        if self.checks is not None:
+            self.checks.finish(self.first_diverged, self.canonical)
         return self._finish()
 
     def _build(self) -> None:
@@ -187,6 +194,7 @@ class EpochTrainer:
         seed = job.id * 1000 + st.attempt + tj.seed_offset
         batches = backend.batches(idx, tj.batch_size, seed=seed)
         self.batches = from_round(batches, self.first, job.spec.sync_interval)
+        self.checks = self._spot_checks(seed)
         before = backend.evaluate()
         env.metric(
             "epoch_start",
@@ -199,6 +207,39 @@ class EpochTrainer:
             **before,
         )
         backend.model.train()
+
+    def _spot_checks(self, seed: int) -> EpochChecks | None:
+        """The attempt's replay spot checks (None: rate 0, or paper mode: nothing private)."""
+        env, job, st = self.env, self.job, self.job.state
+        rate = spotcheck.rate_from_env()
+        if rate == 0.0 or self.opt.inner is None:
+            return None
+        contract = Web3.to_checksum_address(env.cfg.contract)
+        peers = env.checkpoints.peers
+
+        def fetch(sha: str, member: str, dest: Path) -> Path:
+            return env.transport.fetch_file(sha, peers([member]), dest)
+
+        model = self.backend.model
+        return EpochChecks(
+            CheckSetup(
+                job_dir=env.job_dir,
+                head=ClaimHead(env.chain_id, contract, job.id, st.attempt),
+                epoch=st.epoch,
+                members=self.members,
+                me=env.me,
+                key=env.cfg.key,
+                rate=rate,
+                demo=demo_config(env.cfg, job, self.train_job.recipe),
+                train_job=self.train_job,
+                seed=seed,
+                device=self.device,
+                start={n: t.detach().clone() for n, t in model.state_dict().items()},
+                serve=env.transport.serve_file,
+                fetch=fetch,
+                metric=env.metric,
+            )
+        )
 
     def _inner_steps(self) -> tuple[int, float]:
         """K inner steps; returns (tokens, summed loss). A GRPO backend's mean reward of
@@ -221,9 +262,12 @@ class EpochTrainer:
         env, job, opt = self.env, self.job, self.opt
         env.between_rounds(job)
         self.faults.before_round(r, env.metric)
+        shared = [t.clone() for t in opt.theta_sync] if self.checks else []
+        state = self.checks.commit(r, opt) if self.checks else b""
         t0 = time.perf_counter()
         self.rewards: list[float] = []
-        tokens, loss_sum = (0, 0.0) if self.faults.ahead else self._inner_steps()
+        skip = self.faults.skips_compute(self.context)
+        tokens, loss_sum = (0, 0.0) if skip else self._inner_steps()
         self.faults.throttle(time.perf_counter() - t0)
         compute_s = time.perf_counter() - t0
         t_sync = time.perf_counter()
@@ -231,25 +275,14 @@ class EpochTrainer:
         packet = self.faults.packet(r, honest, self.context)
         if packet:
             packet = roundstate.sent_packet(env.job_dir, job.state.attempt, r, packet)
-        deadline = round_deadline(
-            env.cfg.round_deadline_s,
-            first=r == self.first,
-            now=time.time(),
-            epoch_deadline=job.deadline,
-            rounds_left=self.rounds - r,
-            settle_s=env.transport.settle_s,
-        )
-        patience = round_patience(
-            now=time.time(),
-            epoch_deadline=job.deadline,
-            rounds_left=self.rounds - r,
-            settle_s=env.transport.settle_s,
-        )
-        if self.faults.ahead:
-            deadline, patience = AHEAD_WAIT_S, AHEAD_WAIT_S
-        res = env.transport.collect_round(r, packet, deadline, patience)
+        deadline, patience = self._deadlines(r)
+        signed = {"state": state} if state else {}  # a transport without checks takes none
+        res = env.transport.collect_round(r, packet, deadline, patience, **signed)
         stats = opt.apply(res.packets)
-        self.context = RoundContext(opt.spec, env.me, honest, res.packets)
+        if self.checks is not None:
+            self.checks.after_round(r, shared, opt.theta_sync, res.packets, res.commitments)
+        first = self.context.first_sent or packet or None
+        self.context = RoundContext(opt.spec, env.me, honest, res.packets, first)
         sync_s = time.perf_counter() - t_sync
         self._count(stats.applied)
         del self.applied[r:]
@@ -277,6 +310,27 @@ class EpochTrainer:
             compute_s=round(compute_s, 4),
         )
 
+    def _deadlines(self, r: int) -> tuple[float, float]:
+        """Round `r`'s deadline and patience (deadlines.py)."""
+        env, job = self.env, self.job
+        if self.faults.ahead:
+            return AHEAD_WAIT_S, AHEAD_WAIT_S
+        deadline = round_deadline(
+            env.cfg.round_deadline_s,
+            first=r == self.first,
+            now=time.time(),
+            epoch_deadline=job.deadline,
+            rounds_left=self.rounds - r,
+            settle_s=env.transport.settle_s,
+        )
+        patience = round_patience(
+            now=time.time(),
+            epoch_deadline=job.deadline,
+            rounds_left=self.rounds - r,
+            settle_s=env.transport.settle_s,
+        )
+        return deadline, patience
+
     def _reconcile(self) -> None:
         """The transcript decides: the rounds whose canonical packets differ from what we
         applied live (we were late, missed packets, or a member revealed to some peers only)
@@ -290,6 +344,8 @@ class EpochTrainer:
             for r in range(self.rounds)
             if r >= len(self.applied) or sorted(self.applied[r]) != sorted(canonical[r])
         ]
+        self.first_diverged = diverged[0] if diverged else None
+        self.canonical = canonical
         record = self._evidence(t)
         self.transcript_root = record.root()
         file = evidence.save(env.job_dir, record)

@@ -41,7 +41,7 @@ _HEAD = struct.Struct(">4sBQ20sQQQI")
 MAX_ROUNDS = 1 << 16
 MAX_PACKETS = 32  # the contract's MAX_OPERATORS_CAP: one packet per member and round
 MAX_PAYLOAD = 16 << 20
-MAX_COMMITMENT = envmod.OVERHEAD  # a commitment carries no chunk bytes
+MAX_COMMITMENT = envmod.OVERHEAD + envmod.STATE_LEN  # its chunk: nothing or a state digest
 _FRAME = Frame(MAGIC, VERSION, _HEAD.size)
 
 
@@ -54,6 +54,15 @@ class Packet:
     sender: str  # checksummed address
     payload: bytes
     commitment: bytes = b""  # the sender's signed commitment envelope, encoded
+
+    @property
+    def state(self) -> bytes | None:
+        """The private-state digest the sender signed into its commitment for the round
+        (docs/protocol.md 4.6); None when it named none or the commitment does not decode."""
+        try:
+            return envmod.decode(self.commitment).state_digest if self.commitment else None
+        except EnvelopeError:
+            return None
 
 
 @dataclass(frozen=True)

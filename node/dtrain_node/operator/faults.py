@@ -47,6 +47,11 @@ commits and reveals round r as soon as round r - 1 ended, before the honest memb
 With `attack=poison` it is the member that tries to own each round with a poisoned packet; the
 members apply a round only with what the canonical transcript holds, never one early reveal.
 
+`stale` is the free-rider: it trains round 0 of each attempt and from then on skips the inner
+steps and re-sends that first packet every round (still committing, as it must, to the private
+state it holds). Its packets are valid and near honest scale, so aggregation cannot tell; a
+replay spot check of any later round (docs/protocol.md 4.6) gives another packet.
+
 `slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
 steps take X times as long). The chain must not punish it.
 """
@@ -67,7 +72,7 @@ from dtrain_node.optim.codec import Spec
 
 USAGE = (
     "fabricate, collude, unworkable, doctor, inject, no-reveal, garbage, stop-sync=N, offline=N, "
-    "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, slow=X, "
+    "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, stale, slow=X, "
     "equivocate=N, withhold=N, late=N, epoch=E, once"
 )
 
@@ -96,6 +101,7 @@ class RoundContext:
     me: str  # our address
     prev_honest: bytes | None = None  # our honest packet of the previous round
     prev_packets: Sequence[tuple[Any, bytes]] = ()  # the previous round's collected packets
+    first_sent: bytes | None = None  # the first packet we sent in this attempt (run)
 
     def other(self) -> bytes | None:
         """Another member's packet of the previous round (the first in canonical order)."""
@@ -131,6 +137,7 @@ class Faults:
     withhold_rounds: tuple[int, ...] = ()
     late_rounds: tuple[int, ...] = ()  # reveal to one member only, by sync
     ahead: bool = False  # no inner steps, no waiting: every round committed before the others
+    stale: bool = False  # no inner steps after the first round: its first packet every round
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.slow <= 100.0:
@@ -171,6 +178,8 @@ class Faults:
                 kw["garbage_packets"] = True
             elif name == "ahead" and not value:
                 kw["ahead"] = True
+            elif name == "stale" and not value:
+                kw["stale"] = True
             elif name == "once" and not value:
                 kw["first_attempt_only"] = True
             elif name == "equivocate" and value.isdigit():
@@ -209,6 +218,10 @@ class Faults:
             metric("fault_offline", round=rnd)
             vanish(3)
 
+    def skips_compute(self, ctx: RoundContext | None) -> bool:
+        """No inner steps this round: `ahead`, or `stale` once it sent its first packet."""
+        return self.ahead or (self.stale and ctx is not None and ctx.first_sent is not None)
+
     def throttle(self, compute_s: float, sleep: Callable[[float], Any] = time.sleep) -> None:
         """`slow=X`: after inner steps that took `compute_s`, wait so they took X times as long."""
         if self.slow > 1.0:
@@ -225,6 +238,8 @@ class Faults:
             packet = self.attack(
                 ctx.spec, honest, prev=ctx.prev_honest, other=ctx.other(), seed=rnd
             )
+        if self.stale and ctx is not None and ctx.first_sent:
+            packet = ctx.first_sent
         if self.stop_sync_at_round is not None and rnd >= self.stop_sync_at_round:
             packet = b""  # publish nothing; keep training on our own
         if self.garbage_packets:

@@ -53,10 +53,16 @@ class Transport(Protocol):
     def connect(self, peers: list[PeerSpec]) -> list[bytes]: ...
 
     def collect_round(
-        self, rnd: int, payload: bytes, deadline_s: float, patience_s: float | None = None
+        self,
+        rnd: int,
+        payload: bytes,
+        deadline_s: float,
+        patience_s: float | None = None,
+        state: bytes = b"",
     ) -> RoundResult:
         """Publish our packet of round `rnd` and collect the members' packets; a live member
-        that has not begun the round is waited for up to `patience_s`."""
+        that has not begun the round is waited for up to `patience_s`. `state`: the digest of
+        our private state at the round's start, signed into our commitment (b"": none)."""
         ...
 
     def reconcile(self, rounds: int, deadline_s: float) -> Transcript:

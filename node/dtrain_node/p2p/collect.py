@@ -7,9 +7,10 @@ that honest nodes apply the same set (4.4 states the guarantee and its limits).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -30,6 +31,9 @@ class RoundResult:
     bytes_out: int
     settled: bool  # False: hit deadline + settle_s before peers agreed (see docs/protocol.md)
     re_requests: int
+    # per packet, its sender's signed commitment (an encoded envelope: names the packet's
+    # sha256 and the sender's private-state digest, docs/protocol.md 4.6)
+    commitments: list[bytes] = field(default_factory=list)
 
 
 class RoundCollector:
@@ -38,7 +42,12 @@ class RoundCollector:
         self._sync = sync
 
     async def collect(
-        self, rnd: int, payload: bytes, deadline_s: float | None, patience_s: float | None = None
+        self,
+        rnd: int,
+        payload: bytes,
+        deadline_s: float | None,
+        patience_s: float | None = None,
+        state: bytes = b"",
     ) -> RoundResult:
         st, cfg, store = self._state, self._state.config, self._state.store
         if store.epoch is None:
@@ -52,7 +61,7 @@ class RoundCollector:
         commit_deadline = t0 + budget * cfg.commit_share
         # a member that is alive but has not begun the round yet is waited for this long
         patient = t0 + max(budget, patience_s or 0.0) * cfg.commit_share
-        chunks, settled = await self._commit(rnd, payload, t0, commit_deadline, patient)
+        chunks, settled = await self._commit(rnd, payload, t0, commit_deadline, patient, state)
         t_reveal = time.monotonic()
         # the packets get their share of the round however long the commitments took
         deadline = max(deadline, t_reveal + budget * (1 - cfg.commit_share))
@@ -73,7 +82,13 @@ class RoundCollector:
         return self._finish(rnd, t0, before, settled)
 
     async def _commit(
-        self, rnd: int, payload: bytes, t0: float, commit_deadline: float, patient: float
+        self,
+        rnd: int,
+        payload: bytes,
+        t0: float,
+        commit_deadline: float,
+        patient: float,
+        state: bytes = b"",
     ) -> tuple[list[envmod.Envelope], bool]:
         """Phase 1: publish our commitment, then wait until every member committed, or the
         commit deadline passed and the peers agree on the commitments.
@@ -86,7 +101,7 @@ class RoundCollector:
         # reveals (a member that runs ahead) never stop us from committing
         behind = 0.0
         if payload and not store.revealed_by_quorum(rnd, st.account.address):
-            commit, chunks = self._seal(rnd, payload)
+            commit, chunks = self._seal(rnd, payload, state)
             store.offer(commit, relayed=True)
             behind = store.began_behind_by(rnd, time.monotonic())
             await self._publish([commit])
@@ -165,13 +180,15 @@ class RoundCollector:
         self._state.store.offer(commit, relayed=True)
         await self._publish([commit])
 
-    def _seal(self, rnd: int, payload: bytes) -> tuple[envmod.Envelope, list[envmod.Envelope]]:
+    def _seal(
+        self, rnd: int, payload: bytes, state: bytes = b""
+    ) -> tuple[envmod.Envelope, list[envmod.Envelope]]:
         st, cfg, store = self._state, self._state.config, self._state.store
         assert store.epoch is not None
         args = {"chain_id": cfg.chain_id, "contract": cfg.contract, "job_id": cfg.job_id}
         args.update(epoch=store.epoch, round=rnd, payload=payload, chunk_size=cfg.chunk_bytes)
         chunks = envmod.seal(st.account, **args)
-        return envmod.commitment(st.account, chunks), chunks
+        return envmod.commitment(st.account, chunks, state), chunks
 
     async def _publish(self, envs: list[envmod.Envelope]) -> None:
         st, store = self._state, self._state.store
@@ -277,4 +294,9 @@ class RoundCollector:
             bytes_out=record["bytes_out"],
             settled=settled,
             re_requests=m.re_requests - rr0,
+            commitments=[self._commitment(rnd, s, p) for s, p in packets],
         )
+
+    def _commitment(self, rnd: int, sender: str, payload: bytes) -> bytes:
+        env = self._state.store.commitment(rnd, sender, hashlib.sha256(payload).digest())
+        return b"" if env is None else env.encode()

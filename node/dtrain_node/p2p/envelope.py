@@ -5,7 +5,9 @@ Wire layout (version 2, big-endian integers), specified in docs/protocol.md:
 
     magic        4  b"DTGE"
     version      1  2
-    kind         1  0 = packet chunk, 1 = commitment (no chunk bytes, chunk_index 0)
+    kind         1  0 = packet chunk, 1 = commitment (chunk_index 0; as chunk bytes either
+                    nothing or the 32-byte commitment to the sender's private state at the
+                    round's start, docs/protocol.md 4.6)
     chain_id     8  uint64
     contract    20  address
     job_id      32  uint256
@@ -54,6 +56,7 @@ OVERHEAD = HEADER_LEN + SIG_LEN
 _FRAME = Frame(MAGIC, VERSION, OVERHEAD)
 MAX_CHUNK = 512 * 1024  # every gossip message stays well under py-libp2p's silent 1 MiB limit
 MAX_CHUNKS = 0xFFFF
+STATE_LEN = 32  # a commitment's chunk: sha256 of the sender's private-state file, or nothing
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,10 @@ class Envelope:
     def __post_init__(self) -> None:
         if self.kind not in (CHUNK, COMMIT):
             raise EnvelopeError("field", f"kind={self.kind} not in (0, 1)")
-        if self.kind == COMMIT and (self.chunk or self.chunk_index):
-            raise EnvelopeError("field", "a commitment carries no chunk (chunk_index 0, no bytes)")
+        if self.kind == COMMIT and (len(self.chunk) not in (0, STATE_LEN) or self.chunk_index):
+            raise EnvelopeError(
+                "field", "a commitment's chunk is empty or a 32-byte state digest (chunk_index 0)"
+            )
         for name, value, bits in (
             ("chain_id", self.chain_id, 64),
             ("job_id", self.job_id, 256),
@@ -137,6 +142,12 @@ class Envelope:
     def auth_id(self) -> bytes:
         """What the signature covers, plus the signature: equal ids, equally authentic."""
         return hashlib.sha256(self._fields() + self.signature + self.chunk).digest()
+
+    @property
+    def state_digest(self) -> bytes | None:
+        """A commitment's signed private-state digest (None: it names none, or not a
+        commitment)."""
+        return self.chunk if self.kind == COMMIT and self.chunk else None
 
     @property
     def key(self) -> tuple[int, str, bytes]:
@@ -205,9 +216,10 @@ def seal(
     return [_signed(account, env) for env in chunks]
 
 
-def commitment(account: LocalAccount, chunks: list[Envelope]) -> Envelope:
-    """The signed commitment to the packet whose chunks seal() returned."""
-    head = dataclasses.replace(chunks[0], kind=COMMIT, chunk=b"", chunk_index=0, signature=b"")
+def commitment(account: LocalAccount, chunks: list[Envelope], state: bytes = b"") -> Envelope:
+    """The signed commitment to the packet whose chunks seal() returned, naming `state` (the
+    sha256 of our private state at the round's start, or b"": none)."""
+    head = dataclasses.replace(chunks[0], kind=COMMIT, chunk=state, chunk_index=0, signature=b"")
     return _signed(account, head)
 
 

@@ -204,15 +204,17 @@ class GossipNode(Looper):
         payload: bytes,
         deadline_s: float | None = None,
         patience_s: float | None = None,
+        state: bytes = b"",
     ) -> RoundResult:
         """Publish our packet for round `rnd` and collect every member's (docs/protocol.md 4.2).
 
         payload b"" publishes nothing. Our own payload passes the same validation as peers'
         (EnvelopeError if it fails). deadline_s overrides config.round_deadline_s;
         patience_s (longer) is how long a live member that has not begun the round is waited
-        for (None: deadline_s).
+        for (None: deadline_s). state: our private-state digest at the round's start (32
+        bytes), signed into our commitment (b"": none; docs/protocol.md 4.6).
         """
-        return self._call(self._rounds.collect, rnd, payload, deadline_s, patience_s)
+        return self._call(self._rounds.collect, rnd, payload, deadline_s, patience_s, state)
 
     def reconcile(self, rounds: int, deadline_s: float) -> Transcript:
         """After the last round: agree with the members on the epoch's transcript (rounds

@@ -1,0 +1,153 @@
+"""The replay spot checks of one epoch attempt, as the epoch trainer runs them
+(docs/protocol.md 4.6): `commit` at each round's start (the private state kept, served, and its
+digest for our commitment), `after_round` once the round is applied (the round's checks are
+assigned; ours go to the checker thread), `finish` once the transcript is agreed (the failed
+checks that stand become signed claims).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from eth_account import Account
+
+from dtrain_node.operator import claims, replaycheck, spotcheck
+from dtrain_node.operator.replaycheck import Check, ClaimHead, Outcome
+from dtrain_node.optim import reproduce, statefile
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.train import devices, shard
+from dtrain_node.train.backend import TrainJob, make_backend
+
+DRAIN_S = 120.0  # at the epoch's end: how long the last rounds' checks may still take
+
+
+@dataclass(frozen=True)
+class CheckSetup:
+    """What the checks of an attempt need from the trainer."""
+
+    job_dir: Path
+    head: ClaimHead  # chain, contract, job, attempt
+    epoch: int
+    members: Sequence[str]
+    me: str
+    key: str  # our operator key: signs claims
+    rate: float
+    demo: DeMoConfig
+    train_job: TrainJob
+    seed: int  # of the batch order (the trainer's)
+    device: torch.device
+    start: dict[str, torch.Tensor]  # the model's state at the attempt's start
+    serve: Callable[[str, Path], None]  # (sha256 hex, path): serve a file to peers
+    fetch: replaycheck.Fetch
+    metric: Callable[..., Any]
+
+
+class EpochChecks:
+    def __init__(self, s: CheckSetup) -> None:
+        self.s = s
+        self.ring = spotcheck.StateRing(s.job_dir, s.head.attempt, s.serve)
+        self.claims: list[claims.Claim] = []
+        replica = replaycheck.demo_replica(self._build, s.demo, s.demo.sync_interval)
+        self.checker = replaycheck.Checker(replica, s.fetch, s.job_dir / "checks", self._report)
+
+    def _build(self) -> tuple[Any, Callable[[Any], torch.Tensor], Callable[[str], Any]]:
+        """A second copy of the job's model and data (on the checker's thread)."""
+        s = self.s
+        backend = make_backend(s.train_job)
+        backend.model.load_state_dict(s.start)
+        backend.to(s.device)
+        recipe = s.train_job.recipe
+
+        def loss(batch: Any) -> torch.Tensor:
+            with devices.autocast(s.device, recipe):
+                return backend.loss(batch)
+
+        def stream(member: str) -> Any:
+            idx = shard.assign(backend.n_items(), s.head.job_id, s.epoch, list(s.members), member)
+            return backend.batches(idx, s.train_job.batch_size, seed=s.seed)
+
+        return backend.model, loss, stream
+
+    def commit(self, rnd: int, opt: DeMo) -> bytes:
+        """At round `rnd`'s start: our private state kept and served; its digest (to sign)."""
+        data = statefile.encode(reproduce.private_state(opt))
+        return bytes.fromhex(self.ring.put(rnd, data))
+
+    def after_round(
+        self,
+        rnd: int,
+        shared_before: Sequence[torch.Tensor],
+        shared_after: Sequence[torch.Tensor],
+        packets: Sequence[tuple[str, bytes]],
+        commitments: Sequence[bytes],
+    ) -> list[tuple[str, str]]:
+        """The round's checks (from the shared state after it); ours are queued. Returns the
+        assignment (checker, member)."""
+        s = self.s
+        pairs = spotcheck.assign(spotcheck.shared_digest(shared_after), s.members, rnd, s.rate)
+        # a transport that signs nothing gives no commitments: nothing to check against
+        pairs_held = zip(packets, commitments, strict=False)
+        got = {str(sender).lower(): (p, c) for (sender, p), c in pairs_held}
+        for checker, member in pairs:
+            held = got.get(member.lower())
+            if checker.lower() != s.me.lower() or held is None or not held[1]:
+                continue  # not ours; the member is missing anyway; an unsigned transport
+            self.checker.submit(Check(rnd, member, held[0], held[1], list(shared_before)))
+        return pairs
+
+    def _report(self, o: Outcome) -> None:
+        s, c = self.s, o.check
+        self.s.metric(
+            "replay_checked",
+            job=s.head.job_id,
+            epoch=s.epoch,
+            attempt=s.head.attempt,
+            round=c.round,
+            member=c.member,
+            match=o.reason is None,
+            reason=None if o.reason is None else claims.REASONS[o.reason],
+            bytes=o.bytes,
+            fetch_s=round(o.fetch_s, 4),
+            replay_s=round(o.replay_s, 4),
+        )
+
+    def finish(
+        self, first_diverged: int | None, canonical: Sequence[Sequence[tuple[str, str]]]
+    ) -> list[claims.Claim]:
+        """Wait for the queued checks (up to DRAIN_S), then sign, save and serve the claims
+        that stand (`replaycheck.confirmed`); report each (`replay_claim`)."""
+        s = self.s
+        drained = self.checker.drain(DRAIN_S)
+        self.checker.stop()
+        account = Account.from_key(s.key)
+        failed = [o for o in self.checker.outcomes if o.reason is not None]
+        standing = replaycheck.confirmed(failed, first_diverged, canonical)
+        for o in standing:
+            c = replaycheck.claim(o, s.head, account)
+            path = claims.save(s.job_dir / "claims", c)
+            s.serve(statefile.commitment(path.read_bytes()).hex(), path)
+            self.claims.append(c)
+            s.metric(
+                "replay_claim",
+                job=s.head.job_id,
+                epoch=s.epoch,
+                attempt=s.head.attempt,
+                round=c.round,
+                member=c.member,
+                reason=c.reason_name,
+                file_sha256=statefile.commitment(path.read_bytes()).hex(),
+                claim=c.encode().hex(),
+            )
+        if len(standing) < len(failed) or not drained:
+            s.metric(
+                "replay_claims_dropped",
+                job=s.head.job_id,
+                attempt=s.head.attempt,
+                dropped=len(failed) - len(standing),
+                drained=drained,
+            )
+        return self.claims
