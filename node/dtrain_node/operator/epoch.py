@@ -212,8 +212,8 @@ class EpochTrainer:
         """The attempt's replay spot checks (None: rate 0, or paper mode: nothing private)."""
         env, job, st = self.env, self.job, self.job.state
         rate = spotcheck.rate_from_env()
-        if rate == 0.0 or self.opt.inner is None:
-            return None
+        if rate == 0.0 or self.opt.inner is None or self.train_job.method == "grpo":
+            return None  # GRPO samples completions: its rounds do not replay bit for bit
         contract = Web3.to_checksum_address(env.cfg.contract)
         peers = env.checkpoints.peers
 
