@@ -29,7 +29,7 @@ import click
 import requests
 from web3 import Web3
 
-from . import axolotl, erc20, pins
+from . import axolotl, erc20, estimate, pins
 from .chain import LocalChain
 from .client import BSM, FINALIZE_GAS, JOB_EVENTS, connect, load_key
 from .envfile import env_path, read_env, remove_env, update_env, write_env
@@ -843,15 +843,16 @@ def job_submit(
         recipe_hash=recipe_pin,
         recipe_uri=recipe_path or "",
     )
+    fmt = unit.format if unit else format_eth
+    forecast = _forecast(bsm, spec, recipe, fmt)
     if dry_run:
         gas = bsm.check_create_job(spec, unit.address if unit else None) if bsm else 0
-        _show_dry_run(ctx, spec, unit, data_summary, gas, serve, x402_url)
+        _show_dry_run(ctx, spec, unit, data_summary, gas, serve, x402_url, forecast)
         return
     if bsm is None:
         _buy_job(ctx, x402_url or "", spec, unit)
         return
     job_id = bsm.create_job_with_token(spec, unit.address) if unit else bsm.create_job(spec)
-    fmt = unit.format if unit else format_eth
     emit(
         ctx,
         {
@@ -864,16 +865,30 @@ def job_submit(
             "dataset_summary": data_summary,
             "recipe_hash": "0x" + recipe_pin.hex(),
             "recipe_uri": spec.recipe_uri,
+            "estimate": forecast[1],
         },
         f"job {job_id} created, {fmt(spec.escrow)} escrowed, "
         f"{format_eth(spec.seat_bond)} seat bond\n"
         f"  model    {model_uri}  0x{model_pin.hex()}\n"
         f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)"
         + (f", {data_summary}" if data_summary else "")
-        + (f"\n  recipe   {recipe_path}  0x{recipe_pin.hex()}" if recipe_path else ""),
+        + (f"\n  recipe   {recipe_path}  0x{recipe_pin.hex()}" if recipe_path else "")
+        + f"\n{forecast[0]}",
     )
     if server is not None:
         _serve_until_ended(ctx, server, bsm, job_id)
+
+
+def _forecast(
+    bsm: BSM | None, spec: JobSpec, recipe: Recipe | None, fmt: Callable[[int], str]
+) -> tuple[str, dict[str, Any]]:
+    """`job submit`'s estimate of the job's time and cost (dtrain.estimate), and the recipe's
+    schedule over the job's inner steps: summary lines and their JSON."""
+    params = bsm.params() if bsm is not None else None
+    est = estimate.estimate(spec, params)
+    text = estimate.describe(est, spec, params, fmt)
+    note = estimate.schedule_note(recipe, spec)
+    return (f"{note}\n{text}" if note else text), est.as_dict()
 
 
 def _show_dry_run(
@@ -884,8 +899,10 @@ def _show_dry_run(
     gas: int,
     serve: bool,
     x402_url: str | None,
+    forecast: tuple[str, dict[str, Any]],
 ) -> None:
-    """`job submit --dry-run`'s report: what the job would pin and escrow (nothing was sent)."""
+    """`job submit --dry-run`'s report: what the job would pin and escrow, and the estimate of
+    its time and cost (nothing was sent)."""
     fmt = unit.format if unit else format_eth
     payer = f"the gateway {x402_url} for " if x402_url else ""
     payer += load_key(ctx.key).address if ctx.key else "the --key account"
@@ -906,7 +923,7 @@ def _show_dry_run(
         + f"\n  recipe   {recipe_uri}  0x{spec.recipe_hash.hex()}\n"
         f"  escrow   {fmt(spec.escrow)} = {fmt(spec.price_per_operator_epoch)} x "
         f"{spec.max_operators} operators x {spec.total_epochs} epoch(s), paid by {payer}\n"
-        f"  seat bond {bond} of each member's self-stake"
+        f"  seat bond {bond} of each member's self-stake\n{forecast[0]}"
     )
     data = {
         "dry_run": True,
@@ -926,6 +943,7 @@ def _show_dry_run(
         "gas": gas,
         "serve": serve,
         "x402": x402_url,
+        "estimate": forecast[1],
     }
     emit(ctx, data, human)
 
