@@ -1175,7 +1175,8 @@ def recipe_hash_cmd(path: str) -> None:
 @recipe.command("show")
 @click.argument("path")
 def recipe_show_cmd(path: str) -> None:
-    """Print the canonical form of the recipe TOML at PATH (every field, defaults filled in)."""
+    """Print the canonical form of the recipe TOML at PATH (every field, defaults filled in;
+    the inner-step schedule fields only when set)."""
     click.echo(Recipe.from_toml(path).canonical())
 
 
