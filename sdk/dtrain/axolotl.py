@@ -78,11 +78,13 @@ FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
         "the inner optimizer is always the node's AdamW",
     ),
     "lr_scheduler": (
-        ("constant",),
-        "the inner learning rate is constant (axolotl's default is cosine)",
+        ("constant", "linear", "cosine"),
+        "the recipe's schedules are constant, linear and cosine",
     ),
-    "warmup_steps": ((0,), "the inner learning rate has no warmup"),
-    "warmup_ratio": ((0,), "the inner learning rate has no warmup"),
+    "warmup_ratio": (
+        (0,),
+        "give warmup_steps instead: the job's length is set at submit (--epochs x --steps)",
+    ),
     "train_on_inputs": ((False,), "the prompt is always masked out of the SFT loss"),
     "sample_packing": ((False,), "every record is its own padded row"),
     "load_in_8bit": ((False,), "quantized loading needs bitsandbytes and CUDA"),
@@ -92,7 +94,6 @@ FIXED: dict[str, tuple[tuple[Any, ...], str]] = {
     "rl": ((None, "dpo"), "dtrain's preference method is DPO (sigmoid loss)"),
     "dpo_loss_type": ((["sigmoid"], "sigmoid"), "dtrain's DPO is the sigmoid loss"),
     "dpo_label_smoothing": ((0,), "dtrain's DPO has no label smoothing"),
-    "max_grad_norm": ((None, 0), "the node's inner AdamW does not clip gradients"),
 }
 # field -> recipe field, taken as is (the Recipe checks its range)
 DIRECT = {
@@ -104,12 +105,22 @@ DIRECT = {
     "rl_beta": "dpo_beta",
     "seed": "seed",
     "lora_dropout": "lora_dropout",
+    "lr_scheduler": "lr_schedule",
+    "warmup_steps": "warmup_steps",
+    "cosine_min_lr_ratio": "min_lr_ratio",
+    "gradient_accumulation_steps": "grad_accum",
 }
 # axolotl's (Hugging Face TrainingArguments') values of fields a config leaves out
-AXOLOTL_DEFAULTS = {"inner_beta1": 0.9, "inner_beta2": 0.999, "inner_weight_decay": 0.0}
+AXOLOTL_DEFAULTS = {
+    "inner_beta1": 0.9,
+    "inner_beta2": 0.999,
+    "inner_weight_decay": 0.0,
+    "lr_schedule": "cosine",
+    "max_grad_norm": 1.0,
+}
 DEFAULT_SEQUENCE_LEN = 512  # axolotl's sequence_len default
 OWN = frozenset(
-    {"base_model", "datasets", "micro_batch_size", "gradient_accumulation_steps", "adapter"}
+    {"base_model", "datasets", "micro_batch_size", "adapter", "max_grad_norm"}
     | {"lora_r", "lora_alpha", "lora_target_modules", "bf16", "val_set_size"}
 )
 SFT_TYPES = ("alpaca", "chat_template", "input_output", "completion")
@@ -211,9 +222,9 @@ def notes_for(cfg: dict[str, Any], recipe: Recipe) -> list[str]:
     if "val_set_size" not in cfg:
         notes.append(f"held out {recipe.heldout_fraction} (no val_set_size)")
     if "lr_scheduler" not in cfg:
-        notes.append("constant learning rate (axolotl's default scheduler is cosine)")
+        notes.append("cosine learning rate over the job's steps (axolotl's default scheduler)")
     if "max_grad_norm" not in cfg:
-        notes.append("no gradient clipping (axolotl's default max_grad_norm is 1.0)")
+        notes.append("gradients clipped to norm 1.0 (axolotl's default max_grad_norm)")
     return notes
 
 
@@ -243,7 +254,9 @@ def make_recipe(cfg: dict[str, Any], where: _Where, backend: str) -> Recipe:
     for name, v in (("micro_batch_size", micro), ("gradient_accumulation_steps", accum)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise where.error(name, f"must be an integer >= 1, got {v!r}")
-    out["batch_size"] = micro * accum
+    out["batch_size"] = micro
+    if "max_grad_norm" in cfg:  # null or 0: no clipping, as in Hugging Face's Trainer
+        out["max_grad_norm"] = _number(cfg["max_grad_norm"]) or 0.0
     if "bf16" in cfg:
         if cfg["bf16"] not in (True, False, "auto"):
             raise where.error("bf16", f"true, false or auto, got {cfg['bf16']!r}")
@@ -260,6 +273,7 @@ def make_recipe(cfg: dict[str, Any], where: _Where, backend: str) -> Recipe:
         return Recipe.from_dict(out)
     except ConfigError as exc:  # name the axolotl field behind the recipe's
         back = {v: k for k, v in DIRECT.items()} | {"batch_size": "micro_batch_size"}
+        back |= {"max_grad_norm": "max_grad_norm"}
         back |= {"lora_rank": "lora_r", "lora_targets": "lora_target_modules"}
         msg = str(exc)
         name = next((a for r, a in back.items() if f"'{r}'" in msg), "config")

@@ -72,7 +72,10 @@ learning_rate: 0.0007
 sequence_len: 77
 micro_batch_size: 3
 gradient_accumulation_steps: 5
-lr_scheduler: constant
+lr_scheduler: cosine
+warmup_steps: 7
+cosine_min_lr_ratio: 0.1
+max_grad_norm: 0.5
 optimizer: adamw_torch_fused
 adam_beta1: 0.8
 adam_beta2: 0.97
@@ -91,7 +94,12 @@ lora_target_modules: [q_proj, v_proj]
         backend="torchtune",
         inner_lr=0.0007,
         seq_len=77,
-        batch_size=15,
+        batch_size=3,
+        grad_accum=5,
+        lr_schedule="cosine",
+        warmup_steps=7,
+        min_lr_ratio=0.1,
+        max_grad_norm=0.5,
         inner_beta1=0.8,
         inner_beta2=0.97,
         inner_weight_decay=0.01,
@@ -114,12 +122,24 @@ def test_fields_left_out_take_axolotls_defaults_and_are_noted(tmp_path) -> None:
     assert (r.batch_size, r.seq_len, r.lora_rank) == (1, 512, 0)
     assert (r.inner_beta1, r.inner_beta2, r.inner_weight_decay) == (0.9, 0.999, 0.0)
     assert r.backend == "builtin" and r.heldout_fraction == 0.1 and not r.bf16
+    assert (r.lr_schedule, r.warmup_steps, r.min_lr_ratio) == ("cosine", 0, 0.0)
+    assert (r.max_grad_norm, r.grad_accum) == (1.0, 1)
     assert job.notes == (
         "num_epochs is the job's (job submit --epochs/--steps)",
         "held out 0.1 (no val_set_size)",
-        "constant learning rate (axolotl's default scheduler is cosine)",
-        "no gradient clipping (axolotl's default max_grad_norm is 1.0)",
+        "cosine learning rate over the job's steps (axolotl's default scheduler)",
+        "gradients clipped to norm 1.0 (axolotl's default max_grad_norm)",
     )
+
+
+def test_clipping_off_and_accumulation_map_as_axolotl_means_them(tmp_path) -> None:
+    """max_grad_norm 0 or null turns clipping off (Hugging Face's Trainer); micro_batch_size
+    is each micro-batch's size and gradient_accumulation_steps how many an inner step takes."""
+    for value in ("0", "null"):
+        config = SFT + f"max_grad_norm: {value}\n"
+        r = axolotl.read_config(write(tmp_path, config, alpaca_rows())).recipe
+        assert (r.max_grad_norm, r.batch_size, r.grad_accum) == (0.0, 3, 2)
+        assert r.lr_schedule == "constant"
 
 
 def test_numbers_yaml_reads_as_strings_are_read_as_axolotl_reads_them(tmp_path) -> None:
@@ -224,14 +244,17 @@ def test_dpo_chat_template_default_keeps_the_conversation(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ("lr_scheduler: cosine", "lr_scheduler"),
+        ("lr_scheduler: one_cycle", "lr_scheduler"),
+        ("warmup_ratio: 0.1", "warmup_ratio"),
+        ("warmup_steps: -1", "warmup_steps"),
+        ("cosine_min_lr_ratio: 0.2", "cosine_min_lr_ratio"),
+        ("gradient_accumulation_steps: 0", "gradient_accumulation_steps"),
         ("load_in_4bit: true", "load_in_4bit"),
         ("sample_packing: true", "sample_packing"),
         ("train_on_inputs: true", "train_on_inputs"),
         ("rl: kto", "rl"),
         ("chat_template: chatml", "chat_template"),
-        ("warmup_steps: 10", "warmup_steps"),
-        ("max_grad_norm: 1.0", "max_grad_norm"),
+        ("max_grad_norm: -1", "max_grad_norm"),
         ("fp16: true", "fp16"),
         ("adapter: qlora", "adapter"),
         ("deepspeed: zero2.json", "deepspeed"),

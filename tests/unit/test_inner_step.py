@@ -186,6 +186,11 @@ def test_an_accumulating_backend_yields_one_group_per_inner_step(text) -> None:
     assert all(isinstance(s, Accumulated) and len(s) == 3 for s in steps)
     for got, want in zip(itertools.chain(*steps), flat[6:12], strict=True):
         assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+    # a caller stepping without the plan gets the group's mean loss (one graph)
+    group_loss = grouped.loss(steps[0])
+    with torch.no_grad():
+        want = sum(float(plain.loss(b)) for b in flat[6:9]) / 3
+    assert float(group_loss) == pytest.approx(want, rel=1e-6) and group_loss.requires_grad
 
 
 # ---------------------------------------------------------------- defaults change nothing

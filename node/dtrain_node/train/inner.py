@@ -75,6 +75,14 @@ class Accumulating:
         while True:
             yield Accumulated(next(it) for _ in range(self.n))
 
+    def loss(self, batch: Any) -> torch.Tensor:
+        """One batch's loss; a whole group's is the mean of its micro-batches' losses in one
+        graph (the gradient `InnerPlan.step` accumulates, holding every micro-batch's
+        activations at once: for callers that take a step without the plan)."""
+        if not isinstance(batch, Accumulated):
+            return self.wrapped.loss(batch)  # type: ignore[no-any-return]
+        return torch.stack([self.wrapped.loss(b) for b in batch]).mean()
+
 
 def accumulating(backend: Any, recipe: Recipe | None) -> Any:
     """`backend` itself, or wrapped in `Accumulating` when the recipe accumulates."""
