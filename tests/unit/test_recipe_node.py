@@ -112,8 +112,9 @@ def test_a_grpo_rounds_inner_steps_report_their_mean_reward(tmp_path, node_cfg) 
         job = chain_job(method, data, b"\0" * 32, "")
         tj = TrainJob.from_job(job, batch_size=4)
         backend = make_backend(tj)
+        spec = SimpleNamespace(sync_interval=2, steps_per_epoch=4, total_epochs=1)
         trainer = SimpleNamespace(
-            job=SimpleNamespace(spec=SimpleNamespace(sync_interval=2)),
+            job=SimpleNamespace(spec=spec, state=SimpleNamespace(epoch=0)),
             batches=backend.batches(backend_indices(backend), 4, seed=0),
             device=torch.device("cpu"),
             train_job=tj,
