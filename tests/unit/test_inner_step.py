@@ -289,6 +289,43 @@ def test_two_workers_with_the_fields_stay_bitwise_identical(tmp_path, gpt2, name
     assert all(norm <= 0.5 * (1 + 1e-4) for s in seen for _, norm in s)
 
 
+# ---------------------------------------------------------------- replays
+
+
+def test_a_replay_through_the_plan_gives_the_members_packet_byte_for_byte(text) -> None:
+    """A replay check (operator/replaycheck.py) of a member's round with the inner-step fields:
+    from the member's private state and the round's batches, `replay_round` gives the packet the
+    member sent, byte for byte; the plain backward-and-step loop does not."""
+    from dtrain_node.optim import reproduce
+
+    recipe = replace(SCHEDULED, batch_size=2)
+    member = cpt(text, recipe)
+    opt = demo(member, inner_lr=recipe.inner_lr)
+    t = trainer(member, opt, recipe, epoch=1, steps=4, epochs=3)
+    t.batches = member.batches(torch.arange(member.n_items()), 2, seed=3)
+    inner.run_round(t)  # round 0
+    opt.apply([(opt.sender, opt.prepare())])
+    shared, state = [x.clone() for x in opt.theta_sync], reproduce.private_state(opt)
+    inner.run_round(t)  # round 1: the one checked
+    sent = opt.prepare()
+    round_1 = list(itertools.islice(member.batches(torch.arange(member.n_items()), 2, 3), 2, 4))
+
+    def replica() -> tuple[object, DeMo]:
+        b = cpt(text, recipe)
+        o = demo(b, inner_lr=recipe.inner_lr)
+        reproduce.load_state(o, shared, state)
+        return b, o
+
+    b, o = replica()
+    inner.replay_round(o, b, round_1, InnerPlan(recipe, 12), 4, CPU)
+    assert o.prepare() == sent
+    b, o = replica()
+    for batch in round_1:  # the plain loop: no schedule, no clipping, one graph a group
+        b.loss(batch).backward()
+        o.inner_step()
+    assert o.prepare() != sent
+
+
 # ---------------------------------------------------------------- the runner
 
 

@@ -22,7 +22,7 @@ before they existed (no rate written, no clipping, one batch, an undivided loss)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,3 +160,15 @@ def run_round(trainer: Any) -> tuple[int, float]:
         loss_sum += done.loss
         trainer.rewards.extend(done.rewards)
     return tokens, loss_sum
+
+
+def replay_round(
+    opt: Any, backend: Any, batches: Iterable[Any], plan: InnerPlan, epoch_start: int, device: Any
+) -> None:
+    """A member's round again as `run_round` took it, for a replay of its packet: `opt` holds
+    the member's private state at the round's start (its step count included), `batches` are
+    the round's K items of the member's stream and `epoch_start` is the job's inner step at
+    the epoch's start (epoch x steps per epoch)."""
+    first = epoch_start + opt.steps
+    for k, batch in enumerate(batches):
+        plan.step(opt, backend, batch, first + k, device)
