@@ -248,9 +248,10 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         address operator,
         bytes32 checkpoint,
         uint32[] memory participation,
+        bytes32 evidence,
         bytes32 salt
     ) internal pure returns (bytes32) {
-        return keccak256(abi.encode(jobId, epoch, operator, checkpoint, participation, salt));
+        return keccak256(abi.encode(jobId, epoch, operator, checkpoint, participation, evidence, salt));
     }
 
     function _checkSpec(JobSpec memory spec) internal view {
@@ -347,6 +348,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         bool resolved;
         bytes32 transcript;
         bytes32 verdict; // vote key a majority of the drawn referees revealed
+        uint256 consistent; // the voters that majority found consistent with their own files
     }
 
     /// Where a referee stands in a challenge.
@@ -363,8 +365,9 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(uint64 attempt => address[]) internal _referees;
     mapping(uint64 attempt => mapping(address referee => RefereeStep)) internal _refereeSteps;
     mapping(uint64 attempt => mapping(address referee => bytes32)) internal _verdictCommitments;
-    mapping(uint64 attempt => mapping(address referee => bytes32 voteKey)) internal _verdictOf;
-    mapping(uint64 attempt => mapping(bytes32 voteKey => uint8)) internal _verdictCounts;
+    /// keccak256(abi.encode(voteKey, consistent)) of each referee's revealed verdict.
+    mapping(uint64 attempt => mapping(address referee => bytes32 verdict)) internal _verdictOf;
+    mapping(uint64 attempt => mapping(bytes32 verdict => uint8)) internal _verdictCounts;
 
     // ---------------------------------------------------------------- seat draw
     // Scheduled by the BSM's `_join`, drawn by the views extension (BSMSeats).

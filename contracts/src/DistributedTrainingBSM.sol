@@ -142,9 +142,10 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         uint256 epoch,
         bytes32 checkpoint,
         uint32[] calldata participation,
+        bytes32 transcript,
         bytes32 salt
     ) external {
-        _reveal(jobId, msg.sender, epoch, checkpoint, participation, salt);
+        _reveal(jobId, msg.sender, epoch, checkpoint, participation, transcript, salt);
     }
 
     /// @inheritdoc IDistributedTrainingBSMActions
@@ -164,9 +165,9 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             (uint256 jobId, uint256 epoch, bytes32 commitment) = abi.decode(args, (uint256, uint256, bytes32));
             _commit(jobId, operator, epoch, commitment);
         } else if (action == _REVEAL) {
-            (uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] memory participation, bytes32 salt) =
-                abi.decode(args, (uint256, uint256, bytes32, uint32[], bytes32));
-            _reveal(jobId, operator, epoch, checkpoint, participation, salt);
+            (uint256 jobId, uint256 epoch, bytes32 checkpoint, uint32[] memory p, bytes32 transcript, bytes32 salt) =
+                abi.decode(args, (uint256, uint256, bytes32, uint32[], bytes32, bytes32));
+            _reveal(jobId, operator, epoch, checkpoint, p, transcript, salt);
         } else if (action == _FINALIZE) {
             (uint256 jobId, uint256 epoch) = abi.decode(args, (uint256, uint256));
             _finalize(jobId, epoch, operator, _HOOK_SETTLE_BATCH);
@@ -305,6 +306,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         uint256 epoch,
         bytes32 checkpoint,
         uint32[] memory participation,
+        bytes32 transcript,
         bytes32 salt
     ) internal {
         JobState storage j = _running(jobId, epoch);
@@ -313,7 +315,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         require(commitment != bytes32(0), NotCommitted(jobId, epoch, operator));
         require(_votesOf[attempt][operator] == bytes32(0), AlreadyRevealed(jobId, epoch, operator));
         require(
-            _commitmentHash(jobId, epoch, operator, checkpoint, participation, salt) == commitment,
+            _commitmentHash(jobId, epoch, operator, checkpoint, participation, transcript, salt) == commitment,
             CommitmentMismatch(jobId, operator)
         );
         Tally storage t = _tallies[attempt];
@@ -336,7 +338,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             t.leaderVotes = votes;
             if (t.leaderKey != key) t.leaderKey = key;
         }
-        emit CheckpointRevealed(jobId, epoch, operator, checkpoint, key);
+        emit CheckpointRevealed(jobId, epoch, operator, checkpoint, key, transcript);
     }
 
     function _running(uint256 jobId, uint256 epoch) internal view returns (JobState storage j) {
@@ -361,6 +363,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         bool stakersLate; // finalized more than a reward period after the epoch began
         address token; // the job's payment token; address(0): ether
         uint256 equivocators; // bit i: member i proven to equivocate (reportEquivocation)
+        uint256 consistent; // bit i: the referees found member i's own transcript leads to its vote
     }
 
     /// Settles members `[cursor, cursor + maxMembers)` of the epoch; the call that settles the
@@ -390,7 +393,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         } else {
             require(ch.resolved, ChallengeUnresolved(jobId, epoch));
             // The referees re-executed the epoch: their verdict is the epoch's quorum vote.
-            if (ch.verdict != bytes32(0)) (c.quorum, c.leaderKey) = (true, ch.verdict);
+            if (ch.verdict != bytes32(0)) (c.quorum, c.leaderKey, c.consistent) = (true, ch.verdict, ch.consistent);
         }
         c.unworkable = c.quorum && c.leaderKey == _UNWORKABLE;
         c.price =
@@ -484,9 +487,9 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             c.slashed += _slashMember(c, op, _params.dropoutSlashBps, SlashReason.Dropout);
         } else if (!c.quorum) {
             return;
-        } else if (key != c.leaderKey) {
+        } else if (key != c.leaderKey && c.consistent & (1 << i) == 0) {
             c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.Fabrication);
-        } else if (c.syncFailures & (1 << i) != 0) {
+        } else if (key == c.leaderKey && c.syncFailures & (1 << i) != 0) {
             c.slashed += _slashMember(c, op, _params.syncFailSlashBps, SlashReason.SyncFailure);
         } else {
             _pay(c, op);

@@ -194,9 +194,10 @@ contract DistributedTrainingBSMViews is
         address operator,
         bytes32 checkpoint,
         uint32[] calldata participation,
+        bytes32 evidence,
         bytes32 salt
     ) external pure returns (bytes32) {
-        return _commitmentHash(jobId, epoch, operator, checkpoint, participation, salt);
+        return _commitmentHash(jobId, epoch, operator, checkpoint, participation, evidence, salt);
     }
 
     /// @inheritdoc IDistributedTrainingBSMViews

@@ -224,11 +224,17 @@ abstract contract BaseTest is Test {
         return keccak256(abi.encode("salt", a, h));
     }
 
+    /// The transcript hash `a`'s votes name (keccak, not the sha256 precompile: a precompile
+    /// call would take a pending `vm.prank`).
+    function transcriptOf(address a) internal pure returns (bytes32) {
+        return keccak256(abi.encode("transcript", a));
+    }
+
     /// Commits `a`'s vote (h, p); `reveal`/`finalize` reveal it once reveals are open.
     function submit(uint256 jobId, address a, bytes32 h, uint32[] memory p) internal {
         (, I.JobState memory st) = bsm.getJob(jobId);
         bytes32 salt = saltOf(a, h);
-        bytes32 commitment = bsm.commitmentHash(jobId, st.epoch, a, h, p, salt);
+        bytes32 commitment = bsm.commitmentHash(jobId, st.epoch, a, h, p, transcriptOf(a), salt);
         vm.prank(a);
         bsm.commitCheckpoint(jobId, st.epoch, commitment);
         hidden.push(Hidden(jobId, st.epoch, a, h, p, salt));
@@ -250,7 +256,7 @@ abstract contract BaseTest is Test {
             }
             if (v.epoch == st.epoch) {
                 vm.prank(v.op);
-                bsm.revealCheckpoint(jobId, v.epoch, v.h, v.p, v.salt);
+                bsm.revealCheckpoint(jobId, v.epoch, v.h, v.p, transcriptOf(v.op), v.salt);
             }
             hidden[i] = hidden[hidden.length - 1];
             hidden.pop();

@@ -122,7 +122,7 @@ contract GasAtCapTest is BaseTest {
         }
         for (uint256 i; i < CAP; ++i) {
             vm.prank(ops[i]);
-            bsm.revealCheckpoint(jobId, 0, keccak256("c"), p, saltOf(ops[i], keccak256("c")));
+            bsm.revealCheckpoint(jobId, 0, keccak256("c"), p, transcriptOf(ops[i]), saltOf(ops[i], keccak256("c")));
             vm.assertLe(_gas(), PER_OPERATOR_LIMIT, "revealCheckpoint");
         }
     }

@@ -559,18 +559,26 @@ class BSM:
         epoch: int,
         checkpoint: bytes,
         participation: Sequence[int],
+        transcript: bytes,
         salt: bytes,
         gas: int | None = None,
     ) -> Receipt:
         """Reveals the committed vote: after the commit deadline (or once every member
-        committed) and until `reveal_deadline`. `checkpoint` may be `dtrain.UNWORKABLE`.
+        committed) and until `reveal_deadline`. `checkpoint` may be `dtrain.UNWORKABLE`;
+        `transcript` is the sha256 of the transcript file the vote was made from (zero bytes:
+        none), what a challenge's referees judge the vote against.
 
         With `gas`, the transaction is sent without estimation (see `finalize_epoch`): right
         after the deadline, a chain that mines only on transactions would estimate against a
         block from before it and refuse with `RevealNotOpen`.
         """
         f = self.contract.functions.revealCheckpoint(
-            job_id, epoch, _b32(checkpoint), [int(p) for p in participation], _b32(salt)
+            job_id,
+            epoch,
+            _b32(checkpoint),
+            [int(p) for p in participation],
+            _b32(transcript),
+            _b32(salt),
         )
         return self._transact(f, gas=gas)
 
@@ -617,8 +625,8 @@ class BSM:
         self, job_id: int, epoch: int, commitment: bytes, gas: int | None = None
     ) -> Receipt:
         """Commits a drawn referee's hidden verdict: `dtrain.commitment_hash(job_id, epoch,
-        sender, checkpoint, participation, salt)`. `gas`: send without estimation (see
-        `finalize_epoch`)."""
+        sender, checkpoint, participation, consistent.to_bytes(32, "big"), salt)`. `gas`: send
+        without estimation (see `finalize_epoch`)."""
         f = self.contract.functions.commitVerdict(job_id, epoch, _b32(commitment))
         return self._transact(f, gas=gas)
 
@@ -628,12 +636,15 @@ class BSM:
         epoch: int,
         checkpoint: bytes,
         participation: Sequence[int],
+        consistent: int,
         salt: bytes,
         gas: int | None = None,
     ) -> Receipt:
-        """Reveals a committed verdict: the (checkpoint, participation) the referee re-executed."""
+        """Reveals a committed verdict: the (checkpoint, participation) the referee re-executed
+        and the voters whose own transcript files lead to their votes (`consistent`, bit i:
+        member i), who are paid whatever the verdict."""
         f = self.contract.functions.revealVerdict(
-            job_id, epoch, _b32(checkpoint), [int(p) for p in participation], _b32(salt)
+            job_id, epoch, _b32(checkpoint), [int(p) for p in participation], consistent, _b32(salt)
         )
         return self._transact(f, gas=gas)
 

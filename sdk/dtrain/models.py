@@ -450,6 +450,7 @@ class Challenge(Decoded):
     transcript: bytes  # sha256 of the transcript file the challenger serves
     certified_key: bytes
     verdict_key: bytes  # zero bytes: no verdict (yet)
+    consistent: int  # with the verdict: bit i set, member i's own transcript leads to its vote
     committed: int
     revealed: int
     applicants: tuple[str, ...]

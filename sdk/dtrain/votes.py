@@ -1,9 +1,11 @@
 """A member's hidden vote: what it commits to before an epoch's deadline and reveals after it.
 
 `commitment_hash` is computed here exactly as the contract's pure view `commitmentHash` does
-(keccak256 of the abi-encoded job id, epoch, operator, checkpoint, participation and salt), so a
-member commits without a call. The operator is part of the hash: a commitment copied from
-another member cannot be revealed by the copier (`CommitmentMismatch`).
+(keccak256 of the abi-encoded job id, epoch, operator, checkpoint, participation, evidence and
+salt), so a member commits without a call. A member's evidence is the sha256 of the transcript
+file its vote was made from; a referee's is the bitmap of the voters it found consistent.
+The operator is part of the hash: a commitment copied from another member cannot be revealed
+by the copier (`CommitmentMismatch`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .errors import ConfigError
 # hash): the ASCII bytes "UNWORKABLE", left aligned in 32 bytes, as Solidity's bytes32 literal.
 UNWORKABLE: bytes = b"UNWORKABLE".ljust(32, b"\0")
 
-_TYPES = ("uint256", "uint256", "address", "bytes32", "uint32[]", "bytes32")
+_TYPES = ("uint256", "uint256", "address", "bytes32", "uint32[]", "bytes32", "bytes32")
 
 
 def commitment_hash(
@@ -29,9 +31,11 @@ def commitment_hash(
     operator: str,
     checkpoint: bytes,
     participation: Sequence[int],
+    evidence: bytes,
     salt: bytes,
 ) -> bytes:
-    """keccak256(abi.encode(jobId, epoch, operator, checkpoint, participation, salt))."""
+    """keccak256(abi.encode(jobId, epoch, operator, checkpoint, participation, evidence,
+    salt))."""
     if not is_address(operator):
         raise ConfigError(f"{operator!r} is not an address")
     values = (
@@ -40,6 +44,7 @@ def commitment_hash(
         to_checksum_address(operator),
         _bytes32(checkpoint, "checkpoint"),
         [int(p) for p in participation],
+        _bytes32(evidence, "evidence"),
         _bytes32(salt, "salt"),
     )
     return keccak(encode(list(_TYPES), list(values)))

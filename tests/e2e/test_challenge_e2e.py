@@ -230,6 +230,51 @@ def test_a_challenge_with_a_packet_signed_after_the_epoch_loses_its_bond(tmp_pat
 
 
 @pytest.mark.timeout(1200)
+def test_a_coalition_voting_its_own_file_without_the_honest_packets_pays_the_dissenter(
+    tmp_path,
+) -> None:
+    """Two of three members leave the honest member's packets out of their transcript files
+    after the epoch (as if they never got them) and vote what those files re-execute to, a
+    quorum. Which packets reached whom in time is not provable, so the referees uphold the
+    coalition's vote; but each vote named its own file, and the honest member's file leads to
+    the honest member's vote: the referees find every voter consistent, the honest challenger
+    is paid and gets its bond back, and nobody is slashed."""
+    with _cluster(tmp_path, 3, 8) as c:
+        b = c.bsm
+        for r in range(3):
+            c.spawn_referee(r)
+        honest = c.ops[2].address
+        c.spawn(0, [f"shun={honest}"])
+        c.spawn(1, [f"shun={honest}"])
+        c.spawn(2)
+        c.wait(c.ended, 1000, "the job to end")
+        events = b.events(job_id=c.job_id)
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] == honest
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert not resolved["overturned"], "the coalition's own file leads to its vote"
+        files = {
+            e.args["operator"]: bytes(e.args["transcript"])
+            for e in events
+            if e.name == "CheckpointRevealed"
+        }
+        assert len(files) == 3 and all(any(f) for f in files.values())
+        assert files[c.ops[0].address] == files[c.ops[1].address] != files[honest]
+        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+        assert verdicts and all(
+            set(v["consistent"]) == {o.address for o in c.ops} for v in verdicts
+        )
+        assert not [e for e in events if e.name == "Slashed"]
+        paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
+        assert paid == sorted(o.address for o in c.ops)
+        for o in c.ops:
+            assert b.pool(o.address).total_assets == ETH
+        price, bond = c.spec.price_per_operator_epoch, b.params().challenge_bond
+        assert b.credit_of(honest) == price * 40 // 100 + bond, "paid, and its bond back"
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+@pytest.mark.timeout(1200)
 def test_a_challenge_of_a_proven_unworkable_vote_loses_its_bond(tmp_path) -> None:
     """The job's dataset changes after its members applied: every member's epoch fails the
     dataset's pin and votes UNWORKABLE, a quorum. The caller disputes it anyway (a dispute that

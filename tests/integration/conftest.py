@@ -58,23 +58,32 @@ def as_account(bsm: BSM, accounts: list[DevAccount]):
     return _as
 
 
+# The sha256 of the transcript file every vote cast here names (no node made one).
+TRANSCRIPT = bytes.fromhex("7e" * 32)
+
+
 class Votes:
     """Commit-reveal votes as a member casts them, remembering each vote's salt."""
 
     def __init__(self) -> None:
-        self._votes: dict[tuple[str, int, int], tuple[bytes, list[int], bytes]] = {}
+        self._votes: dict[tuple[str, int, int], tuple[bytes, list[int], bytes, bytes]] = {}
 
     def commit(
         self, op: BSM, job_id: int, epoch: int, checkpoint: bytes, participation: Sequence[int]
     ) -> Receipt:
-        salt = new_salt()
-        c = commitment_hash(job_id, epoch, op.sender, checkpoint, participation, salt)
+        salt, transcript = new_salt(), TRANSCRIPT
+        c = commitment_hash(job_id, epoch, op.sender, checkpoint, participation, transcript, salt)
         rc = op.commit_checkpoint(job_id, epoch, c)  # a refused commitment replaces no vote
-        self._votes[(op.sender, job_id, epoch)] = (checkpoint, list(participation), salt)
+        self._votes[(op.sender, job_id, epoch)] = (
+            checkpoint,
+            list(participation),
+            transcript,
+            salt,
+        )
         return rc
 
-    def vote_of(self, op: BSM, job_id: int, epoch: int) -> tuple[bytes, list[int], bytes]:
-        """(checkpoint, participation, salt) `op` committed to."""
+    def vote_of(self, op: BSM, job_id: int, epoch: int) -> tuple[bytes, list[int], bytes, bytes]:
+        """(checkpoint, participation, transcript, salt) `op` committed to."""
         return self._votes[(op.sender, job_id, epoch)]
 
     def reveal(self, op: BSM, job_id: int, epoch: int) -> Receipt:

@@ -262,7 +262,7 @@ def test_job_errors_decode(bsm: BSM, as_account, votes) -> None:
     with pytest.raises(errors.ZeroCheckpoint):
         ops[0].commit_checkpoint(job_id, 0, ZERO)
     with pytest.raises(errors.NotCommitted):
-        ops[0].reveal_checkpoint(job_id, 0, ckpt, [4, 4], b"\x09" * 32)
+        ops[0].reveal_checkpoint(job_id, 0, ckpt, [4, 4], b"\x07" * 32, b"\x09" * 32)
     votes.commit(ops[0], job_id, 0, ckpt, [4, 4, 4])  # one entry too many: seen at the reveal
     with pytest.raises(errors.AlreadyCommitted):
         votes.commit(ops[0], job_id, 0, b"\x02" * 32, [4, 4])
@@ -391,8 +391,10 @@ def test_join_leave_and_submission_reads(bsm: BSM, as_account, votes) -> None:
     for op in ops:
         votes.commit(op, job_id, 0, ckpt, [4, 4])
     mine = bsm.submission_of(job_id, ops[0].sender)
-    _, _, salt = votes.vote_of(ops[0], job_id, 0)
-    assert mine.commitment == dtrain.commitment_hash(job_id, 0, ops[0].sender, ckpt, [4, 4], salt)
+    _, _, transcript, salt = votes.vote_of(ops[0], job_id, 0)
+    assert mine.commitment == dtrain.commitment_hash(
+        job_id, 0, ops[0].sender, ckpt, [4, 4], transcript, salt
+    )
     assert mine.is_committed and not mine.is_revealed and mine.checkpoint == ZERO
     assert bsm.job(job_id).committed == 2 and bsm.job(job_id).revealed == 0
     votes.reveal(ops[0], job_id, 0)
@@ -516,15 +518,18 @@ def test_commitment_hash_matches_the_contract(bsm: BSM, accounts, job_id, epoch,
     operator = accounts[3].address
     ckpt, salt = Web3.keccak(text=f"ckpt-{job_id}"), Web3.keccak(text=f"salt-{epoch}")
     view = bsm.contract.functions.commitmentHash
-    args = (job_id, epoch, operator, ckpt, participation, salt)
+    transcript = Web3.keccak(text=f"transcript-{job_id}")
+    args = (job_id, epoch, operator, ckpt, participation, transcript, salt)
     assert dtrain.commitment_hash(*args) == bytes(view(*args).call())
-    # Each input is bound: the operator, the salt and the participation change the hash.
+    # Each input is bound: the operator, the transcript and the participation change the hash.
     assert dtrain.commitment_hash(
-        job_id, epoch, accounts[4].address, ckpt, participation, salt
+        job_id, epoch, accounts[4].address, ckpt, participation, transcript, salt
     ) != (dtrain.commitment_hash(*args))
-    assert bytes(view(job_id, epoch, operator, ckpt, [*participation, 0], salt).call()) == (
-        dtrain.commitment_hash(job_id, epoch, operator, ckpt, [*participation, 0], salt)
-    )
+    assert dtrain.commitment_hash(
+        job_id, epoch, operator, ckpt, participation, bytes(32), salt
+    ) != (dtrain.commitment_hash(*args))
+    longer = (job_id, epoch, operator, ckpt, [*participation, 0], transcript, salt)
+    assert bytes(view(*longer).call()) == dtrain.commitment_hash(*longer)
     assert bytes(bsm.contract.functions.UNWORKABLE().call()) == dtrain.UNWORKABLE
 
 

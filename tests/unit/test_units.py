@@ -73,18 +73,19 @@ def _word(n: int) -> bytes:
 
 def test_commitment_hash_is_keccak_of_the_abi_encoding() -> None:
     """Built by hand, word by word: abi.encode of (uint256, uint256, address, bytes32,
-    uint32[], bytes32), the dynamic array's offset in the head and its length and items in the
-    tail (not abi.encodePacked)."""
+    uint32[], bytes32, bytes32), the dynamic array's offset in the head and its length and
+    items in the tail (not abi.encodePacked)."""
     operator = "0x" + "ab" * 20
-    ckpt, salt = b"\xaa" * 32, b"\x55" * 32
-    head = _word(7) + _word(3) + bytes(12) + bytes.fromhex("ab" * 20) + ckpt + _word(6 * 32) + salt
+    ckpt, evidence, salt = b"\xaa" * 32, b"\x33" * 32, b"\x55" * 32
+    head = _word(7) + _word(3) + bytes(12) + bytes.fromhex("ab" * 20) + ckpt + _word(7 * 32)
     tail = _word(2) + _word(5) + _word(2**32 - 1)
-    expected = keccak(head + tail)
-    assert commitment_hash(7, 3, operator, ckpt, [5, 2**32 - 1], salt) == expected
+    expected = keccak(head + evidence + salt + tail)
+    assert commitment_hash(7, 3, operator, ckpt, [5, 2**32 - 1], evidence, salt) == expected
     assert commitment_hash(
-        7, 3, operator.upper().replace("0X", "0x"), ckpt, (5, 2**32 - 1), salt
+        7, 3, operator.upper().replace("0X", "0x"), ckpt, (5, 2**32 - 1), evidence, salt
     ) == (expected)
-    assert commitment_hash(7, 3, operator, ckpt, [5, 2**32 - 2], salt) != expected
+    assert commitment_hash(7, 3, operator, ckpt, [5, 2**32 - 2], evidence, salt) != expected
+    assert commitment_hash(7, 3, operator, ckpt, [5, 2**32 - 1], salt, evidence) != expected
 
 
 def test_unworkable_is_the_left_aligned_ascii() -> None:
@@ -94,9 +95,11 @@ def test_unworkable_is_the_left_aligned_ascii() -> None:
 
 def test_commitment_inputs_are_checked() -> None:
     with pytest.raises(ConfigError, match="salt must be 32 bytes, got 31"):
-        commitment_hash(1, 0, "0x" + "12" * 20, b"\x01" * 32, [], b"\x01" * 31)
+        commitment_hash(1, 0, "0x" + "12" * 20, b"\x01" * 32, [], bytes(32), b"\x01" * 31)
+    with pytest.raises(ConfigError, match="evidence must be 32 bytes, got 20"):
+        commitment_hash(1, 0, "0x" + "12" * 20, b"\x01" * 32, [], bytes(20), b"\x01" * 32)
     with pytest.raises(ConfigError, match="not an address"):
-        commitment_hash(1, 0, "0x1234", b"\x01" * 32, [], b"\x01" * 32)
+        commitment_hash(1, 0, "0x1234", b"\x01" * 32, [], bytes(32), b"\x01" * 32)
     assert new_salt() != new_salt() and len(new_salt()) == 32
 
 

@@ -163,6 +163,7 @@ interface IDistributedTrainingBSMTypes {
         bytes32 transcript; // sha256 of the transcript file the challenger serves
         bytes32 certifiedKey; // the vote key the challenge disputes
         bytes32 verdictKey; // the referees' majority vote key; zero: no verdict (yet)
+        uint256 consistent; // with the verdict: bit i set, member i's own transcript leads to its vote
         uint256 committed;
         uint256 revealed;
         address[] applicants;
@@ -440,9 +441,15 @@ interface IDistributedTrainingBSMTypes {
         uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 commitment
     );
     /// @notice `operator` revealed its vote `checkpoint` (`voteKey` names the vote with its
-    /// participation) for epoch `epoch` of job `jobId`.
+    /// participation) for epoch `epoch` of job `jobId`, made from the transcript file of
+    /// sha256 `transcript` (what the referees of a challenge judge the vote against).
     event CheckpointRevealed(
-        uint256 indexed jobId, uint256 indexed epoch, address indexed operator, bytes32 checkpoint, bytes32 voteKey
+        uint256 indexed jobId,
+        uint256 indexed epoch,
+        address indexed operator,
+        bytes32 checkpoint,
+        bytes32 voteKey,
+        bytes32 transcript
     );
     /// @notice Epoch `epoch` of job `jobId` reached quorum on `checkpoint`; `paidMembers` members were paid.
     event EpochFinalized(uint256 indexed jobId, uint256 indexed epoch, bytes32 checkpoint, uint256 paidMembers);
@@ -533,9 +540,15 @@ interface IDistributedTrainingBSMTypes {
     event RefereesDrawn(uint256 indexed jobId, uint256 indexed epoch, address[] referees);
     /// @notice `referee` committed its hidden verdict.
     event VerdictCommitted(uint256 indexed jobId, uint256 indexed epoch, address indexed referee);
-    /// @notice `referee` revealed the verdict `checkpoint` (vote key `voteKey`) it re-executed.
+    /// @notice `referee` revealed the verdict `checkpoint` (vote key `voteKey`) it re-executed
+    /// and the voters it found `consistent` with their own transcripts (bit i: member i).
     event VerdictRevealed(
-        uint256 indexed jobId, uint256 indexed epoch, address indexed referee, bytes32 checkpoint, bytes32 voteKey
+        uint256 indexed jobId,
+        uint256 indexed epoch,
+        address indexed referee,
+        bytes32 checkpoint,
+        bytes32 voteKey,
+        uint256 consistent
     );
     /// @notice The challenge of epoch `epoch` of job `jobId` ended with the referees' majority on
     /// `verdictKey` (zero: none); `overturned`: it differs from the certified vote, which the
@@ -633,7 +646,8 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
     function leaveJob(uint256 jobId) external;
 
     /// @notice Commits the sender's hidden vote for the epoch in progress, before its deadline.
-    /// @param commitment `commitmentHash(jobId, epoch, sender, checkpoint, participation, salt)`.
+    /// @param commitment `commitmentHash(jobId, epoch, sender, checkpoint, participation,
+    /// transcript, salt)`.
     function commitCheckpoint(uint256 jobId, uint256 epoch, bytes32 commitment) external;
 
     /// @notice Reveals the sender's committed vote. Reveals open after the commit deadline, or
@@ -642,11 +656,15 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
     /// @param checkpoint the checkpoint hash, or `UNWORKABLE` (data or model unavailable or
     /// failing its hash; participation is then ignored).
     /// @param participation sync rounds applied from each member, in `getMembers` order.
+    /// @param transcript sha256 of the epoch's transcript file the vote was made from (the
+    /// member serves it): bound before any vote is seen, so a challenge judges each voter
+    /// against the file it committed to, not one written later.
     function revealCheckpoint(
         uint256 jobId,
         uint256 epoch,
         bytes32 checkpoint,
         uint32[] calldata participation,
+        bytes32 transcript,
         bytes32 salt
     ) external;
 
@@ -710,13 +728,16 @@ interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
     /// @notice Reveal deadline of the epoch in progress: `epochDeadline + revealWindow`.
     function revealDeadline(uint256 jobId) external view returns (uint64);
     /// @notice What a member commits to: keccak256(abi.encode(jobId, epoch, operator,
-    /// checkpoint, participation, salt)). Binding the operator makes a copied commitment useless.
+    /// checkpoint, participation, evidence, salt)). Binding the operator makes a copied
+    /// commitment useless. `evidence`: a member's transcript sha256; a referee's bitmap of
+    /// consistent voters.
     function commitmentHash(
         uint256 jobId,
         uint256 epoch,
         address operator,
         bytes32 checkpoint,
         uint32[] calldata participation,
+        bytes32 evidence,
         bytes32 salt
     ) external pure returns (bytes32);
     /// @notice The reserved vote for an epoch that cannot be done: data or model unavailable or
@@ -846,18 +867,26 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     /// self-stake until it is resolved. Registered operators outside the job only.
     function applyReferee(uint256 jobId, uint256 epoch) external;
     /// @notice A drawn referee commits `commitmentHash(jobId, epoch, referee, checkpoint,
-    /// participation, salt)`; the first commit draws the referees.
+    /// participation, bytes32(consistent), salt)`; the first commit draws the referees.
     function commitVerdict(uint256 jobId, uint256 epoch, bytes32 commitment) external;
-    /// @notice Reveals a committed verdict (`checkpoint` may be `UNWORKABLE()`).
+    /// @notice Reveals a committed verdict (`checkpoint` may be `UNWORKABLE()`) and the voters
+    /// it judged consistent: bit i set, member i's own transcript file (the one its vote
+    /// names) re-executes to the vote it revealed. A consistent voter is paid whatever the
+    /// verdict: which packets reached whom in time cannot be proven after the epoch, so a
+    /// majority's own file cannot make an honest dissenter a fabricator.
     function revealVerdict(
         uint256 jobId,
         uint256 epoch,
         bytes32 checkpoint,
         uint32[] calldata participation,
+        uint256 consistent,
         bytes32 salt
     ) external;
     /// @notice Ends the challenge once every drawn referee revealed or the reveal phase closed:
-    /// settles the bonds and slashes referees off the majority. Anyone may call it.
+    /// settles the bonds and slashes referees off the majority. Anyone may call it. The
+    /// challenger's bond comes back when the verdict overturns the certified vote, when there
+    /// is no verdict, or when the challenger voted another vote and the verdict finds it
+    /// consistent (a voter of the verdict disputing it pays like anyone).
     function resolveChallenge(uint256 jobId, uint256 epoch) external;
     /// @notice The challenge of epoch attempt `attempt` (see `JobState.attempt`).
     function challengeOf(uint64 attempt) external view returns (ChallengeInfo memory);

@@ -68,6 +68,7 @@ contract Handler is Test {
     uint256 public ghostTeeJoins; // seats taken in them, each with a valid attestation
     uint256 public ghostTeeJoinViolations; // a seat taken in one without a valid attestation
     uint256 public ghostChallenges; // certified votes disputed
+    uint256 public ghostConsistentVerdicts; // verdicts that found some voter consistent
     uint256 public ghostVerdicts; // challenges the referees' majority decided
     uint256 public ghostOverturned; // ... against the certified vote
     uint256 public ghostRefereesSlashed; // referees off the majority, withheld or silent
@@ -135,6 +136,10 @@ contract Handler is Test {
     }
 
     /// Credit of `a` in the unit `token` (address(0): ether).
+    function transcriptOf(address a) internal pure returns (bytes32) {
+        return keccak256(abi.encode("transcript", a));
+    }
+
     function _cr(address token, address a) internal view returns (uint256) {
         return token == address(0) ? bsm.creditOf(a) : bsm.tokenCreditOf(token, a);
     }
@@ -387,6 +392,8 @@ contract Handler is Test {
             if (st.status != I.JobStatus.Running) break;
             // Agreeing votes; to fail, the members vote three different checkpoints.
             uint256 mode = (fail ? (uint256(1) << 17) | (uint256(1) << 18) : 0) | (r & (uint256(1) << 24));
+            // Half of the 3-member jobs that agree have member 2 dissent, under the quorum.
+            if (!fail && n == 3 && (r >> 40) & 1 == 1) mode |= uint256(1) << 18;
             // A quarter of the jobs are voted unworkable by everyone (aborted, nobody slashed).
             if ((r >> 25) & 3 == 3) mode |= uint256(1) << 25;
             // An eighth of them have member 1 commit and never reveal in epoch k == 0.
@@ -570,7 +577,8 @@ contract Handler is Test {
         Hidden storage hd = _hidden[id][st.attempt][a];
         (hd.h, hd.p, hd.withhold) = (ckpt, p, withhold);
         if (withhold) ++ghostWithheldReveals;
-        bytes32 c = bsm.commitmentHash(id, st.epoch, a, ckpt, p, keccak256(abi.encode(id, st.attempt, a)));
+        bytes32 c =
+            bsm.commitmentHash(id, st.epoch, a, ckpt, p, transcriptOf(a), keccak256(abi.encode(id, st.attempt, a)));
         vm.prank(a);
         bsm.commitCheckpoint(id, st.epoch, c);
     }
@@ -599,7 +607,9 @@ contract Handler is Test {
             Hidden storage hd = _hidden[id][st.attempt][m[i]];
             if (hd.withhold) continue;
             vm.prank(m[i]);
-            bsm.revealCheckpoint(id, st.epoch, hd.h, hd.p, keccak256(abi.encode(id, st.attempt, m[i])));
+            bsm.revealCheckpoint(
+                id, st.epoch, hd.h, hd.p, transcriptOf(m[i]), keccak256(abi.encode(id, st.attempt, m[i]))
+            );
         }
     }
 
@@ -625,17 +635,22 @@ contract Handler is Test {
         (bytes32 key, uint256 closes) = bsm.certifiedVote(id);
         if (key == bytes32(0) || block.timestamp >= closes) return;
         if (bsm.challengeOf(st.attempt).challenger != address(0)) return;
-        address challenger = r & 1 == 1 ? st.caller : m[(r >> 1) % m.length];
+        uint256 who = (r >> 15) & 1 == 1 ? _dissenter(id, m, key, (r >> 1) % m.length) : (r >> 1) % m.length;
+        address challenger = r & 1 == 1 && (r >> 15) & 1 == 0 ? st.caller : m[who];
         uint256 bond = bsm.params().challengeBond;
         _fund(challenger, bond);
         vm.prank(challenger);
         bsm.challenge{value: bond}(id, st.epoch, bytes32(r));
         ++ghostChallenges;
-        _referee(id, st.epoch, r);
+        // bits 6..13 of `r`: the voters the referees find consistent with their own files; a
+        // member challenger's own bit three times in four (bit 15: a dissenter challenges)
+        uint256 bits = (r >> 6) & 0xff;
+        if (challenger != st.caller && (r >> 14) & 3 != 0) bits |= 1 << who;
+        _referee(id, st.epoch, r, bits);
         _resolve(id, st.epoch, challenger, key);
     }
 
-    function _referee(uint256 id, uint256 epoch, uint256 r) internal {
+    function _referee(uint256 id, uint256 epoch, uint256 r, uint256 bits) internal {
         for (uint256 i; i < referees.length; ++i) {
             address a = referees[i];
             if (!bsm.getOperator(a).registered) {
@@ -654,7 +669,7 @@ contract Handler is Test {
         for (uint256 i; i < referees.length; ++i) {
             if (i == 2 && (r >> 5) & 1 == 1) continue; // silent
             bytes32 v = i == 1 && (r >> 4) & 1 == 1 ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
-            bytes32 c = bsm.commitmentHash(id, epoch, referees[i], v, p, bytes32(i));
+            bytes32 c = bsm.commitmentHash(id, epoch, referees[i], v, p, bytes32(bits), bytes32(i));
             vm.prank(referees[i]);
             bsm.commitVerdict(id, epoch, c);
         }
@@ -663,7 +678,7 @@ contract Handler is Test {
             if (i == 2 && (r >> 5) & 1 == 1) continue;
             bytes32 v = i == 1 && (r >> 4) & 1 == 1 ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
             vm.prank(referees[i]);
-            bsm.revealVerdict(id, epoch, v, p, bytes32(i));
+            bsm.revealVerdict(id, epoch, v, p, bits, bytes32(i));
         }
         // resolvable once every referee revealed, else after the reveal phase
         if ((r >> 5) & 1 == 1) vm.warp(block.timestamp + bsm.params().challengeWindow);
@@ -676,9 +691,8 @@ contract Handler is Test {
         vm.prank(actors[8]); // a stranger
         bsm.resolveChallenge(id, epoch);
         (, uint256 slashed,) = _settledFromLogs(vm.getRecordedLogs());
-        (, I.JobState memory st) = bsm.getJob(id);
-        bytes32 verdict = bsm.challengeOf(st.attempt).verdictKey;
-        bool backToChallenger = verdict == bytes32(0) || verdict != certified;
+        (bytes32 verdict, uint256 consistent, bool excused) = _judged(id, challenger);
+        bool backToChallenger = verdict == bytes32(0) || verdict != certified || excused;
         uint256 bond = bsm.params().challengeBond;
         uint256 toTreasury = bsm.creditOf(treasury) - t0;
         if (challenger == treasury) toTreasury -= bond;
@@ -687,7 +701,43 @@ contract Handler is Test {
         ghostSlashed += slashed;
         if (slashed > 0) ++ghostRefereesSlashed;
         if (verdict != bytes32(0)) ++ghostVerdicts;
-        if (backToChallenger && verdict != bytes32(0)) ++ghostOverturned;
+        if (verdict != bytes32(0) && verdict != certified) ++ghostOverturned;
+        if (verdict != bytes32(0) && consistent != 0) ++ghostConsistentVerdicts;
+    }
+
+    /// The verdict of job `id`'s challenge, its consistent voters, and whether `challenger` is a
+    /// consistent voter of another vote (its bond comes back even when upheld).
+    function _judged(uint256 id, address challenger)
+        internal
+        view
+        returns (bytes32 verdict, uint256 consistent, bool excused)
+    {
+        (, I.JobState memory st) = bsm.getJob(id);
+        I.ChallengeInfo memory ch = bsm.challengeOf(st.attempt);
+        (verdict, consistent) = (ch.verdictKey, ch.consistent);
+        (,, bytes32 voted) = bsm.submissionOf(id, challenger);
+        excused = verdict != bytes32(0) && voted != verdict && _bitOf(id, challenger, consistent);
+    }
+
+    /// The first member that revealed a vote other than `key` (`otherwise` when none did).
+    function _dissenter(uint256 id, address[] memory m, bytes32 key, uint256 otherwise)
+        internal
+        view
+        returns (uint256)
+    {
+        for (uint256 i; i < m.length; ++i) {
+            (,, bytes32 voted) = bsm.submissionOf(id, m[i]);
+            if (voted != bytes32(0) && voted != key) return i;
+        }
+        return otherwise;
+    }
+
+    function _bitOf(uint256 id, address who, uint256 bits) internal view returns (bool) {
+        address[] memory m = bsm.getMembers(id);
+        for (uint256 i; i < m.length; ++i) {
+            if (m[i] == who) return bits & (1 << i) != 0;
+        }
+        return false;
     }
 
     /// Ether stake held, and the job's unit (ether or its token): escrow, owed, developer's credit.

@@ -385,7 +385,9 @@ contract VoteCopyingTest is BaseTest {
         reveal(jobId);
         vm.prank(ops[2]);
         vm.expectRevert(abi.encodeWithSelector(I.CommitmentMismatch.selector, jobId, ops[2]));
-        bsm.revealCheckpoint(jobId, 0, keccak256("trained"), p, saltOf(ops[0], keccak256("trained")));
+        bsm.revealCheckpoint(
+            jobId, 0, keccak256("trained"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("trained"))
+        );
         // It never reveals a vote it committed: slashed at the fabrication rate, the two who
         // trained are paid.
         uint256 pool = bsm.getPool(ops[2]).totalAssets;
@@ -404,7 +406,9 @@ contract VoteCopyingTest is BaseTest {
         uint256 deadline = bsm.epochDeadline(jobId);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.RevealNotOpen.selector, deadline, block.timestamp));
-        bsm.revealCheckpoint(jobId, 0, keccak256("trained"), p, saltOf(ops[0], keccak256("trained")));
+        bsm.revealCheckpoint(
+            jobId, 0, keccak256("trained"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("trained"))
+        );
         vm.warp(deadline + 1);
         reveal(jobId); // the votes are public now
         vm.prank(ops[2]);

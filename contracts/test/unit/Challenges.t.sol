@@ -68,24 +68,33 @@ abstract contract ChallengeBase is BaseTest {
         return judgeWith(jobId, verdict, fullParticipation(jobId));
     }
 
-    /// Every drawn referee commits and reveals (`verdict`, `p`).
+    /// Every drawn referee commits and reveals (`verdict`, `p`), finding no voter consistent.
     function judgeWith(uint256 jobId, bytes32 verdict, uint32[] memory p) internal returns (address[] memory refs) {
+        return judgeConsistent(jobId, verdict, p, 0);
+    }
+
+    /// Every drawn referee commits and reveals (`verdict`, `p`) and the voters whose own
+    /// transcripts lead to their votes (`consistent`, bit i: member i).
+    function judgeConsistent(uint256 jobId, bytes32 verdict, uint32[] memory p, uint256 consistent)
+        internal
+        returns (address[] memory refs)
+    {
         I.ChallengeInfo memory c = bsm.challengeOf(state(jobId).attempt);
         vm.warp(c.openedAt + WINDOW);
         address[] memory applicants = c.applicants;
         // the first commit draws the referees: draw by committing as any drawn applicant
         for (uint256 i; i < applicants.length; ++i) {
-            commitIfDrawn(jobId, applicants[i], verdict, p);
+            commitIfDrawn(jobId, applicants[i], verdict, p, consistent);
         }
         refs = bsm.challengeOf(state(jobId).attempt).referees;
         for (uint256 i; i < refs.length; ++i) {
             vm.prank(refs[i]);
-            bsm.revealVerdict(jobId, 0, verdict, p, saltOf(refs[i], verdict));
+            bsm.revealVerdict(jobId, 0, verdict, p, consistent, saltOf(refs[i], verdict));
         }
     }
 
-    function commitIfDrawn(uint256 jobId, address a, bytes32 verdict, uint32[] memory p) internal {
-        bytes32 c = bsm.commitmentHash(jobId, 0, a, verdict, p, saltOf(a, verdict));
+    function commitIfDrawn(uint256 jobId, address a, bytes32 verdict, uint32[] memory p, uint256 consistent) internal {
+        bytes32 c = bsm.commitmentHash(jobId, 0, a, verdict, p, bytes32(consistent), saltOf(a, verdict));
         vm.prank(a);
         try bsm.commitVerdict(jobId, 0, c) {} catch {}
     }
@@ -262,13 +271,13 @@ contract RefereeTest is ChallengeBase {
         uint32[] memory p = fullParticipation(jobId);
         bytes32[3] memory verdicts = [trained(), trained(), keccak256("fabricated")];
         for (uint256 i; i < 3; ++i) {
-            bytes32 c = bsm.commitmentHash(jobId, 0, outsiders[i], verdicts[i], p, bytes32(i));
+            bytes32 c = bsm.commitmentHash(jobId, 0, outsiders[i], verdicts[i], p, bytes32(0), bytes32(i));
             vm.prank(outsiders[i]);
             bsm.commitVerdict(jobId, 0, c);
         }
         for (uint256 i; i < 3; ++i) {
             vm.prank(outsiders[i]);
-            bsm.revealVerdict(jobId, 0, verdicts[i], p, bytes32(i));
+            bsm.revealVerdict(jobId, 0, verdicts[i], p, 0, bytes32(i));
         }
         bsm.resolveChallenge(jobId, 0);
         vm.assertEq(bsm.stakeOf(outsiders[0], outsiders[0]), 2 * MIN_STAKE);
@@ -284,13 +293,13 @@ contract RefereeTest is ChallengeBase {
         vm.warp(block.timestamp + WINDOW);
         uint32[] memory p = fullParticipation(jobId);
         for (uint256 i; i < 2; ++i) {
-            bytes32 c = bsm.commitmentHash(jobId, 0, outsiders[i], trained(), p, bytes32(i));
+            bytes32 c = bsm.commitmentHash(jobId, 0, outsiders[i], trained(), p, bytes32(0), bytes32(i));
             vm.prank(outsiders[i]);
             bsm.commitVerdict(jobId, 0, c);
         }
         vm.warp(block.timestamp + WINDOW);
         vm.prank(outsiders[0]);
-        bsm.revealVerdict(jobId, 0, trained(), p, bytes32(0));
+        bsm.revealVerdict(jobId, 0, trained(), p, 0, bytes32(0));
         vm.warp(block.timestamp + WINDOW);
         bsm.resolveChallenge(jobId, 0);
         // 1 of 3 revealed: no majority, so no verdict; outsiders[1] withheld, outsiders[2] silent
@@ -307,7 +316,7 @@ contract RefereeTest is ChallengeBase {
         }
         vm.warp(block.timestamp + WINDOW);
         for (uint256 i; i < 5; ++i) {
-            commitIfDrawn(jobId, outsiders[i], trained(), fullParticipation(jobId));
+            commitIfDrawn(jobId, outsiders[i], trained(), fullParticipation(jobId), 0);
         }
         address[] memory refs = bsm.challengeOf(state(jobId).attempt).referees;
         vm.assertEq(refs.length, 3);
@@ -324,7 +333,7 @@ contract RefereeTest is ChallengeBase {
         vm.warp(block.timestamp + WINDOW);
         vm.prevrandao(bytes32(randao));
         for (uint256 i; i < applicants; ++i) {
-            commitIfDrawn(jobId, outsiders[i], trained(), fullParticipation(jobId));
+            commitIfDrawn(jobId, outsiders[i], trained(), fullParticipation(jobId), 0);
         }
         address[] memory refs = bsm.challengeOf(state(jobId).attempt).referees;
         vm.assertEq(refs.length, applicants < 3 ? applicants : 3);
@@ -520,6 +529,90 @@ contract CancelDuringChallengeTest is ChallengeBase {
         vm.assertEq(bsm.creditOf(ops[2]), PRICE * 40 / 100 + CHALLENGE_BOND, "paid, and its bond back");
         vm.assertEq(bsm.creditOf(ops[0]), 0, "a fabricator is not paid");
         vm.assertEq(bsm.creditOf(caller), PRICE * 3 * 2 - PRICE, "all but the one paid operator-epoch");
+        assertConserved();
+    }
+}
+
+/// Attack: a 2/3 coalition votes the checkpoint its own transcript file leads to, a file that
+/// leaves out the honest member's packets (or holds packets the honest member never got in
+/// time). Which packets reached whom in time cannot be proven after the epoch, so the referees
+/// uphold the coalition's vote, and before per-voter judgement the honest dissenter, whose own
+/// file leads to its own vote, was slashed as a fabricator and lost its challenge bond.
+contract ConsistentDissenterTest is ChallengeBase {
+    function upheldCoalition(uint256 consistent) internal returns (uint256 jobId, address[] memory ops) {
+        (jobId, ops) = certify(2, 1, 100 ether, keccak256("the coalition's own transcript"));
+        challengeAs(ops[2], jobId);
+        applyAll(jobId, 3);
+        judgeConsistent(jobId, keccak256("the coalition's own transcript"), fullParticipation(jobId), consistent);
+        vm.prank(reporter);
+        bsm.resolveChallenge(jobId, 0);
+    }
+
+    function test_consistentDissenter_paidAndBondBack_whateverTheVerdict() public {
+        (uint256 jobId, address[] memory ops) = upheldCoalition(7);
+        address honest = ops[2];
+        uint256 before = worth(honest);
+        finalizeNow(jobId);
+
+        vm.assertEq(bsm.epochCheckpoint(jobId, 0), keccak256("the coalition's own transcript"));
+        vm.assertEq(bsm.creditOf(honest), PRICE * 40 / 100 + CHALLENGE_BOND, "paid, and its bond back");
+        vm.assertGe(worth(honest), before + PRICE * 40 / 100, "paid, not slashed");
+        for (uint256 i; i < 2; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100, "a consistent majority is paid");
+            vm.assertEq(bsm.stakeOf(ops[i], ops[i]), MIN_STAKE, "and not slashed");
+        }
+        assertConserved();
+    }
+
+    /// A dissenter whose own file does not lead to its vote is a fabricator: slashed, and its
+    /// challenge upheld costs its bond.
+    function test_inconsistentDissenter_slashedAndLosesItsBond() public {
+        (uint256 jobId, address[] memory ops) = upheldCoalition(3);
+        address honest = ops[2];
+        uint256 before = worth(honest);
+        finalizeNow(jobId);
+        vm.assertEq(worth(honest), before - before / 10, "slashed at the fabrication rate");
+        vm.assertEq(bsm.creditOf(honest), 0, "neither paid nor its bond back");
+        assertConserved();
+    }
+
+    /// A voter of the verdict is consistent too, but disputing its own vote is no dissent: an
+    /// upheld challenge costs it the bond (else any member could delay every payout for free).
+    function test_consistentVoterOfTheVerdict_challengingLosesItsBond() public {
+        (uint256 jobId, address[] memory ops) = certify(0, 3, MIN_STAKE, trained());
+        challengeAs(ops[0], jobId);
+        applyAll(jobId, 3);
+        judgeConsistent(jobId, trained(), fullParticipation(jobId), 7);
+        uint256 treasury0 = bsm.creditOf(treasury);
+        vm.prank(reporter);
+        bsm.resolveChallenge(jobId, 0);
+        vm.assertEq(bsm.creditOf(treasury), treasury0 + CHALLENGE_BOND, "the bond to the treasury");
+        vm.assertEq(bsm.creditOf(ops[0]), 0, "no bond back");
+        assertConserved();
+    }
+
+    /// The referees must agree on whom they found consistent, not only on the vote: the one
+    /// off the majority's bitmap is slashed like one off its vote.
+    function test_refereeOffTheMajoritysBitmap_slashed() public {
+        (uint256 jobId, address[] memory ops) = certify(2, 1, 100 ether, keccak256("x"));
+        challengeAs(ops[2], jobId);
+        applyAll(jobId, 3);
+        uint32[] memory p = fullParticipation(jobId);
+        uint256[3] memory bits = [uint256(7), 7, 3];
+        vm.warp(bsm.challengeOf(state(jobId).attempt).openedAt + WINDOW);
+        for (uint256 i; i < 3; ++i) {
+            commitIfDrawn(jobId, outsiders[i], keccak256("x"), p, bits[i]);
+        }
+        vm.assertEq(bsm.challengeOf(state(jobId).attempt).referees.length, 3, "all three drawn");
+        for (uint256 i; i < 3; ++i) {
+            vm.prank(outsiders[i]);
+            bsm.revealVerdict(jobId, 0, keccak256("x"), p, bits[i], saltOf(outsiders[i], keccak256("x")));
+        }
+        vm.prank(reporter);
+        bsm.resolveChallenge(jobId, 0);
+        vm.assertEq(bsm.challengeOf(state(jobId).attempt).consistent, 7, "the majority's bitmap");
+        vm.assertLt(worth(outsiders[2]), 2 * MIN_STAKE, "the referee off the bitmap is slashed");
+        vm.assertEq(worth(outsiders[0]), 2 * MIN_STAKE, "the majority is not");
         assertConserved();
     }
 }

@@ -14,7 +14,7 @@ contract CommitCheckpointTest is BaseTest {
     }
 
     function commitmentOf(address a, bytes32 h) internal view returns (bytes32) {
-        return bsm.commitmentHash(jobId, 0, a, h, fullParticipation(jobId), saltOf(a, h));
+        return bsm.commitmentHash(jobId, 0, a, h, fullParticipation(jobId), transcriptOf(a), saltOf(a, h));
     }
 
     function test_recordsCommitmentHidden() public {
@@ -35,8 +35,10 @@ contract CommitCheckpointTest is BaseTest {
     function test_commitmentHashIsAbiEncoded() public view {
         uint32[] memory p = fullParticipation(jobId);
         vm.assertEq(
-            bsm.commitmentHash(jobId, 0, ops[0], keccak256("c0"), p, bytes32(uint256(7))),
-            keccak256(abi.encode(jobId, uint256(0), ops[0], keccak256("c0"), p, bytes32(uint256(7))))
+            bsm.commitmentHash(jobId, 0, ops[0], keccak256("c0"), p, transcriptOf(ops[0]), bytes32(uint256(7))),
+            keccak256(
+                abi.encode(jobId, uint256(0), ops[0], keccak256("c0"), p, transcriptOf(ops[0]), bytes32(uint256(7)))
+            )
         );
         vm.assertEq(bsm.UNWORKABLE(), bytes32("UNWORKABLE"));
     }
@@ -102,7 +104,7 @@ contract RevealCheckpointTest is BaseTest {
     }
 
     function commit(address a, bytes32 h) internal {
-        bytes32 c = bsm.commitmentHash(jobId, 0, a, h, p, saltOf(a, h));
+        bytes32 c = bsm.commitmentHash(jobId, 0, a, h, p, transcriptOf(a), saltOf(a, h));
         vm.prank(a);
         bsm.commitCheckpoint(jobId, 0, c);
     }
@@ -113,9 +115,9 @@ contract RevealCheckpointTest is BaseTest {
         }
         bytes32 key = keccak256(abi.encode(keccak256("c0"), p));
         vm.expectEmit();
-        emit I.CheckpointRevealed(jobId, 0, ops[0], keccak256("c0"), key);
+        emit I.CheckpointRevealed(jobId, 0, ops[0], keccak256("c0"), key, transcriptOf(ops[0]));
         vm.prank(ops[0]);
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
         (, bytes32 h, bytes32 k) = bsm.submissionOf(jobId, ops[0]);
         vm.assertEq(h, keccak256("c0"));
         vm.assertEq(k, key);
@@ -130,10 +132,10 @@ contract RevealCheckpointTest is BaseTest {
         uint256 deadline = bsm.epochDeadline(jobId);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.RevealNotOpen.selector, deadline, block.timestamp));
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
         vm.warp(deadline + 1);
         vm.prank(ops[0]);
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
     }
 
     function test_revert_RevealClosed() public {
@@ -143,14 +145,14 @@ contract RevealCheckpointTest is BaseTest {
         vm.warp(closes + 1);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.RevealClosed.selector, closes, closes + 1));
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
     }
 
     function test_revert_NotCommitted() public {
         vm.warp(bsm.epochDeadline(jobId) + 1);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.NotCommitted.selector, jobId, 0, ops[0]));
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, bytes32(0));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), bytes32(0));
     }
 
     function test_revert_CommitmentMismatch() public {
@@ -158,28 +160,28 @@ contract RevealCheckpointTest is BaseTest {
         vm.warp(bsm.epochDeadline(jobId) + 1);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.CommitmentMismatch.selector, jobId, ops[0]));
-        bsm.revealCheckpoint(jobId, 0, keccak256("c1"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c1"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
     }
 
     function test_revert_AlreadyRevealed() public {
         commit(ops[0], keccak256("c0"));
         vm.warp(bsm.epochDeadline(jobId) + 1);
         vm.startPrank(ops[0]);
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
         vm.expectRevert(abi.encodeWithSelector(I.AlreadyRevealed.selector, jobId, 0, ops[0]));
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
         vm.stopPrank();
     }
 
     function test_revert_ParticipationLength() public {
         uint32[] memory short = new uint32[](2);
-        bytes32 c = bsm.commitmentHash(jobId, 0, ops[0], keccak256("c0"), short, 0);
+        bytes32 c = bsm.commitmentHash(jobId, 0, ops[0], keccak256("c0"), short, transcriptOf(ops[0]), 0);
         vm.prank(ops[0]);
         bsm.commitCheckpoint(jobId, 0, c);
         vm.warp(bsm.epochDeadline(jobId) + 1);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.ParticipationLength.selector, 2, 3));
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), short, 0);
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), short, transcriptOf(ops[0]), 0);
     }
 
     function test_revert_ParticipationTooHigh() public {
@@ -188,7 +190,7 @@ contract RevealCheckpointTest is BaseTest {
         vm.warp(bsm.epochDeadline(jobId) + 1);
         vm.prank(ops[0]);
         vm.expectRevert(abi.encodeWithSelector(I.ParticipationTooHigh.selector, 1, 11, 10));
-        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, saltOf(ops[0], keccak256("c0")));
+        bsm.revealCheckpoint(jobId, 0, keccak256("c0"), p, transcriptOf(ops[0]), saltOf(ops[0], keccak256("c0")));
     }
 }
 

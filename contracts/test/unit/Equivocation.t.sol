@@ -185,7 +185,9 @@ contract WithheldRevealTest is BaseTest {
         }
         // ops[3] commits a losing vote and withholds it
         (, I.JobState memory st) = bsm.getJob(jobId);
-        bytes32 c = bsm.commitmentHash(jobId, st.epoch, ops[3], keccak256("other"), p, bytes32(uint256(7)));
+        bytes32 c = bsm.commitmentHash(
+            jobId, st.epoch, ops[3], keccak256("other"), p, transcriptOf(ops[3]), bytes32(uint256(7))
+        );
         vm.prank(ops[3]);
         bsm.commitCheckpoint(jobId, st.epoch, c);
         uint256 before = bsm.getPool(ops[3]).totalAssets;

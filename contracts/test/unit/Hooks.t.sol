@@ -143,14 +143,14 @@ abstract contract HooksBase is BaseTest {
     function hookVote(uint256 jobId, address[] memory voters, bytes32 h, uint32[] memory p) internal {
         uint256 e = state(jobId).epoch;
         for (uint256 i; i < voters.length; ++i) {
-            bytes32 c = bsm.commitmentHash(jobId, e, voters[i], h, p, saltOf(voters[i], h));
+            bytes32 c = bsm.commitmentHash(jobId, e, voters[i], h, p, transcriptOf(voters[i]), saltOf(voters[i], h));
             vm.prank(voters[i]);
             tangle.submitResult(COMMIT, abi.encode(jobId, e, c));
         }
         if (voters.length < bsm.getMembers(jobId).length) vm.warp(bsm.epochDeadline(jobId) + 1);
         for (uint256 i; i < voters.length; ++i) {
             vm.prank(voters[i]);
-            tangle.submitResult(REVEAL, abi.encode(jobId, e, h, p, saltOf(voters[i], h)));
+            tangle.submitResult(REVEAL, abi.encode(jobId, e, h, p, transcriptOf(voters[i]), saltOf(voters[i], h)));
         }
         if (voters.length < bsm.getMembers(jobId).length) vm.warp(bsm.revealDeadline(jobId) + 1);
     }

@@ -52,6 +52,12 @@ steps and re-sends that first packet every round (still committing, as it must, 
 state it holds). Its packets are valid and near honest scale, so aggregation cannot tell; a
 replay spot check of any later round (docs/protocol.md 4.6) gives another packet.
 
+`shun=ADDR` leaves member ADDR's packets out of our transcript file after the epoch and votes
+what that file re-executes to, naming it: the vote of a coalition that claims it never got an
+honest member's packets (of a job's first epoch). Its vote is consistent with its own file,
+and so is the honest member's with its own: the referees of a challenge uphold the coalition's
+vote, and pay both sides.
+
 `slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
 steps take X times as long). The chain must not punish it.
 """
@@ -73,7 +79,7 @@ from dtrain_node.optim.codec import Spec
 USAGE = (
     "fabricate, collude, unworkable, doctor, inject, no-reveal, garbage, stop-sync=N, offline=N, "
     "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, stale, slow=X, "
-    "equivocate=N, withhold=N, late=N, epoch=E, once"
+    "equivocate=N, withhold=N, late=N, shun=ADDR, epoch=E, once"
 )
 
 # `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
@@ -138,6 +144,7 @@ class Faults:
     late_rounds: tuple[int, ...] = ()  # reveal to one member only, by sync
     ahead: bool = False  # no inner steps, no waiting: every round committed before the others
     stale: bool = False  # no inner steps after the first round: its first packet every round
+    shun: str | None = None  # vote what our transcript leads to without this member's packets
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.slow <= 100.0:
@@ -188,6 +195,8 @@ class Faults:
                 kw["withhold_rounds"] = (int(value),)
             elif name == "late" and value.isdigit():
                 kw["late_rounds"] = (int(value),)
+            elif name == "shun" and Web3.is_address(value):
+                kw["shun"] = Web3.to_checksum_address(value)
             elif name == "slow" and _number(value):
                 kw["slow"] = float(value)
             elif name in ("stop-sync", "offline", "epoch") and value.isdigit():

@@ -33,6 +33,7 @@ so. Twice: stop now, saying what it costs (`progress.second_signal_message`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import signal
@@ -48,11 +49,11 @@ from dtrain.client import BSM
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
 from dtrain_node.errors import StopRequested
-from dtrain_node.operator import attest, attest_service, vote
+from dtrain_node.operator import attest, attest_service, evidence, vote
 from dtrain_node.operator.challenger import Challenger
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
-from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer
+from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer, recompute
 from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.preflight import Preflight
 from dtrain_node.operator.progress import (
@@ -71,6 +72,7 @@ from dtrain_node.operator.transport import (
     peer_specs,
 )
 from dtrain_node.operator.vote import Vote
+from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation
 
 log = logging.getLogger("dtrain.node")
@@ -485,7 +487,24 @@ class Node:
         digest, participation = trainer.train()
         for proof in trainer.equivocations:
             self._report_equivocation(job, proof)
-        return Vote.fresh(digest, participation)
+        file = evidence.path(self.job_dir(job.id), job.state.attempt)
+        shun = self._faults(job.state).shun
+        if shun is not None and file.is_file() and job.state.epoch == 0:
+            digest, participation, file = self._shunned(job, file, shun)
+        return Vote.fresh(digest, participation, sha256_file(file) if file.is_file() else bytes(32))
+
+    def _shunned(self, job: Job, file: Path, shun: str) -> tuple[bytes, list[int], Path]:
+        """Fault `shun`: our transcript without `shun`'s packets, served under its sha256, and
+        the vote it re-executes to (a first epoch: from the job's start model)."""
+        t = evidence.load(file)
+        rounds = tuple(tuple(p for p in packets if p.sender != shun) for packets in t.rounds)
+        out = file.with_name(f"shun-{t.attempt}.bin")
+        out.write_bytes(dataclasses.replace(t, rounds=rounds).encode())
+        digest, participation = recompute(self.cfg, job, evidence.load(out))
+        if self.transport is not None:
+            self.transport.serve_file(sha256_file(out).hex(), out)
+        log.warning("fault: voting our transcript without the packets of %s", shun)
+        return digest, participation, out
 
     def _report_equivocation(self, job: Job, proof: Equivocation) -> None:
         """Posts a member's two signed packets of one round; the chain slashes it when the
@@ -508,6 +527,7 @@ class Node:
             self._metric("fault_no_reveal", job=job.id, epoch=st.epoch)
             return
         mine = vote.load(vote.path(self.job_dir(job.id), st.attempt))
+        self._serve_transcript(job, mine)
         self._enter("REVEAL", "once every member committed or the commit deadline passed")
         while True:
             self._check_stop()
@@ -536,11 +556,26 @@ class Node:
                     return
             self._sleep()
 
+    def _serve_transcript(self, job: Job, mine: Vote | None) -> None:
+        """Serves the transcript file our vote names, also after a restart: a challenge's
+        referees fetch it by that sha256 to judge our vote against it."""
+        file = evidence.path(self.job_dir(job.id), job.state.attempt)
+        if mine is None or not any(mine.transcript) or not file.is_file():
+            return
+        if self.transport is not None and sha256_file(file) == mine.transcript:
+            self.transport.serve_file(mine.transcript.hex(), file)
+
     def _send_reveal(self, job: Job, mine: Vote, gas: int | None) -> bool:
         epoch = job.state.epoch
         try:
             self.bsm.reveal_checkpoint(
-                job.id, epoch, mine.checkpoint, list(mine.participation), mine.salt, gas=gas
+                job.id,
+                epoch,
+                mine.checkpoint,
+                list(mine.participation),
+                mine.transcript,
+                mine.salt,
+                gas=gas,
             )
         except (ContractError, TransactionFailed) as exc:
             log.info("reveal not taken yet: %s", exc)  # reveals not open on chain yet

@@ -2,15 +2,20 @@
 
 For every `Challenged` event it sees, the referee applies (bonding `challenge_bond` of its free
 self-stake) and, once the apply phase ended, fetches the transcript files the challenger and
-the attempt's voters named (`TranscriptPosted`), from the challenger and the epoch's members
-over the same p2p file protocol that serves checkpoints, and, for an epoch after the first, its
+the attempt's voters named (each vote names the file it was made from, `CheckpointRevealed`;
+voters may name more, `TranscriptPosted`), from the challenger and the epoch's members over
+the same p2p file protocol that serves checkpoints, and, for an epoch after the first, its
 start checkpoint by hash; it checks every packet of every file against its sender's signed
-commitment and re-executes the union of the files by aggregation alone (`evidence.union`,
-`referee.check`): a challenger that leaves packets out of its file is outvoted by the files of
-the members that saw them.
-If drawn, it commits the (checkpoint, participation) vote it got, reveals it once every
-referee committed or the commit phase ended, and resolves the challenge once every referee
-revealed or the reveal phase ended. A referee that is not drawn gets its bond back at the draw.
+commitment (a file that fails is left out) and re-executes by aggregation alone
+(`referee.check`):
+- each voter's own file: a voter whose file leads to its vote is consistent, and is paid
+  whatever the verdict (which packets reached whom in time cannot be proven after the epoch);
+- the verdict: the certified vote when one of its voters is consistent, else the union of
+  every file (`evidence.union`): a challenger that leaves packets out of its file is outvoted
+  by the files of the members that saw them.
+If drawn, it commits the (checkpoint, participation, consistent voters) it got, reveals it
+once every referee committed or the commit phase ended, and resolves the challenge once every
+referee revealed or the reveal phase ended. A referee not drawn gets its bond back at the draw.
 
 Every phase boundary is on the chain's clock; on a chain that mines only on transactions the
 latest block can be older than the wall clock, so phase transactions are sent without
@@ -31,7 +36,7 @@ from eth_account import Account
 
 from dtrain import UNWORKABLE, commitment_hash, new_salt, vote_key
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
-from dtrain_node.errors import CheckpointUnavailable, NodeError
+from dtrain_node.errors import CheckpointUnavailable, NodeError, TranscriptInvalid
 from dtrain_node.operator import evidence, referee
 from dtrain_node.operator.transport import peer_specs
 
@@ -116,9 +121,10 @@ class RefereeService:
         opened = ch.opened_at
         # members name their transcript files until the apply phase ends: then re-execute all
         self._until(stop, lambda: self._now() >= opened + self.window)
-        checkpoint, participation = self._verdict(case)
+        checkpoint, participation, consistent = self._verdict(case)
         salt = new_salt()
-        c = commitment_hash(case.job_id, case.epoch, self.me, checkpoint, participation, salt)
+        bits = consistent.to_bytes(32, "big")
+        c = commitment_hash(case.job_id, case.epoch, self.me, checkpoint, participation, bits, salt)
         try:
             self.bsm.commit_verdict(case.job_id, case.epoch, c, gas=GAS)
         except (ContractError, TransactionFailed) as exc:
@@ -126,7 +132,9 @@ class RefereeService:
             self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
             return
         self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
-        self.bsm.reveal_verdict(case.job_id, case.epoch, checkpoint, participation, salt, gas=GAS)
+        self.bsm.reveal_verdict(
+            case.job_id, case.epoch, checkpoint, participation, consistent, salt, gas=GAS
+        )
         self.metric(
             "verdict",
             job=case.job_id,
@@ -134,54 +142,75 @@ class RefereeService:
             attempt=case.attempt,
             checkpoint=checkpoint.hex(),
             participation=list(participation),
+            consistent=[m for i, m in enumerate(case.members) if consistent >> i & 1],
         )
         self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
         with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
             self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
 
-    def _verdict(self, case: Case) -> tuple[bytes, tuple[int, ...]]:
-        """UNWORKABLE when the job's own files prove that nobody can train it. Else the
-        certified vote when a file posted by one of its voters leads to it (a file holding a
-        packet nobody applied, signed after the fact, cannot turn an honest quorum into
-        fabricators); else the (checkpoint, participation) the union of the delivered files
-        leads to (a packet nobody delivered counts as absent: with no file, every round is
-        empty)."""
+    def _verdict(self, case: Case) -> tuple[bytes, tuple[int, ...], int]:
+        """UNWORKABLE when the job's own files prove that nobody can train it (nobody is then
+        consistent). Else the voters whose own files lead to their votes, and the verdict: the
+        certified vote when one of its voters is consistent (a file holding a packet nobody
+        applied, signed after the fact, cannot turn an honest quorum into fabricators); else
+        the (checkpoint, participation) the union of the delivered files leads to (a packet
+        nobody delivered counts as absent: with no file, every round is empty)."""
         job = self.bsm.job(case.job_id)
         why = referee.unworkable(job, self.cfg)
         if why is not None:
             log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch + 1, why)
-            return UNWORKABLE, tuple(0 for _ in case.members)
-        files, start = self._evidence(case, self._posted(case))
-        upheld = self._certified_by_own_file(case, files, start)
-        if upheld is not None:
-            return upheld
-        ts = [t for _, t in files]
+            return UNWORKABLE, tuple(0 for _ in case.members), 0
+        votes = self._votes(case)
+        named: dict[bytes, set[str]] = {case.transcript: {case.challenger}}
+        for who, sha in [*self._posted(case), *((m, v[1]) for m, v in votes.items())]:
+            named.setdefault(sha, set()).add(who)
+        files, start = self._evidence(case, named)
+        led = {sha: v for sha, (_, t) in files.items() if (v := self._leads_to(t, start))}
+        consistent = sum(
+            1 << i
+            for i, m in enumerate(case.members)
+            if m in votes and votes[m][1] in led and led[votes[m][1]][0] == votes[m][0]
+        )
+        certified = self.bsm.challenge_of(case.attempt).certified_key
+        for key, sha in votes.values():
+            if key == certified and sha in led and led[sha][0] == key:
+                log.info("job %d: a certified voter's own file leads to its vote", case.job_id)
+                return led[sha][1], led[sha][2], consistent
+        ts = [t for _, t in files.values()]
         empty = referee.empty(job, case.epoch, case.attempt, *self._chain())
-        t = evidence.union(ts) if ts else empty
-        v = referee.check(self.bsm, self.cfg, t, start)
+        v = referee.check(self.bsm, self.cfg, evidence.union(ts) if ts else empty, start)
+        checkpoint, participation = v.recomputed, v.participation
         log.info(
             "job %d epoch %d: the transcripts lead to 0x%s",
             case.job_id,
             case.epoch + 1,
-            v.recomputed.hex()[:16],
+            checkpoint.hex()[:16],
         )
-        return v.recomputed, v.participation
+        return checkpoint, participation, consistent
 
-    def _certified_by_own_file(
-        self, case: Case, files: list[tuple[set[str], evidence.EpochTranscript]], start: Path | None
-    ) -> tuple[bytes, tuple[int, ...]] | None:
-        """The certified vote, when a file one of its voters named leads to it."""
-        certified = self.bsm.challenge_of(case.attempt).certified_key
-        for holders, t in files:
-            if not any(
-                self.bsm.submission_of(case.job_id, m).vote_key == certified for m in holders
-            ):
-                continue
+    def _leads_to(
+        self, t: evidence.EpochTranscript, start: Path | None
+    ) -> tuple[bytes, bytes, tuple[int, ...]] | None:
+        """(vote key, checkpoint, participation) that transcript `t` re-executes to; None for
+        a file of another job, attempt or epoch (it leads to no vote of this one)."""
+        try:
             v = referee.check(self.bsm, self.cfg, t, start)
-            if vote_key(v.recomputed, v.participation) == certified:
-                log.info("job %d: a certified voter's own file leads to its vote", case.job_id)
-                return v.recomputed, v.participation
-        return None
+        except TranscriptInvalid as exc:
+            log.info("transcript left out: %s", exc)
+            return None
+        return vote_key(v.recomputed, v.participation), v.recomputed, v.participation
+
+    def _votes(self, case: Case) -> dict[str, tuple[bytes, bytes]]:
+        """member -> (vote key, sha256 of the transcript file its vote names) of every
+        checkpoint vote revealed in the attempt (UNWORKABLE names no file)."""
+        out = {}
+        for e in self.bsm.events(names=["CheckpointRevealed"], job_id=case.job_id):
+            key, sha = bytes(e.args["voteKey"]), bytes(e.args["transcript"])
+            if e.args["epoch"] != case.epoch or key == UNWORKABLE or not any(sha):
+                continue
+            if self.bsm.job(case.job_id, block=e.block).state.attempt == case.attempt:
+                out[e.args["operator"]] = (key, sha)
+        return out
 
     def _apply(self, case: Case, applicants: Any) -> bool:
         if self.me in applicants:
@@ -204,12 +233,12 @@ class RefereeService:
         ]
 
     def _evidence(
-        self, case: Case, posted: list[tuple[str, bytes]]
-    ) -> tuple[list[tuple[set[str], evidence.EpochTranscript]], Path | None]:
-        """(who named it, transcript) of each distinct file the challenge and the voters name
-        that was delivered and checks against the members' signed commitments (a file nobody
-        delivers is left out) and, after the first epoch, the epoch's start checkpoint, fetched
-        by hash from the challenger and the members."""
+        self, case: Case, named: dict[bytes, set[str]]
+    ) -> tuple[dict[bytes, tuple[set[str], evidence.EpochTranscript]], Path | None]:
+        """sha256 -> (who named it, transcript) of each named file that was delivered and
+        checks against the members' signed commitments (a file nobody delivers, or that holds
+        a packet its sender never committed, is left out) and, after the first epoch, the
+        epoch's start checkpoint, fetched by hash from the challenger and the members."""
         from dtrain_node.p2p.host import GossipConfig, GossipNode
 
         work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
@@ -227,15 +256,11 @@ class RefereeService:
             Account.create(),
         )
         g.start()
-        named: dict[bytes, set[str]] = {}
-        for who, sha in [(case.challenger, case.transcript), *posted]:
-            named.setdefault(sha, set()).add(who)
-        files = []
+        files = {}
         try:
-            for i, (sha, holders) in enumerate(named.items()):
+            for i, (sha, who) in enumerate(named.items()):
                 try:
-                    got = g.fetch_file(sha.hex(), peers, work / f"transcript-{i}.bin")
-                    files.append((holders, got))
+                    files[sha] = (who, g.fetch_file(sha.hex(), peers, work / f"transcript-{i}.bin"))
                 except CheckpointUnavailable as exc:
                     log.info("transcript %s not delivered: %s", sha.hex()[:16], exc)
             start = None
@@ -243,10 +268,16 @@ class RefereeService:
                 start = g.fetch_file(case.start.hex(), peers, work / "start.stream")
         finally:
             g.stop()
-        ts = [(holders, evidence.load(f)) for holders, f in files]
-        for _, t in ts:
-            evidence.verify(t, case.members)
-        return ts, start
+        out = {}
+        for sha, (who, f) in files.items():
+            try:
+                t = evidence.load(f)
+                evidence.verify(t, case.members)
+            except TranscriptInvalid as exc:
+                log.info("transcript %s left out: %s", sha.hex()[:16], exc)
+                continue
+            out[sha] = (who, t)
+        return out, start
 
     def _chain(self) -> tuple[int, str]:
         return self.bsm.chain_id, self.bsm.address

@@ -1,7 +1,8 @@
 """Our vote in an epoch attempt, kept on disk between its commit and its reveal.
 
 The chain takes a vote in two steps: the commitment (a hash binding the job, the epoch, us,
-the checkpoint hash, the participation counts and a random salt) before the epoch's deadline,
+the checkpoint hash, the participation counts, the sha256 of the transcript file the vote was
+made from and a random salt) before the epoch's deadline,
 then the vote itself once reveals open. The salt is drawn fresh for every attempt, and the
 whole vote is written durably (temp file, fsync, rename) *before* the commit is sent, so a node
 killed between the two can still reveal after a restart; a node that lost it could not (its
@@ -29,12 +30,21 @@ class Vote:
     checkpoint: bytes  # the checkpoint hash, or UNWORKABLE
     participation: tuple[int, ...]  # sync rounds applied from each member, in members order
     salt: bytes
+    # sha256 of our transcript file for the attempt (zero: none): a challenge's referees judge
+    # the vote against this file, bound before we saw anyone's vote
+    transcript: bytes = bytes(32)
 
     @classmethod
-    def fresh(cls, checkpoint: bytes, participation: list[int] | tuple[int, ...]) -> Vote:
+    def fresh(
+        cls,
+        checkpoint: bytes,
+        participation: list[int] | tuple[int, ...],
+        transcript: bytes = bytes(32),
+    ) -> Vote:
         """A vote with a fresh random salt (never reuse one: a salt seen in a reveal would let
         anyone test guesses against our next commitment)."""
-        return cls(bytes(checkpoint), tuple(int(p) for p in participation), os.urandom(SALT_BYTES))
+        parts = tuple(int(p) for p in participation)
+        return cls(bytes(checkpoint), parts, os.urandom(SALT_BYTES), bytes(transcript))
 
     @classmethod
     def unworkable(cls, members: int) -> Vote:
@@ -46,10 +56,16 @@ class Vote:
 
     def commitment(self, job_id: int, epoch: int, operator: str) -> bytes:
         """What we commit: keccak256(abi.encode(job, epoch, operator, checkpoint,
-        participation, salt)), as the contract's `commitmentHash`."""
+        participation, transcript, salt)), as the contract's `commitmentHash`."""
         return bytes(
             commitment_hash(
-                job_id, epoch, operator, self.checkpoint, list(self.participation), self.salt
+                job_id,
+                epoch,
+                operator,
+                self.checkpoint,
+                list(self.participation),
+                self.transcript,
+                self.salt,
             )
         )
 
@@ -58,6 +74,7 @@ class Vote:
             "checkpoint": self.checkpoint.hex(),
             "participation": list(self.participation),
             "salt": self.salt.hex(),
+            "transcript": self.transcript.hex(),
         }
 
     @classmethod
@@ -69,6 +86,7 @@ class Vote:
             bytes.fromhex(str(d["checkpoint"])),
             tuple(int(p) for p in parts),
             bytes.fromhex(str(d["salt"])),
+            bytes.fromhex(str(d.get("transcript", "00" * 32))),
         )
 
 
