@@ -4,17 +4,13 @@ the same checkpoint, both are paid, nobody is slashed."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
 from test_operator import CALLER, OPERATORS, Operators, Running, events, metrics, submit_tiny_job
 
 from dtrain.recipe import Recipe
-from dtrain_node.operator.epoch import EpochTrainer
 from dtrain_node.train import corpus
-
-HOOKED = "run_round" in inspect.getsource(EpochTrainer._inner_steps)
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +19,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
     return path, corpus.build_stdlib_corpus(path, max_bytes=60_000)
 
 
-@pytest.mark.skipif(
-    not HOOKED,
-    reason="operator/epoch.py EpochTrainer._inner_steps does not call inner.run_round yet "
-    "(tests/unit/test_inner_step.py test_the_runner_steps_through_the_plan is xfail until then)",
-)
 @pytest.mark.timeout(300)
 def test_two_nodes_agree_on_every_epoch_with_the_inner_step_fields(
     chain, bsm, accounts, dataset, tmp_path

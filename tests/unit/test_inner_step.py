@@ -329,10 +329,6 @@ def test_a_replay_through_the_plan_gives_the_members_packet_byte_for_byte(text) 
 # ---------------------------------------------------------------- the runner
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator/epoch.py EpochTrainer._inner_steps does not call inner.run_round yet",
-)
 def test_the_runner_steps_through_the_plan(text) -> None:
     """The node's runner takes its inner steps through `inner.run_round`: the rates its AdamW
     sees follow the recipe's schedule."""

@@ -46,7 +46,7 @@ from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation, Transcript
-from dtrain_node.train import checkpoint, devices, shard
+from dtrain_node.train import checkpoint, devices, inner, shard
 from dtrain_node.train.backend import Backend, TrainJob, make_backend
 
 if TYPE_CHECKING:
@@ -234,6 +234,10 @@ class EpochTrainer:
                 train_job=self.train_job,
                 seed=seed,
                 device=self.device,
+                plan=inner.InnerPlan(
+                    self.train_job.recipe, job.spec.total_epochs * job.spec.steps_per_epoch
+                ),
+                epoch_start_step=st.epoch * job.spec.steps_per_epoch,
                 start={n: t.detach().clone() for n, t in model.state_dict().items()},
                 serve=env.transport.serve_file,
                 fetch=fetch,
@@ -242,21 +246,10 @@ class EpochTrainer:
         )
 
     def _inner_steps(self) -> tuple[int, float]:
-        """K inner steps; returns (tokens, summed loss). A GRPO backend's mean reward of
-        the steps' sampled completions goes to `self.rewards`."""
-        tokens, loss_sum = 0, 0.0
-        for _ in range(self.job.spec.sync_interval):
-            batch = next(self.batches)
-            with devices.autocast(self.device, self.train_job.recipe):
-                loss = self.backend.loss(batch)
-            loss.backward()
-            self.opt.inner_step()
-            tokens += batch[0].numel()
-            loss_sum += float(loss.detach())
-            reward = getattr(self.backend, "last_reward", None)
-            if reward is not None:
-                self.rewards.append(reward)
-        return tokens, loss_sum
+        """K inner steps as the recipe sets them (train/inner.py); returns (tokens, summed
+        loss). A GRPO backend's mean reward of the steps' sampled completions goes to
+        `self.rewards`."""
+        return inner.run_round(self)
 
     def _round(self, r: int) -> None:
         env, job, opt = self.env, self.job, self.opt

@@ -19,7 +19,7 @@ from dtrain_node.operator import claims, replaycheck, spotcheck
 from dtrain_node.operator.replaycheck import Check, ClaimHead, Outcome
 from dtrain_node.optim import reproduce, statefile
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
-from dtrain_node.train import devices, shard
+from dtrain_node.train import inner, shard
 from dtrain_node.train.backend import TrainJob, make_backend
 
 DRAIN_S = 120.0  # at the epoch's end: how long the last rounds' checks may still take
@@ -40,6 +40,8 @@ class CheckSetup:
     train_job: TrainJob
     seed: int  # of the batch order (the trainer's)
     device: torch.device
+    plan: inner.InnerPlan  # the job's inner steps, as the trainer takes them
+    epoch_start_step: int  # the job's inner step at the epoch's start
     start: dict[str, torch.Tensor]  # the model's state at the attempt's start
     serve: Callable[[str, Path], None]  # (sha256 hex, path): serve a file to peers
     fetch: replaycheck.Fetch
@@ -54,23 +56,21 @@ class EpochChecks:
         replica = replaycheck.demo_replica(self._build, s.demo, s.demo.sync_interval)
         self.checker = replaycheck.Checker(replica, s.fetch, s.job_dir / "checks", self._report)
 
-    def _build(self) -> tuple[Any, Callable[[Any], torch.Tensor], Callable[[str], Any]]:
+    def _build(self) -> tuple[Any, Callable[[Any, Sequence[Any]], None], Callable[[str], Any]]:
         """A second copy of the job's model and data (on the checker's thread)."""
         s = self.s
         backend = make_backend(s.train_job)
         backend.model.load_state_dict(s.start)
         backend.to(s.device)
-        recipe = s.train_job.recipe
 
-        def loss(batch: Any) -> torch.Tensor:
-            with devices.autocast(s.device, recipe):
-                return backend.loss(batch)
+        def run(opt: Any, batches: Sequence[Any]) -> None:
+            inner.replay_round(opt, backend, batches, s.plan, s.epoch_start_step, s.device)
 
         def stream(member: str) -> Any:
             idx = shard.assign(backend.n_items(), s.head.job_id, s.epoch, list(s.members), member)
             return backend.batches(idx, s.train_job.batch_size, seed=s.seed)
 
-        return backend.model, loss, stream
+        return backend.model, run, stream
 
     def commit(self, rnd: int, opt: DeMo) -> bytes:
         """At round `rnd`'s start: our private state kept and served; its digest (to sign)."""

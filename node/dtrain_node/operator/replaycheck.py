@@ -69,7 +69,7 @@ class Outcome:
 
 class Replica:
     """The job's model and optimizer a second time, for replays: built on first use (on the
-    checker's thread) by `build`, which returns (DeMo over its model, loss(batch), batches of
+    checker's thread) by `build`, which returns (DeMo over its model, run(opt, batches), batches of
     (member, round))."""
 
     def __init__(self, build: Callable[[], tuple[DeMo, Any, Any]]) -> None:
@@ -79,11 +79,9 @@ class Replica:
     def __call__(self, member: str, rnd: int, shared: Sequence[torch.Tensor], state: Any) -> bytes:
         if self._parts is None:
             self._parts = self._build()
-        opt, loss, batches = self._parts
+        opt, run, batches = self._parts
         statefile.load(opt, shared, state)
-        for batch in batches(member, rnd):
-            loss(batch).backward()
-            opt.inner_step()
+        run(opt, batches(member, rnd))
         return opt.prepare()
 
 
@@ -227,11 +225,12 @@ def claim(o: Outcome, head: ClaimHead, account: LocalAccount) -> claims.Claim:
 
 
 def demo_replica(
-    build: Callable[[], tuple[Any, Callable[[Any], torch.Tensor], Callable[[str], Any]]],
+    build: Callable[[], tuple[Any, Callable[[Any, Sequence[Any]], None], Callable[[str], Any]]],
     cfg: DeMoConfig,
     k: int,
 ) -> Replica:
-    """A `Replica` over `build()` -> (model, loss(batch), stream(member): the member's endless
+    """A `Replica` over `build()` -> (model, run(opt, batches): the round's inner steps as the
+    trainer takes them, stream(member): the member's endless
     batch stream of the attempt, as it trains it), with DeMo `cfg` and K = `k`: round r's
     batches are the stream's r x K-th to (r + 1) x K-th (epoch.from_round)."""
 
