@@ -78,7 +78,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         uint256 epoch,
         bytes32 checkpoint,
         uint32[] calldata participation,
-        uint256 consistent,
+        uint256 findings,
         bytes32 salt
     ) external {
         (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
@@ -88,20 +88,20 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         require(block.timestamp >= opens && block.timestamp < closes, NotInPhase(opens, closes, block.timestamp));
         require(_refereeSteps[attempt][msg.sender] == RefereeStep.Committed, NotAReferee(jobId, msg.sender));
         require(
-            _commitmentHash(jobId, epoch, msg.sender, checkpoint, participation, bytes32(consistent), salt)
+            _commitmentHash(jobId, epoch, msg.sender, checkpoint, participation, bytes32(findings), salt)
                 == _verdictCommitments[attempt][msg.sender],
             CommitmentMismatch(jobId, msg.sender)
         );
         require(checkpoint != bytes32(0), ZeroCheckpoint());
         bytes32 key = checkpoint == _UNWORKABLE ? _UNWORKABLE : _storeVote(jobId, attempt, checkpoint, participation);
-        // The referees must agree on the vote and on whom they found consistent.
-        bytes32 verdict = keccak256(abi.encode(key, consistent));
+        // The referees must agree on the vote and on their findings about the members.
+        bytes32 verdict = keccak256(abi.encode(key, findings));
         _verdictOf[attempt][msg.sender] = verdict;
         _refereeSteps[attempt][msg.sender] = RefereeStep.Revealed;
         ch.revealed += 1;
         uint256 votes = ++_verdictCounts[attempt][verdict];
-        if (votes * 2 > ch.drawn) (ch.verdict, ch.consistent) = (key, consistent);
-        emit VerdictRevealed(jobId, epoch, msg.sender, checkpoint, key, consistent);
+        if (votes * 2 > ch.drawn) (ch.verdict, ch.findings) = (key, findings);
+        emit VerdictRevealed(jobId, epoch, msg.sender, checkpoint, key, findings);
     }
 
     /// @inheritdoc IDistributedTrainingBSMChallenges
@@ -118,12 +118,13 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         bool overturned = verdict != bytes32(0) && verdict != _tallies[attempt].leaderKey;
         uint256 bond = _params.challengeBond;
         _totalEscrow -= bond;
-        // A challenge the referees upheld cost its challenger the bond, unless it is a voter
-        // of another vote whose own transcript leads to that vote (it had to dispute to be
-        // judged on it); one they could not judge (no majority, no referee) costs it nothing.
+        // A challenge the referees upheld cost its challenger the bond, unless it proved a
+        // member's packet false by replay, or the challenger is a voter of another vote whose
+        // own transcript leads to that vote (it had to dispute to be judged on it); one they
+        // could not judge (no majority, no referee) costs it nothing.
         address treasury = _params.treasury;
-        bool excused = verdict == bytes32(0) || overturned
-            || (_votesOf[attempt][ch.challenger] != verdict && _isConsistent(jobId, ch.challenger, ch.consistent));
+        bool excused = verdict == bytes32(0) || overturned || ch.findings >> _CAUGHT_SHIFT != 0
+            || (_votesOf[attempt][ch.challenger] != verdict && _isConsistent(jobId, ch.challenger, ch.findings));
         _credit(excused ? ch.challenger : treasury, bond);
         if (slashed > 0) _credit(treasury, slashed);
         emit ChallengeResolved(jobId, epoch, verdict, overturned);
@@ -139,7 +140,8 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
             transcript: ch.transcript,
             certifiedKey: ch.challenger == address(0) ? bytes32(0) : _tallies[attempt].leaderKey,
             verdictKey: ch.verdict,
-            consistent: ch.consistent,
+            consistent: ch.findings & type(uint128).max,
+            caught: ch.findings >> _CAUGHT_SHIFT,
             committed: ch.committed,
             revealed: ch.revealed,
             applicants: _applicants[attempt],
@@ -156,10 +158,10 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
 
     // ---------------------------------------------------------------- internal
 
-    function _isConsistent(uint256 jobId, address who, uint256 consistent) private view returns (bool) {
+    function _isConsistent(uint256 jobId, address who, uint256 findings) private view returns (bool) {
         address[] storage members = _members[jobId];
         for (uint256 i; i < members.length; ++i) {
-            if (members[i] == who) return consistent & (1 << i) != 0;
+            if (members[i] == who) return findings & (1 << i) != 0;
         }
         return false;
     }
@@ -236,7 +238,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
     {
         address[] memory refs = _referees[attempt];
         uint256 bond = _params.challengeBond;
-        bytes32 agreed = keccak256(abi.encode(verdict, _challenges[attempt].consistent));
+        bytes32 agreed = keccak256(abi.encode(verdict, _challenges[attempt].findings));
         for (uint256 i; i < refs.length; ++i) {
             address r = refs[i];
             _bonded[r] -= bond;

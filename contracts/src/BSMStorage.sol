@@ -348,8 +348,11 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         bool resolved;
         bytes32 transcript;
         bytes32 verdict; // vote key a majority of the drawn referees revealed
-        uint256 consistent; // the voters that majority found consistent with their own files
+        uint256 findings; // that majority's: bit i member i consistent, bit 128 + i caught by replay
     }
+
+    /// Bit 128 + i of a verdict's findings: member i caught by replay.
+    uint256 internal constant _CAUGHT_SHIFT = 128;
 
     /// Where a referee stands in a challenge.
     enum RefereeStep {
@@ -365,7 +368,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(uint64 attempt => address[]) internal _referees;
     mapping(uint64 attempt => mapping(address referee => RefereeStep)) internal _refereeSteps;
     mapping(uint64 attempt => mapping(address referee => bytes32)) internal _verdictCommitments;
-    /// keccak256(abi.encode(voteKey, consistent)) of each referee's revealed verdict.
+    /// keccak256(abi.encode(voteKey, findings)) of each referee's revealed verdict.
     mapping(uint64 attempt => mapping(address referee => bytes32 verdict)) internal _verdictOf;
     mapping(uint64 attempt => mapping(bytes32 verdict => uint8)) internal _verdictCounts;
 

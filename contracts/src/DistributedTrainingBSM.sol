@@ -363,7 +363,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         bool stakersLate; // finalized more than a reward period after the epoch began
         address token; // the job's payment token; address(0): ether
         uint256 equivocators; // bit i: member i proven to equivocate (reportEquivocation)
-        uint256 consistent; // bit i: the referees found member i's own transcript leads to its vote
+        uint256 findings; // the referees': bit i member i consistent, bit 128 + i caught by replay
     }
 
     /// Settles members `[cursor, cursor + maxMembers)` of the epoch; the call that settles the
@@ -393,7 +393,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         } else {
             require(ch.resolved, ChallengeUnresolved(jobId, epoch));
             // The referees re-executed the epoch: their verdict is the epoch's quorum vote.
-            if (ch.verdict != bytes32(0)) (c.quorum, c.leaderKey, c.consistent) = (true, ch.verdict, ch.consistent);
+            if (ch.verdict != bytes32(0)) (c.quorum, c.leaderKey, c.findings) = (true, ch.verdict, ch.findings);
         }
         c.unworkable = c.quorum && c.leaderKey == _UNWORKABLE;
         c.price =
@@ -473,6 +473,9 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         if (c.equivocators & (1 << i) != 0) {
             // Signed two packets for one round: provably dishonest, whatever it voted.
             c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.Equivocation);
+        } else if (c.findings & (1 << (_CAUGHT_SHIFT + i)) != 0) {
+            // A packet its committed state does not give: work it did not do, whatever it voted.
+            c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.FailedReplay);
         } else if (c.unworkable) {
             if (key == _UNWORKABLE) {
                 _creditIn(c.token, op, c.price);
@@ -487,7 +490,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             c.slashed += _slashMember(c, op, _params.dropoutSlashBps, SlashReason.Dropout);
         } else if (!c.quorum) {
             return;
-        } else if (key != c.leaderKey && c.consistent & (1 << i) == 0) {
+        } else if (key != c.leaderKey && c.findings & (1 << i) == 0) {
             c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.Fabrication);
         } else if (key == c.leaderKey && c.syncFailures & (1 << i) != 0) {
             c.slashed += _slashMember(c, op, _params.syncFailSlashBps, SlashReason.SyncFailure);

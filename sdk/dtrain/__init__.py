@@ -18,7 +18,7 @@ from .models import (
     Submission,
 )
 from .recipe import Recipe
-from .votes import UNWORKABLE, commitment_hash, new_salt, vote_key
+from .votes import UNWORKABLE, commitment_hash, findings, new_salt, vote_key
 
 __version__ = "0.1.0"
 
@@ -43,6 +43,7 @@ __all__ = [
     "Submission",
     "commitment_hash",
     "connect",
+    "findings",
     "load_key",
     "new_salt",
     "vote_key",

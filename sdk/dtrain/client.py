@@ -625,7 +625,7 @@ class BSM:
         self, job_id: int, epoch: int, commitment: bytes, gas: int | None = None
     ) -> Receipt:
         """Commits a drawn referee's hidden verdict: `dtrain.commitment_hash(job_id, epoch,
-        sender, checkpoint, participation, consistent.to_bytes(32, "big"), salt)`. `gas`: send
+        sender, checkpoint, participation, findings.to_bytes(32, "big"), salt)`. `gas`: send
         without estimation (see `finalize_epoch`)."""
         f = self.contract.functions.commitVerdict(job_id, epoch, _b32(commitment))
         return self._transact(f, gas=gas)
@@ -636,15 +636,16 @@ class BSM:
         epoch: int,
         checkpoint: bytes,
         participation: Sequence[int],
-        consistent: int,
+        findings: int,
         salt: bytes,
         gas: int | None = None,
     ) -> Receipt:
         """Reveals a committed verdict: the (checkpoint, participation) the referee re-executed
-        and the voters whose own transcript files lead to their votes (`consistent`, bit i:
-        member i), who are paid whatever the verdict."""
+        and its findings (`dtrain.findings(consistent, caught)`): the voters whose own
+        transcript files lead to their votes, paid whatever the verdict, and the members whose
+        replayed packet is not the one they sent, slashed and unpaid."""
         f = self.contract.functions.revealVerdict(
-            job_id, epoch, _b32(checkpoint), [int(p) for p in participation], consistent, _b32(salt)
+            job_id, epoch, _b32(checkpoint), [int(p) for p in participation], findings, _b32(salt)
         )
         return self._transact(f, gas=gas)
 

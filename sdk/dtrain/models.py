@@ -115,6 +115,7 @@ class SlashReason(IntEnum):
     EQUIVOCATION = 4  # signed two packets for one round (reportEquivocation)
     WITHHELD_REVEAL = 5  # committed and never revealed: the fabrication rate
     WRONG_VERDICT = 6  # a referee off the referees' majority (or that withheld its verdict)
+    FAILED_REPLAY = 7  # a round replayed from its committed state gave another packet
 
     @property
     def label(self) -> str:
@@ -144,6 +145,10 @@ _SLASH_MEANINGS = {
     SlashReason.WRONG_VERDICT: (
         "wrong verdict",
         "as a referee it revealed a verdict other than the referees' majority, or none",
+    ),
+    SlashReason.FAILED_REPLAY: (
+        "failed a replay check",
+        "a challenge's referees replayed its round from its committed state and got another packet",
     ),
 }
 
@@ -451,6 +456,7 @@ class Challenge(Decoded):
     certified_key: bytes
     verdict_key: bytes  # zero bytes: no verdict (yet)
     consistent: int  # with the verdict: bit i set, member i's own transcript leads to its vote
+    caught: int  # with the verdict: bit i set, member i's replayed packet is not the one it sent
     committed: int
     revealed: int
     applicants: tuple[str, ...]

@@ -11,7 +11,7 @@ by the copier (`CommitmentMismatch`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from eth_abi import encode
 from eth_utils import is_address, keccak, to_checksum_address
@@ -48,6 +48,16 @@ def commitment_hash(
         _bytes32(salt, "salt"),
     )
     return keccak(encode(list(_TYPES), list(values)))
+
+
+CAUGHT_SHIFT = 128  # a verdict's findings: bit i consistent, bit 128 + i caught (member i)
+
+
+def findings(consistent: Iterable[int], caught: Iterable[int]) -> int:
+    """A referee's findings word from member indices: those whose own transcript leads to
+    their vote (`consistent`) and those whose replayed packet is not the one they sent
+    (`caught`)."""
+    return sum(1 << i for i in set(consistent)) | sum(1 << (CAUGHT_SHIFT + i) for i in set(caught))
 
 
 def vote_key(checkpoint: bytes, participation: Sequence[int]) -> bytes:

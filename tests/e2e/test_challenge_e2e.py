@@ -13,6 +13,7 @@ from dtrain import UNWORKABLE, vote_key
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
 from dtrain_node.devnet.plan import node_name
+from dtrain_node.operator import spotcheck
 from dtrain_node.p2p.files import sha256_file
 
 pytestmark = pytest.mark.slow
@@ -271,6 +272,46 @@ def test_a_coalition_voting_its_own_file_without_the_honest_packets_pays_the_dis
             assert b.pool(o.address).total_assets == ETH
         price, bond = c.spec.price_per_operator_epoch, b.params().challenge_bond
         assert b.credit_of(honest) == price * 40 // 100 + bond, "paid, and its bond back"
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+@pytest.mark.timeout(1200)
+def test_a_free_rider_caught_by_replay_is_slashed_through_a_challenge(
+    tmp_path, monkeypatch
+) -> None:
+    """op4 of 4 trains round 0 and then re-sends that packet every round (`stale`): its
+    packets are valid, the transcript holds them and its vote is the quorum's. Every round a
+    member replays another's round from the private state it committed to (rate 1 here, the
+    default is 0.1); op4's replays give other packets, so an honest checker challenges the
+    certified vote with its signed claim. The referees replay the same round from op4's
+    committed state and catch it: op4 is slashed (`FailedReplay`) and unpaid, the checkpoint
+    stands, the honest members are paid, the checker gets its bond back, the wei add up."""
+    monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes
+    with _cluster(tmp_path, 4, 8) as c:
+        b = c.bsm
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        c.spawn(3, ["stale"])
+        c.wait(c.ended, 1000, "the job to end")
+        rider, honest = c.ops[3].address, {o.address for o in c.ops[:3]}
+        events = b.events(job_id=c.job_id)
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] in honest
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert not resolved["overturned"], "the checkpoint stands"
+        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+        assert verdicts and all(v["caught"] == [rider] for v in verdicts)
+        slashed = [(e.args["operator"], e.args["reason"]) for e in events if e.name == "Slashed"]
+        assert slashed == [(rider, SlashReason.FAILED_REPLAY)]
+        paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
+        assert paid == honest and b.credit_of(rider) == 0
+        price, bond = c.spec.price_per_operator_epoch, b.params().challenge_bond
+        assert b.credit_of(challenged["challenger"]) == price * 40 // 100 + bond
+        for a in honest:
+            assert b.pool(a).total_assets == ETH
+        assert b.pool(rider).total_assets < ETH
         assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 

@@ -32,7 +32,7 @@ class StaleChain:
         return SimpleNamespace(vote_key=self.keys[MEMBERS.index(member)])
 
     def challenge_of(self, attempt: int) -> Challenge:
-        return Challenge(ZERO, 0, False, bytes(32), bytes(32), bytes(32), 0, 0, 0, (), ())
+        return Challenge(ZERO, 0, False, bytes(32), bytes(32), bytes(32), 0, 0, 0, 0, (), ())
 
     def latest_block_timestamp(self) -> int:
         return self.block_ts

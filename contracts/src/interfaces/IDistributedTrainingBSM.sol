@@ -38,7 +38,10 @@ interface IDistributedTrainingBSMTypes {
         WithheldReveal,
         /// A referee revealed a verdict other than the referees' majority, or never revealed
         /// the verdict it committed.
-        WrongVerdict
+        WrongVerdict,
+        /// A challenge's referees replayed a round of the member from its committed private
+        /// state and got another packet than the one it sent (a free-rider, or made-up work).
+        FailedReplay
     }
 
     /// @notice Deploy-time parameters. The four fee shares are basis points summing to 10000.
@@ -164,6 +167,7 @@ interface IDistributedTrainingBSMTypes {
         bytes32 certifiedKey; // the vote key the challenge disputes
         bytes32 verdictKey; // the referees' majority vote key; zero: no verdict (yet)
         uint256 consistent; // with the verdict: bit i set, member i's own transcript leads to its vote
+        uint256 caught; // with the verdict: bit i set, member i's replayed packet is not the one it sent
         uint256 committed;
         uint256 revealed;
         address[] applicants;
@@ -541,14 +545,15 @@ interface IDistributedTrainingBSMTypes {
     /// @notice `referee` committed its hidden verdict.
     event VerdictCommitted(uint256 indexed jobId, uint256 indexed epoch, address indexed referee);
     /// @notice `referee` revealed the verdict `checkpoint` (vote key `voteKey`) it re-executed
-    /// and the voters it found `consistent` with their own transcripts (bit i: member i).
+    /// and its `findings` (bit i: member i consistent with its own transcript; bit 128 + i:
+    /// member i caught by replay).
     event VerdictRevealed(
         uint256 indexed jobId,
         uint256 indexed epoch,
         address indexed referee,
         bytes32 checkpoint,
         bytes32 voteKey,
-        uint256 consistent
+        uint256 findings
     );
     /// @notice The challenge of epoch `epoch` of job `jobId` ended with the referees' majority on
     /// `verdictKey` (zero: none); `overturned`: it differs from the certified vote, which the
@@ -867,26 +872,30 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     /// self-stake until it is resolved. Registered operators outside the job only.
     function applyReferee(uint256 jobId, uint256 epoch) external;
     /// @notice A drawn referee commits `commitmentHash(jobId, epoch, referee, checkpoint,
-    /// participation, bytes32(consistent), salt)`; the first commit draws the referees.
+    /// participation, bytes32(findings), salt)`; the first commit draws the referees.
     function commitVerdict(uint256 jobId, uint256 epoch, bytes32 commitment) external;
-    /// @notice Reveals a committed verdict (`checkpoint` may be `UNWORKABLE()`) and the voters
-    /// it judged consistent: bit i set, member i's own transcript file (the one its vote
-    /// names) re-executes to the vote it revealed. A consistent voter is paid whatever the
-    /// verdict: which packets reached whom in time cannot be proven after the epoch, so a
-    /// majority's own file cannot make an honest dissenter a fabricator.
+    /// @notice Reveals a committed verdict (`checkpoint` may be `UNWORKABLE()`) and the
+    /// referee's `findings` on the members. Bit i set: member i's own transcript file (the one
+    /// its vote names) re-executes to the vote it revealed (consistent). Bit 128 + i set: a
+    /// round of member i replayed from the private state it committed to gives another packet
+    /// than the one it sent, or nobody serves that state (caught). A consistent voter is paid
+    /// whatever the verdict (which packets reached whom in time cannot be proven after the
+    /// epoch, so a majority's own file cannot make an honest dissenter a fabricator); a caught
+    /// member is slashed at the fabrication rate (`FailedReplay`) and not paid, whatever it voted.
     function revealVerdict(
         uint256 jobId,
         uint256 epoch,
         bytes32 checkpoint,
         uint32[] calldata participation,
-        uint256 consistent,
+        uint256 findings,
         bytes32 salt
     ) external;
     /// @notice Ends the challenge once every drawn referee revealed or the reveal phase closed:
     /// settles the bonds and slashes referees off the majority. Anyone may call it. The
     /// challenger's bond comes back when the verdict overturns the certified vote, when there
-    /// is no verdict, or when the challenger voted another vote and the verdict finds it
-    /// consistent (a voter of the verdict disputing it pays like anyone).
+    /// is no verdict, when the referees caught a member (a fraud claim proven by replay), or
+    /// when the challenger voted another vote and the verdict finds it consistent (a voter of
+    /// the verdict disputing it pays like anyone).
     function resolveChallenge(uint256 jobId, uint256 epoch) external;
     /// @notice The challenge of epoch attempt `attempt` (see `JobState.attempt`).
     function challengeOf(uint64 attempt) external view returns (ChallengeInfo memory);

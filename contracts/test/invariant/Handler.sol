@@ -69,6 +69,7 @@ contract Handler is Test {
     uint256 public ghostTeeJoinViolations; // a seat taken in one without a valid attestation
     uint256 public ghostChallenges; // certified votes disputed
     uint256 public ghostConsistentVerdicts; // verdicts that found some voter consistent
+    uint256 public ghostCaughtVerdicts; // verdicts that caught a member by replay
     uint256 public ghostVerdicts; // challenges the referees' majority decided
     uint256 public ghostOverturned; // ... against the certified vote
     uint256 public ghostRefereesSlashed; // referees off the majority, withheld or silent
@@ -646,6 +647,8 @@ contract Handler is Test {
         // member challenger's own bit three times in four (bit 15: a dissenter challenges)
         uint256 bits = (r >> 6) & 0xff;
         if (challenger != st.caller && (r >> 14) & 3 != 0) bits |= 1 << who;
+        // a quarter of the verdicts catch members by replay (bits 16..19 of `r`)
+        if ((r >> 20) & 3 == 3) bits |= ((r >> 16) & 0xf) << 128;
         _referee(id, st.epoch, r, bits);
         _resolve(id, st.epoch, challenger, key);
     }
@@ -692,7 +695,8 @@ contract Handler is Test {
         bsm.resolveChallenge(id, epoch);
         (, uint256 slashed,) = _settledFromLogs(vm.getRecordedLogs());
         (bytes32 verdict, uint256 consistent, bool excused) = _judged(id, challenger);
-        bool backToChallenger = verdict == bytes32(0) || verdict != certified || excused;
+        uint256 caught = bsm.challengeOf(_attemptOf(id)).caught;
+        bool backToChallenger = verdict == bytes32(0) || verdict != certified || excused || caught != 0;
         uint256 bond = bsm.params().challengeBond;
         uint256 toTreasury = bsm.creditOf(treasury) - t0;
         if (challenger == treasury) toTreasury -= bond;
@@ -703,6 +707,12 @@ contract Handler is Test {
         if (verdict != bytes32(0)) ++ghostVerdicts;
         if (verdict != bytes32(0) && verdict != certified) ++ghostOverturned;
         if (verdict != bytes32(0) && consistent != 0) ++ghostConsistentVerdicts;
+        if (verdict != bytes32(0) && caught != 0) ++ghostCaughtVerdicts;
+    }
+
+    function _attemptOf(uint256 id) internal view returns (uint64) {
+        (, I.JobState memory st) = bsm.getJob(id);
+        return st.attempt;
     }
 
     /// The verdict of job `id`'s challenge, its consistent voters, and whether `challenger` is a

@@ -141,6 +141,7 @@ contract ReachTest is BaseTest {
         _add("certified votes overturned", handler.ghostOverturned());
         _add("challenges with a referee slashed", handler.ghostRefereesSlashed());
         _add("verdicts with consistent voters", handler.ghostConsistentVerdicts());
+        _add("verdicts that caught a member by replay", handler.ghostCaughtVerdicts());
         _add("seat draws", handler.ghostSeatDraws());
         _add("applicants not drawn", handler.ghostSeatsNotDrawn());
         _add("running-job cancel requests", handler.ghostCancelRequests());

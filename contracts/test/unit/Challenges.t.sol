@@ -616,3 +616,47 @@ contract ConsistentDissenterTest is ChallengeBase {
         assertConserved();
     }
 }
+
+/// Attack: a free-rider takes a seat, skips the compute and re-sends a stale packet every round;
+/// the packets are valid and near honest scale, the transcript holds them and its vote is the
+/// quorum's, so without replay it was paid in full. A member that replayed one of its rounds
+/// from the private state it committed to (and got another packet) challenges with the claim;
+/// the referees replay the same round and find it caught: slashed, unpaid, the challenger's
+/// bond back, the certified checkpoint unchanged.
+contract FailedReplayTest is ChallengeBase {
+    function test_freeRider_caughtByReplay_slashedAndUnpaid() public {
+        (uint256 jobId, address[] memory ops) = certify(0, 4, MIN_STAKE, trained());
+        address rider = ops[3];
+        uint256 before = worth(rider);
+        challengeAs(ops[0], jobId);
+        applyAll(jobId, 3);
+        uint256 everyoneConsistent = 15;
+        judgeConsistent(jobId, trained(), fullParticipation(jobId), everyoneConsistent | (1 << (128 + 3)));
+        vm.prank(reporter);
+        bsm.resolveChallenge(jobId, 0);
+        I.ChallengeInfo memory c = bsm.challengeOf(state(jobId).attempt);
+        vm.assertEq(c.caught, 1 << 3);
+        vm.assertEq(c.consistent, everyoneConsistent);
+        vm.expectEmit();
+        emit I.Slashed(rider, jobId, 0, I.SlashReason.FailedReplay, MIN_STAKE / 10, reporter);
+        finalizeNow(jobId);
+
+        vm.assertEq(bsm.epochCheckpoint(jobId, 0), trained(), "the checkpoint stands");
+        vm.assertEq(bsm.creditOf(rider), 0, "the free-rider is not paid");
+        vm.assertEq(worth(rider), before - MIN_STAKE / 10, "and loses the fabrication rate");
+        vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100 + CHALLENGE_BOND, "the checker: paid, bond back");
+        for (uint256 i = 1; i < 3; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100, "the honest members are paid");
+        }
+        assertConserved();
+    }
+
+    /// Without a challenge the free-rider votes the quorum's checkpoint and is paid like anyone:
+    /// the reason a failed replay must reach the chain.
+    function test_unchallenged_freeRiderPaid() public {
+        (uint256 jobId, address[] memory ops) = certify(0, 4, MIN_STAKE, trained());
+        vm.warp(closesOf(jobId));
+        finalizeNow(jobId);
+        vm.assertEq(bsm.creditOf(ops[3]), PRICE * 40 / 100);
+    }
+}

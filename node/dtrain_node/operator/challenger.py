@@ -70,28 +70,38 @@ class Challenger:
                 return False
             return now >= closes
         if not ch.resolved:
-            if ch.challenger != self.bsm.sender and now < ch.opened_at + self.window:
-                self._post(job, attempt)
+            if now < ch.opened_at + self.window:
+                self._post(job, attempt, mine=ch.challenger == self.bsm.sender)
             self._resolve(job, ch.opened_at, ch.referees, ch.revealed)
             return False
         return True
 
-    def _post(self, job: Job, attempt: int) -> None:
-        """Names our transcript file to the referees of a challenge someone else opened, so
-        that their re-execution holds every packet we saw (docs/contract.md, "Challenges")."""
-        file = evidence.path(self.job_dir, attempt)
+    def _post(self, job: Job, attempt: int, mine: bool) -> None:
+        """Names our files to the referees of a challenge: our transcript, when someone else
+        opened it, so that their re-execution holds every packet we saw (docs/contract.md,
+        "Challenges"), and our replay claims of the attempt but the one our own challenge
+        named, so that they replay every round we caught."""
         if attempt in self.posted or vote.load(vote.path(self.job_dir, attempt)) is None:
             return
-        if not file.is_file():
-            return
         self.posted.add(attempt)
-        sha = sha256_file(file)
-        try:
-            self.bsm.post_transcript(job.id, job.state.epoch, sha, gas=SETTLE_GAS)
-        except (ContractError, TransactionFailed) as exc:
-            log.info("transcript not posted: %s", exc)
-            return
-        self.metric("transcript_posted", job=job.id, epoch=job.state.epoch, transcript=sha.hex())
+        file = evidence.path(self.job_dir, attempt)
+        files = [] if mine or not file.is_file() else [file]
+        files += self._claims(attempt)[1 if mine else 0 :]
+        for f in files:
+            sha = sha256_file(f)
+            try:
+                self.bsm.post_transcript(job.id, job.state.epoch, sha, gas=SETTLE_GAS)
+            except (ContractError, TransactionFailed) as exc:
+                log.info("file not posted: %s", exc)
+                return
+            self.metric(
+                "transcript_posted", job=job.id, epoch=job.state.epoch, transcript=sha.hex()
+            )
+
+    def _claims(self, attempt: int) -> list[Path]:
+        """Our replay claims of `attempt` (docs/protocol.md 4.6), each served by its sha256."""
+        folder = self.job_dir / "claims"
+        return sorted(folder.glob(f"{attempt}-*.claim")) if folder.is_dir() else []
 
     def _tally(self, job: Job) -> bytes:
         """The vote key revealed by 2/3 of the members, as the contract counts it (zero bytes:
@@ -103,9 +113,13 @@ class Challenger:
         key, votes = counts.most_common(1)[0]
         return key if 3 * votes >= 2 * len(job.members) else bytes(32)
 
+    def _dissents(self, certified: bytes, attempt: int) -> bool:
+        ours = vote.load(vote.path(self.job_dir, attempt))
+        return ours is not None and vote_key(ours.checkpoint, ours.participation) != certified
+
     def _disputes(self, certified: bytes, attempt: int) -> bool:
-        if self.tamper:
-            return True
+        if self.tamper or self._claims(attempt):
+            return True  # a replay claim disputes a member's pay, whatever the vote
         ours = vote.load(vote.path(self.job_dir, attempt))
         if ours is None or ours.is_unworkable:
             return False
@@ -113,8 +127,11 @@ class Challenger:
 
     def _challenge(self, job: Job, attempt: int, certified: bytes) -> None:
         file = evidence.path(self.job_dir, attempt)
+        claimed = self._claims(attempt)
         if self.tamper and file.is_file():
             file = self._tampered(file)
+        elif claimed and not self._dissents(certified, attempt):
+            file = claimed[0]  # our vote is the certified one: the dispute is the claim
         sha = sha256_file(file) if file.is_file() else bytes(32)
         try:
             # without estimation: the latest block may be from before the reveal deadline

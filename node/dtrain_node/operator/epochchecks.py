@@ -130,6 +130,9 @@ class EpochChecks:
             c = replaycheck.claim(o, s.head, account)
             path = claims.save(s.job_dir / "claims", c)
             s.serve(statefile.commitment(path.read_bytes()).hex(), path)
+            kept = replaycheck.state_path(self.checker.work, o.check, o.state)
+            if kept.is_file():  # the member's state, for the referees of our claim
+                s.serve(o.state.hex(), kept)
             self.claims.append(c)
             s.metric(
                 "replay_claim",

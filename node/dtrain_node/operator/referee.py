@@ -87,6 +87,11 @@ def empty(
     return evidence.EpochTranscript(chain_id, contract, job.id, epoch, attempt, rounds)
 
 
+def start_tensors(path: Path | None, expected: bytes) -> dict[str, Any]:
+    """The epoch's start tensors from `path`, checked against the checkpoint hash `expected`."""
+    return _start(path, expected)
+
+
 def _start(path: Path | None, expected: bytes) -> dict[str, Any]:
     if path is None:
         raise CheckpointInvalid(

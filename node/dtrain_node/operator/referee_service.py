@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from eth_account import Account
 
-from dtrain import UNWORKABLE, commitment_hash, new_salt, vote_key
+from dtrain import UNWORKABLE, commitment_hash, findings, new_salt, vote_key
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain_node.errors import CheckpointUnavailable, NodeError, TranscriptInvalid
-from dtrain_node.operator import evidence, referee
+from dtrain_node.operator import claims, evidence, fraudcheck, referee
 from dtrain_node.operator.transport import peer_specs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from dtrain.client import BSM
     from dtrain_node.operator.node import NodeConfig
@@ -121,9 +121,10 @@ class RefereeService:
         opened = ch.opened_at
         # members name their transcript files until the apply phase ends: then re-execute all
         self._until(stop, lambda: self._now() >= opened + self.window)
-        checkpoint, participation, consistent = self._verdict(case)
+        checkpoint, participation, consistent, caught = self._verdict(case)
+        judged = findings(consistent, caught)
         salt = new_salt()
-        bits = consistent.to_bytes(32, "big")
+        bits = judged.to_bytes(32, "big")
         c = commitment_hash(case.job_id, case.epoch, self.me, checkpoint, participation, bits, salt)
         try:
             self.bsm.commit_verdict(case.job_id, case.epoch, c, gas=GAS)
@@ -133,7 +134,7 @@ class RefereeService:
             return
         self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
         self.bsm.reveal_verdict(
-            case.job_id, case.epoch, checkpoint, participation, consistent, salt, gas=GAS
+            case.job_id, case.epoch, checkpoint, participation, judged, salt, gas=GAS
         )
         self.metric(
             "verdict",
@@ -142,16 +143,18 @@ class RefereeService:
             attempt=case.attempt,
             checkpoint=checkpoint.hex(),
             participation=list(participation),
-            consistent=[m for i, m in enumerate(case.members) if consistent >> i & 1],
+            consistent=[case.members[i] for i in consistent],
+            caught=[case.members[i] for i in caught],
         )
         self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
         with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
             self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
 
-    def _verdict(self, case: Case) -> tuple[bytes, tuple[int, ...], int]:
+    def _verdict(self, case: Case) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
         """UNWORKABLE when the job's own files prove that nobody can train it (nobody is then
-        consistent). Else the voters whose own files lead to their votes, and the verdict: the
-        certified vote when one of its voters is consistent (a file holding a packet nobody
+        consistent or caught). Else the verdict, the voters whose own files lead to their
+        votes, and the members a named replay claim proves false (`fraudcheck`). The verdict:
+        the certified vote when one of its voters is consistent (a file holding a packet nobody
         applied, signed after the fact, cannot turn an honest quorum into fabricators); else
         the (checkpoint, participation) the union of the delivered files leads to (a packet
         nobody delivered counts as absent: with no file, every round is empty)."""
@@ -159,34 +162,71 @@ class RefereeService:
         why = referee.unworkable(job, self.cfg)
         if why is not None:
             log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch + 1, why)
-            return UNWORKABLE, tuple(0 for _ in case.members), 0
+            return UNWORKABLE, tuple(0 for _ in case.members), [], []
         votes = self._votes(case)
         named: dict[bytes, set[str]] = {case.transcript: {case.challenger}}
         for who, sha in [*self._posted(case), *((m, v[1]) for m, v in votes.items())]:
             named.setdefault(sha, set()).add(who)
-        files, start = self._evidence(case, named)
-        led = {sha: v for sha, (_, t) in files.items() if (v := self._leads_to(t, start))}
-        consistent = sum(
-            1 << i
-            for i, m in enumerate(case.members)
-            if m in votes and votes[m][1] in led and led[votes[m][1]][0] == votes[m][0]
-        )
+        with self._host(case) as (fetch, work):
+            files, found, start = self._evidence(case, named, fetch, work)
+            led = {sha: v for sha, (_, t) in files.items() if (v := self._leads_to(t, start))}
+            consistent = [
+                i
+                for i, m in enumerate(case.members)
+                if m in votes and votes[m][1] in led and led[votes[m][1]][0] == votes[m][0]
+            ]
+            key, checkpoint, participation = self._decide(case, votes, files, led, start)
+            agreed = [files[sha][1] for sha, v in led.items() if v[0] == key]
+            caught = self._caught(case, job, found, agreed, start, fetch, work)
+        return checkpoint, participation, consistent, caught
+
+    def _decide(
+        self,
+        case: Case,
+        votes: dict[str, tuple[bytes, bytes]],
+        files: dict[bytes, tuple[set[str], evidence.EpochTranscript]],
+        led: dict[bytes, tuple[bytes, bytes, tuple[int, ...]]],
+        start: Path | None,
+    ) -> tuple[bytes, bytes, tuple[int, ...]]:
+        """(vote key, checkpoint, participation) of the verdict (see `_verdict`)."""
         certified = self.bsm.challenge_of(case.attempt).certified_key
         for key, sha in votes.values():
             if key == certified and sha in led and led[sha][0] == key:
                 log.info("job %d: a certified voter's own file leads to its vote", case.job_id)
-                return led[sha][1], led[sha][2], consistent
+                return led[sha]
         ts = [t for _, t in files.values()]
-        empty = referee.empty(job, case.epoch, case.attempt, *self._chain())
+        empty = referee.empty(self.bsm.job(case.job_id), case.epoch, case.attempt, *self._chain())
         v = referee.check(self.bsm, self.cfg, evidence.union(ts) if ts else empty, start)
-        checkpoint, participation = v.recomputed, v.participation
         log.info(
             "job %d epoch %d: the transcripts lead to 0x%s",
             case.job_id,
             case.epoch + 1,
-            checkpoint.hex()[:16],
+            v.recomputed.hex()[:16],
         )
-        return checkpoint, participation, consistent
+        return vote_key(v.recomputed, v.participation), v.recomputed, v.participation
+
+    def _caught(
+        self,
+        case: Case,
+        job: Any,
+        found: list[claims.Claim],
+        agreed: list[evidence.EpochTranscript],
+        start: Path | None,
+        fetch: Any,
+        work: Path,
+    ) -> list[int]:
+        """Indices of the members a named claim proves false, re-run on a file that leads to
+        the verdict (the shared state the members trained from)."""
+        out: set[int] = set()
+        tensors = None if start is None else referee.start_tensors(start, case.start)
+        for c in found:
+            t = next((t for t in agreed if fraudcheck.applies(c, t)), None)
+            if t is None or c.member not in case.members:
+                continue
+            i = case.members.index(c.member)
+            if i not in out and fraudcheck.caught(self.cfg, job, c, t, tensors, fetch, work):
+                out.add(i)
+        return sorted(out)
 
     def _leads_to(
         self, t: evidence.EpochTranscript, start: Path | None
@@ -232,13 +272,10 @@ class RefereeService:
             and self.bsm.job(case.job_id, block=e.block).state.attempt == case.attempt
         ]
 
-    def _evidence(
-        self, case: Case, named: dict[bytes, set[str]]
-    ) -> tuple[dict[bytes, tuple[set[str], evidence.EpochTranscript]], Path | None]:
-        """sha256 -> (who named it, transcript) of each named file that was delivered and
-        checks against the members' signed commitments (a file nobody delivers, or that holds
-        a packet its sender never committed, is left out) and, after the first epoch, the
-        epoch's start checkpoint, fetched by hash from the challenger and the members."""
+    @contextlib.contextmanager
+    def _host(self, case: Case) -> Iterator[tuple[Callable[[str, str, Path], Path], Path]]:
+        """A p2p host of our own for the challenge's files: yields fetch(sha256 hex, _, dest),
+        which asks the challenger and the members, and the challenge's work folder."""
         from dtrain_node.p2p.host import GossipConfig, GossipNode
 
         work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
@@ -256,28 +293,44 @@ class RefereeService:
             Account.create(),
         )
         g.start()
-        files = {}
         try:
-            for i, (sha, who) in enumerate(named.items()):
-                try:
-                    files[sha] = (who, g.fetch_file(sha.hex(), peers, work / f"transcript-{i}.bin"))
-                except CheckpointUnavailable as exc:
-                    log.info("transcript %s not delivered: %s", sha.hex()[:16], exc)
-            start = None
-            if case.epoch > 0:
-                start = g.fetch_file(case.start.hex(), peers, work / "start.stream")
+            yield (lambda sha, _who, dest: g.fetch_file(sha, peers, dest)), work
         finally:
             g.stop()
-        out = {}
-        for sha, (who, f) in files.items():
+
+    def _evidence(
+        self,
+        case: Case,
+        named: dict[bytes, set[str]],
+        fetch: Callable[[str, str, Path], Path],
+        work: Path,
+    ) -> tuple[
+        dict[bytes, tuple[set[str], evidence.EpochTranscript]], list[claims.Claim], Path | None
+    ]:
+        """sha256 -> (who named it, transcript) of each named transcript file that was
+        delivered and checks against the members' signed commitments (a file nobody delivers,
+        or that holds a packet its sender never committed, is left out); the replay claims
+        named; and, after the first epoch, the epoch's start checkpoint, fetched by hash."""
+        out, found = {}, []
+        for i, (sha, who) in enumerate(named.items()):
             try:
-                t = evidence.load(f)
-                evidence.verify(t, case.members)
-            except TranscriptInvalid as exc:
-                log.info("transcript %s left out: %s", sha.hex()[:16], exc)
+                data = fetch(sha.hex(), "", work / f"named-{i}.bin").read_bytes()
+            except CheckpointUnavailable as exc:
+                log.info("file %s not delivered: %s", sha.hex()[:16], exc)
                 continue
-            out[sha] = (who, t)
-        return out, start
+            try:
+                t = evidence.decode(data)
+                evidence.verify(t, case.members)
+                out[sha] = (who, t)
+            except TranscriptInvalid as exc:
+                try:
+                    found.append(claims.decode(data))
+                except claims.ClaimInvalid:
+                    log.info("file %s left out: %s", sha.hex()[:16], exc)
+        start = None
+        if case.epoch > 0:
+            start = fetch(case.start.hex(), "", work / "start.stream")
+        return out, found, start
 
     def _chain(self) -> tuple[int, str]:
         return self.bsm.chain_id, self.bsm.address

@@ -99,7 +99,7 @@ def run_check(c: Check, replay: Replay, fetch: Fetch, work: Path) -> Outcome:
     if state is None:
         return Outcome(c, claims.NO_STATE, zero, zero, 0, 0.0, 0.0)
     t0 = time.perf_counter()
-    dest = work / f"check-{c.round}-{c.member}-{state.hex()[:16]}.dtps"
+    dest = state_path(work, c, state)
     data = _fetch(fetch, state.hex(), c.member, dest)
     fetch_s = time.perf_counter() - t0
     if data is None:
@@ -114,16 +114,20 @@ def run_check(c: Check, replay: Replay, fetch: Fetch, work: Path) -> Outcome:
         return Outcome(c, claims.INVALID_STATE, state, zero, len(data), fetch_s, 0.0)
     replay_s = time.perf_counter() - t1
     reason = None if packet == c.packet else claims.MISMATCH
+    if reason is None:
+        dest.unlink(missing_ok=True)  # a failed check keeps the state: the referees need it
     return Outcome(c, reason, state, _sha(packet), len(data), fetch_s, replay_s)
+
+
+def state_path(work: Path, c: Check, state: bytes) -> Path:
+    """Where a check keeps the member's state it fetched (verified by its sha256)."""
+    return work / f"check-{c.round}-{c.member}-{state.hex()[:16]}.dtps"
 
 
 def _fetch(fetch: Fetch, sha: str, member: str, dest: Path) -> bytes | None:
     for attempt in range(FETCH_TRIES):
         try:
-            path = fetch(sha, member, dest)
-            data = path.read_bytes()
-            path.unlink(missing_ok=True)
-            return data
+            return fetch(sha, member, dest).read_bytes()
         except Exception as e:  # CheckpointUnavailable, a dead peer, a closed host
             log.info("state %s.. of %s not fetched (try %d): %s", sha[:16], member, attempt, e)
             if attempt + 1 < FETCH_TRIES:

@@ -1,0 +1,113 @@
+"""A referee re-runs a replay claim (docs/protocol.md 4.6, docs/contract.md "Challenges").
+
+A claim (`claims.Claim`) says its checker replayed member M's round r and did not get M's
+packet. The referee trusts none of it but M's own signatures: the claim's commitment must be
+M's signed commitment of round r, naming the packet the epoch's transcript holds for M in that
+round; the shared state at round r is the transcript's first r rounds applied to the epoch's
+start state (`DeMo.replay`); M's private state is fetched by the digest M signed (from M, the
+checker, or any member that kept it), checked, and M's round replayed as the trainer takes it
+(`inner.replay_round`, the job's recipe). M is caught when the replay gives another packet, or
+when nobody serves the state M committed to (the burden is on M: it signed the digest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from web3 import Web3
+
+from dtrain.models import Job
+from dtrain_node.operator import claims, evidence, replaycheck
+from dtrain_node.operator.epoch import REFEREE, demo_config
+from dtrain_node.operator.sources import fetch_job
+from dtrain_node.optim.optimizer import DeMo
+from dtrain_node.train import devices, inner, shard
+from dtrain_node.train.backend import TrainJob, make_backend
+
+log = logging.getLogger(__name__)
+
+
+def applies(c: claims.Claim, t: evidence.EpochTranscript) -> bool:
+    """The claim is signed by its checker, its commitment is the member's for its round, and it
+    is about the packet the transcript holds for the member in that round."""
+    try:
+        claims.verify(c)
+    except claims.ClaimInvalid as exc:
+        log.info("claim left out: %s", exc)
+        return False
+    head = (c.chain_id, c.contract, c.job_id, c.attempt)
+    if head != (t.chain_id, t.contract, t.job_id, t.attempt) or c.round >= len(t.rounds):
+        return False
+    held = [p for p in t.rounds[c.round] if p.sender == c.member]
+    return len(held) == 1 and hashlib.sha256(held[0].payload).digest() == c.packet
+
+
+def caught(
+    cfg: Any,
+    job: Job,
+    c: claims.Claim,
+    t: evidence.EpochTranscript,
+    start: dict[str, Any] | None,
+    fetch: replaycheck.Fetch,
+    work: Path,
+) -> bool:
+    """Whether member `c.member` fails the replay of round `c.round` (see the module doc).
+    `job`: as the attempt began (its members and epoch); `start`: the epoch's start tensors
+    (None: the job's start model)."""
+    tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
+    packet = next(p.payload for p in t.rounds[c.round] if p.sender == c.member)
+    shared = _shared_at(cfg, job, tj, t, start, c.round)
+    replica = replaycheck.demo_replica(
+        _builder(job, tj, start), demo_config(cfg, job, tj.recipe), job.spec.sync_interval
+    )
+    check = replaycheck.Check(c.round, c.member, packet, c.commitment, shared)
+    o = replaycheck.run_check(check, replica, fetch, work)
+    log.info("claim on %s round %d: %s", c.member, c.round, "caught" if o.reason else "honest")
+    return o.reason is not None
+
+
+def _shared_at(
+    cfg: Any,
+    job: Job,
+    tj: TrainJob,
+    t: evidence.EpochTranscript,
+    start: dict[str, Any] | None,
+    rnd: int,
+) -> list[Any]:
+    backend = make_backend(tj)
+    if start is not None:
+        backend.model.load_state_dict(start)
+    opt = DeMo(backend.model.named_parameters(), demo_config(cfg, job, tj.recipe), sender=REFEREE)
+    opt.replay([x.clone() for x in opt.theta_sync], t.packets()[:rnd])
+    return [x.clone() for x in opt.theta_sync]
+
+
+def _builder(job: Job, tj: TrainJob, start: dict[str, Any] | None) -> Callable[[], Any]:
+    """What `replaycheck.demo_replica` builds on first use: the member's model, its inner
+    round as the trainer takes it, and its batch stream (the trainer's seed and shard)."""
+    spec, st = job.spec, job.state
+    members = [Web3.to_checksum_address(m) for m in job.members]
+    plan = inner.InnerPlan(tj.recipe, spec.total_epochs * spec.steps_per_epoch)
+    device = devices.pick("cpu")
+
+    def build() -> Any:
+        backend = make_backend(tj)
+        if start is not None:
+            backend.model.load_state_dict(start)
+
+        def run(opt: Any, batches: Any) -> None:
+            epoch_start = st.epoch * spec.steps_per_epoch
+            inner.replay_round(opt, backend, batches, plan, epoch_start, device)
+
+        def stream(member: str) -> Any:
+            idx = shard.assign(backend.n_items(), job.id, st.epoch, members, member)
+            seed = job.id * 1000 + st.attempt + tj.seed_offset
+            return backend.batches(idx, tj.batch_size, seed=seed)
+
+        return backend.model, run, stream
+
+    return build
