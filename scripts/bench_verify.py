@@ -76,7 +76,7 @@ STEPS_PER_EPOCH = _JOB["steps_per_epoch"].default  # 100: `dtrain job submit --s
 ROUNDS_PER_EPOCH = STEPS_PER_EPOCH // K  # 50
 TOPK = _JOB["topk_per_chunk"].default
 BITS = _JOB["quant_bits"].default
-RATE = 0.1  # the default spot-check rate (see `economics`)
+RATE = 0.09  # the default spot-check rate (see `economics`)
 TARGET = 0.99  # catch probability per epoch the rate must reach
 THREADS, OTHER_THREADS = 1, 2
 

@@ -131,7 +131,7 @@ def test_assignment_is_a_pure_function_never_self_and_at_the_rate() -> None:
 
 def test_rate_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(spotcheck.RATE_ENV, raising=False)
-    assert spotcheck.rate_from_env() == spotcheck.DEFAULT_RATE == 0.1
+    assert spotcheck.rate_from_env() == spotcheck.DEFAULT_RATE == 0.09
     monkeypatch.setenv(spotcheck.RATE_ENV, "0")
     assert spotcheck.rate_from_env() == 0.0
     monkeypatch.setenv(spotcheck.RATE_ENV, "2")

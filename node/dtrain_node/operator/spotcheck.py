@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from eth_utils import to_checksum_address
 
-DEFAULT_RATE = 0.1  # docs/protocol.md 4.6: a 50-round cheater is caught w.p. 1 - 0.9^50
+DEFAULT_RATE = 0.09  # docs/protocol.md 4.6: a 50-round cheater is caught w.p. 1 - 0.91^50
 RATE_ENV = "DTRAIN_SPOT_CHECK_RATE"
 KEEP_ROUNDS = 4  # private states a member keeps per attempt (the last rounds')
 _DOMAIN = b"dtrain/spot-check/1"
