@@ -71,24 +71,25 @@ class Challenger:
             return now >= closes
         if not ch.resolved:
             if now < ch.opened_at + self.window:
-                self._post(job, attempt, mine=ch.challenger == self.bsm.sender)
+                self._post(job, attempt, ch.challenger == self.bsm.sender, bytes(ch.transcript))
             self._resolve(job, ch.opened_at, ch.referees, ch.revealed)
             return False
         return True
 
-    def _post(self, job: Job, attempt: int, mine: bool) -> None:
+    def _post(self, job: Job, attempt: int, mine: bool, named: bytes) -> None:
         """Names our files to the referees of a challenge: our transcript, when someone else
         opened it, so that their re-execution holds every packet we saw (docs/contract.md,
-        "Challenges"), and our replay claims of the attempt but the one our own challenge
-        named, so that they replay every round we caught."""
+        "Challenges"), and every replay claim of ours of the attempt that the challenge did
+        not name (`named`), so that they replay every round we caught."""
         if attempt in self.posted or vote.load(vote.path(self.job_dir, attempt)) is None:
             return
         self.posted.add(attempt)
         file = evidence.path(self.job_dir, attempt)
         files = [] if mine or not file.is_file() else [file]
-        files += self._claims(attempt)[1 if mine else 0 :]
-        for f in files:
+        for f in files + self._claims(attempt):
             sha = sha256_file(f)
+            if sha == named:
+                continue
             try:
                 self.bsm.post_transcript(job.id, job.state.epoch, sha, gas=SETTLE_GAS)
             except (ContractError, TransactionFailed) as exc:
@@ -121,9 +122,7 @@ class Challenger:
         if self.tamper or self._claims(attempt):
             return True  # a replay claim disputes a member's pay, whatever the vote
         ours = vote.load(vote.path(self.job_dir, attempt))
-        if ours is None or ours.is_unworkable:
-            return False
-        return vote_key(ours.checkpoint, ours.participation) != certified
+        return ours is not None and not ours.is_unworkable and self._dissents(certified, attempt)
 
     def _challenge(self, job: Job, attempt: int, certified: bytes) -> None:
         file = evidence.path(self.job_dir, attempt)
