@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtrain_node.errors import EnvelopeError
-from dtrain_node.operator import claims, replaycheck, spotcheck
+from dtrain_node.operator import claims, fraudcheck, replaycheck, spotcheck
 from dtrain_node.operator import evidence as ev
 from dtrain_node.operator.faults import Faults, RoundContext
 from dtrain_node.optim import reproduce as rp
@@ -361,3 +361,33 @@ def test_the_stale_fault_trains_once_then_resends_its_first_packet() -> None:
     later = RoundContext(spec, MEMBERS[0], b"honest 0", (), first_sent=b"honest 0")  # type: ignore[arg-type]
     assert f.skips_compute(later) and f.packet(3, b"honest 3", later) == b"honest 0"
     assert not Faults().skips_compute(later) and Faults().packet(3, b"h", later) == b"h"
+
+
+# -- the referee's re-run: which claims it takes -------------------------------------------
+
+
+def _transcript(payload: bytes, attempt: int = ATTEMPT) -> ev.EpochTranscript:
+    """Five rounds in which ACCOUNTS[1] sent `payload` in round 4 and ACCOUNTS[0] a packet
+    every round."""
+    rounds = []
+    for r in range(5):
+        ps = [ev.Packet(MEMBERS[0], b"honest", _commit(ACCOUNTS[0], r, b"honest").encode())]
+        if r == 4:
+            commit = _commit(ACCOUNTS[1], r, payload, b"\x07" * 32).encode()
+            ps.append(ev.Packet(MEMBERS[1], payload, commit))
+        rounds.append(tuple(ps))
+    return ev.EpochTranscript(CHAIN, CONTRACT, JOB, 0, attempt, tuple(rounds))
+
+
+def test_a_referee_reruns_only_a_claim_on_the_packet_the_transcript_holds() -> None:
+    c = _claim()
+    assert fraudcheck.applies(c, _transcript(b"stale packet"))
+    # the transcript holds another packet of the member in that round: not this claim's
+    assert not fraudcheck.applies(c, _transcript(b"another packet"))
+    # a transcript of another attempt, or one too short for the claim's round
+    assert not fraudcheck.applies(c, _transcript(b"stale packet", attempt=ATTEMPT + 1))
+    short = _transcript(b"stale packet")
+    assert not fraudcheck.applies(c, dataclasses.replace(short, rounds=short.rounds[:4]))
+    # a claim whose checker signature does not hold is never re-run
+    forged = dataclasses.replace(c, replayed=b"\x00" * 32)
+    assert not fraudcheck.applies(forged, _transcript(b"stale packet"))
