@@ -18,10 +18,12 @@ from dtrain.cli import main as cli_main
 from dtrain.client import BSM
 from dtrain.devtoken import TestUSD
 from dtrain.models import SlashReason
+from dtrain.units import format_eth
 from dtrain_node.errors import FinalCheckpointUnavailable
 from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.fetch import fetch_final
 from dtrain_node.operator.node import Node, NodeConfig
+from dtrain_node.operator.settlement import describe_settled
 from dtrain_node.train import corpus
 from dtrain_node.train import models as hf
 
@@ -202,6 +204,15 @@ def test_fabricating_node_is_slashed(chain, bsm, accounts, dataset, tmp_path) ->
     assert [e.args["operator"] for e in slashed] == [liar]
     paid = {e.args["operator"] for e in events(bsm, job_id, "OperatorPaid")}
     assert paid == {accounts[i].address for i in OPERATORS[:2]}
+    # Every member logs the settlement with the slash, whoever sent the finalize; the liar's
+    # line says how much, why and in which epoch.
+    amount = slashed[0].args["amount"]
+    for i in OPERATORS:
+        [fin] = [m for m in metrics(tmp_path / f"op{i}") if m["kind"] == "finalized"]
+        assert [(s["operator"], s["amount"]) for s in fin["slashed"]] == [(liar, amount)], fin
+    [own] = [m for m in metrics(tmp_path / f"op{OPERATORS[2]}") if m["kind"] == "finalized"]
+    line = describe_settled(own, liar)
+    assert f"this node was slashed {format_eth(amount)} in epoch 1 for FABRICATION (" in line
 
 
 @pytest.mark.timeout(180)

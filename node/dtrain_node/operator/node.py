@@ -60,9 +60,15 @@ from dtrain_node.operator.progress import (
     Status,
     describe,
     first_signal_message,
+    note_body,
     second_signal_message,
 )
-from dtrain_node.operator.settlement import describe_settled, slashes
+from dtrain_node.operator.settlement import (
+    SETTLE_EVENTS,
+    describe_settled,
+    settled_by_other,
+    slashes,
+)
 from dtrain_node.operator.sources import DEFAULT_MAX_BYTES, Cache
 from dtrain_node.operator.transport import (
     PeerSpec,
@@ -79,7 +85,6 @@ log = logging.getLogger("dtrain.node")
 
 FINALIZE_GAS = 6_000_000  # above finalizeEpoch at the 32-member cap (docs/gas.md)
 REVEAL_GAS = 1_000_000  # above revealCheckpoint at the 32-member cap (first sight of a vote)
-SETTLE_EVENTS = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted")
 DRAW_SEATS_GAS = 3_000_000  # above drawSeats among 32 applicants
 MAX_APPLICANTS = 32  # the contract's cap on a drawing job's applicants (MAX_OPERATORS_CAP)
 ATTEST_MARGIN_S = 600  # a recorded attestation this close to expiry is renewed before a join
@@ -159,6 +164,7 @@ class Node:
         self.stop_signal: int | None = None  # the signal that stopped us now, if one did
         self._finishing = False  # stopping: a late signal must not interrupt the cleanup
         self._applied = False  # we applied for a seat of a job that draws them
+        self._attempt_seen: dict[tuple[int, int], int] = {}  # (job, attempt) -> first block
 
     # ------------------------------------------------------------------ plumbing
 
@@ -168,11 +174,18 @@ class Node:
             f.write(json.dumps(rec) + "\n")
         if kind == "round":
             self.status.on_round(data)
+            self._publish_progress(data)
         elif kind == "epoch_start":
             self.status.retry = data["attempt"] - self._first_attempt.get(data["epoch"], 0)
         # The live line on a terminal shows rounds; the log gets every line.
         text = describe_settled(data, self.me) if kind == "finalized" else None
         log.info(text or describe(kind, data, self.status), extra={"progress": kind == "round"})
+
+    def _publish_progress(self, data: dict[str, Any]) -> None:
+        """Our round's signed progress on the job's gossip (a transport without it: none)."""
+        publish = getattr(self.transport, "publish_progress", None)
+        if publish is not None:
+            publish(note_body(data, self.status.rounds))
 
     def _enter(self, state: str, why: str = "") -> None:
         """Log the state we enter, and why, once: not again on every poll that finds the same."""
@@ -418,7 +431,8 @@ class Node:
             if not self.status.committed:
                 self.commit(job)
             self.reveal(job)
-            self.finalize(job_id, job.state.attempt)
+            since = self._attempt_seen.setdefault((job_id, job.state.attempt), job.block)
+            self.finalize(job_id, job.state.attempt, since)
 
     def _leave_now(self, job: Job) -> dict[str, Any]:
         """Asked to leave while the job runs no epoch with us (a pending seat, or a seat in an
@@ -644,22 +658,25 @@ class Node:
     def _window(self) -> int:
         return self._params().challenge_window
 
-    def finalize(self, job_id: int, attempt: int) -> None:
+    def finalize(self, job_id: int, attempt: int, since: int = 0) -> None:
         """FINALIZE once every member revealed or the reveal deadline passed, and the
         certified vote is past its challenge window (or its challenge resolved): a certified
-        vote that is not ours is challenged first (operator/challenger.py)."""
+        vote that is not ours is challenged first (operator/challenger.py). Settled by someone
+        else, the settlement (and our slash, if any) is read from the chain from block `since`."""
         self._enter("FINALIZE", "once every member revealed or the reveal deadline passed")
-        f = self._faults(self.bsm.job(job_id).state)
+        state = self.bsm.job(job_id).state
+        f = self._faults(state)
         tamper = "doctor" if f.doctor else "inject" if f.inject else ""
         serve = self.transport.serve_file if self.transport is not None else None
         challenger = Challenger(
             self.bsm, self.job_dir(job_id), self._metric, self._window(), serve, tamper
         )
+        mine = False  # we sent the settlement: its line is logged from our receipt
         while True:
             self._check_stop()
             job = self.bsm.job(job_id)
             if job.state.status != JobStatus.RUNNING or job.state.attempt != attempt:
-                return
+                return None if mine else self._settled_elsewhere(job_id, state.epoch, since)
             self._leave_if_asked(job)
             # As in `reveal`: the finalize transaction gets a fresh timestamp.
             block_ts = self.bsm.latest_block_timestamp()
@@ -680,11 +697,22 @@ class Node:
                         events=[e.name for e in rc.events if e.name in SETTLE_EVENTS],
                         slashed=slashes(rc.events),
                     )
+                    mine = True
                 except (ContractError, TransactionFailed):
                     # Someone else finalized first, or the chain's clock is not there yet.
                     self._sleep()
                 continue
             self._sleep()
+
+    def _settled_elsewhere(self, job_id: int, epoch: int, since: int) -> None:
+        """The `finalized` record (and line) of an epoch another account settled: every
+        member hears what it was paid or slashed, not only the one that sent the finalize."""
+        got = settled_by_other(self.bsm, job_id, epoch, since)
+        if got is not None:
+            events, slashed = got
+            self._metric(
+                "finalized", job=job_id, epoch=epoch, events=events, slashed=slashed, by="other"
+            )
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -4,10 +4,15 @@ member was slashed, how much, why and in which epoch; this node's own slash firs
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtrain.models import SlashReason
 from dtrain.units import format_eth
+
+if TYPE_CHECKING:
+    from dtrain.client import BSM
+
+SETTLE_EVENTS = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted")
 
 
 def slashes(events: Iterable[Any]) -> list[dict[str, Any]]:
@@ -23,6 +28,22 @@ def slashes(events: Iterable[Any]) -> list[dict[str, Any]]:
         for e in events
         if e.name == "Slashed"
     ]
+
+
+def settled_by_other(
+    bsm: BSM, job_id: int, epoch: int, since: int
+) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """How epoch `epoch` of the job was settled by someone else's transaction, read from the
+    chain from block `since`: (the settlement's event names, its slashes), or None when no
+    settlement of that epoch is there (the job was cancelled, or the read came too early)."""
+    events = [
+        e
+        for e in bsm.events(from_block=since, names=SETTLE_EVENTS, job_id=job_id)
+        if int(e.args.get("epoch", -1)) == epoch
+    ]
+    if not events:
+        return None
+    return [e.name for e in events], slashes(events)
 
 
 def _reason(code: int, words: bool = True) -> str:
