@@ -620,7 +620,7 @@ def test_finalize_on_an_idle_chain_past_the_deadline(run, bsm, accounts, monkeyp
         "reveals are open until "
     )
     assert err.rstrip().endswith("; run this again after that") and " (in " in err
-    monkeypatch.setattr("dtrain.cli.time.time", lambda: float(late))  # the wall clock moved on
+    monkeypatch.setattr("dtrain.cli.job.time.time", lambda: float(late))  # the wall clock moved on
     bsm.w3.provider.make_request("evm_setNextBlockTimestamp", [late])  # the next block is now
     assert bsm.latest_block_timestamp() <= job.reveal_deadline  # ...the latest one is stale
     with pytest.raises(errors.EpochNotFinalizable):  # what an estimate says

@@ -1,0 +1,102 @@
+"""`dtrain operator`: register, stake and inspect operators."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..units import format_eth, format_time
+from .root import (
+    AMOUNT,
+    EXAMPLES,
+    Ctx,
+    _hex32,
+    _jsonable,
+    _key_address,
+    cli,
+    emit,
+    pass_ctx,
+)
+from .tx import TxCommand
+
+
+@cli.group()
+def operator() -> None:
+    """Register, stake and inspect operators."""
+
+
+@operator.command("register", epilog=f"Example: {EXAMPLES['register']}")
+@click.option("--stake", "amount", type=AMOUNT, required=True, help="Self-stake, e.g. 2ether.")
+@click.option(
+    "--peer-key",
+    default="0x" + "00" * 32,
+    show_default="none yet",
+    help="Ed25519 public key of the node's libp2p identity; `dtrain node run` sets its own "
+    "when it starts, so it may be left out.",
+)
+@click.option("--addr", "addrs", multiple=True, help="libp2p multiaddr (repeatable).")
+@click.option("--hardware", default="", help='e.g. "cpu:2" or "gpu:a100x8".')
+@click.option("--min-price", type=AMOUNT, default="0", help="Lowest price per epoch accepted.")
+@pass_ctx
+def operator_register(
+    ctx: Ctx, amount: int, peer_key: str, addrs: tuple[str, ...], hardware: str, min_price: int
+) -> None:
+    """Register the --key account as an operator with a self-stake."""
+    key = _hex32(peer_key, "--peer-key")
+    rc = ctx.bsm().register_operator(amount, key, list(addrs), hardware, min_price)
+    emit(ctx, {"tx": rc.tx_hash}, f"registered with {format_eth(amount)} stake (tx {rc.tx_hash})")
+
+
+@operator.command("info")
+@click.argument("address", required=False)
+@pass_ctx
+def operator_info(ctx: Ctx, address: str | None) -> None:
+    """Show an operator (default: the --key account) and every slash of its pool: job, epoch,
+    what the pool lost and why (from the chain's `Slashed` events).
+
+    Example: dtrain operator info 0xabc...
+    """
+    bsm = ctx.bsm(signing=False)
+    addr = address or _key_address(ctx)
+    o = bsm.operator(addr)
+    slashes = bsm.slashes(o.address)
+    lines = [
+        f"operator    {o.address}",
+        f"registered  {o.registered}",
+        f"self-stake  {format_eth(o.self_stake)} ({format_eth(o.bonded)} bonded to seats)",
+        f"pool        {format_eth(o.pool.total_assets if o.pool else 0)}",
+        f"active jobs {o.active_jobs}",
+        f"min price   {format_eth(o.min_price_per_epoch)}",
+        f"peer key    0x{o.peer_key.hex()}",
+        f"addresses   {', '.join(o.multiaddrs) or '-'}",
+        f"hardware    {o.hardware or '-'}",
+        f"slashed     {format_eth(sum(x.amount for x in slashes))} in {len(slashes)} slash(es)",
+    ]
+    for x in slashes:
+        lines.append(
+            f"  job {x.job_id} epoch {x.epoch + 1}: {format_eth(x.amount)}, "
+            f"{x.reason.explanation} ({x.reason.label}), {format_time(x.time)}"
+        )
+    data = {**_jsonable(o), "slashes": [_slash_json(x) for x in slashes]}
+    emit(ctx, data, "\n".join(lines))
+
+
+def _slash_json(x: Any) -> dict[str, Any]:
+    """A `Slash` for --json: the reason as its name, meaning and explanation, the epoch 0-based
+    as the contract counts (the text shows it 1-based, as `job status` does)."""
+    return {
+        **_jsonable(x),
+        "meaning": x.reason.meaning,
+        "explanation": x.reason.explanation,
+    }
+
+
+for _tx in (
+    TxCommand(operator, "stake", "amount", "staked {amount}"),
+    TxCommand(operator, "unstake", "amount", "unbonding {amount}"),
+    TxCommand(operator, "deregister", "", "deregistered; stake is unbonding"),
+    TxCommand(operator, "join", "job", "joined job {job}", "join_job"),
+    TxCommand(operator, "leave", "job", "leaving job {job}", "leave_job"),
+):
+    _tx.register()
