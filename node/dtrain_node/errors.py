@@ -94,3 +94,8 @@ class StopRequested(BaseException):
     signal handler wherever the main thread is). The one exception outside `NodeError`: like
     KeyboardInterrupt it is no `Exception`, so no `except Exception` on its way (logging's, a
     retry loop's) can swallow it."""
+
+
+class NoteError(RejectedInput):
+    """A signed note (a member's round progress, an operator's refusal of a job) that is
+    malformed, not signed by its sender, for another job or from a sender not allowed."""

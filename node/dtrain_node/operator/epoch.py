@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from web3 import Web3
 
-from dtrain.models import Job
+from dtrain.models import Job, Method
 from dtrain.recipe import Recipe
 from dtrain_node.errors import (
     CheckpointInvalid,
@@ -259,6 +259,7 @@ class EpochTrainer:
         state = self.checks.commit(r, opt) if self.checks else b""
         t0 = time.perf_counter()
         self.rewards: list[float] = []
+        self.accuracies: list[float] = []
         skip = self.faults.skips_compute(self.context)
         tokens, loss_sum = (0, 0.0) if skip else self._inner_steps()
         self.faults.throttle(time.perf_counter() - t0)
@@ -290,6 +291,10 @@ class EpochTrainer:
             peers=len(self.members) - 1,
             loss=round(loss_sum / job.spec.sync_interval, 4),
             **({"reward": round(sum(self.rewards) / len(self.rewards), 4)} if self.rewards else {}),
+            **self._accuracy(),
+            tokens=tokens,
+            step=job.state.epoch * job.spec.steps_per_epoch + (r + 1) * job.spec.sync_interval,
+            attempt=job.state.attempt,
             tokens_per_s=round(tokens / max(compute_s, 1e-9), 1),
             bytes_out=len(packet),
             applied=len(stats.applied),
@@ -302,6 +307,13 @@ class EpochTrainer:
             aggregate_s=round(stats.aggregate_s, 4),
             compute_s=round(compute_s, 4),
         )
+
+    def _accuracy(self) -> dict[str, float]:
+        """The round's mean accuracy under the method's name for it (none: no record)."""
+        if not self.accuracies:
+            return {}
+        name = "preference_accuracy" if self.job.spec.method == Method.DPO else "accuracy"
+        return {name: round(sum(self.accuracies) / len(self.accuracies), 4)}
 
     def _deadlines(self, r: int) -> tuple[float, float]:
         """Round `r`'s deadline and patience (deadlines.py)."""

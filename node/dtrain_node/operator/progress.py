@@ -95,6 +95,21 @@ class Status:
         self.peers = (max(0, data["applied"] - 1), data["peers"])
 
 
+# What a `round` record puts in the progress note the node publishes (docs/protocol.md 4.8).
+NOTE_FIELDS = ("epoch", "attempt", "round", "step", "loss", "tokens", "tokens_per_s")
+NOTE_METRICS = ("reward", "accuracy", "preference_accuracy")
+
+
+def note_body(data: dict[str, Any], rounds: int | None) -> dict[str, Any]:
+    """The body of our signed progress note for a `round` metric record."""
+    body = {k: data[k] for k in NOTE_FIELDS if k in data}
+    body.update({k: data[k] for k in NOTE_METRICS if data.get(k) is not None})
+    body["rounds"] = rounds or 0
+    body["round_s"] = round(data.get("compute_s", 0.0) + data.get("sync_s", 0.0), 3)
+    body["t"] = round(time.time(), 3)
+    return body
+
+
 def progress_line(s: Status, now: float) -> str:
     """One line: job, epoch e/E, round r/R, loss (and a GRPO round's mean reward), tokens/s,
     ETA, time to the commit deadline, peers (what is not known yet is left out)."""

@@ -34,6 +34,7 @@ from dtrain_node.p2p import identity as ident
 from dtrain_node.p2p.collect import RoundCollector, RoundResult
 from dtrain_node.p2p.intake import Intake
 from dtrain_node.p2p.looper import Looper
+from dtrain_node.p2p.noteboard import NOTES_PROTOCOL, NoteBoard
 from dtrain_node.p2p.pubsub import SafePubsub
 from dtrain_node.p2p.reconcile import Reconciler, Transcript
 from dtrain_node.p2p.rounds import PayloadValidator, RoundStore, StoreLimits
@@ -143,6 +144,7 @@ class GossipNode(Looper):
         self._rounds = RoundCollector(st, self._sync)
         self._reconciler = Reconciler(st, self._sync)
         self._files = files.FileService(st)
+        self.notes = NoteBoard(st)
         self.listen_addrs: list[str] = []
 
     @property
@@ -162,10 +164,13 @@ class GossipNode(Looper):
             background_trio_service(st.gossipsub),
         ):
             sub = await self._subscribe(st.pubsub)
+            st.pubsub.set_topic_validator(self.notes.topic, self.notes.validate_gossip, False)
+            progress = await st.pubsub.subscribe(self.notes.topic)
             self.listen_addrs = [str(a).split("/p2p/")[0] for a in st.host.get_transport_addrs()]
             async with trio.open_nursery() as nursery:
                 st.nursery = nursery
                 nursery.start_soon(_drain, sub)
+                nursery.start_soon(_drain, progress)
                 self._ready.set()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -177,6 +182,7 @@ class GossipNode(Looper):
         host = self._state.host
         host.set_stream_handler(TProtocol(wire.SYNC_PROTOCOL), self._sync_server.serve)
         host.set_stream_handler(TProtocol(wire.CKPT_PROTOCOL), self._files.serve)
+        host.set_stream_handler(TProtocol(NOTES_PROTOCOL), self.notes.serve)
         return sub
 
     # -- peers and rounds --------------------------------------------------------------------
@@ -233,7 +239,28 @@ class GossipNode(Looper):
 
     def metrics(self) -> dict[str, Any]:
         st = self._state
-        return self._call_sync(lambda: st.metrics.snapshot(st.store, st.pubsub))
+
+        def snapshot() -> dict[str, Any]:
+            out = st.metrics.snapshot(st.store, st.pubsub)
+            out["progress_dropped"] = dict(self.notes.dropped)
+            out["progress_relayed"] = self.notes.relayed
+            return out
+
+        return self._call_sync(snapshot)
+
+    # -- signed notes (docs/protocol.md 4.8) -------------------------------------------------
+    def publish_progress(self, body: dict[str, Any]) -> None:
+        """Sign and publish our round's progress on the job's progress topic. Returns at once:
+        the signing and the publish run on the host's thread, never the caller's."""
+        st = self._state
+        if st.nursery is None:
+            return
+        self._call_sync(st.nursery.start_soon, self.notes.publish_progress, body)
+
+    def refuse(self, job_id: int, reason: str, detail: str) -> None:
+        """Sign our refusal of `job_id` (a key of notes.REASONS, and the details) and serve it
+        to whoever asks over the notes protocol."""
+        self._call_sync(self.notes.refuse, job_id, reason, detail)
 
     # -- checkpoint transfer ----------------------------------------------------------------
     def serve_file(self, sha256_hex: str, path: Path | str) -> None:

@@ -340,7 +340,9 @@ class DPOBackend(RecordBackend):
         return losses.dpo_loss(pol[:b], pol[b:], ref[:b], ref[b:], self.opts.dpo_beta)
 
     def loss(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        return self._terms(batch)[0]
+        loss, chosen, rejected = self._terms(batch)
+        self.last_accuracy = float((chosen > rejected).float().mean())  # preference accuracy
+        return loss
 
     def evaluate(self) -> dict[str, float]:
         with self._eval():
@@ -454,6 +456,7 @@ class GRPOBackend(RecordBackend):
             [[self.reward(t, a) for t in texts[i * g : (i + 1) * g]] for i, a in enumerate(answers)]
         )
         self.last_reward = float(scores.mean())
+        self.last_accuracy = float((scores >= 1.0).float().mean())  # full marks, as evaluate()
         return losses.group_advantages(scores).reshape(-1).to(self.device)
 
     def loss(self, batch: tuple[Any, ...]) -> torch.Tensor:

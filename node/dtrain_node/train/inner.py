@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -101,6 +101,8 @@ class StepResult:
     rewards: list[float]
     lr: float
     grad_norm: float | None
+    # per micro-batch: GRPO's share of full-reward samples, DPO's preference accuracy
+    accuracies: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ class InnerPlan:
             for g in opt.inner.param_groups:
                 g["lr"] = lr
         parts: Sequence[Any] = batch if isinstance(batch, Accumulated) else (batch,)
-        tokens, loss_sum, rewards = 0, 0.0, []
+        tokens, loss_sum, rewards, accuracies = 0, 0.0, [], []
         for part in parts:
             with devices.autocast(device, recipe):
                 loss = backend.loss(part)
@@ -139,17 +141,21 @@ class InnerPlan:
             reward = getattr(backend, "last_reward", None)
             if reward is not None:
                 rewards.append(reward)
+            accuracy = getattr(backend, "last_accuracy", None)
+            if accuracy is not None:
+                accuracies.append(accuracy)
         norm = None
         if recipe is not None and recipe.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(opt.params, recipe.max_grad_norm))
         opt.inner_step()
-        return StepResult(tokens, loss_sum / len(parts), rewards, lr, norm)
+        return StepResult(tokens, loss_sum / len(parts), rewards, lr, norm, accuracies)
 
 
 def run_round(trainer: Any) -> tuple[int, float]:
     """The K inner steps of a round of the runner `trainer` (operator/epoch.py `EpochTrainer`:
     its job, train_job, backend, opt, batches, device and rewards); returns (tokens, summed
-    loss) and appends the GRPO rewards sampled to `trainer.rewards`."""
+    loss) and appends the GRPO rewards sampled to `trainer.rewards` (and each step's accuracy
+    to `trainer.accuracies`, when it keeps them)."""
     spec, opt = trainer.job.spec, trainer.opt
     plan = InnerPlan(trainer.train_job.recipe, spec.total_epochs * spec.steps_per_epoch)
     first = trainer.job.state.epoch * spec.steps_per_epoch + opt.steps
@@ -159,6 +165,7 @@ def run_round(trainer: Any) -> tuple[int, float]:
         tokens += done.tokens
         loss_sum += done.loss
         trainer.rewards.extend(done.rewards)
+        getattr(trainer, "accuracies", []).extend(done.accuracies)
     return tokens, loss_sum
 
 
