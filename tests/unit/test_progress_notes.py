@@ -1,0 +1,168 @@
+"""Signed progress notes: what a member publishes each round, what a relaying member and a
+caller's watcher accept (a forged, unsigned, tampered, other-job or non-member note is dropped
+and counted), and the round lines with their ETA the caller sees."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+from eth_account import Account
+
+from dtrain.progress import Refusal, RoundBook, refusal_summary
+from dtrain_node.errors import NoteError
+from dtrain_node.operator.progress import note_body
+from dtrain_node.p2p import notes
+from dtrain_node.p2p.noteboard import NoteBoard
+from dtrain_node.p2p.watch import WatchPeer
+
+CHAIN, JOB = 31337, 7
+CONTRACT = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+MEMBER = Account.from_key("0x" + "11" * 32)
+OUTSIDER = Account.from_key("0x" + "22" * 32)
+GRPO_ROUND = {
+    "job": JOB,
+    "epoch": 0,
+    "attempt": 0,
+    "round": 2,
+    "step": 6,
+    "loss": 0.0009,
+    "reward": 0.25,
+    "accuracy": 0.125,
+    "tokens": 512,
+    "tokens_per_s": 100.0,
+    "compute_s": 1.5,
+    "sync_s": 0.5,
+}
+
+
+def progress(account=MEMBER, job=JOB, **changes) -> bytes:
+    body = {**note_body(GRPO_ROUND, 5), "chain_id": CHAIN, "contract": CONTRACT, "job": job}
+    return notes.sign(account, notes.PROGRESS, {**body, **changes}).encode()
+
+
+def board() -> NoteBoard:
+    config = SimpleNamespace(chain_id=CHAIN, contract=CONTRACT, job_id=JOB)
+    state = SimpleNamespace(
+        config=config,
+        store=SimpleNamespace(members=(MEMBER.address,)),
+        peer_id="me",
+        account=MEMBER,
+    )
+    return NoteBoard(state)  # type: ignore[arg-type]
+
+
+def gossip(b: NoteBoard, data: bytes) -> bool:
+    return b.validate_gossip("a peer", SimpleNamespace(data=data))  # type: ignore[arg-type]
+
+
+def test_a_grpo_round_note_carries_reward_and_accuracy_signed_by_its_member() -> None:
+    note = notes.decode(progress())
+    assert note.sender == MEMBER.address
+    b = note.body
+    assert (b["reward"], b["accuracy"], b["loss"], b["step"], b["tokens"]) == (
+        0.25,
+        0.125,
+        0.0009,
+        6,
+        512,
+    )
+    assert (b["round"], b["rounds"], b["round_s"]) == (2, 5, 2.0)
+
+
+def forged() -> bytes:
+    """A note claiming the member as sender, signed by someone else."""
+    good = notes.decode(progress())
+    other = notes.sign(OUTSIDER, notes.PROGRESS, {**good.body})
+    return dataclasses.replace(good, signature=other.signature).encode()
+
+
+def tampered() -> bytes:
+    data = progress()
+    return data.replace(b'"loss":0.0009', b'"loss":0.0001')
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (forged, "bad_signature"),
+        (tampered, "bad_signature"),
+        (lambda: progress()[:-65], "malformed"),  # unsigned: no signature bytes
+        (lambda: progress()[:-1] + b"\x00", "bad_signature"),
+        (lambda: progress(job=JOB + 1), "other_job"),
+        (lambda: progress(contract=OUTSIDER.address), "other_job"),
+        (lambda: progress(account=OUTSIDER), "not_member"),
+        (lambda: b"junk", "malformed"),
+    ],
+    ids=str.split("forged tampered unsigned bad-v other-job other-contract outsider junk"),
+)
+def test_a_bad_progress_message_is_dropped_and_counted(make, reason) -> None:
+    b, good = board(), progress()
+    assert gossip(b, good)  # the member's own note passes and is kept for late watchers
+    assert not gossip(b, make())
+    assert b.dropped == {reason: 1}
+    assert list(b.progress) == [good]
+
+
+def test_the_watcher_hands_on_only_member_notes_once() -> None:
+    got: list[notes.Note] = []
+    peer = WatchPeer(CHAIN, CONTRACT, JOB, got.append)
+    peer.members = frozenset({MEMBER.address})
+    good = progress()
+    for data in (good, good, forged(), progress(account=OUTSIDER)):
+        peer._accept(data)
+    assert [n.sender for n in got] == [MEMBER.address]
+    assert peer.dropped == {"bad_signature": 1, "not_member": 1}
+
+
+def test_a_non_finite_loss_cannot_be_signed_or_decoded() -> None:
+    with pytest.raises(NoteError):
+        progress(loss=float("nan"))
+    good = progress()
+    bad = good.replace(b'"loss":0.0009', b'"loss":NaN')
+    with pytest.raises(NoteError, match="malformed"):
+        notes.decode(bad)
+
+
+def body(sender: str, rnd: int, epoch: int = 0, **extra) -> dict:
+    b = {"epoch": epoch, "attempt": 0, "round": rnd, "step": 2 * (rnd + 1), "loss": 2.0}
+    return {**b, "tokens": 100, "round_s": 10.0, "t": 1000.0 + 100 * epoch + 10 * rnd} | {
+        "sender": sender,
+        **extra,
+    }
+
+
+def test_round_lines_wait_for_every_member_or_the_next_round_and_give_the_job_eta() -> None:
+    book = RoundBook(epochs=2, rounds=3, boundary_s=30.0)
+    assert book.add(body("a", 0, reward=0.5, accuracy=0.0), members=2) == []
+    [line] = book.add(body("b", 0, reward=1.0, accuracy=1.0), members=2)
+    assert (line.round, line.reported, line.tokens_seen) == (0, 2, 200)
+    assert line.metrics == {"reward": 0.75, "accuracy": 0.5}
+    # 5 rounds left at 10 s, and 2 epoch ends at 30 s each
+    assert line.eta_s == pytest.approx(5 * 10 + 2 * 30)
+    text = line.text()
+    assert "epoch 1/2 round 1/3" in text and "reward 0.7500" in text and "accuracy 0.5000" in text
+    assert "ETA 1 min 50 s" in text
+    assert book.add(body("a", 1), members=2) == []  # b's note of round 1 was lost
+    [late] = book.add(body("a", 2), members=2)
+    assert (late.round, late.reported) == (1, 1)
+    assert [x.round for x in book.flush(members=2)] == [2]
+
+
+def test_the_gap_between_epochs_is_measured_for_the_eta() -> None:
+    book = RoundBook(epochs=3, rounds=1, boundary_s=1000.0)
+    book.add(body("a", 0, epoch=0), members=1)
+    [line] = book.add(body("a", 0, epoch=1), members=1)  # t 1100 after t 1000
+    assert book.boundary_s == 100.0
+    assert line.eta_s == pytest.approx(1 * 10 + 2 * 100)
+
+
+def test_refusals_are_summed_up_by_reason() -> None:
+    assert refusal_summary([]) == ""
+    two = [Refusal("0xa", "ask", "x"), Refusal("0xb", "ask", "y")]
+    assert refusal_summary(two) == "2 operators refused: ask above price"
+    mixed = [*two, Refusal("0xc", "preflight", "z")]
+    assert refusal_summary(mixed) == (
+        "3 operators refused: ask above price (2), failed pre-flight (1)"
+    )
