@@ -1,8 +1,9 @@
 """A job's page in the browser: `dtrain job watch JOB --web`.
 
 A small local HTTP server (stdlib, one thread per request) serves `GET /`, one self-contained
-HTML page (inline CSS and JS, no network), and `GET /api/job`, the job as JSON, which the page
-polls. The JSON is assembled from on-chain reads and events (`assemble`, pure) and from the
+HTML page (inline CSS and JS, no network) with the job already drawn in it (`jobpage_html`: a
+browser without scripts shows it too), and `GET /api/job`, the job as JSON, which the page
+polls to redraw it. The JSON is assembled from on-chain reads and events (`assemble`, pure) and from the
 members' metrics files for the loss curve (each node appends a `round` record with the mean
 training loss of every sync round to `metrics.jsonl` in its data directory). A metrics path that
 does not exist yet (a node that has not created its data directory) is waited for: it reads as
@@ -33,6 +34,7 @@ from typing import Any
 
 from .client import BSM, JOB_EVENTS
 from .errors import ConfigError, DtrainError
+from .jobpage_html import COLORS, render
 from .models import Event, Job, JobStatus, Params, SlashReason
 from .units import format_eth
 
@@ -394,13 +396,23 @@ class JobPage:
 # ---------------------------------------------------------------------------- the server
 
 
+def first_view(page: JobPage) -> str:
+    """The page with the job in it (its first view, drawn before any script runs); the chain
+    unreadable, the empty page saying why (its script tries again)."""
+    try:
+        data = page.snapshot()
+    except (DtrainError, OSError, ValueError) as exc:
+        return render(PAGE, None, f"cannot read the job: {type(exc).__name__}: {exc}")
+    return render(PAGE, data)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: JobPageServer
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/":
-            self._send(200, "text/html; charset=utf-8", PAGE.encode())
+            self._send(200, "text/html; charset=utf-8", first_view(self.server.page).encode())
         elif path == "/api/job":
             try:
                 body, code = self.server.page.snapshot(), 200
@@ -490,7 +502,7 @@ PAGE = (
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<title>dtrain job</title>
+<title>{{title}}</title>
 <style>
   body { font: 14px/1.45 system-ui, sans-serif; margin: 24px 32px; color: #1d2330;
          background: #f6f7f9; }
@@ -522,38 +534,40 @@ PAGE = (
   svg text { font: 11px system-ui, sans-serif; fill: #5b6576; }
 </style>
 </head>
-<body>
-<h1>Job <span id="job-id">?</span> <span id="method"></span>
-  <span id="state" class="badge">loading</span></h1>
-<div id="headline"></div>
-<div class="note" id="updated">reading the chain...</div>
+<body data-view="{{view}}">
+<h1>Job <span id="job-id">{{job_id}}</span> <span id="method">{{method}}</span>
+  <span id="state" class="badge {{state}}">{{state}}</span></h1>
+<div id="headline">{{headline}}</div>
+<div class="note" id="updated">{{updated}}</div>
 <div class="card"><h2>Loss curve</h2>
   <svg id="loss-chart" width="100%" viewBox="0 0 1000 300"></svg>
-  <div id="legend"></div><div class="note" id="loss-note"></div>
+  <div id="legend"></div><div class="note" id="loss-note">{{loss_note}}</div>
 </div>
 <div class="card"><h2>Payouts</h2>
   <table id="payouts"><thead><tr><th>operator</th><th class="num">epochs paid</th>
   <th class="num">operator</th><th class="num">stakers</th><th class="num">protocol</th>
-  <th class="num">developer</th><th class="num">total</th></tr></thead><tbody></tbody>
-  <tfoot></tfoot></table><div class="note" id="payout-note"></div></div>
+  <th class="num">developer</th><th class="num">total</th></tr></thead>
+  <tbody>{{payout_rows}}</tbody><tfoot>{{payout_total}}</tfoot></table>
+  <div class="note" id="payout-note">{{payout_note}}</div></div>
 <div class="card"><h2>Epochs</h2>
   <table id="epochs"><thead><tr><th>epoch</th><th>state</th><th>members</th><th>paid</th>
-  <th>slashed</th><th>checkpoint</th></tr></thead><tbody></tbody></table></div>
+  <th>slashed</th><th>checkpoint</th></tr></thead><tbody>{{epoch_rows}}</tbody></table></div>
 <div class="card"><h2>Slashes</h2>
-  <table id="slashes" hidden><thead><tr><th>operator</th><th>epoch</th><th>reason</th>
-  <th class="num">amount</th><th>finalized by</th></tr></thead><tbody></tbody></table>
-  <div class="note" id="slash-note"></div></div>
+  <table id="slashes"{{slashes_hidden}}><thead><tr><th>operator</th><th>epoch</th><th>reason</th>
+  <th class="num">amount</th><th>finalized by</th></tr></thead><tbody>{{slash_rows}}</tbody></table>
+  <div class="note" id="slash-note">{{slash_note}}</div></div>
 <div class="row">
-  <div class="card"><h2>Members</h2><ul id="members"></ul></div>
-  <div class="card"><h2>Job</h2><dl id="summary"></dl></div>
+  <div class="card"><h2>Members</h2><ul id="members">{{members}}</ul></div>
+  <div class="card"><h2>Job</h2><dl id="summary">{{summary}}</dl></div>
 </div>
 <script>
 "use strict";
 const POLL_MS = """
     + str(POLL_S * 1000)
     + """;
-const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2",
-                "#db2777", "#65a30d"];
+const COLORS = """
+    + json.dumps(COLORS)
+    + """;
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (sel) => document.querySelector(sel);
 const short = (a) => a.slice(0, 6) + "\\u2026" + a.slice(-4);

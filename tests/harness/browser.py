@@ -27,8 +27,9 @@ VIEWPORT = {"width": 1100, "height": 900}
 
 
 @contextmanager
-def chromium_page() -> Iterator[Page]:
-    """A page of a headless Chromium with a fresh `--user-data-dir`, closed afterwards."""
+def chromium_page(javascript: bool = True) -> Iterator[Page]:
+    """A page of a headless Chromium with a fresh `--user-data-dir`, closed afterwards;
+    `javascript=False`: pages run no script at all."""
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.is_file():
@@ -40,6 +41,7 @@ def chromium_page() -> Iterator[Page]:
             headless=True,
             args=ARGS,
             viewport=VIEWPORT,
+            java_script_enabled=javascript,
         )
         try:
             yield browser.new_page()

@@ -230,6 +230,47 @@ def test_job_page_in_chromium_shows_curve_payouts_members_and_state(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
+SHOWN = ("#job-id", "#method", "#state", "#headline", "#summary", "#members", "#epochs",
+         "#payouts", "#payout-note", "#slash-note", "#loss-note")  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_job_page_without_scripts_shows_the_job_as_the_script_draws_it(
+    done: Done, tmp_path: Path
+) -> None:
+    """A browser that runs no script (a plain headless screenshot) gets the job in the page's
+    HTML: id, state, epochs, members and money, the same texts the script draws."""
+    page_data = JobPage(done.bsm, done.job_id, done.data_dirs)
+    with JobPageServer(page_data, port=0) as server:
+        with chromium_page(javascript=False) as page:
+            page.goto(server.url)
+            assert page.get_attribute("body", "data-view") == "server"
+            assert page.get_attribute("body", "data-block") is None  # set by the script only
+            assert page.inner_text("#job-id") == str(done.job_id)
+            assert page.inner_text("#state") == "completed"
+            assert page.title() == f"dtrain job {done.job_id}: completed"
+            assert "2/2 done" in page.inner_text("#summary")
+            listed = [
+                li.get_attribute("data-member") for li in page.query_selector_all("#members li")
+            ]
+            assert sorted(listed) == sorted(done.members)
+            assert len(page.query_selector_all("#epochs tbody tr")) == EPOCHS
+            total = page.query_selector_all("#payouts tfoot tr td[data-wei]")
+            want = chain_totals(done.bsm, done.members)
+            assert [int(td.get_attribute("data-wei")) for td in total[:4]] == [
+                want[k] for k in PARTS
+            ]
+            static = {sel: page.inner_text(sel) for sel in SHOWN}
+            png = tmp_path / "no-script.png"
+            page.screenshot(path=str(png), full_page=True)
+        with chromium_page() as page:
+            page.goto(server.url)
+            page.wait_for_selector("body[data-block]", timeout=30_000)
+            live = {sel: page.inner_text(sel) for sel in SHOWN}
+    assert static == live
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
 def test_watch_web_errors_are_one_line(done: Done, tmp_path: Path, capsys) -> None:
     base = ["--rpc-url", done.rpc_url, "--contract", done.bsm.address, "job", "watch"]
     cases = [

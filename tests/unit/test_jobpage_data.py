@@ -23,10 +23,12 @@ from dtrain.jobpage import (
     JobPage,
     JobPageServer,
     assemble,
+    first_view,
     metrics_files,
     not_there_yet,
     read_records,
 )
+from dtrain.jobpage_html import render
 from dtrain.models import Event, Job, JobSpec, JobState, JobStatus, Params, SlashReason
 
 ETH = 10**18
@@ -264,17 +266,47 @@ def _get(url: str) -> tuple[int, str, bytes]:
         return exc.code, exc.headers["Content-Type"], exc.read()
 
 
+def full_snapshot() -> dict[str, Any]:
+    return assemble(job(JobStatus.COMPLETED, 2, (A, B)), *two_epochs(), PARAMS)
+
+
 def test_server_serves_the_page_and_the_json() -> None:
-    with JobPageServer(Canned({"job": {"id": 7}}), port=0) as server:  # type: ignore[arg-type]
+    snap = full_snapshot()
+    with JobPageServer(Canned(snap), port=0) as server:  # type: ignore[arg-type]
         assert server.url.startswith("http://127.0.0.1:")
         code, kind, body = _get(server.url)
-        assert (code, kind, body.decode()) == (200, "text/html; charset=utf-8", PAGE)
+        assert (code, kind) == (200, "text/html; charset=utf-8")
+        assert body.decode() == render(PAGE, snap) != PAGE
         code, kind, body = _get(server.url + "api/job")
-        assert (code, kind, json.loads(body)) == (200, "application/json", {"job": {"id": 7}})
+        assert (code, kind, json.loads(body)) == (200, "application/json", snap)
         assert _get(server.url + "nothing")[0] == 404
     with JobPageServer(Canned({"error": "RPC down"}), port=0) as server:  # type: ignore[arg-type]
         code, _, body = _get(server.url + "api/job")
         assert code == 502 and json.loads(body) == {"error": "ConfigError: RPC down"}
+        code, _, body = _get(server.url)  # the empty page, saying why; its script retries
+        assert code == 200 and "cannot read the job: ConfigError: RPC down" in body.decode()
+        assert '<span id="state" class="badge loading">loading</span>' in body.decode()
+
+
+def test_first_view_holds_the_job_without_any_script() -> None:
+    """The HTML itself names the job, its state, epochs, members and money; no slot is left."""
+    html = first_view(Canned(full_snapshot()))  # type: ignore[arg-type]
+    assert "{{" not in html and '<body data-view="server">' in html
+    assert '<span id="job-id">7</span>' in html and "<title>dtrain job 7: completed</title>" in html
+    assert '<span id="state" class="badge completed">completed</span>' in html
+    assert "epoch 2/2 done \u00b7 0.01 ETH per operator-epoch \u00b7 3 operators took part" in html
+    assert html.count('<tr data-epoch="') == 2 and html.count('<tr data-operator="') == 2
+    assert f'<li data-member="{A}">' in html and f'<li data-member="{C}">' in html
+    assert f'<td class="num" data-wei="{4 * PRICE}">0.04 ETH</td>' in html  # total paid
+    assert "<td>dropout</td>" in html and '<table id="slashes">' in html
+
+
+def test_first_view_escapes_what_the_job_names() -> None:
+    """A job's URIs are whatever its caller wrote on chain: text on the page, never markup."""
+    snap = full_snapshot()
+    snap["job"]["model_uri"] = '<img src=x onerror="alert(1)">'
+    html = render(PAGE, snap)
+    assert "<img" not in html and "&lt;img src=x onerror=" in html
 
 
 def test_a_taken_port_is_one_config_error() -> None:
@@ -313,7 +345,7 @@ def test_a_client_leaving_mid_answer_ends_quietly(capfd: pytest.CaptureFixture[s
         client.close()  # a reset: the rest of the answer has nowhere to go
         assert server.wait_disconnects(1, 30)
         assert server.disconnects == 1
-        code, _, body = _get(server.url)
-        assert code == 200 and body.decode() == PAGE
+        code, _, body = _get(server.url + "api/job")
+        assert code == 200 and json.loads(body)["blob"] == "x" * (32 << 20)
     _, err = capfd.readouterr()
     assert "Traceback" not in err and "Error" not in err, err

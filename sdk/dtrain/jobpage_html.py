@@ -1,0 +1,278 @@
+"""The job page's first view, rendered on the server from the page's JSON (`assemble`).
+
+`GET /` answers the page with the job already in it (state, headline, summary, members, epochs,
+payouts, slashes, and what the loss curve waits for), as the page's script draws them from
+`/api/job`, so a browser without scripts (or a screenshot taken before they run) shows the job;
+the script then redraws the same parts on every poll, and draws the loss curve. Each part here
+mirrors the script function of the same name in `jobpage.PAGE`: the texts must read the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+COLORS = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d"]
+ENDED = ("completed", "failed", "cancelled")
+
+Data = Mapping[str, Any]
+
+
+def el(tag: str, attrs: Mapping[str, Any] | None = None, *children: str) -> str:
+    """An element; `children` are HTML already (escape text with `text`)."""
+    a = "".join(f' {k}="{escape(str(v))}"' for k, v in (attrs or {}).items())
+    return f"<{tag}{a}>{''.join(children)}</{tag}>"
+
+
+def text(s: Any) -> str:
+    return escape(str(s), quote=False)
+
+
+def short(a: str) -> str:
+    return a[:6] + "\u2026" + a[-4:]
+
+
+def colors(d: Data) -> dict[str, str]:
+    """Each member's colour, assigned in the script's order (members now, then each epoch's,
+    then the loss series')."""
+    out: dict[str, str] = {}
+    names = [*d["members"], *(m for e in d["epochs"] for m in e["members"])]
+    for m in [*names, *(s["member"] for s in d["loss"]["series"])]:
+        out.setdefault(m, COLORS[len(out) % len(COLORS)])
+    return out
+
+
+def _swatch(color: str) -> str:
+    return el("span", {"class": "swatch", "style": f"background:{color}"})
+
+
+def addr(a: str) -> str:
+    return el("span", {"class": "addr", "title": a}, text(a))
+
+
+def member(m: str, color: Mapping[str, str]) -> str:
+    return el("span", {"class": "who"}, _swatch(color.get(m, "#999")), addr(m))
+
+
+def who(m: str, color: Mapping[str, str]) -> str:
+    return el("span", {"class": "who", "title": m}, _swatch(color.get(m, "#999")), text(short(m)))
+
+
+def cell(s: Any, cls: str | None = None) -> str:
+    return el("td", {"class": cls} if cls else {}, text(s))
+
+
+def amount(a: Mapping[str, str]) -> str:
+    return el("td", {"class": "num", "data-wei": a["wei"]}, text(a["text"]))
+
+
+def taking(d: Data) -> str:
+    took = len({m for e in d["epochs"] for m in e["members"]})
+    ended = d["job"]["state"] in ENDED
+    return f"{took} operators took part" if ended else f"{len(d['members'])} members now"
+
+
+def headline(d: Data) -> str:
+    j = d["job"]
+    paid = d["payouts"]["total"]["total"]["text"]
+    return (
+        f"epoch {j['epochs_done']}/{j['epochs_total']} done \u00b7 {j['price']['text']} per "
+        f"operator-epoch \u00b7 {taking(d)} \u00b7 paid so far {paid}"
+    )
+
+
+def summary(d: Data) -> str:
+    j = d["job"]
+    rows = [
+        ("epochs", f"{j['epochs_done']}/{j['epochs_total']} done"),
+        ("price", f"{j['price']['text']} per operator-epoch"),
+        ("members", f"{j['min_operators']} to {j['max_operators']} per epoch"),
+        ("steps", f"{j['steps_per_epoch']} per epoch, sync every {j['sync_interval']}"),
+        ("escrow", f"{j['escrow']['text']} unearned"),
+        ("seat bond", j["seat_bond"]["text"]),
+        ("model", j["model_uri"] or "-"),
+        ("dataset", j["dataset_uri"] or "-"),
+        ("checkpoint", j["checkpoint"]),
+        ("caller", j["caller"]),
+    ]
+    if d.get("refund"):
+        rows.append(("refund", f"{d['refund']['text']} to the caller"))
+    return "".join(el("dt", {}, text(k)) + el("dd", {}, text(v)) for k, v in rows)
+
+
+def members(d: Data, color: Mapping[str, str]) -> str:
+    every = list(dict.fromkeys([*d["members"], *(m for e in d["epochs"] for m in e["members"])]))
+    now = set(d["members"])
+    items = [
+        el(
+            "li",
+            {"data-member": m},
+            _swatch(color.get(m, "#999")),
+            addr(m),
+            " (member now)" if m in now else "",
+        )
+        for m in every
+    ]
+    items += [el("li", {"data-member": m}, addr(m), " (joining)") for m in d["pending_joins"]]
+    return "".join(items) or el("li", {}, "nobody yet")
+
+
+def _names(xs: Sequence[str], color: Mapping[str, str]) -> str:
+    return el("td", {}, *([who(m, color) for m in xs] or ["-"]))
+
+
+def epoch_rows(d: Data, color: Mapping[str, str]) -> str:
+    rows = []
+    for e in d["epochs"]:
+        state = e["status"] + (f" ({e['attempts']} attempts)" if e["attempts"] > 1 else "")
+        ckpt = e["checkpoint"][:18] + "\u2026" if e["checkpoint"] else "-"
+        cells = [cell(e["epoch"]), cell(state)]
+        cells += [_names(e[k], color) for k in ("members", "paid", "slashed")]
+        cells.append(el("td", {}, el("code", {}, text(ckpt))))
+        rows.append(el("tr", {"data-epoch": e["epoch"]}, *cells))
+    return "".join(rows)
+
+
+PARTS = ("operator", "stakers", "protocol", "developer", "total")
+
+
+def payout_rows(d: Data, color: Mapping[str, str]) -> tuple[str, str]:
+    """The payouts table's body and footer."""
+    p = d["payouts"]
+    body = "".join(
+        el(
+            "tr",
+            {"data-operator": r["address"]},
+            el("td", {}, member(r["address"], color)),
+            cell(r["epochs"], "num"),
+            *(amount(r[c]) for c in PARTS),
+        )
+        for r in p["rows"]
+    )
+    t = p["total"]
+    foot = el(
+        "tr",
+        {"data-total": ""},
+        cell("total"),
+        cell(t["epochs"], "num"),
+        *(amount(t[c]) for c in PARTS),
+    )
+    return body, foot
+
+
+def _pc(bps: int) -> str:
+    return f"{bps / 100:g}%"
+
+
+def payout_note(d: Data) -> str:
+    p = d["payouts"]
+    b = p["split_bps"]
+    return ("" if p["rows"] else "Nobody paid yet. ") + (
+        f"Each paid operator-epoch: {_pc(b['operator'])} to the operator, {_pc(b['stakers'])} to "
+        f"its stake pool, {_pc(b['protocol'])} to the protocol treasury {short(p['treasury'])}, "
+        f"{_pc(b['developer'])} to the developer {short(p['developer'])}."
+    )
+
+
+def slash_rows(d: Data, color: Mapping[str, str]) -> str:
+    return "".join(
+        el(
+            "tr",
+            {},
+            el("td", {}, member(s["operator"], color)),
+            cell(s["epoch"]),
+            cell(s["reason"]),
+            amount(s["amount"]),
+            el("td", {}, addr(s["reporter"])),
+        )
+        for s in d["slashes"]
+    )
+
+
+def loss_note(d: Data) -> str:
+    loss = d["loss"]
+    waiting = (
+        " Waiting for " + ", ".join(loss["waiting"]) + " to appear (a node creates its "
+        "--data-dir when it starts)."
+        if loss.get("waiting")
+        else ""
+    )
+    sources = ", ".join(loss["sources"])
+    if not loss["sources"]:
+        return (
+            "No metrics given: the curve comes from the members' metrics files "
+            f"(`dtrain job watch {d['job']['id']} --web --metrics NODE_DATA_DIR`, once per "
+            "member; each node writes metrics.jsonl in its --data-dir)."
+        )
+    if not any(s["points"] for s in loss["series"]):
+        return f"No training rounds of this job yet in {sources}.{waiting}"
+    return f"Training loss at each sync round, from {sources}.{waiting}"
+
+
+def slots(d: Data) -> dict[str, str]:
+    """The page's slots (HTML) for the job `d`."""
+    color = colors(d)
+    j = d["job"]
+    body, foot = payout_rows(d, color)
+    return {
+        "title": text(f"dtrain job {j['id']}: {j['state']}"),
+        "view": "server",
+        "job_id": text(j["id"]),
+        "method": text(j["method"]),
+        "state": text(j["state"]),
+        "headline": text(headline(d)),
+        "updated": text(f"block {d['block']}, read by the server; the page's script refreshes it"),
+        "loss_note": text(loss_note(d)),
+        "payout_rows": body,
+        "payout_total": foot,
+        "payout_note": text(payout_note(d)),
+        "epoch_rows": epoch_rows(d, color),
+        "slashes_hidden": "" if d["slashes"] else " hidden",
+        "slash_rows": slash_rows(d, color),
+        "slash_note": "" if d["slashes"] else "No slashes.",
+        "members": members(d, color),
+        "summary": summary(d),
+    }
+
+
+EMPTY = {
+    "title": "dtrain job",
+    "view": "loading",
+    "job_id": "?",
+    "state": "loading",
+    "slashes_hidden": " hidden",
+}
+
+
+def render(template: str, d: Data | None, error: str = "") -> str:
+    """`template` with its `{{slot}}`s filled for the job `d`; without it (the chain could not
+    be read) the empty page that says why and lets the script try again."""
+    filled = (
+        slots(d) if d is not None else {**EMPTY, "updated": text(error or "reading the chain...")}
+    )
+    out = template
+    for name in SLOTS:
+        out = out.replace("{{" + name + "}}", filled.get(name, ""))
+    return out
+
+
+SLOTS = (
+    "title",
+    "view",
+    "job_id",
+    "method",
+    "state",
+    "headline",
+    "updated",
+    "loss_note",
+    "payout_rows",
+    "payout_total",
+    "payout_note",
+    "epoch_rows",
+    "slashes_hidden",
+    "slash_rows",
+    "slash_note",
+    "members",
+    "summary",
+)
