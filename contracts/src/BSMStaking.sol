@@ -264,6 +264,24 @@ abstract contract BSMStakingActions is BSMStaking, IDistributedTrainingBSMStakin
     }
 
     /// @inheritdoc IDistributedTrainingBSMStaking
+    function updateAsk(address token, uint256 ask) external {
+        Operator storage o = _operators[msg.sender];
+        require(o.registered, NotRegistered(msg.sender));
+        if (token == address(0)) {
+            o.minPricePerEpoch = ask.toUint96();
+        } else {
+            require(_tokenInfo[token].allowed, TokenNotAllowed(token));
+            _tokenAsks[msg.sender][token] = uint256(ask.toUint248()) + 1;
+        }
+        emit AskUpdated(msg.sender, token, ask);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMStaking
+    function askIn(address operator, address token) external view returns (bool takes, uint256 ask) {
+        return _askIn(operator, token);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMStaking
     function stake() external payable {
         require(_operators[msg.sender].registered, NotRegistered(msg.sender));
         require(msg.value > 0, ZeroValue());

@@ -440,4 +440,21 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     /// The caller asked its running job to end once the epoch in progress settles
     /// (`cancelJob`); `_finalize` then closes it `Cancelled` instead of starting the next epoch.
     mapping(uint256 jobId => bool) internal _cancelRequested;
+
+    // ---------------------------------------------------------------- asks per payment unit
+
+    /// Each operator's ask in each payment token, plus one (0: none set); its ask in ether is
+    /// `Operator.minPricePerEpoch`.
+    mapping(address operator => mapping(address token => uint256)) internal _tokenAsks;
+
+    /// The least price in `token` (address(0): ether) `operator` takes a seat for. Without an
+    /// ask in `token`, an operator asking nothing in ether takes any price in it and one asking
+    /// something takes none (`takes` false): a price in ether says nothing about a token's.
+    function _askIn(address operator, address token) internal view returns (bool takes, uint256 ask) {
+        uint256 inEther = _operators[operator].minPricePerEpoch;
+        if (token == address(0)) return (true, inEther);
+        uint256 stored = _tokenAsks[operator][token];
+        if (stored != 0) return (true, stored - 1);
+        return (inEther == 0, 0);
+    }
 }

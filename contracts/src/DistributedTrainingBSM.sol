@@ -206,10 +206,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         uint256 selfStake = _assetsOf(operator, operator);
         uint256 needed = Math.max(_params.minStake, _bonded[operator] + spec.seatBond);
         require(selfStake >= needed, InsufficientFreeStake(selfStake, needed));
-        require(
-            spec.pricePerOperatorEpoch >= o.minPricePerEpoch,
-            PriceBelowAsk(spec.pricePerOperatorEpoch, o.minPricePerEpoch)
-        );
+        _checkAsk(jobId, operator, spec.pricePerOperatorEpoch);
         if (spec.teeRequired) _requireAttestation(jobId, operator);
         uint256 count = _members[jobId].length + _pending[jobId].length;
         bool drawing = j.status == JobStatus.Open && _params.seatDrawWindow > 0;
@@ -236,6 +233,14 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
                 emit SeatDrawScheduled(jobId, j.epoch, drawAt);
             }
         }
+    }
+
+    function _checkAsk(uint256 jobId, address operator, uint256 price) internal view {
+        address token = _jobToken[jobId];
+        (bool takes, uint256 ask) = _askIn(operator, token);
+        require(takes, NoAskInToken(operator, token));
+        if (token == address(0)) require(price >= ask, PriceBelowAsk(price, ask));
+        else require(price >= ask, PriceBelowTokenAsk(token, price, ask));
     }
 
     /// A full list of applicants takes a newcomer only in place of its lightest applicant, and

@@ -261,6 +261,10 @@ interface IDistributedTrainingBSMTypes {
     error AlreadyLeaving(uint256 jobId, address operator);
     /// @notice job price `price` below the operator's ask `ask`
     error PriceBelowAsk(uint256 price, uint256 ask);
+    /// @notice job price `price` below the operator's ask `ask`, in base units of token `token`
+    error PriceBelowTokenAsk(address token, uint256 price, uint256 ask);
+    /// @notice `operator` set no ask in token `token` and asks more than nothing in ether: it takes no job priced in that token until it sets one (updateAsk)
+    error NoAskInToken(address operator, address token);
     /// @notice job `jobId` requires a TEE attestation of `operator` that counts: by a verifier still allowed, for its current peer key, unexpired (recorded one expires: `expiresAt`; now `nowTs`)
     /// @param expiresAt when the operator's recorded attestation expires (0: none).
     error AttestationRequired(uint256 jobId, address operator, uint256 expiresAt, uint256 nowTs);
@@ -404,6 +408,9 @@ interface IDistributedTrainingBSMTypes {
     event OperatorRegistered(address indexed operator, bytes32 peerKey, uint256 stake);
     /// @notice `operator` replaced its peer key, addresses, hardware and price ask.
     event OperatorUpdated(address indexed operator, bytes32 peerKey, uint256 minPricePerEpoch);
+    /// @notice `operator` now takes seats only in jobs paying at least `ask` per operator-epoch in
+    /// `token` (address(0): wei of ether; otherwise the token's base units).
+    event AskUpdated(address indexed operator, address indexed token, uint256 ask);
     /// @notice `operator` deregistered; all its self-stake started unbonding.
     event OperatorDeregistered(address indexed operator);
     /// @notice `operator` voided its signed calls with nonce `nonce` (`cancelSignedCalls`).
@@ -599,6 +606,18 @@ interface IDistributedTrainingBSMStaking is IDistributedTrainingBSMTypes {
         string calldata hardware,
         uint256 minPricePerEpoch
     ) external;
+
+    /// @notice Sets the sender's ask in `token`: the least `pricePerOperatorEpoch` of a job
+    /// priced in it that the sender may join. address(0) is ether (the ask `registerOperator` and
+    /// `updateOperator` set, in wei); any other `token` must be an allowed payment token and the
+    /// ask is in its base units. Without an ask in a token, an operator asking nothing in ether
+    /// joins jobs in that token at any price and one asking something joins none
+    /// (`NoAskInToken`). Asks in tokens outlive deregistration.
+    function updateAsk(address token, uint256 ask) external;
+
+    /// @notice `operator`'s ask in `token` (address(0): ether): whether it joins jobs priced in
+    /// `token` at all and the least price it joins them at (see `updateAsk`).
+    function askIn(address operator, address token) external view returns (bool takes, uint256 ask);
 
     /// @notice Adds `msg.value` to the sender's self-stake.
     function stake() external payable;
