@@ -64,6 +64,25 @@ def dataset_hash(uri: str) -> bytes:
     return h.digest()
 
 
+REMOTE_SCHEMES = ("p2p:", "https://", "http://")
+
+
+def is_remote(uri: str) -> bool:
+    """Whether `uri` names bytes fetched by their sha256 (p2p: or https:), as a node fetches."""
+    return uri.startswith(REMOTE_SCHEMES)
+
+
+def uri_sha256(uri: str) -> bytes | None:
+    """The sha256 a URI's `#sha256=<64 hex>` fragment names; None without a fragment."""
+    _, sep, frag = uri.partition("#")
+    if not sep:
+        return None
+    hexa = frag.removeprefix("sha256=")
+    if not frag.startswith("sha256=") or not re.fullmatch(r"[0-9a-fA-F]{64}", hexa):
+        raise ConfigError(f"{uri!r}: the fragment must be #sha256=<64 hex digits>")
+    return bytes.fromhex(hexa)
+
+
 def is_local(uri: str) -> bool:
     """Whether dataset URI `uri` names a file here (a path or file://), not a p2p: or https:
     reference."""
@@ -111,3 +130,13 @@ def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Any = None)
         return bytes(check(model_uri, dataset_uri.removeprefix("file://"), method, recipe))
     except Exception as exc:  # the node's own error types: report the line it gives
         raise ConfigError(f"this job could not train: {exc}") from None
+
+
+def check_job_inputs(
+    model_uri: str, dataset_uri: str, method: str, recipe: Any = None
+) -> tuple[str, bytes]:
+    """The one validation of a job's inputs, which `dtrain data check` and `dtrain job submit`
+    both run on local copies: the dataset's records for `method` (`check_dataset`), then the job
+    built as every node will build it (`check_job`). (the dataset's summary, the model's pin)."""
+    summary = check_dataset(dataset_uri, method, recipe)
+    return summary, check_job(model_uri, dataset_uri, method, recipe)

@@ -874,9 +874,9 @@ def test_submit_keeps_every_reference_form(run, bsm, accounts, data, tmp_path) -
     for extra in (
         ["--dataset-uri", data, "--model-uri", "builtin:tiny?seed=2"],
         ["--dataset-uri", "file://" + data],
-        ["--dataset-uri", "p2p:/ip4/10.0.0.5/tcp/4100/p2p/12D3KooWx#sha256=ab", "--dataset-hash",
-         sha],
-        ["--dataset-uri", "https://example.com/c.txt#sha256=ab", "--dataset-hash", sha],
+        ["--dataset-uri", f"p2p:/ip4/10.0.0.5/tcp/4100/p2p/12D3KooWx#sha256={sha[2:]}",
+         "--dataset-hash", sha],
+        ["--dataset-uri", "https://example.com/c.txt", "--dataset-hash", sha],
     ):  # fmt: skip
         code, out, err = run(
             "--json", "job", "submit", "--price", "1gwei", *extra, key=accounts[4].key

@@ -49,21 +49,27 @@ def test_data_check_prints_a_summary_or_the_bad_lines(run, good, bad, tmp_path) 
     assert code == 1 and "line 1: a messages record: unknown key 'messages'" not in err
     assert "line 1: unknown key 'messages'" in err, err
     text = tmp_path / "corpus.txt"
-    text.write_text("def f():\n    return 1\n")
+    text.write_text("def f():\n    return 1\n" * 100)
     code, out, err = run("data", "check", str(text), "--method", "cpt")
-    assert code == 0 and "1 document, 22 characters (cpt, text)" in out, err
+    assert code == 0 and "1 document, 2,200 characters (cpt, text)" in out, err
+    text.write_text("def f():\n    return 1\n")  # a valid file, too short for one sequence
+    code, out, err = run("data", "check", str(text), "--method", "cpt")
+    assert code == 1 and not out
+    assert (
+        err
+        == f"error: this job could not train: dataset {text} of 22 bytes is too small for ctx 128\n"
+    )
 
 
 def test_data_check_reads_the_reward_from_the_recipe(run, tmp_path) -> None:
-    data = jsonl(tmp_path / "g.jsonl", [{"prompt": "2+2=", "answer": "4"}] * 2 + [
-        {"prompt": "name?", "answer": "four"}
-    ])  # fmt: skip
+    sums = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(4)]
+    data = jsonl(tmp_path / "g.jsonl", [*sums, {"prompt": "name?", "answer": "x"}])
     recipe = tmp_path / "recipe.toml"
     recipe.write_text('reward = "numeric"\n')
     code, out, err = run("data", "check", data, "--method", "grpo")
-    assert code == 0 and "3 records (grpo, text, reward exact)" in out, err
+    assert code == 0 and "5 records (grpo, text, reward exact)" in out, err
     code, _, err = run("data", "check", data, "--method", "grpo", "--recipe", str(recipe))
-    assert code == 1 and "line 3: answer 'four' is not a number" in err, err
+    assert code == 1 and "line 5: answer 'x' is not a number" in err, err
 
 
 def test_submit_validates_the_dataset_before_any_transaction(
@@ -143,3 +149,33 @@ def test_submit_dry_runs_the_job_the_recipe_must_fit_the_model(
     assert code == 0, err
     assert json.loads(out)["model_hash"] == "0x" + model_hash(str(model)).hex()
     assert bsm.next_job_id() == before + 1
+
+
+@pytest.mark.parametrize(
+    ("recipe_text", "answers", "why"),
+    [
+        ('backend = "trl"\n', ["4", "6", "8", "2"], "backend 'trl' trains sft and dpo"),
+        ("", ["4", "6", "10", "2"], "GRPO answers must all have one width, got [1, 2]"),
+    ],
+)
+def test_data_check_refuses_what_submit_refuses_with_the_same_line(
+    run, bsm, accounts, tmp_path, recipe_text, answers, why
+) -> None:
+    """One validation: a GRPO recipe (or dataset) that `job submit` cannot train is refused by
+    `data check` too, in the same words, instead of passing there and failing at submit."""
+    data = jsonl(
+        tmp_path / "g.jsonl",
+        [{"prompt": f"q{i}=", "answer": a} for i, a in enumerate(answers)],
+    )
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(recipe_text)
+    code, out, check_err = run("data", "check", data, "--method", "grpo", "--recipe", str(recipe))
+    assert code == 1 and not out and why in check_err, check_err
+    before = bsm.next_job_id()
+    code, out, submit_err = run(
+        "job", "submit", "--price", "1gwei", "--method", "grpo", "--dataset-uri", data,
+        "--recipe", str(recipe), "--dry-run", key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 1 and not out
+    assert submit_err == check_err
+    assert bsm.next_job_id() == before

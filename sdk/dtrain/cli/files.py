@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .. import axolotl, pins
 from ..models import Method
 from ..recipe import Recipe
-from .root import (
-    Ctx,
-    cli,
-    emit,
-    pass_ctx,
-)
+from .refs import DEFAULT_CACHE, DEFAULT_MODEL, References, Wanted, pin_job
+from .root import Ctx, cli, emit, pass_ctx
 
 
 @cli.group()
@@ -40,15 +38,46 @@ def data() -> None:
     required=True,
     help="The job's method: the format its lines must have.",
 )
-@click.option("--recipe", "recipe_path", default=None, help="The job's recipe (its GRPO reward).")
+@click.option(
+    "--recipe",
+    "recipe_path",
+    default=None,
+    help="The job's recipe (a path, or a p2p: or https: URI with #sha256=).",
+)
+@click.option(
+    "--model-uri",
+    "--model",
+    "model_uri",
+    default=DEFAULT_MODEL,
+    show_default=True,
+    help="The job's model, as `job submit --model-uri` takes it: the job is built on it as the "
+    "nodes will build it.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DEFAULT_CACHE,
+    show_default=True,
+    help="Where p2p: and https: references are fetched to be checked.",
+)
 @pass_ctx
-def data_check_cmd(ctx: Ctx, path: str, method: str, recipe_path: str | None) -> None:
-    """Validate the dataset file PATH for a job of --method as `job submit` does, and print a
-    summary; a bad file prints its bad lines by number and exits 1. PATH may be an axolotl
-    YAML config (.yml/.yaml): its datasets, model and recipe are checked (dtrain.axolotl)."""
-    recipe = Recipe.from_toml(recipe_path) if recipe_path else None
-    check = axolotl.check_config if axolotl.is_config(path) else pins.check_dataset
-    summary = check(path, method, recipe)
+def data_check_cmd(
+    ctx: Ctx, path: str, method: str, recipe_path: str | None, model_uri: str, cache_dir: Path
+) -> None:
+    """Validate the dataset PATH for a job of --method with --model-uri and --recipe, with the
+    very checks `job submit` runs (its records, then the job built as every node will build it:
+    the model loads, the records fit its tokenizer and the recipe's sequence length, the recipe
+    fits the method), and print a summary; a bad file prints its bad lines by number, and any
+    refusal is the line `job submit` would print, with exit 1. PATH (and --recipe) may be a
+    p2p: or https: URI with #sha256=, fetched first. PATH may be an axolotl YAML config
+    (.yml/.yaml): its datasets, model and recipe are checked (dtrain.axolotl)."""
+    if axolotl.is_config(path):
+        recipe = Recipe.from_toml(recipe_path) if recipe_path else None
+        summary = axolotl.check_config(path, method, recipe)
+    else:
+        wanted = Wanted(method, model_uri, path, recipe_path or "")
+        with References(cache_dir) as refs:
+            summary = pin_job(refs, wanted).summary
     emit(
         ctx, {"dataset": path, "method": method, "summary": summary}, f"dataset  {path}  {summary}"
     )

@@ -13,21 +13,29 @@ from .. import estimate, pins
 from ..client import BSM, load_key
 from ..errors import ConfigError
 from ..models import JobSpec, Method, default_topk
-from ..recipe import ZERO_HASH, Recipe
+from ..recipe import Recipe
 from ..units import format_eth
 from .job import job
+from .refs import DEFAULT_CACHE, DEFAULT_MODEL, References, Wanted, pin_job
 from .root import (
     AMOUNT,
     DURATION,
     EXAMPLES,
     Ctx,
-    _hex32,
     _price,
     _TokenUnit,
     emit,
     pass_ctx,
 )
-from .submit_serve import _buy_job, _gateway_terms, _serve_until_ended, _start_serving
+from .submit_serve import (
+    ANY_HOST,
+    Listen,
+    _buy_job,
+    _check_host,
+    _gateway_terms,
+    _serve_until_ended,
+    _start_serving,
+)
 
 MIN_OPERATORS = 2  # an epoch needs two members: a 2/3 quorum of one would check nothing
 
@@ -96,7 +104,7 @@ def _operators(text: str) -> tuple[int, int]:
     "--model-uri",
     "--model",
     "model_uri",
-    default="builtin:tiny",
+    default=DEFAULT_MODEL,
     show_default=True,
     help="The model the job starts from: builtin:tiny or builtin:small (?seed=N picks its "
     "initialisation), a from_pretrained folder (an absolute path or file:///abs/folder), "
@@ -113,13 +121,15 @@ def _operators(text: str) -> tuple[int, int]:
     "--dataset",
     "dataset_uri",
     required=True,
-    help="The dataset file (a text corpus, or JSONL for SFT/DPO/GRPO) at the path the "
-    "operators read.",
+    help="The dataset file (a text corpus, or JSONL for SFT/DPO/GRPO): an absolute path the "
+    "operators read, or its p2p:...#sha256=... or https://...#sha256=... URI (fetched here by "
+    "that hash and checked; see --serve).",
 )
 @click.option(
     "--dataset-hash",
     default=None,
-    help="Pin this sha256 instead of hashing --dataset-uri here (a file only operators have).",
+    help="Pin this sha256 instead of reading --dataset-uri here (a file only operators have; "
+    "the dataset is then not checked).",
 )
 @click.option(
     "--topk",
@@ -133,8 +143,9 @@ def _operators(text: str) -> tuple[int, int]:
     "--recipe",
     "recipe_path",
     default=None,
-    help="A recipe TOML (batch size, learning rates, outer step, DPO/GRPO settings, seed) "
-    "at the path the operators read; its hash is pinned [default: the reference recipe].",
+    help="A recipe TOML (batch size, learning rates, outer step, DPO/GRPO settings, seed): an "
+    "absolute path the operators read, or a p2p: or https: URI with #sha256= (fetched here); its "
+    "hash is pinned [default: the reference recipe].",
 )
 @click.option(
     "--serve",
@@ -149,6 +160,21 @@ def _operators(text: str) -> tuple[int, int]:
     default=4100,
     show_default=True,
     help="With --serve: the TCP port to serve on.",
+)
+@click.option(
+    "--host",
+    default=ANY_HOST,
+    show_default=True,
+    help="With --serve: the IP address to listen on, named in the job's p2p: URIs "
+    f"({ANY_HOST}: every interface, named by this machine's address on its default route).",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DEFAULT_CACHE,
+    show_default=True,
+    help="Where p2p: and https: references are fetched to be checked (by sha256), and where "
+    "--serve packs folders; `dtrain data serve`'s, so a folder it serves is read from there.",
 )
 @click.option(
     "--x402",
@@ -186,13 +212,16 @@ def job_submit(
     recipe_path: str | None,
     serve: bool,
     serve_port: int,
+    host: str,
+    cache_dir: Path,
     x402_url: str | None,
     dry_run: bool,
 ) -> None:
     """Create a job, escrowing price x max operators x epochs.
 
     The model and dataset hashes are computed from --model-uri and --dataset-uri (and
-    printed), unless given; so is the recipe's, from --recipe. Each member bonds --seat-bond of
+    printed), unless given; so is the recipe's, from --recipe. A p2p: or https: reference is
+    fetched by its #sha256= first and checked like a local file. Each member bonds --seat-bond of
     its self-stake while in the job. With --token the job is priced, escrowed, paid and
     refunded in that token (stake and seat bonds stay in ether). With --x402 URL the job is
     bought from a gateway, its escrow paid in the gateway's token over x402 (--price is then in
@@ -206,6 +235,9 @@ def job_submit(
     _check_cheap_arguments(price, token or x402_url, seat_bond, epochs, steps, sync_interval, topk)
     if x402_url is not None and (serve or token):
         raise click.UsageError("--x402 goes with neither --serve nor --token")
+    if host != ANY_HOST and not serve:
+        raise click.UsageError("--host goes with --serve")
+    _check_host(host)
     for flag, uri, pinned in (
         ("--model-uri", model_uri, bool(model_hash)),
         ("--dataset-uri", dataset_uri, bool(dataset_hash)),
@@ -213,24 +245,16 @@ def job_submit(
     ):
         _refuse_relative_path(flag, uri, serve, pinned)
     price_units = 0 if token or x402_url else _price(price, None)
-    recipe = Recipe.from_toml(recipe_path) if recipe_path else None
-    recipe_pin = recipe.hash() if recipe else ZERO_HASH
     lo, hi = _operators(operators_range)
-    data_pin = (
-        _hex32(dataset_hash, "--dataset-hash") if dataset_hash else pins.dataset_hash(dataset_uri)
-    )
-    validated = not dataset_hash and pins.is_local(dataset_uri)  # what we hash, we validate
-    data_summary = pins.check_dataset(dataset_uri, method, recipe) if validated else ""
-    if model_hash:
-        model_pin = _hex32(model_hash, "--model-hash")
-    elif validated:  # a dry run of the job as the nodes will build it; its pin on the way
-        model_pin = pins.check_job(model_uri, dataset_uri, method, recipe)
-    else:
-        model_pin = pins.model_hash(model_uri)
+    wanted = Wanted(method, model_uri, dataset_uri, recipe_path or "", model_hash, dataset_hash)
+    with References(cache_dir) as refs:  # a dry run of the job as the nodes will build it
+        pinned = pin_job(refs, wanted)
+    recipe, recipe_pin, data_summary = pinned.recipe, pinned.recipe_hash, pinned.summary
+    model_pin, data_pin = pinned.model, pinned.dataset
     server = None
     if serve and not dry_run:  # hashes above come from the local files; the job names p2p URIs
         server, model_uri, dataset_uri, recipe_path = _start_serving(
-            model_uri, dataset_uri, recipe_path or "", serve_port
+            model_uri, dataset_uri, recipe_path or "", Listen(host, serve_port, cache_dir)
         )
     bsm = ctx.bsm() if x402_url is None else None
     terms = _gateway_terms(x402_url) if x402_url is not None else None

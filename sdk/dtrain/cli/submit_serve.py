@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -46,8 +49,27 @@ def _buy_job(ctx: Ctx, url: str, spec: JobSpec, unit: _TokenUnit | None) -> None
     )
 
 
+ANY_HOST = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where `job submit --serve` listens (and what its URIs name), and where it packs folders."""
+
+    host: str
+    port: int
+    cache_dir: Path
+
+
+def _check_host(host: str) -> None:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise click.BadParameter(f"{host!r} is not an IP address", param_hint="--host") from None
+
+
 def _start_serving(
-    model_uri: str, dataset_uri: str, recipe_uri: str, port: int
+    model_uri: str, dataset_uri: str, recipe_uri: str, listen: Listen
 ) -> tuple[Any, str, str, str | None]:
     """`job submit --serve`: the node package's data server, serving the job's local
     references; (server, model URI, dataset URI, recipe URI) to put in the job."""
@@ -57,7 +79,10 @@ def _start_serving(
         raise ConfigError(
             f"--serve needs the node package (libp2p): pip install 'dtrain[node]' ({exc})"
         ) from None
-    server = DataServer(port=port).start()  # its thread is a daemon: an error below ends it
+    pack_dir = Path(listen.cache_dir).expanduser() / "sha256"
+    server = DataServer(
+        host=listen.host, port=listen.port, pack_dir=pack_dir
+    ).start()  # its thread is a daemon: an error below ends it
     model_uri, dataset_uri, recipe_uri = serve_job_files(server, model_uri, dataset_uri, recipe_uri)
     return server, model_uri, dataset_uri, recipe_uri or None
 
