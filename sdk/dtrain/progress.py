@@ -12,6 +12,7 @@ The libp2p peer lives in the node package (dtrain_node.p2p.watch), imported when
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -35,6 +36,9 @@ def _watch_module() -> Any:
             f"following a job's progress needs the node package (libp2p): "
             f"pip install 'dtrain[node]' ({exc})"
         ) from None
+    lib = logging.getLogger("libp2p")  # it does not propagate: Python would print each failed
+    if not lib.handlers and not lib.propagate:  # dial to a member that left on stderr
+        lib.addHandler(logging.NullHandler())
     return watch
 
 
@@ -170,6 +174,7 @@ class ProgressFeed:
             bsm.chain_id, bsm.address, job_id, lambda n: self._notes.put(n.body)
         )
         self._members: tuple[str, ...] = ()
+        self._specs: list[tuple[bytes, list[str]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="progress", daemon=True)
 
@@ -178,10 +183,15 @@ class ProgressFeed:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0) -> dict[str, dict[str, int]]:
+        """Stop following; the notes taken (by how they came: gossip, asked) and dropped."""
         self._stop.set()
         self._thread.join(timeout)
-        self.peer.stop()
+        try:
+            counts = self.peer.counts()
+        finally:
+            self.peer.stop()
+        return counts
 
     def _main(self) -> None:
         next_poll = 0.0
@@ -189,27 +199,48 @@ class ProgressFeed:
             if time.monotonic() >= next_poll:
                 self._refresh()
                 next_poll = time.monotonic() + self.poll_s
-            try:
-                body = self._notes.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            for line in self.book.add(body, max(1, len(self._members))):
-                self.on_line(line)
+            self._drain(0.2)
+        self._refresh(final=True)  # what gossip lost of the last rounds
+        self._drain(0.0)
         for line in self.book.flush(max(1, len(self._members))):
             self.on_line(line)
 
-    def _refresh(self) -> None:
-        """The members from the chain; dial the ones we do not follow yet."""
-        try:
-            members = tuple(self.bsm.job(self.job_id).members)
-            if members == self._members:
+    def _drain(self, wait_s: float) -> None:
+        while True:
+            try:
+                body = self._notes.get(timeout=wait_s) if wait_s else self._notes.get_nowait()
+            except queue.Empty:
                 return
-            new = [m for m in members if m not in self._members]
-            self._members = members
-            self.peer.set_members(members)
-            self.peer.follow(peer_specs(self.bsm, new))
+            for line in self.book.add(body, max(1, len(self._members))):
+                self.on_line(line)
+            wait_s = 0.0
+
+    def _refresh(self, final: bool = False) -> None:
+        """The members from the chain; ask them for the notes they hold (gossip is the fast
+        path: a note it lost arrives this way, once)."""
+        try:
+            if not final:
+                members = tuple(self.bsm.job(self.job_id).members)
+                if members != self._members:
+                    self._members = members
+                    self.peer.set_members(members)
+                    self._specs = peer_specs(self.bsm, list(members))
+            if self._specs:
+                self.peer.follow(self._specs)
         except Exception:  # an RPC hiccup or a member's bad address: try again next poll
             self._members = ()
+
+
+def summary(counts: dict[str, dict[str, int]]) -> str:
+    """ "6 signed progress notes (4 by gossip, 2 asked of members), 1 dropped (not_member)"."""
+    got, dropped = counts.get("received", {}), counts.get("dropped", {})
+    how = ", ".join(
+        f"{n} {'by gossip' if k == 'gossip' else 'asked of members'}" for k, n in got.items()
+    )
+    out = f"{sum(got.values())} signed progress notes" + (f" ({how})" if how else "")
+    if dropped:
+        out += f", {sum(dropped.values())} dropped ({', '.join(sorted(dropped))})"
+    return out
 
 
 def registered(bsm: BSM) -> list[str]:

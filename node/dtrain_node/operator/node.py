@@ -86,6 +86,14 @@ log = logging.getLogger("dtrain.node")
 FINALIZE_GAS = 6_000_000  # above finalizeEpoch at the 32-member cap (docs/gas.md)
 REVEAL_GAS = 1_000_000  # above revealCheckpoint at the 32-member cap (first sight of a vote)
 DRAW_SEATS_GAS = 3_000_000  # above drawSeats among 32 applicants
+# The contract's refusals of a join that are ours to explain to the caller (notes.REASONS).
+JOIN_REFUSALS = {
+    "PriceBelowAsk": "ask",
+    "PriceBelowTokenAsk": "ask",
+    "NoAskInToken": "ask",
+    "InsufficientFreeStake": "capacity",
+    "StakeBonded": "capacity",
+}
 MAX_APPLICANTS = 32  # the contract's cap on a drawing job's applicants (MAX_OPERATORS_CAP)
 ATTEST_MARGIN_S = 600  # a recorded attestation this close to expiry is renewed before a join
 
@@ -260,6 +268,7 @@ class Node:
         self._enter("JOIN", f"job {job_id}")
         refused = self.join(job_id)
         if refused:
+            self._linger_refused(job_id)
             return {"job": job_id, "refused": refused}
         result = self.train_job(job_id)
         if self.cfg.withdraw:
@@ -316,16 +325,40 @@ class Node:
         if self.me in job.members or self.me in job.pending_joins:
             self._metric("rejoined", job=job_id)
             return None
-        why = self._preflight(job)
+        why, code = self._preflight(job), "preflight"
         if why is None and job.spec.tee_required:
-            why = self.ensure_attested()
+            why, code = self.ensure_attested(), "tee"
+        if why is None:
+            try:
+                self.bsm.join_job(job_id)
+            except ContractError as exc:
+                code = JOIN_REFUSALS.get(type(exc).__name__, "")
+                if not code:
+                    raise
+                why = str(exc)
         if why is not None:
-            log.warning("not joining job %s: %s", job_id, why)
-            self._metric("refused", job=job_id, reason=why)
+            self._refuse(job_id, code, why)
             return why
-        self.bsm.join_job(job_id)
         self._metric("joined", job=job_id)
         return None
+
+    def _refuse(self, job_id: int, code: str, why: str) -> None:
+        """Log why we pass the job by, and sign it for the caller (`dtrain job status`)."""
+        log.warning("not joining job %s: %s", job_id, why)
+        self._metric("refused", job=job_id, reason=why, code=code)
+        refuse = getattr(self.transport, "refuse", None)
+        if refuse is not None:
+            refuse(job_id, code, why)
+
+    def _linger_refused(self, job_id: int) -> None:
+        """Keep serving our refusal while the job is Open, for `linger_s` at most."""
+        until = time.time() + self.cfg.linger_s
+        if self.cfg.linger_s > 0 and getattr(self.transport, "refuse", None) is not None:
+            self._enter("DONE", f"telling the caller why we passed job {job_id} by")
+        while time.time() < until and not self.leave_requested.is_set():
+            if self.bsm.job(job_id).state.status != JobStatus.OPEN:
+                return
+            self._sleep()
 
     def ensure_attested(self) -> str | None:
         """Before joining a teeRequired job: None when our recorded attestation counts for

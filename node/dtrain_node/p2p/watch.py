@@ -56,6 +56,7 @@ class WatchPeer(Looper):
         self.topic = progress_topic(chain_id, self.contract, job_id)
         self.members: frozenset[str] = frozenset()
         self.dropped: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()  # new notes by how they came: gossip, asked
         self._seen: dict[bytes, None] = {}
         self._host: Any = None
         self._pubsub: SafePubsub | None = None
@@ -85,7 +86,7 @@ class WatchPeer(Looper):
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
 
-    def _accept(self, data: bytes) -> bool:
+    def _accept(self, data: bytes, via: str = "gossip") -> bool:
         """Check one progress note; hand it on once. False: dropped (and counted)."""
         try:
             note = notes.decode(data)
@@ -100,6 +101,7 @@ class WatchPeer(Looper):
             self._seen[key] = None
             if len(self._seen) > MAX_SEEN:
                 self._seen.pop(next(iter(self._seen)))
+            self.received[via] += 1
             self.on_note(note)
         return True
 
@@ -107,6 +109,12 @@ class WatchPeer(Looper):
         return self._accept(bytes(msg.data))
 
     # -- synchronous API -----------------------------------------------------------------
+    def counts(self) -> dict[str, dict[str, int]]:
+        """New notes by how they came, and the dropped ones by reason."""
+        return self._call_sync(
+            lambda: {"received": dict(self.received), "dropped": dict(self.dropped)}
+        )
+
     def set_members(self, members: Iterable[str]) -> None:
         checked = frozenset(to_checksum_address(m) for m in members)
         self._call_sync(setattr, self, "members", checked)
@@ -123,7 +131,7 @@ class WatchPeer(Looper):
                 nursery.start_soon(self._ask, key, addrs, self.job_id, timeout, got)
         for batch in got:
             for data in batch:
-                self._accept(data)
+                self._accept(data, "asked")
         return len(got)
 
     async def _ask(

@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
+from .. import progress
 from ..client import BSM, FINALIZE_GAS, JOB_EVENTS
-from ..errors import DtrainError
+from ..errors import ConfigError, DtrainError
 from ..models import JobStatus, Method, SlashReason
 from ..units import format_eth, format_time
 from .root import (
@@ -89,7 +90,21 @@ def job_status(ctx: Ctx, job_id: int) -> None:
     human = _job_lines(j, holders, unit.format if unit else format_eth)
     if ending:
         human += f"\ncancel requested: the job ends after epoch {j.state.epoch}, the rest refunded"
+    if j.state.status in (JobStatus.OPEN, JobStatus.RUNNING):
+        found = _refusals(bsm, job_id)
+        data["refusals"] = [r.__dict__ for r in found]
+        if found:
+            human += "\n" + progress.refusal_summary(found)
+            human += "".join(f"\n  {r.operator}  {r.why}: {r.detail}" for r in found)
     emit(ctx, data, human)
+
+
+def _refusals(bsm: BSM, job_id: int) -> list[progress.Refusal]:
+    """The operators' signed refusals of the job (none without the node package)."""
+    try:
+        return progress.refusals(bsm, job_id)
+    except ConfigError:
+        return []
 
 
 @job.command("list")
@@ -262,7 +277,9 @@ def job_watch(
     metrics: tuple[Path, ...],
 ) -> None:
     """Print the job's events as they happen (amounts in ETH, local times, slash reasons by
-    name; --json keeps the raw values). Example: dtrain job watch 1 --no-follow
+    name; --json keeps the raw values), and while following, each round's progress as the
+    members sign and gossip it (step, loss, tokens, the method's metric, ETA of the job).
+    Example: dtrain job watch 1 --no-follow
 
     --web serves a page of the job instead (epochs, members, payouts, slashes and, from the
     members' --metrics, the loss curve), refreshed every few seconds, until Ctrl-C. Example:
@@ -296,8 +313,26 @@ def job_watch(
         for e in bsm.events(from_block, "latest", JOB_EVENTS, job_id):
             show(e)
         return
-    for e in bsm.watch(from_block, JOB_EVENTS, job_id, poll, stop=ended):
-        show(e)
+    feed = _progress_feed(ctx, bsm, job_id)
+    try:
+        for e in bsm.watch(from_block, JOB_EVENTS, job_id, poll, stop=ended):
+            show(e)
+    finally:
+        if feed is not None:
+            counts = feed.stop()
+            emit(ctx, {"progress_notes": counts}, progress.summary(counts))
+
+
+def _progress_feed(ctx: Ctx, bsm: BSM, job_id: int) -> progress.ProgressFeed | None:
+    """The members' per-round progress from gossip, printed as it comes (None, saying why on
+    stderr, without the node package)."""
+    try:
+        return progress.ProgressFeed(
+            bsm, job_id, lambda line: emit(ctx, line.as_dict(), line.text())
+        ).start()
+    except ConfigError as e:
+        click.echo(f"no per-round progress: {e}", err=True)
+        return None
 
 
 def _serve_job_page(ctx: Ctx, bsm: BSM, job_id: int, port: int, metrics: tuple[Path, ...]) -> None:
