@@ -34,6 +34,7 @@ from .errors import (
     ConfigError,
     DtrainError,
     InsufficientFunds,
+    InvalidAmount,
     InvalidKey,
     NoContract,
     RpcUnavailable,
@@ -517,6 +518,29 @@ class BSM:
     def payment_tokens(self) -> list[str]:
         return [str(a) for a in self._call(self.contract.functions.paymentTokens())]
 
+    # ------------------------------------------------------------------ asks per unit
+
+    def update_ask(self, ask: int, token: str | None = None) -> Receipt:
+        """Sets the sender's ask: the least price per operator-epoch of a job it joins, in wei
+        (`token` None) or in base units of the allowed payment `token` (TokenNotAllowed
+        otherwise). Other units' asks stay."""
+        most = 2**96 - 1 if token is None else 2**248 - 1  # what the contract stores
+        if not 0 <= ask <= most:
+            raise InvalidAmount(f"ask {ask} is outside 0..{most}")
+        return self._transact(self.contract.functions.updateAsk(_unit(token), ask))
+
+    def ask_in(self, operator: str, token: str | None = None) -> int | None:
+        """`operator`'s ask in `token` (None: ether); None when it takes no job priced in that
+        token (it set no ask there and asks something in ether)."""
+        takes, ask = self._call(self.contract.functions.askIn(_addr(operator), _unit(token)))
+        return int(ask) if takes else None
+
+    def asks(self, operator: str) -> dict[str | None, int | None]:
+        """`operator`'s ask in ether (key None) and in each allowed payment token."""
+        units: list[str | None] = [None]
+        units += [t for t in self.payment_tokens() if self.is_payment_token(t)]
+        return {u: self.ask_in(operator, u) for u in units}
+
     # ------------------------------------------------------------------ jobs
 
     def create_job(self, spec: m.JobSpec) -> int:
@@ -917,6 +941,11 @@ def _b32(value: bytes | str) -> bytes:
     if len(raw) != 32:
         raise ConfigError(f"expected 32 bytes, got {len(raw)}")
     return raw
+
+
+def _unit(token: str | None) -> str:
+    """A payment unit as the contract names it: address(0) for ether."""
+    return _addr(token) if token is not None else "0x" + "00" * 20
 
 
 def _addr(value: str) -> str:

@@ -6,14 +6,17 @@ from typing import Any
 
 import click
 
-from ..units import format_eth, format_time
+from .. import erc20
+from ..units import format_eth, format_time, parse_amount
 from .root import (
     AMOUNT,
     EXAMPLES,
     Ctx,
+    _address,
     _hex32,
     _jsonable,
     _key_address,
+    _TokenUnit,
     cli,
     emit,
     pass_ctx,
@@ -48,6 +51,29 @@ def operator_register(
     emit(ctx, {"tx": rc.tx_hash}, f"registered with {format_eth(amount)} stake (tx {rc.tx_hash})")
 
 
+@operator.command("update", epilog="Example: dtrain operator update --ask 2.5 --token 0xabc...")
+@click.option(
+    "--ask",
+    required=True,
+    help="Least price per operator-epoch of a job to join: an ether amount (0.01ether, 0), "
+    "or with --token whole tokens (2.5).",
+)
+@click.option("--token", default=None, help="Set the ask in this payment token, not in ether.")
+@pass_ctx
+def operator_update(ctx: Ctx, ask: str, token: str | None) -> None:
+    """Set the --key operator's ask in ether or in one payment token; asks in other units stay.
+
+    Without an ask in a token, an operator asking nothing in ether joins jobs in that token at
+    any price and one asking something joins none.
+    """
+    bsm = ctx.bsm()
+    unit = _TokenUnit.read(bsm.w3, _address(token, "--token")) if token else None
+    units = erc20.parse_units(ask, unit.decimals) if unit else parse_amount(ask)
+    rc = bsm.update_ask(units, unit.address if unit else None)
+    shown = unit.format(units) if unit else format_eth(units)
+    emit(ctx, {"tx": rc.tx_hash, "token": token, "ask": units}, f"ask {shown} (tx {rc.tx_hash})")
+
+
 @operator.command("info")
 @click.argument("address", required=False)
 @pass_ctx
@@ -61,13 +87,15 @@ def operator_info(ctx: Ctx, address: str | None) -> None:
     addr = address or _key_address(ctx)
     o = bsm.operator(addr)
     slashes = bsm.slashes(o.address)
+    asks = bsm.asks(o.address)
+    units = {t: _TokenUnit.read(bsm.w3, t) for t in asks if t is not None}
     lines = [
         f"operator    {o.address}",
         f"registered  {o.registered}",
         f"self-stake  {format_eth(o.self_stake)} ({format_eth(o.bonded)} bonded to seats)",
         f"pool        {format_eth(o.pool.total_assets if o.pool else 0)}",
         f"active jobs {o.active_jobs}",
-        f"min price   {format_eth(o.min_price_per_epoch)}",
+        *_ask_lines(asks, units),
         f"peer key    0x{o.peer_key.hex()}",
         f"addresses   {', '.join(o.multiaddrs) or '-'}",
         f"hardware    {o.hardware or '-'}",
@@ -78,8 +106,25 @@ def operator_info(ctx: Ctx, address: str | None) -> None:
             f"  job {x.job_id} epoch {x.epoch + 1}: {format_eth(x.amount)}, "
             f"{x.reason.explanation} ({x.reason.label}), {format_time(x.time)}"
         )
-    data = {**_jsonable(o), "slashes": [_slash_json(x) for x in slashes]}
+    data = {
+        **_jsonable(o),
+        "asks": [{"token": t, "ask": a} for t, a in asks.items()],
+        "slashes": [_slash_json(x) for x in slashes],
+    }
     emit(ctx, data, "\n".join(lines))
+
+
+def _ask_lines(asks: dict[str | None, int | None], units: dict[str, _TokenUnit]) -> list[str]:
+    """One line per payment unit: ether first, then each allowed token."""
+    lines = []
+    for t, a in asks.items():
+        if t is None:
+            lines.append(f"ask         {format_eth(a or 0)}")
+        elif a is None:
+            lines.append(f"ask in {units[t].symbol:<5}none: takes no job in {t}")
+        else:
+            lines.append(f"ask in {units[t].symbol:<5}{units[t].format(a)} ({t})")
+    return lines
 
 
 def _slash_json(x: Any) -> dict[str, Any]:
