@@ -12,13 +12,7 @@ import click
 
 from ..chain import LocalChain
 from ..envfile import remove_env, write_env
-from .root import (
-    EXAMPLES,
-    Ctx,
-    cli,
-    emit,
-    pass_ctx,
-)
+from .root import EXAMPLES, Ctx, cli, emit, pass_ctx
 
 
 @cli.group()

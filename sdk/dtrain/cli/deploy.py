@@ -8,15 +8,7 @@ from ..client import BSM, load_key
 from ..envfile import update_env
 from ..errors import ConfigError
 from ..models import Params
-from .root import (
-    AMOUNT,
-    DURATION,
-    EXAMPLES,
-    Ctx,
-    cli,
-    emit,
-    pass_ctx,
-)
+from .root import AMOUNT, DURATION, EXAMPLES, Ctx, cli, emit, pass_ctx
 
 
 @cli.command(epilog=f"Example: {EXAMPLES['deploy']}")

@@ -14,16 +14,7 @@ from ..client import BSM, FINALIZE_GAS, JOB_EVENTS
 from ..errors import ConfigError, DtrainError
 from ..models import JobStatus, Method, SlashReason
 from ..units import format_eth, format_time
-from .root import (
-    Ctx,
-    _fmt_in,
-    _job_unit,
-    _jsonable,
-    _TokenUnit,
-    cli,
-    emit,
-    pass_ctx,
-)
+from .root import Ctx, _fmt_in, _job_unit, _jsonable, _TokenUnit, cli, emit, pass_ctx
 
 
 @cli.group()

@@ -17,16 +17,7 @@ from ..recipe import Recipe
 from ..units import format_eth
 from .job import job
 from .refs import DEFAULT_CACHE, DEFAULT_MODEL, References, Wanted, pin_job
-from .root import (
-    AMOUNT,
-    DURATION,
-    EXAMPLES,
-    Ctx,
-    _price,
-    _TokenUnit,
-    emit,
-    pass_ctx,
-)
+from .root import AMOUNT, DURATION, EXAMPLES, Ctx, _price, _TokenUnit, emit, pass_ctx
 from .submit_serve import (
     ANY_HOST,
     Listen,

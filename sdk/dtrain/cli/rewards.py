@@ -9,14 +9,7 @@ import click
 from .. import erc20
 from ..client import BSM
 from ..units import format_eth
-from .root import (
-    Ctx,
-    _key_address,
-    _TokenUnit,
-    cli,
-    emit,
-    pass_ctx,
-)
+from .root import Ctx, _key_address, _TokenUnit, cli, emit, pass_ctx
 
 
 @cli.group()

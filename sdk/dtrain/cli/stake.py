@@ -7,13 +7,7 @@ import time
 import click
 
 from ..units import format_eth, format_time
-from .root import (
-    Ctx,
-    _key_address,
-    cli,
-    emit,
-    pass_ctx,
-)
+from .root import Ctx, _key_address, cli, emit, pass_ctx
 from .tx import TxCommand
 
 

@@ -12,11 +12,7 @@ import click
 from ..client import BSM, load_key
 from ..errors import ConfigError
 from ..models import JobSpec
-from .root import (
-    Ctx,
-    _TokenUnit,
-    emit,
-)
+from .root import Ctx, _TokenUnit, emit
 
 
 def _gateway_terms(url: str) -> dict[str, Any]:

@@ -10,15 +10,7 @@ from web3 import Web3
 from .. import erc20
 from ..client import connect
 from ..errors import ConfigError, InvalidAmount
-from .root import (
-    Ctx,
-    _address,
-    _key_address,
-    _TokenUnit,
-    cli,
-    emit,
-    pass_ctx,
-)
+from .root import Ctx, _address, _key_address, _TokenUnit, cli, emit, pass_ctx
 
 
 @cli.group()

@@ -9,12 +9,7 @@ import click
 
 from ..client import BSM
 from ..units import format_eth, format_time
-from .root import (
-    AMOUNT,
-    Ctx,
-    emit,
-    pass_ctx,
-)
+from .root import AMOUNT, Ctx, emit, pass_ctx
 
 
 @dataclass(frozen=True)
