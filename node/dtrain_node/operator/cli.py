@@ -105,7 +105,13 @@ def node() -> None:
 @click.option(
     "--stake", type=AMOUNT, default="1ether", show_default=True, help="Self-stake when registering."
 )
-@click.option("--min-price", type=AMOUNT, default="0", help="Lowest price per epoch accepted.")
+@click.option(
+    "--min-price",
+    type=AMOUNT,
+    default=None,
+    help="Our ask in ether per operator-epoch, set on chain at start when it differs "
+    "[default: keep the on-chain ask; 0 when registering].",
+)
 @click.option(
     "--step-seconds",
     type=click.FloatRange(min=0),
@@ -193,7 +199,7 @@ def node_run(
     job_id: int | None,
     auto: bool,
     stake: int,
-    min_price: int,
+    min_price: int | None,
     step_seconds: float,
     batch_size: int,
     round_deadline: float,

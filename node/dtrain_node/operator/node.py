@@ -49,7 +49,7 @@ from dtrain.client import BSM
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
 from dtrain_node.errors import StopRequested
-from dtrain_node.operator import attest, attest_service, evidence, vote
+from dtrain_node.operator import asks, attest, attest_service, evidence, vote
 from dtrain_node.operator.challenger import Challenger
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
@@ -108,7 +108,7 @@ class NodeConfig:
     job_id: int | None = None
     auto: bool = False
     stake: int = 10**18
-    min_price: int = 0
+    min_price: int | None = None  # our ask in ether, set on chain at start; None: keep it
     step_s: float = 0.5  # --auto: our expected seconds per inner step (epoch-length check)
     hardware: str = "cpu"
     batch_size: int = 8
@@ -255,6 +255,7 @@ class Node:
 
     def _run(self) -> dict[str, Any]:
         if self.cfg.job_id is None:
+            self._sync_ask()  # --auto compares prices with it
             self._enter("JOIN", "looking for an open job that pays our ask")
         job_id = self.cfg.job_id if self.cfg.job_id is not None else self._pick_job()
         if job_id is None:
@@ -302,7 +303,7 @@ class Node:
                 self.transport.peer_key,
                 addrs,
                 self.cfg.hardware,
-                self.cfg.min_price,
+                self.cfg.min_price or 0,
             )
             self._metric("registered", stake=self.cfg.stake, addrs=addrs)
         elif op.peer_key != self.transport.peer_key or list(op.multiaddrs) != addrs:
@@ -311,6 +312,7 @@ class Node:
                 self.transport.peer_key, addrs, op.hardware, op.min_price_per_epoch
             )
             self._metric("addresses_updated", addrs=addrs)
+        self._sync_ask()
         min_stake = self._params().min_stake
         have = self.bsm.stake_of(self.me, self.me)
         if have < min_stake:
@@ -412,12 +414,18 @@ class Node:
             live
             and room
             and (self.cfg.tee or not s.tee_required)
-            and s.price_per_operator_epoch >= self.cfg.min_price
+            and asks.pays_our_ask(self.bsm, self.me, j, self.cfg.min_price or 0)
             and s.epoch_duration >= need
             and s.seat_bond <= free_stake
             and reveal_window_fits(self._params().reveal_window)
             and self._preflight(j) is None  # last: it reads the dataset and builds the model
         )
+
+    def _sync_ask(self) -> None:
+        """`--min-price` is our ask in ether on chain: set it when it differs, and say so."""
+        was = asks.sync_ether_ask(self.bsm, self.bsm.operator(self.me), self.cfg.min_price)
+        if was is not None:
+            self._metric("ask_updated", was=was, ask=self.cfg.min_price)
 
     def _free_stake(self) -> int:
         """Self-stake our seats have not bonded: what a new seat's bond must fit in. Before

@@ -211,6 +211,10 @@ def _checkpoint(data: dict[str, Any]) -> str:
 EVENTS = {
     "registered": lambda d: f"registered with {format_eth(d['stake'])} stake, at {d['addrs']}",
     "addresses_updated": lambda d: f"peer addresses updated on chain: {d['addrs']}",
+    "ask_updated": lambda d: (
+        f"ask in ether updated on chain: {format_eth(d['was'])} -> {format_eth(d['ask'])} "
+        "(asks in tokens: `dtrain operator update --token`)"
+    ),
     "joined": lambda d: f"joined job {d['job']}",
     "rejoined": lambda d: f"already in job {d['job']}: carrying on",
     "leaving": lambda d: f"leave of job {d['job']} announced: it applies at the next boundary",

@@ -40,7 +40,12 @@ def operator() -> None:
 )
 @click.option("--addr", "addrs", multiple=True, help="libp2p multiaddr (repeatable).")
 @click.option("--hardware", default="", help='e.g. "cpu:2" or "gpu:a100x8".')
-@click.option("--min-price", type=AMOUNT, default="0", help="Lowest price per epoch accepted.")
+@click.option(
+    "--min-price",
+    type=AMOUNT,
+    default="0",
+    help="Ask in ether per operator-epoch (in a token: `dtrain operator update --token`).",
+)
 @pass_ctx
 def operator_register(
     ctx: Ctx, amount: int, peer_key: str, addrs: tuple[str, ...], hardware: str, min_price: int
