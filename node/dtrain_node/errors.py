@@ -56,10 +56,13 @@ class FinalCheckpointUnavailable(CheckpointUnavailable, NotServed):
     stopped, or stopped lingering). The SDK's `NotServed` too, so the `dtrain` CLI prints its
     one-line message (`error: ...`) and exits 1."""
 
-    def __init__(self, job_id: int, checkpoint: bytes, holders: list[str]) -> None:
+    def __init__(
+        self, job_id: int, checkpoint: bytes, holders: list[str], epoch: int | None = None
+    ) -> None:
         who = ", ".join(h[:10] + ".." for h in holders) or "none"
+        what = "final checkpoint" if epoch is None else f"checkpoint of epoch {epoch + 1}"
         super().__init__(
-            f"job {job_id}: nobody serves its final checkpoint 0x{checkpoint.hex()[:16]}.. "
+            f"job {job_id}: nobody serves its {what} 0x{checkpoint.hex()[:16]}.. "
             f"now (operators that hold it: {who}; none answered). Operators serve it while "
             f"`dtrain node run` runs and for --linger (1h by default) after the job: ask one "
             f"to run `dtrain node run --job {job_id}` again, then retry"

@@ -39,6 +39,7 @@ class NodeConfig:
     job_id: int
     round_deadline: float
     linger: float = 0.0
+    keep_final: float = 0.0  # beyond linger, until the caller's receipt (at most)
 
 
 def node_command(config: NodeConfig, key: str, data_dir: Path, faults: list[str]) -> list[str]:
@@ -46,6 +47,7 @@ def node_command(config: NodeConfig, key: str, data_dir: Path, faults: list[str]
     cmd += ["--contract", config.contract, "--key", key, "--json", "node", "run"]
     cmd += ["--data-dir", str(data_dir), "--job", str(config.job_id)]
     cmd += ["--round-deadline", str(config.round_deadline), "--linger", str(config.linger)]
+    cmd += ["--keep-final", str(config.keep_final)]
     cmd += ["--no-withdraw"]
     for f in faults:
         cmd += ["--fault", f]
@@ -157,17 +159,22 @@ class Cluster:
             self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
         return self
 
-    def spawn(self, i: int, faults: list[str] | None = None, linger: float = 0.0) -> Proc:
-        return self._spawn(node_name(i), self.ops[i], faults or [], linger)
+    def spawn(
+        self, i: int, faults: list[str] | None = None, linger: float = 0.0, keep_final: float = 0.0
+    ) -> Proc:
+        return self._spawn(node_name(i), self.ops[i], faults or [], linger, keep_final)
 
     def spawn_applicant(self, i: int) -> Proc:
         """An operator node for referee account `i` (one more applicant than the job has
         seats, when seats are drawn), named `applicant<i + 1>`."""
         return self._spawn(f"applicant{i + 1}", self.referees[i], [], 0.0)
 
-    def _spawn(self, name: str, account: Any, faults: list[str], linger: float) -> Proc:
+    def _spawn(
+        self, name: str, account: Any, faults: list[str], linger: float, keep: float = 0.0
+    ) -> Proc:
+        o = self.options
         config = NodeConfig(
-            self.chain.url, self.bsm.address, self.job_id, self.options.round_deadline, linger
+            self.chain.url, self.bsm.address, self.job_id, o.round_deadline, linger, keep
         )
         p = spawn_node(name, account, self.tmp / name, config, faults)
         self.procs.append(p)

@@ -34,15 +34,17 @@ def export_final(
     out: Path,
     cache: Cache | None = None,
     mirrors: list[PeerSpec] | None = None,
+    expected: bytes | None = None,
 ) -> Path:
-    """The job's final checkpoint (its canonical stream, verified against the on-chain hash)
-    exported in Hugging Face format into `out`, with CHECKPOINT_SHA256 next to it. Needs the
-    job's start model and recipe only (fetched into `cache` when remote, from their URI's peer
-    or else from `mirrors`), never its dataset: a caller fetching its model need not have it."""
+    """The job's final checkpoint (its canonical stream, verified against the on-chain hash),
+    or the epoch checkpoint `expected`, exported in Hugging Face format into `out`, with
+    CHECKPOINT_SHA256 next to it. Needs the job's start model and recipe only (fetched into
+    `cache` when remote, from their URI's peer or else from `mirrors`), never its dataset: a
+    caller fetching its model need not have it."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar on the operator's terminal
-    digest = job.state.checkpoint
+    digest = job.state.checkpoint if expected is None else expected
     tensors = checkpoint.from_stream(stream.read_bytes(), digest)
     spec, cache = job.spec, cache or Cache()
     recipe = None
@@ -153,6 +155,21 @@ class Checkpoints:
             for sha, file in cached_job_files(job, cache) if cache else []:
                 self.transport.serve_file(sha, file)
         return path
+
+    def serve_epochs(self, finalized: dict[int, bytes]) -> list[int]:
+        """Serve every finalized epoch's checkpoint we hold (`finalized`: epoch -> its on-chain
+        hash), each checked against its hash; the epochs served (counted from 0)."""
+        served = []
+        for epoch, digest in sorted(finalized.items()):
+            path = self.dir / f"epoch-{epoch}.stream"
+            if not path.is_file():
+                continue
+            try:
+                self.transport.serve_file(digest.hex(), path)
+            except ValueError:  # not the bytes the chain finalized: never served
+                continue
+            served.append(epoch)
+        return served
 
     def export(self, job: Job, cache: Cache | None = None) -> Path | None:
         """The final checkpoint in Hugging Face format, if we hold the one the chain chose."""

@@ -19,6 +19,7 @@ from dtrain.errors import ConfigError
 from dtrain.units import parse_duration
 
 DEFAULT_LINGER = "1h"  # how long `node run` serves the final checkpoint after the job
+DEFAULT_KEEP_FINAL = "7d"  # and for its caller, until the caller's receipt, at most
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(message)s"  # one timestamp per line
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -156,6 +157,17 @@ def node() -> None:
         "it early."
     ),
 )
+@click.option(
+    "--keep-final",
+    type=Seconds(),
+    default=DEFAULT_KEEP_FINAL,
+    show_default=True,
+    help=(
+        "After --linger, keep serving the final checkpoint until the job's caller confirms a "
+        "verified fetch (`dtrain job fetch` with the caller's key), at most this long after "
+        "the job (seconds, or 30m, 2h, 7d). Ctrl-C ends it early."
+    ),
+)
 @click.option("--no-withdraw", is_flag=True, help="Leave earnings as credit.")
 @click.option(
     "--cache-dir",
@@ -205,6 +217,7 @@ def node_run(
     round_deadline: float,
     faults: tuple[str, ...],
     linger: float,
+    keep_final: float,
     no_withdraw: bool,
     cache_dir: Path | None,
     device: str,
@@ -254,6 +267,7 @@ def node_run(
         faults=parsed,
         withdraw=not no_withdraw,
         linger_s=linger,
+        keep_final_s=keep_final,
         cache_dir=cache_dir.expanduser() if cache_dir else None,
         device=device,
         tee=tee,
@@ -335,27 +349,43 @@ def terminal(data_dir: Path, tty: bool | None = None) -> Any:
     required=True,
     help="Directory for the Hugging Face export.",
 )
+@click.option(
+    "--epoch",
+    type=click.IntRange(min=1),
+    default=None,
+    help="A finalized epoch's checkpoint (1 = the first), also while the job runs "
+    "[default: the completed job's final one].",
+)
 @click.option("--timeout", type=float, default=60.0, show_default=True)
 @click.pass_obj
-def fetch(ctx: Ctx, job_id: int, out: Path, timeout: float) -> None:
-    """Fetch a completed job's final checkpoint from its operators, verify it against the
-    on-chain hash and export it in Hugging Face format.
+def fetch(ctx: Ctx, job_id: int, out: Path, epoch: int | None, timeout: float) -> None:
+    """Fetch a job's checkpoint from its operators, verify it against the on-chain hash and
+    export it in Hugging Face format: the completed job's final one, or --epoch N's. With the
+    job's caller key (--key), a verified final checkpoint is confirmed to its holders, which
+    then stop keeping it for the caller (`node run --keep-final`).
 
     Example: dtrain job fetch 1 --out ./model
     """
-    from dtrain_node.operator.fetch import fetch_final
+    from eth_account import Account
+
+    from dtrain_node.operator.fetch import fetch_checkpoint
 
     bsm = ctx.bsm(signing=False)
+    caller = Account.from_key(ctx.key) if ctx.key else None
     # FinalCheckpointUnavailable (the SDK's NotServed): one line when nobody serves it.
     with tempfile.TemporaryDirectory(prefix="dtrain-fetch-") as tmp:
         t0 = time.monotonic()
-        path, digest = fetch_final(bsm, job_id, out, Path(tmp), timeout)
-    emit(
-        ctx,
-        {"job_id": job_id, "out": str(path), "checkpoint": digest.hex()},
-        f"job {job_id}: checkpoint 0x{digest.hex()} verified, exported to {path} "
-        f"in {time.monotonic() - t0:.1f}s",
-    )
+        got = fetch_checkpoint(
+            bsm, job_id, out, Path(tmp), timeout, None if epoch is None else epoch - 1, caller
+        )
+    digest, took = got.checkpoint.hex(), time.monotonic() - t0
+    text = f"job {job_id}: checkpoint 0x{digest} verified, exported to {got.path} in {took:.1f}s"
+    if epoch is not None:
+        text = text.replace("checkpoint", f"epoch {epoch} checkpoint", 1)
+    if got.confirmed is not None:
+        text += f"; fetch confirmed to {got.confirmed} operator(s) keeping it for you"
+    data = {"job_id": job_id, "out": str(got.path), "checkpoint": digest, "epoch": got.epoch + 1}
+    emit(ctx, {**data, "confirmed": got.confirmed}, text)
 
 
 @node.command("recompute")

@@ -1,11 +1,16 @@
-"""A caller fetches a completed job's final checkpoint from the operators that produced it."""
+"""A caller fetches a job's checkpoint from the operators that hold it: the final one of a
+completed job, or any finalized epoch's, each verified against its on-chain hash. After a
+verified fetch of the final checkpoint, the job's caller hands the holders its signed receipt
+(p2p/receipts.py) so that they stop keeping it for it."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 
 from dtrain.client import BSM
 from dtrain.errors import DtrainError
@@ -17,26 +22,63 @@ from dtrain_node.operator.transport import peer_specs
 
 def final_holders(bsm: BSM, job_id: int) -> list[str]:
     """Operators paid for the last epoch: they voted for the final checkpoint."""
-    job = bsm.job(job_id)
-    last = job.spec.total_epochs - 1
+    return holders(bsm, job_id, bsm.job(job_id).spec.total_epochs - 1)
+
+
+def holders(bsm: BSM, job_id: int, epoch: int) -> list[str]:
+    """Operators paid for chain epoch `epoch` or a later one: they voted for its checkpoint,
+    or started an epoch from it."""
     paid = bsm.events(names=["OperatorPaid"], job_id=job_id)
-    return sorted({e.args["operator"] for e in paid if e.args["epoch"] == last})
+    return sorted({e.args["operator"] for e in paid if e.args["epoch"] >= epoch})
 
 
-def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) -> tuple[Path, bytes]:
-    """The job's final checkpoint, fetched from the first of its holders that serves it,
-    verified and exported to `out`; (export dir, checkpoint hash). Raises
-    `FinalCheckpointUnavailable` when none of them serves it."""
+def epoch_checkpoint(bsm: BSM, job_id: int, epoch: int) -> bytes:
+    """The checkpoint the chain finalized for epoch `epoch` (counted from 0) of the job; a
+    `DtrainError` when that epoch is not finalized (yet)."""
+    job = bsm.job(job_id)
+    if not 0 <= epoch < job.spec.total_epochs:
+        raise DtrainError(f"job {job_id} has epochs 1..{job.spec.total_epochs}, not {epoch + 1}")
+    done = bsm.events(names=["EpochFinalized"], job_id=job_id)
+    got = [bytes(e.args["checkpoint"]) for e in done if e.args["epoch"] == epoch]
+    if not got:
+        raise DtrainError(f"job {job_id}: epoch {epoch + 1} is not finalized yet: no checkpoint")
+    return got[-1]
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path  # the Hugging Face export
+    checkpoint: bytes
+    epoch: int  # counted from 0
+    confirmed: int | None = None  # holders that took the caller's receipt (None: none sent)
+
+
+def fetch_checkpoint(
+    bsm: BSM,
+    job_id: int,
+    out: Path,
+    work: Path,
+    timeout: float,
+    epoch: int | None = None,
+    caller: LocalAccount | None = None,
+) -> Fetched:
+    """Epoch `epoch`'s checkpoint (counted from 0; None: the completed job's final one),
+    fetched from the first of its holders that serves it, verified and exported to `out`.
+    With `caller` (the job's caller key) and the final checkpoint, the holders are handed its
+    receipt. Raises `FinalCheckpointUnavailable` when none of them serves it."""
     from dtrain_node.p2p.host import GossipConfig, GossipNode
+    from dtrain_node.p2p.receipts import sign_receipt
 
     job = bsm.job(job_id)
-    if job.state.status != JobStatus.COMPLETED:
+    if epoch is None and job.state.status != JobStatus.COMPLETED:
         raise DtrainError(f"job {job_id} is {job.state.status.name.lower()}, not completed")
-    digest = job.state.checkpoint
-    holders = final_holders(bsm, job_id)
-    peers = peer_specs(bsm, holders)
+    last = job.spec.total_epochs - 1
+    e = last if epoch is None else epoch
+    digest = job.state.checkpoint if epoch is None else epoch_checkpoint(bsm, job_id, e)
+    who = holders(bsm, job_id, e)
+    peers = peer_specs(bsm, who)
     if not peers:
-        raise FinalCheckpointUnavailable(job_id, digest, holders)
+        raise FinalCheckpointUnavailable(job_id, digest, who, epoch)
     cfg = GossipConfig(
         data_dir=work,
         chain_id=bsm.chain_id,
@@ -49,13 +91,26 @@ def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) ->
     libp2p.setLevel(logging.CRITICAL)  # a dial error per try and peer: ours is one line
     g = GossipNode(cfg, Account.create())
     g.start()
+    confirmed = None
     try:
-        stream = g.fetch_file(digest.hex(), peers, work / "final.stream")
+        stream = g.fetch_file(digest.hex(), peers, work / "checkpoint.stream")
+        # The model pack and recipe the export needs: from the caller's own peer if it still
+        # serves them, else from the holders, which keep what they fetched.
+        path = export_final(job, stream, out, mirrors=peers, expected=digest)
+        mine = caller is not None and caller.address == job.state.caller
+        if mine and e == last and job.state.status == JobStatus.COMPLETED:
+            receipt = sign_receipt(caller, bsm.chain_id, bsm.address, job_id, digest)
+            confirmed = g.send_receipt(receipt, peers)
     except CheckpointUnavailable as exc:
-        raise FinalCheckpointUnavailable(job_id, digest, holders) from exc
+        raise FinalCheckpointUnavailable(job_id, digest, who, epoch) from exc
     finally:
         g.stop()
         libp2p.setLevel(level)
-    # The model pack and recipe the export needs: from the caller's own peer if it still
-    # serves them, else from the holders, which keep what they fetched.
-    return export_final(job, stream, out, mirrors=peers), digest
+    return Fetched(path, digest, e, confirmed)
+
+
+def fetch_final(bsm: BSM, job_id: int, out: Path, work: Path, timeout: float) -> tuple[Path, bytes]:
+    """The job's final checkpoint, fetched, verified and exported to `out` (see
+    `fetch_checkpoint`); (export dir, checkpoint hash)."""
+    got = fetch_checkpoint(bsm, job_id, out, work, timeout)
+    return got.path, got.checkpoint

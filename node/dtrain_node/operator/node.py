@@ -55,6 +55,7 @@ from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
 from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer, recompute
 from dtrain_node.operator.faults import Faults
+from dtrain_node.operator.keep import Keep
 from dtrain_node.operator.preflight import Preflight
 from dtrain_node.operator.progress import (
     Status,
@@ -122,6 +123,7 @@ class NodeConfig:
     withdraw: bool = True
     export: bool = True
     linger_s: float = 0.0  # keep serving checkpoints this long after the job ends
+    keep_final_s: float = 0.0  # and the final one until the caller's receipt, this long at most
     faults: Faults = field(default_factory=Faults)
     cache_dir: Path | None = None  # fetched models and datasets; None: data_dir / "cache"
     max_fetch_bytes: int = DEFAULT_MAX_BYTES  # the largest model pack or dataset we fetch
@@ -278,19 +280,31 @@ class Node:
         return result
 
     def _linger(self, result: dict[str, Any]) -> None:
-        """Keep serving the final checkpoint for `linger_s` (callers fetch it from us), unless
-        asked to leave."""
+        """Keep serving the final checkpoint for `linger_s` (callers fetch it from us), then
+        until the job's caller confirms its fetch, `keep_final_s` at most (operator/keep.py),
+        unless asked to leave."""
         if "export" not in result and not result.get("serving"):
             return
-        until = time.time() + self.cfg.linger_s
         if self.cfg.linger_s <= 0 or self.leave_requested.is_set():
             return
-        self.status.linger_until = until
-        self._enter("DONE", f"job {result['job']} ended")
-        self._metric("lingering", job=result["job"], s=self.cfg.linger_s)
-        while time.time() < until and not self.leave_requested.is_set():
+        job_id = result["job"]
+        keep = Keep.after(
+            self.bsm.job(job_id), self.job_dir(job_id), self.transport,
+            self.cfg.linger_s, self.cfg.keep_final_s,
+        )  # fmt: skip
+        self.status.linger_until = keep.linger_until
+        self._enter("DONE", f"job {job_id} ended")
+        self._metric("lingering", job=job_id, s=self.cfg.linger_s)
+        said = False
+        while not keep.over(time.time()) and not self.leave_requested.is_set():
             self._check_stop()
+            if not said and time.time() >= keep.linger_until:
+                said = True
+                self.status.linger_until = keep.keep_until
+                self._metric("keeping_final", job=job_id, s=keep.keep_until - time.time())
             time.sleep(0.2)
+        if keep.confirmed():
+            self._metric("final_confirmed", job=job_id, caller=keep.caller)
 
     def register(self) -> None:
         self.status.dropout_bps = self._params().dropout_slash_bps
@@ -777,8 +791,8 @@ class Node:
             "status": job.state.status.name.lower(),
             "checkpoint": job.state.checkpoint.hex(),
         }
+        ckpts = self.checkpoints(job.id)
         if job.state.status == JobStatus.COMPLETED:
-            ckpts = self.checkpoints(job.id)
             result["serving"] = ckpts.serve_final(job, self.cfg.source_cache()) is not None
             out = (
                 ckpts.export(job, self.cfg.source_cache())
@@ -787,6 +801,9 @@ class Node:
             )
             if out is not None:
                 result["export"] = str(out)
+        finalized = self.bsm.events(names=["EpochFinalized"], job_id=job.id)
+        hashes = {int(e.args["epoch"]): bytes(e.args["checkpoint"]) for e in finalized}
+        result["epochs_served"] = [e + 1 for e in ckpts.serve_epochs(hashes)]  # final: adopted
         self._metric("job_done", **result)
         return result
 

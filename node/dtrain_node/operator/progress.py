@@ -235,6 +235,13 @@ EVENTS = {
     ),
     "withdrew": lambda d: f"withdrew {d.get('text') or format_eth(d['amount'])}",
     "lingering": lambda d: f"serving the final checkpoint of job {d['job']} for {span(d['s'])}",
+    "keeping_final": lambda d: (
+        f"keeping the final checkpoint of job {d['job']} for its caller until it confirms a "
+        f"fetch, {span(d['s'])} at most"
+    ),
+    "final_confirmed": lambda d: (
+        f"the caller {d['caller']} confirmed its fetch of job {d['job']}'s final checkpoint"
+    ),
     "stopped": lambda d: "stopped",
 }
 HIDDEN = ("attempt", "node", "t")  # job-wide attempt counter: in the metrics file only

@@ -36,6 +36,7 @@ from dtrain_node.p2p.intake import Intake
 from dtrain_node.p2p.looper import Looper
 from dtrain_node.p2p.noteboard import NOTES_PROTOCOL, NoteBoard
 from dtrain_node.p2p.pubsub import SafePubsub
+from dtrain_node.p2p.receipts import RECEIPT_PROTOCOL, ReceiptBox, send_receipt
 from dtrain_node.p2p.reconcile import Reconciler, Transcript
 from dtrain_node.p2p.rounds import PayloadValidator, RoundStore, StoreLimits
 from dtrain_node.p2p.state import HostState
@@ -145,6 +146,7 @@ class GossipNode(Looper):
         self._reconciler = Reconciler(st, self._sync)
         self._files = files.FileService(st)
         self.notes = NoteBoard(st)
+        self.receipts = ReceiptBox(config.chain_id, config.contract)
         self.listen_addrs: list[str] = []
 
     @property
@@ -183,6 +185,7 @@ class GossipNode(Looper):
         host.set_stream_handler(TProtocol(wire.SYNC_PROTOCOL), self._sync_server.serve)
         host.set_stream_handler(TProtocol(wire.CKPT_PROTOCOL), self._files.serve)
         host.set_stream_handler(TProtocol(NOTES_PROTOCOL), self.notes.serve)
+        host.set_stream_handler(TProtocol(RECEIPT_PROTOCOL), self.receipts.serve)
         return sub
 
     # -- peers and rounds --------------------------------------------------------------------
@@ -279,6 +282,22 @@ class GossipNode(Looper):
         """
         sha = files.sha256_bytes(sha256_hex)
         return self._call(self._files.fetch, sha, peers, Path(dest))
+
+    # -- the caller's receipt for the final checkpoint (receipts.py) ---------------------------
+    def expect_receipt(self, job_id: int, caller: str, checkpoint: bytes) -> None:
+        """Wait for `caller`'s receipt of `checkpoint` (see `receipt_confirmed`)."""
+        self._call_sync(self.receipts.expect, job_id, caller, checkpoint)
+
+    def receipt_confirmed(self, job_id: int) -> bool:
+        return self._call_sync(lambda: job_id in self.receipts.confirmed)
+
+    def send_receipt(self, data: bytes, peers: list[PeerSpec], timeout: float = 15.0) -> int:
+        """Hand a receipt to each peer in turn; how many accepted it."""
+
+        async def send() -> int:
+            return sum([await send_receipt(self._state.host, p, data, timeout) for p in peers])
+
+        return self._call(send)
 
 
 def _gossipsub(cfg: GossipConfig) -> GossipSub:

@@ -9,7 +9,7 @@ Wire layout (big-endian):
 
     magic      4  b"DTPN"
     version    1  1
-    kind       1  0 = progress, 1 = refusal
+    kind       1  0 = progress, 1 = refusal, 2 = receipt (a caller's, receipts.py)
     body_len   4  uint32 (<= MAX_BODY)
     body       body_len bytes: a JSON object, UTF-8, keys sorted, no spaces, finite numbers
     signature 65  r || s || v over keccak256(DOMAIN || kind || body_len || body)
@@ -33,8 +33,8 @@ from dtrain_node.framing import Frame
 MAGIC = b"DTPN"
 VERSION = 1
 DOMAIN = b"dtrain/note/v1"
-PROGRESS, REFUSAL = 0, 1
-KINDS = {PROGRESS: "progress", REFUSAL: "refusal"}
+PROGRESS, REFUSAL, RECEIPT = 0, 1, 2
+KINDS = {PROGRESS: "progress", REFUSAL: "refusal", RECEIPT: "receipt"}  # receipt: receipts.py
 MAX_BODY = 4096
 SIG_LEN = 65
 _HEAD = struct.Struct(">BI")
