@@ -1,5 +1,5 @@
 """A caller's receipt for a job's final checkpoint: the signed word that it fetched and verified
-it, which lets the members that keep serving it for the caller stop (docs/protocol.md 5.1).
+it, which lets the members that keep serving it for the caller stop (docs/protocol.md 5.2).
 
 A receipt is a note (notes.py) of kind `receipt` whose body names the chain, contract, job and
 the checkpoint's hash, signed by the job's caller. The caller sends it over the receipt stream
