@@ -103,23 +103,21 @@ def pin_job(refs: References, w: Wanted) -> JobPins:
     unless a hash given by hand vouches for a file only the operators have) and returns the
     pins; a ConfigError, before any transaction, when the job could not train."""
     recipe = Recipe.from_toml(refs.file(w.recipe_uri, "recipe")) if w.recipe_uri else None
-    if w.dataset_hash:
+    dataset = None if w.dataset_hash else refs.file(w.dataset_uri, "dataset")  # None: not read
+    if dataset is not None:
+        data_pin = pins.dataset_hash(dataset)
+    else:
         data_pin = _hex32(w.dataset_hash, "--dataset-hash")
         _agrees(w.dataset_uri, data_pin)
-        summary = ""
-    else:
-        dataset = refs.file(w.dataset_uri, "dataset")
-        data_pin = pins.dataset_hash(dataset)
     if w.model_hash:
         model_pin = _hex32(w.model_hash, "--model-hash")
-        if not w.dataset_hash:
-            summary = pins.check_dataset(dataset, w.method, recipe)
-    elif w.dataset_hash:
-        model_pin = pins.model_hash(refs.model(w.model_uri))
-    else:
+        summary = "" if dataset is None else pins.check_dataset(dataset, w.method, recipe)
+    elif dataset is not None:
         summary, model_pin = pins.check_job_inputs(
             refs.model(w.model_uri), dataset, w.method, recipe
         )
+    else:
+        model_pin, summary = pins.model_hash(refs.model(w.model_uri)), ""
     return JobPins(model_pin, data_pin, recipe, summary)
 
 
