@@ -95,7 +95,8 @@ def test_job_status_says_an_operator_refused_the_job_because_its_ask_is_above_th
         )
         assert r.returncode == 0, r.stderr
         assert "1 operator refused: ask above price" in r.stdout, r.stdout + c.logs()
-        assert f"{account.address}  ask above price: " in r.stdout, r.stdout
+        why = "ask above price: job price 0.01 ETH below the operator's ask 1 ETH"
+        assert f"{account.address}  {why}" in r.stdout, r.stdout
         assert c.bsm.job(c.job_id).state.status == JobStatus.OPEN  # nothing changed on chain
         assert account.address not in c.bsm.job(c.job_id).members
 
