@@ -32,6 +32,29 @@ def fetch(c: Cluster, out: Path, *extra: str, key: str | None = None) -> dict:
     return json.loads(done.stdout)
 
 
+def stranger_receipt(c: Cluster, work: Path) -> int:
+    """How many holders accept a receipt of the final checkpoint signed by a non-caller."""
+    from eth_account import Account
+
+    from dtrain_node.operator.fetch import final_holders
+    from dtrain_node.operator.transport import peer_specs
+    from dtrain_node.p2p.host import GossipConfig, GossipNode
+    from dtrain_node.p2p.receipts import sign_receipt
+
+    job = c.bsm.job(c.job_id)
+    data = sign_receipt(
+        Account.from_key(c.treasury.key), c.bsm.chain_id, c.bsm.address, c.job_id,
+        job.state.checkpoint,
+    )  # fmt: skip
+    cfg = GossipConfig(data_dir=work, chain_id=c.bsm.chain_id, contract=c.bsm.address,
+                       job_id=c.job_id)  # fmt: skip
+    g = GossipNode(cfg, Account.create()).start()
+    try:
+        return g.send_receipt(data, peer_specs(c.bsm, final_holders(c.bsm, c.job_id)))
+    finally:
+        g.stop()
+
+
 def kinds(p) -> list[str]:
     return [m["kind"] for m in read_metrics(p.data_dir)]
 
@@ -59,6 +82,8 @@ def test_each_epoch_fetchable_and_the_final_model_kept_until_the_caller_confirms
         other = c.treasury.key  # not the job's caller: its fetch confirms nothing
         got = fetch(c, tmp_path / "other", key=other)
         assert (got["epoch"], got["checkpoint"], got["confirmed"]) == (2, finalized[1], None)
+        # A receipt signed by someone else, sent to both holders: refused by each.
+        assert stranger_receipt(c, tmp_path / "stranger") == 0
         assert all(p.popen.poll() is None for p in procs), "a node stopped keeping the model"
 
         got = fetch(c, tmp_path / "final", key=c.caller.key)  # the caller's receipt
