@@ -1,7 +1,8 @@
-"""`job submit` with p2p: references and no hash made by hand: the files are fetched by the hash
-their URIs name (from `dtrain data serve` in another process, over libp2p), checked as local
-files are, and pinned; a served file that does not hash to its URI is refused before any
-transaction; `--serve --host` binds and names the address it is given."""
+"""`job submit` with p2p: and https: references and no hash made by hand: the files are fetched
+by the hash their URIs name (from `dtrain data serve` in another process, over libp2p, or from
+an HTTP server), checked as local files are, and pinned; a served file that does not hash to
+its URI is refused before any transaction; `--serve --host` binds and names the address it is
+given."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from harness import default_sigint, harness_env
 from harness.gossip_cluster import ROOT
+from harness.served import listening
 
 from dtrain.recipe import Recipe
 
@@ -139,6 +141,40 @@ def test_submit_with_p2p_uris_pins_what_the_local_files_pin(
     assert "0x" + spec.model_hash.hex() == local["model_hash"]
     assert "0x" + spec.dataset_hash.hex() == local["dataset_hash"]
     assert "0x" + spec.recipe_hash.hex() == local["recipe_hash"]
+
+
+@pytest.mark.timeout(300)
+def test_submit_with_https_uris_fetches_by_hash_and_pins(run, accounts, files, tmp_path) -> None:
+    """The same over HTTP: the model folder as its pack, the dataset and the recipe as files,
+    each named with #sha256=; a URI whose hash is not its file's is refused."""
+    from starlette.staticfiles import StaticFiles
+
+    from dtrain_node.p2p.dataserve import prepare
+
+    caller = accounts[4]
+    local_args = submit_args(*(str(files[k]) for k in ("model", "dataset", "recipe")), tmp_path)
+    code, out, err = run(*local_args, "--dry-run", key=caller.key)
+    assert code == 0, err
+    local = json.loads(out)
+    site = tmp_path / "site"
+    pack, pack_sha = prepare(files["model"], site)
+    for k in ("dataset", "recipe"):
+        (site / files[k].name).write_bytes(files[k].read_bytes())
+    sha = {k: hashlib.sha256(files[k].read_bytes()).hexdigest() for k in ("dataset", "recipe")}
+    with listening(StaticFiles(directory=site)) as url:
+        uris = [f"{url}/{pack.name}#sha256={pack_sha}"]
+        uris += [f"{url}/{files[k].name}#sha256={sha[k]}" for k in ("dataset", "recipe")]
+        code, out, err = run(*submit_args(*uris, tmp_path / "c"), "--dry-run", key=caller.key)
+        assert code == 0, err
+        dry = json.loads(out)
+        assert {k: dry[k] for k in PINS} == {k: local[k] for k in PINS}
+        assert (dry["model_uri"], dry["dataset_uri"], dry["recipe_uri"]) == tuple(uris)
+        other = hashlib.sha256(b"not the dataset").hexdigest()
+        wrong = f"{url}/{files['dataset'].name}#sha256={other}"
+        code, out, err = run(*submit_args(uris[0], wrong, uris[2], tmp_path / "c2"), key=caller.key)
+    assert code == 1 and not out
+    why = f"sha256 {sha['dataset']} != expected {other}"
+    assert err == f"error: dataset {wrong}: {why} (nothing was sent)\n"
 
 
 @pytest.fixture
