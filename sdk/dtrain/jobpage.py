@@ -362,6 +362,15 @@ class JobPage:
         self._credited: list[Event] = []
         self._next_block = 0
         self._lock = threading.Lock()
+        self.gossip: list[dict[str, Any]] = []  # the members' signed progress, as round records
+        self.progress: dict[str, Any] | None = None  # the last round line, with the job's ETA
+
+    def add_note(self, body: Mapping[str, Any]) -> None:
+        """A member's checked progress note (dtrain.progress) as a point of its loss curve."""
+        keys = ("epoch", "round", "loss")
+        record = {"kind": "round", "job": self.job_id, "node": body["sender"]}
+        with self._lock:
+            self.gossip.append({**record, **{k: body[k] for k in keys}})
 
     def _catch_up(self) -> int:
         head = self.bsm.w3.eth.block_number
@@ -377,20 +386,22 @@ class JobPage:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             head = self._catch_up()
-            events, credited = list(self._events), list(self._credited)
-        return assemble(
+            events, credited, gossip = list(self._events), list(self._credited), list(self.gossip)
+        data = assemble(
             self.bsm.job(self.job_id),
             events,
             credited,
             self._params,
             Curves(
-                read_records(metrics_files(self.metrics)),
-                [str(f) for f in metrics_files(self.metrics)],
+                read_records(metrics_files(self.metrics)) + gossip,
+                [str(f) for f in metrics_files(self.metrics)] + (["gossip"] if gossip else []),
                 [str(p) for p in not_there_yet(self.metrics)],
             ),
             block=head,
             unit=self._unit,
         )
+        data["progress"] = self.progress
+        return data
 
 
 # ---------------------------------------------------------------------------- the server
@@ -540,8 +551,8 @@ PAGE = (
 <div id="headline">{{headline}}</div>
 <div class="note" id="updated">{{updated}}</div>
 <div class="card"><h2>Loss curve</h2>
-  <svg id="loss-chart" width="100%" viewBox="0 0 1000 300"></svg>
-  <div id="legend"></div><div class="note" id="loss-note">{{loss_note}}</div>
+  <svg id="loss-chart" width="100%" viewBox="0 0 1000 300">{{loss_chart}}</svg>
+  <div id="legend">{{legend}}</div><div class="note" id="loss-note">{{loss_note}}</div>
 </div>
 <div class="card"><h2>Payouts</h2>
   <table id="payouts"><thead><tr><th>operator</th><th class="num">epochs paid</th>

@@ -155,13 +155,20 @@ class RoundBook:
 
 class ProgressFeed:
     """Follows job `job_id`'s progress on a thread of its own until `stop()`; `on_line` gets
-    each `RoundLine` (on that thread). Members are re-read from the chain every `poll_s`."""
+    each `RoundLine` (on that thread), `on_note` each member's note body. Members are re-read
+    from the chain every `poll_s`."""
 
     def __init__(
-        self, bsm: BSM, job_id: int, on_line: Callable[[RoundLine], None], poll_s: float = 2.0
+        self,
+        bsm: BSM,
+        job_id: int,
+        on_line: Callable[[RoundLine], None],
+        poll_s: float = 2.0,
+        on_note: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         watch = _watch_module()
         self.bsm, self.job_id, self.on_line, self.poll_s = bsm, job_id, on_line, poll_s
+        self.on_note = on_note  # each member's checked note body, as it comes
         job = bsm.job(job_id)
         p = bsm.params()
         self.book = RoundBook(
@@ -211,6 +218,8 @@ class ProgressFeed:
                 body = self._notes.get(timeout=wait_s) if wait_s else self._notes.get_nowait()
             except queue.Empty:
                 return
+            if self.on_note is not None:
+                self.on_note(body)
             for line in self.book.add(body, max(1, len(self._members))):
                 self.on_line(line)
             wait_s = 0.0
@@ -221,7 +230,7 @@ class ProgressFeed:
         try:
             if not final:
                 members = tuple(self.bsm.job(self.job_id).members)
-                if members != self._members:
+                if members and members != self._members:  # an ended job lists none: keep them
                     self._members = members
                     self.peer.set_members(members)
                     self._specs = peer_specs(self.bsm, list(members))

@@ -5,11 +5,16 @@ job by. Operator nodes, the watcher and the status call are OS processes on a re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_caller_files import Output
@@ -46,16 +51,35 @@ def test_job_watch_prints_every_grpo_round_from_gossip_with_reward_and_eta(tmp_p
             cwd=tmp_path,  # nothing of the operators' there: their data dirs are elsewhere
             start_new_session=True,
         )
+        web = subprocess.Popen(  # the job's page, fed by the same gossip
+            [*cli(c), "job", "watch", str(c.job_id), "--web", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            out = Output(watch)
+            out, page = Output(watch), Output(web)
+            url = page.wait_for(r"(http://\S+) \(Ctrl-C stops\)", 60).group(1)
             for i in (0, 1):
-                c.spawn(i)
+                c.spawn(i, linger=120)
             c.wait(c.ended, 480, "the job to end")
             assert c.bsm.job(c.job_id).state.status == JobStatus.COMPLETED, c.logs()
+            members = {c.ops[0].address, c.ops[1].address}
             assert watch.wait(timeout=60) == 0, "\n".join(out.lines)
+            data = poll_page(
+                url, lambda d: [len(s["points"]) for s in d["loss"]["series"]] == [3, 3]
+            )
         finally:
-            if watch.poll() is None:
-                watch.kill()
+            for p in (watch, web):
+                if p.poll() is None:
+                    p.kill()
+    # no --metrics given: the page's loss curve and the last round come from gossip
+    assert data["loss"]["sources"] == ["gossip"], data["loss"]
+    assert {s["member"] for s in data["loss"]["series"]} == members
+    last = data["progress"]
+    assert (last["round"], last["rounds"], last["members"]) == (2, 3, 2), last
+    assert set(last["metrics"]) == {"reward", "accuracy"}, last
     lines = [x for x in out.lines if x.startswith("progress:")]
     text = "\n".join(out.lines)
     for n in (1, 2, 3):
@@ -99,6 +123,17 @@ def test_job_status_says_an_operator_refused_the_job_because_its_ask_is_above_th
         assert f"{account.address}  {why}" in r.stdout, r.stdout
         assert c.bsm.job(c.job_id).state.status == JobStatus.OPEN  # nothing changed on chain
         assert account.address not in c.bsm.job(c.job_id).members
+
+
+def poll_page(url: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict:
+    """The page's JSON once `done` holds of it (or the last one read, at the deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(url + "api/job", timeout=10) as r:
+            data = json.loads(r.read())
+        if done(data) or time.monotonic() > deadline:
+            return data
+        time.sleep(0.5)
 
 
 def refused(data_dir: Path) -> bool:

@@ -329,7 +329,9 @@ def _progress_feed(ctx: Ctx, bsm: BSM, job_id: int) -> progress.ProgressFeed | N
 def _serve_job_page(ctx: Ctx, bsm: BSM, job_id: int, port: int, metrics: tuple[Path, ...]) -> None:
     from ..jobpage import JobPage, JobPageServer
 
-    server = JobPageServer(JobPage(bsm, job_id, metrics), port=port)
+    page = JobPage(bsm, job_id, metrics)
+    server = JobPageServer(page, port=port)
+    feed = None if bsm.job(job_id).state.status.is_ended else _page_feed(bsm, job_id, page)
     try:  # a Ctrl-C right after the URL is printed stops as cleanly as a later one
         emit(ctx, {"url": server.url}, f"job {job_id}: {server.url} (Ctrl-C stops)")
         server.serve_forever()
@@ -337,3 +339,18 @@ def _serve_job_page(ctx: Ctx, bsm: BSM, job_id: int, port: int, metrics: tuple[P
         click.echo(f"stopped serving the page of job {job_id}", err=True)
     finally:
         server.server_close()
+        if feed is not None:
+            feed.stop()
+
+
+def _page_feed(bsm: BSM, job_id: int, page: Any) -> progress.ProgressFeed | None:
+    """The members' gossiped progress into the page's data: each note a point of the loss
+    curve, the last round line (with the ETA) as `progress` (None without the node package)."""
+
+    def latest(line: progress.RoundLine) -> None:
+        page.progress = line.as_dict()["progress"]
+
+    try:
+        return progress.ProgressFeed(bsm, job_id, latest, on_note=page.add_note).start()
+    except ConfigError:
+        return None
