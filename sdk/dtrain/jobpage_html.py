@@ -210,11 +210,111 @@ def loss_note(d: Data) -> str:
     return f"Training loss at each sync round, from {sources}.{waiting}"
 
 
+W, H, LEFT, RIGHT, TOP, BOTTOM = 1000, 300, 56, 16, 12, 36  # the chart's viewBox and margins
+
+
+def js_num(x: float) -> str:
+    """A number as JavaScript's String() writes it (5.0 -> "5")."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _svg(tag: str, attrs: Mapping[str, Any], *children: str) -> str:
+    return el(
+        tag, {k: (f"{v:.2f}" if isinstance(v, float) else v) for k, v in attrs.items()}, *children
+    )
+
+
+def _grid(Y: Any, y0: float, y1: float) -> list[str]:
+    """The frame and the loss grid with its labels."""
+    frame = {"x": LEFT, "y": TOP, "width": W - LEFT - RIGHT, "height": H - TOP - BOTTOM}
+    out = [_svg("rect", {**frame, "fill": "#fbfcfd", "stroke": "#dde1e7"})]
+    for i in range(5):
+        v = y0 + (y1 - y0) * i / 4
+        at = {"x1": LEFT, "x2": W - RIGHT, "y1": Y(v), "y2": Y(v), "stroke": "#eceff3"}
+        out.append(_svg("line", at))
+        out.append(_svg("text", {"x": LEFT - 6, "y": Y(v) + 4, "text-anchor": "end"}, f"{v:.3f}"))
+    return out
+
+
+def _axes(d: Data, X: Any) -> list[str]:
+    """The epoch boundaries with their steps and names, and the axes' titles."""
+    spe, total = d["job"]["steps_per_epoch"], d["job"]["epochs_total"]
+    out = []
+    for e in range(total + 1):
+        x = X(e * spe)
+        dash = "4 3" if 0 < e < total else ""
+        at = {"x1": x, "x2": x, "y1": TOP, "y2": H - BOTTOM, "stroke": "#c9ced6"}
+        out.append(_svg("line", {**at, "stroke-dasharray": dash}))
+        at = {"x": x, "y": H - BOTTOM + 14, "text-anchor": "middle"}
+        out.append(_svg("text", at, str(e * spe)))
+        if e < total:
+            at = {"x": X(e * spe + spe / 2), "y": TOP + 14, "text-anchor": "middle"}
+            out.append(_svg("text", at, f"epoch {e + 1}"))
+    mid = TOP + (H - TOP - BOTTOM) / 2
+    at = {"x": LEFT + (W - LEFT - RIGHT) / 2, "y": H - 4, "text-anchor": "middle"}
+    out.append(_svg("text", at, "training step"))
+    at = {"x": 14, "y": mid, "text-anchor": "middle", "transform": f"rotate(-90 14 {mid})"}
+    out.append(_svg("text", at, "loss"))
+    return out
+
+
+def chart(d: Data, color: Mapping[str, str]) -> tuple[str, str]:
+    """The loss chart's SVG children and its legend, as the page's script draws them."""
+    series = [s for s in d["loss"]["series"] if s["points"]]
+    pts = [p for s in series for p in s["points"]]
+    j = d["job"]
+    x1 = max([j["steps_per_epoch"] * j["epochs_total"], *(p["step"] for p in pts), 1])
+    y0, y1 = (min(p["loss"] for p in pts), max(p["loss"] for p in pts)) if pts else (0.0, 1.0)
+    pad = (y1 - y0) * 0.08 or 0.5
+    y0, y1 = y0 - pad, y1 + pad
+
+    def X(step: float) -> float:
+        return LEFT + step / x1 * (W - LEFT - RIGHT)
+
+    def Y(v: float) -> float:
+        return TOP + (y1 - v) / (y1 - y0) * (H - TOP - BOTTOM)
+
+    out = _grid(Y, y0, y1) + _axes(d, X)
+    for s in series:
+        c, ps = color.get(s["member"], "#999"), s["points"]
+        line = " ".join(f"{X(p['step']):.1f},{Y(p['loss']):.1f}" for p in ps)
+        out.append(
+            _svg(
+                "polyline",
+                {
+                    "class": "series",
+                    "data-member": s["member"],
+                    "data-points": len(ps),
+                    "fill": "none",
+                    "stroke": c,
+                    "stroke-width": 2,
+                    "points": line,
+                },
+            )
+        )
+        for p in ps:
+            tip = f"{short(s['member'])} epoch {p['epoch']} round {p['round']}: {js_num(p['loss'])}"
+            at = {"cx": X(p["step"]), "cy": Y(p["loss"]), "r": 3, "fill": c}
+            out.append(_svg("circle", at, _svg("title", {}, text(tip))))
+    legend = "".join(
+        el(
+            "span",
+            {"class": "who"},
+            _swatch(color.get(s["member"], "#999")),
+            addr(s["member"]),
+            text(f" ({len(s['points'])} rounds, last {js_num(s['points'][-1]['loss'])})"),
+        )
+        for s in series
+    )
+    return "".join(out), legend
+
+
 def slots(d: Data) -> dict[str, str]:
     """The page's slots (HTML) for the job `d`."""
     color = colors(d)
     j = d["job"]
     body, foot = payout_rows(d, color)
+    svg, legend = chart(d, color)
     return {
         "title": text(f"dtrain job {j['id']}: {j['state']}"),
         "view": "server",
@@ -224,6 +324,8 @@ def slots(d: Data) -> dict[str, str]:
         "headline": text(headline(d)),
         "updated": text(f"block {d['block']}, read by the server; the page's script refreshes it"),
         "loss_note": text(loss_note(d)),
+        "loss_chart": svg,
+        "legend": legend,
         "payout_rows": body,
         "payout_total": foot,
         "payout_note": text(payout_note(d)),
@@ -266,6 +368,8 @@ SLOTS = (
     "headline",
     "updated",
     "loss_note",
+    "loss_chart",
+    "legend",
     "payout_rows",
     "payout_total",
     "payout_note",

@@ -231,7 +231,7 @@ def test_job_page_in_chromium_shows_curve_payouts_members_and_state(
 
 
 SHOWN = ("#job-id", "#method", "#state", "#headline", "#summary", "#members", "#epochs",
-         "#payouts", "#payout-note", "#slash-note", "#loss-note")  # fmt: skip
+         "#payouts", "#payout-note", "#slash-note", "#loss-note", "#legend")  # fmt: skip
 
 
 @pytest.mark.timeout(300)
@@ -239,7 +239,8 @@ def test_job_page_without_scripts_shows_the_job_as_the_script_draws_it(
     done: Done, tmp_path: Path
 ) -> None:
     """A browser that runs no script (a plain headless screenshot) gets the job in the page's
-    HTML: id, state, epochs, members and money, the same texts the script draws."""
+    HTML: id, state, epochs, members, money and the loss curves, the same texts the script
+    draws."""
     page_data = JobPage(done.bsm, done.job_id, done.data_dirs)
     with JobPageServer(page_data, port=0) as server:
         with chromium_page(javascript=False) as page:
@@ -260,6 +261,10 @@ def test_job_page_without_scripts_shows_the_job_as_the_script_draws_it(
             assert [int(td.get_attribute("data-wei")) for td in total[:4]] == [
                 want[k] for k in PARTS
             ]
+            curves = page.query_selector_all("#loss-chart polyline.series")
+            drawn = {c.get_attribute("data-member"): c.get_attribute("points") for c in curves}
+            assert sorted(drawn) == sorted(done.members)
+            assert all(len(p.split()) == EPOCHS * STEPS // SYNC for p in drawn.values())
             static = {sel: page.inner_text(sel) for sel in SHOWN}
             png = tmp_path / "no-script.png"
             page.screenshot(path=str(png), full_page=True)

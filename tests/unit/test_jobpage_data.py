@@ -299,6 +299,20 @@ def test_first_view_holds_the_job_without_any_script() -> None:
     assert f'<li data-member="{A}">' in html and f'<li data-member="{C}">' in html
     assert f'<td class="num" data-wei="{4 * PRICE}">0.04 ETH</td>' in html  # total paid
     assert "<td>dropout</td>" in html and '<table id="slashes">' in html
+    assert "No metrics given" in html and 'class="series"' not in html  # no curve to draw
+
+
+def test_first_view_draws_each_members_loss_curve() -> None:
+    d = full_snapshot()
+    d["loss"]["series"] = [
+        {"member": A, "points": [{"step": 2, "epoch": 1, "round": 1, "loss": 5.0},
+                                 {"step": 4, "epoch": 1, "round": 2, "loss": 4.25}]},
+        {"member": B, "points": []},
+    ]  # fmt: skip
+    html = render(PAGE, d)
+    assert html.count('<polyline class="series"') == 1 and f'data-member="{A}"' in html
+    assert html.count("<circle ") == 2 and "epoch 1 round 2: 4.25</title>" in html
+    assert "(2 rounds, last 4.25)" in html  # the legend, as the script writes it
 
 
 def test_first_view_escapes_what_the_job_names() -> None:
