@@ -46,6 +46,7 @@ from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.optim.robust import RobustConfig
+from dtrain_node.optim.segments import token_names, views
 from dtrain_node.train import shard
 from dtrain_node.train.corpus import TextData
 from dtrain_node.train.start import start_model
@@ -77,6 +78,9 @@ class Arm:
     split: tuple[str, ...] = ()  # kinds whose matrices get one scale per chunk (split_blocks)
     rows: tuple[str, ...] = ()  # kinds whose matrices are synced row by row (split_blocks)
     robust: bool = True  # the robust screen (off: every packet aggregated)
+    pcm: bool = False  # per-coefficient mean: divide by the members that sent a coefficient
+    k_token: int = 0  # the product's token-tensor k (CompressConfig.k_token; 0: k)
+    token_rows: int = 0  # the product's rows per token-tensor scale block (0: per tensor)
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,30 @@ def default_arms(n: int) -> tuple[Arm, ...]:
         replace(d, name="scale per chunk all", split=("embedding", "head", "attention", "mlp")),
         replace(d, name="sign outer lr=2e-3", sign=True, lr=2e-3),
     )
+
+
+def custom_arm(text: str, n: int) -> Arm:
+    """The job default arm with `key=value` overrides separated by ';': K, k, k1d, bits,
+    beta, lr, chunk, k_token, token_rows (numbers), sign, robust, pcm (0/1), dense, split, rows
+    (kinds joined by "+"),
+    and `k=VALUE:KIND+KIND` for a per-kind k."""
+    d, kw = Arm(text, k=default_topk(n)), {}
+    for item in filter(None, text.split(";")):
+        key, _, val = item.partition("=")
+        if key == "k" and ":" in val:
+            kv, kinds = val.split(":")
+            kw["k_by_kind"] = tuple((kind, int(kv)) for kind in kinds.split("+"))
+        elif key in ("dense", "split", "rows"):
+            kw[key] = tuple(val.split("+"))
+        elif key in ("sign", "robust", "pcm"):
+            kw[key] = bool(int(val))
+        elif key in ("beta", "lr"):
+            kw[key] = float(val)
+        elif key in ("K", "k", "k1d", "bits", "chunk", "k_token", "token_rows"):
+            kw[key] = int(val)
+        else:
+            raise SystemExit(f"--arm: unknown override {item!r}")
+    return replace(d, **kw)
 
 
 # ---------------------------------------------------------------------------- pure functions
@@ -365,7 +393,14 @@ def compress_groups(arm: Arm, named: list) -> dict[CompressConfig, set[str]]:
         k2d, k1d = arm.k, arm.k1d
         if kind in by:
             k2d, k1d = (by[kind], k1d) if p.dim() >= 2 else (k2d, by[kind])
-        cc = CompressConfig(chunk=arm.chunk, k2d=k2d, k1d=k1d, bits=arm.bits)
+        cc = CompressConfig(
+            chunk=arm.chunk,
+            k2d=k2d,
+            k1d=k1d,
+            bits=arm.bits,
+            k_token=arm.k_token,
+            token_rows=arm.token_rows,
+        )
         out.setdefault(cc, set()).add(n)
     return out
 
@@ -403,11 +438,13 @@ class Sim:
                 inner_lr=s.inner_lr,
                 compress=cc,
                 robust=RobustConfig(enabled=arm.robust),
+                per_coefficient_mean=arm.pcm,
             )
             self.cfgs.append(cfg)
+            toks = [n for n in token_names(base) if n in names]
             self.groups.append(
                 [
-                    DeMo([(n, p) for n, p in c if n in names], cfg, sender=a)
+                    DeMo([(n, p) for n, p in c if n in names], cfg, sender=a, tokens=toks)
                     for c, a in zip(comp, self.ms, strict=True)
                 ]
             )
@@ -451,7 +488,7 @@ class Sim:
                 for i in range(len(opts[0].params))
             ]
         for o, loc in zip(opts, locs, strict=True):
-            o.feedback.fold(c.beta, o.theta_sync, loc)
+            o.feedback.fold(c.beta, views(o.theta_sync, o.segs), views(loc, o.segs))
         e2 = pr.before(opts) if pr is not None else None
         packets = [(o.sender, codec.encode(o.spec, o.feedback.take())) for o in opts]
         if pr is not None:
@@ -682,13 +719,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--corpus", choices=sorted(CORPORA), default="prose")
     ap.add_argument("--arms", default="", help="comma-separated arm names (default: all)")
+    ap.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="an extra arm: the job default with overrides, e.g. 'beta=0.99;K=4'"
+        " or 'k=64:embedding+head;split=embedding+head' (repeatable)",
+    )
     ap.add_argument("--json", type=Path, help="write the JSON here (and the tables to .md)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     arms = default_arms(a.members)
-    if a.arms:
-        want = set(a.arms.split(","))
+    if a.arms or a.arm:
+        want = set(a.arms.split(",")) if a.arms else set()
         arms = tuple(x for x in arms if x.name in want or x.name.split(" ")[0] in want)
+        arms += tuple(custom_arm(text, a.members) for text in a.arm)
     s = Setup(model=a.model, members=a.members, steps=a.steps, corpus=a.corpus, arms=arms)
     if s.steps % 2:
         raise SystemExit("--steps must be a multiple of K=2")

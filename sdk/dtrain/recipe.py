@@ -31,6 +31,7 @@ GRPO_COMPLETIONS = ("alphabet", "free")
 BACKENDS = ("builtin", "trl", "torchtune")  # dtrain_node.train.backend.make_backend
 LR_SCHEDULES = ("constant", "linear", "cosine")  # dtrain_node.train.inner.lr_factor
 MAX_PATTERN = 200  # characters of a reward regex (the recipe's, or a GRPO record's answer)
+TOKEN_TOPK, TOKEN_ROWS = 0, 64  # measured in docs/benchmarks.md (token tensors)
 
 
 def regex_problem(pattern: str) -> str | None:
@@ -152,12 +153,22 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     "min_lr_ratio": (float, lambda v: 0 <= v <= 1, "in [0, 1] (of inner_lr, at the job's end)"),
     "max_grad_norm": (float, lambda v: v >= 0, ">= 0 (0: no clipping)"),
     "grad_accum": (int, lambda v: v >= 1, ">= 1 (micro-batches per inner step)"),
+    "token_topk": (int, lambda v: 0 <= v <= 4096, "in [0, 4096] (0: auto)"),
+    "token_rows": (int, lambda v: v >= 0 and v % 64 == 0, "0 or a multiple of 64"),
 }
 
 # Fields added after the first pinned canonical form: written into `canonical()` (and
 # `to_toml()`) only when set to something else than their default, so that every recipe
 # written before them keeps its hash (and a default recipe file stays readable by older nodes).
-LATER_FIELDS = ("lr_schedule", "warmup_steps", "min_lr_ratio", "max_grad_norm", "grad_accum")
+LATER_FIELDS = (
+    "lr_schedule",
+    "warmup_steps",
+    "min_lr_ratio",
+    "max_grad_norm",
+    "grad_accum",
+    "token_topk",
+    "token_rows",
+)
 
 
 def _toml_value(v: Any) -> str:
@@ -209,6 +220,11 @@ class Recipe:
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 0.0  # clip the inner step's gradients to this global norm; 0: never
     grad_accum: int = 1  # micro-batches of batch_size each inner step accumulates
+    # DeMo on the token tensors (input embedding, output head; docs/demo-optimizer.md):
+    # coefficients per 64x64 chunk (0: auto, the most that keeps the packet within 1/1000 of
+    # a dense bf16 all-reduce) and rows per scale block (0: one scale per tensor)
+    token_topk: int = TOKEN_TOPK
+    token_rows: int = TOKEN_ROWS
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, str):

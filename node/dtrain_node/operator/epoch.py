@@ -42,7 +42,7 @@ from dtrain_node.operator.replaycheck import ClaimHead
 from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
-from dtrain_node.optim.compress import CompressConfig
+from dtrain_node.optim.compress import K_AUTO, CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation, Transcript
@@ -82,11 +82,17 @@ class EpochEnv:
 
 
 def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMoConfig:
-    """DeMo settings: K, top-k and quantization bits from the job spec; the outer step and the
-    inner AdamW from the job's recipe, or without one from the node config (the same on every
-    reference node)."""
-    spec = job.spec
-    compress = CompressConfig(k2d=spec.topk_per_chunk, k1d=1, bits=spec.quant_bits)
+    """DeMo settings: K, top-k and quantization bits from the job spec; the token tensors'
+    compression, the outer step and the inner AdamW from the job's recipe, or without one the
+    recipe defaults and the node config (the same on every reference node)."""
+    spec, r = job.spec, recipe or Recipe()
+    compress = CompressConfig(
+        k2d=spec.topk_per_chunk,
+        k1d=1,
+        bits=spec.quant_bits,
+        k_token=r.token_topk or K_AUTO,
+        token_rows=r.token_rows,
+    )
     if recipe is None:
         return DeMoConfig(
             mode="local",
@@ -170,7 +176,7 @@ class EpochTrainer:
         self.device = devices.pick(env.cfg.device)
         self.backend.to(self.device)  # inner steps there; the shared state stays on the CPU
         cfg = demo_config(env.cfg, job, tj.recipe)
-        self.opt = DeMo(model.named_parameters(), cfg, sender=env.me.lower())
+        self.opt = DeMo.of_model(model, cfg, sender=env.me.lower())
         self.context = RoundContext(self.opt.spec, env.me)
         self.start_shared = [t.clone() for t in self.opt.theta_sync]
         resume = roundstate.load(self.state_path, self.opt)
@@ -458,7 +464,7 @@ def recompute(
             )
     else:
         model.load_state_dict(start)
-    opt = DeMo(model.named_parameters(), demo_config(cfg, job, tj.recipe), sender=REFEREE)
+    opt = DeMo.of_model(model, demo_config(cfg, job, tj.recipe), sender=REFEREE)
     stats = opt.replay([x.clone() for x in opt.theta_sync], t.packets())
     rounds: dict[str, int] = {}
     for s in stats:

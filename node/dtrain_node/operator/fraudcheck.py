@@ -81,7 +81,7 @@ def _shared_at(
     backend = make_backend(tj)
     if start is not None:
         backend.model.load_state_dict(start)
-    opt = DeMo(backend.model.named_parameters(), demo_config(cfg, job, tj.recipe), sender=REFEREE)
+    opt = DeMo.of_model(backend.model, demo_config(cfg, job, tj.recipe), sender=REFEREE)
     opt.replay([x.clone() for x in opt.theta_sync], t.packets()[:rnd])
     return [x.clone() for x in opt.theta_sync]
 

@@ -245,6 +245,6 @@ def demo_replica(
         def batches(member: str, rnd: int) -> list[Any]:
             return list(itertools.islice(stream(member), rnd * k, (rnd + 1) * k))
 
-        return DeMo(model.named_parameters(), cfg, sender="replica"), loss, batches
+        return DeMo.of_model(model, cfg, sender="replica"), loss, batches
 
     return Replica(parts)

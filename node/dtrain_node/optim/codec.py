@@ -38,17 +38,45 @@ MAX_BYTES = 1 << 20  # default size cap: what one gossip message can carry
 
 @dataclass(frozen=True)
 class Spec:
-    """What a packet is about: tensor names and shapes in order, plus the compression config."""
+    """What a packet is about: tensor names and shapes in order, plus the compression config.
+
+    `tokens` marks the tensors compressed as token tensors (cfg.k_token per chunk); `parents`
+    maps each tensor to the parameter it is a block of (segments.py), so that the robust
+    screen judges a parameter's norm as a whole. Both empty: every tensor a parameter of its
+    own, none a token tensor."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     cfg: CompressConfig
+    tokens: tuple[bool, ...] = ()
+    parents: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.shapes):
             raise ValueError(f"{len(self.names)} names but {len(self.shapes)} shapes")
         if len(set(self.names)) != len(self.names):
             raise ValueError("duplicate tensor names")
+        for name in ("tokens", "parents"):
+            have = len(getattr(self, name))
+            if have not in (0, len(self.names)):
+                raise ValueError(f"{have} {name} for {len(self.names)} tensors")
+        if self.parents and any(
+            b < a for a, b in zip(self.parents, self.parents[1:], strict=False)
+        ):
+            raise ValueError("the blocks of a parameter must be consecutive")
+
+    def is_token(self, i: int) -> bool:
+        return bool(self.tokens) and self.tokens[i]
+
+    @cached_property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The tensors of each parameter, in order (one tensor each without `parents`)."""
+        if not self.parents:
+            return tuple((i,) for i in range(len(self.names)))
+        out: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            out.setdefault(p, []).append(i)
+        return tuple(tuple(v) for v in out.values())
 
     @classmethod
     def of(cls, named: Iterable[tuple[str, torch.Tensor]], cfg: CompressConfig) -> Spec:
@@ -64,15 +92,19 @@ class Spec:
             nb = name.encode()
             h.update(struct.pack("<I", len(nb)) + nb + struct.pack("<I", len(shape)))
             h.update(struct.pack(f"<{len(shape)}Q", *shape))
+        if c.tokens_apart or any(self.tokens) or self.parents:  # absent: the version-1 bytes
+            h.update(b"tokens" + struct.pack("<2I", c.k_token, c.token_rows))
+            h.update(bytes(int(t) for t in self.tokens))
+            h.update(struct.pack(f"<I{len(self.parents)}I", len(self.parents), *self.parents))
         return h.digest()
 
     @cached_property
     def layout(self) -> tuple[tuple[int, int, int, int, int], ...]:
         """Per tensor: (nchunks, chunk_elems, k, index bits, byte length of its section)."""
         out = []
-        for shape in self.shapes:
+        for i, shape in enumerate(self.shapes):
             n, ce = dct.nchunks(shape, self.cfg.chunk), dct.chunk_elems(shape, self.cfg.chunk)
-            k, ib = self.cfg.k(shape), self.cfg.index_bits(shape)
+            k, ib = self.cfg.k(shape, self.is_token(i)), self.cfg.index_bits(shape)
             size = 1 + _nbytes(n * k * ib) + _nbytes(n * k * self.cfg.bits)
             out.append((n, ce, k, ib, size))
         return tuple(out)

@@ -16,6 +16,7 @@ from dtrain_node.optim import dct
 
 EXP_MIN, EXP_MAX = -100, 20  # allowed scale exponents; a tensor needing more is broken
 LEVELS = {1: (-1, 1), 2: (-3, -1, 1, 3)}  # code c (an unsigned int) -> level LEVELS[bits][c]
+K_AUTO = -1  # CompressConfig.k_token: chosen by segments.plan from the model's shapes
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,19 @@ class CompressConfig:
 
     chunk: side of a DCT block (64 -> 64x64 = 4096 coefficients per matrix chunk, 64 per vector
     chunk). k2d / k1d: coefficients kept per matrix / vector chunk. bits: 1 (sign) or 2 (levels).
+    Token tensors (the input embedding and the output head, whose rows are unrelated tokens
+    and move only when their token is in the batch): k_token coefficients per chunk (0: k2d;
+    K_AUTO: the most the upload budget allows, segments.plan) and one scale per block of
+    token_rows rows (0: one per tensor), so that a block nobody's batch touched sends its k
+    values at 2^EXP_MIN instead of at the busy blocks' scale.
     """
 
     chunk: int = dct.N
     k2d: int = 4
     k1d: int = 1
     bits: int = 1
+    k_token: int = 0
+    token_rows: int = 0
 
     def __post_init__(self) -> None:
         if not 2 <= self.chunk <= 64:
@@ -40,9 +48,26 @@ class CompressConfig:
             raise ValueError(f"k1d must be in [1, {self.chunk}], got {self.k1d}")
         if self.bits not in LEVELS:
             raise ValueError(f"bits must be 1 or 2, got {self.bits}")
+        if not (self.k_token == K_AUTO or 0 <= self.k_token <= self.chunk**2):
+            raise ValueError(
+                f"k_token must be in [0, {self.chunk**2}] or {K_AUTO} (auto), got {self.k_token}"
+            )
+        if self.token_rows < 0 or self.token_rows % self.chunk:
+            raise ValueError(
+                f"token_rows must be 0 or a multiple of chunk {self.chunk}, got {self.token_rows}"
+            )
 
-    def k(self, shape: torch.Size | tuple[int, ...]) -> int:
-        return self.k1d if len(dct.view2(shape)) == 1 else self.k2d
+    def k(self, shape: torch.Size | tuple[int, ...], token: bool = False) -> int:
+        if len(dct.view2(shape)) == 1:
+            return self.k1d
+        if token and self.k_token == K_AUTO:
+            raise ValueError("k_token is auto: segments.plan resolves it for a model")
+        return (self.k_token or self.k2d) if token else self.k2d
+
+    @property
+    def tokens_apart(self) -> bool:
+        """Whether token tensors are compressed otherwise than the other matrices."""
+        return bool((self.k_token and self.k_token != self.k2d) or self.token_rows)
 
     def index_bits(self, shape: torch.Size | tuple[int, ...]) -> int:
         """Width of one packed index: 12 for a 4096-chunk, 6 for a 64-chunk."""

@@ -30,19 +30,37 @@ LAYOUT = "dct-rcc-1"  # (row frequency, chunk, column frequency); saved with the
 
 
 class Feedback:
-    """e for tensors of the given shapes (one CompressConfig), float32 on the CPU."""
+    """e for tensors of the given shapes (one CompressConfig), float32 on the CPU. `ks` are
+    the matrices' coefficients per chunk when they differ (token tensors: codec.Spec); the
+    matrices of one k then sit side by side in `mat`, in order of first appearance."""
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]], cfg: CompressConfig) -> None:
+    def __init__(
+        self,
+        shapes: Sequence[tuple[int, ...]],
+        cfg: CompressConfig,
+        ks: Sequence[int] = (),
+    ) -> None:
         self.cfg, self.shapes = cfg, [tuple(s) for s in shapes]
         n = cfg.chunk
         self.mats = [i for i, s in enumerate(self.shapes) if len(dct.view2(s)) == 2]
         self.vecs = [i for i, s in enumerate(self.shapes) if len(dct.view2(s)) == 1]
         self.counts = {i: dct.nchunks(s, n) for i, s in enumerate(self.shapes)}
+        k_of = {i: ks[i] if ks else cfg.k2d for i in self.mats}
+        by_k: dict[int, list[int]] = {}
+        for i in self.mats:
+            by_k.setdefault(k_of[i], []).append(i)
         self.start: dict[int, int] = {}
-        for group in (self.mats, self.vecs):
-            at = 0
+        # per k: (k, its matrices, their first chunk, their chunk count) in `mat`
+        self.mat_groups: list[tuple[int, list[int], int, int]] = []
+        at = 0
+        for k, group in by_k.items():
+            first = at
             for i in group:
                 self.start[i], at = at, at + self.counts[i]
+            self.mat_groups.append((k, group, first, at - first))
+        at = 0
+        for i in self.vecs:
+            self.start[i], at = at, at + self.counts[i]
         nm, nv = sum(self.counts[i] for i in self.mats), sum(self.counts[i] for i in self.vecs)
         self.mat = torch.zeros(n, nm, n)
         self.vec = torch.zeros(nv, n)
@@ -148,14 +166,14 @@ class Feedback:
         First a non-finite coefficient becomes 0 and every one is clamped to [-C_MAX, C_MAX]:
         a broken local state must not stop the node (quantization would raise)."""
         out: list[Sparse | None] = [None] * len(self.shapes)
-        k2, k1 = self.cfg.k2d, self.cfg.k1d
-        if self.mats:
-            m3 = self.mat
-            top = _topk_rows(m3, k2)
+        k1 = self.cfg.k1d
+        for k, group, first, count in self.mat_groups:
+            m3 = self.mat if count == self.mat.shape[1] else self.mat[:, first : first + count]
+            top = _topk_rows(m3, k)
             if top is None:
                 torch.nan_to_num_(m3, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
-                top = _topk_rows(m3, k2)
-            self._quantize(m3, self.mats, *top, out)  # type: ignore[misc]
+                top = _topk_rows(m3, k)
+            self._quantize(m3, group, *top, out)  # type: ignore[misc]
         if self.vecs:
             a = self.vec.abs()
             if not float(a.max()) <= C_MAX:

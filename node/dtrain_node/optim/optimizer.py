@@ -19,15 +19,15 @@ halves directly: `packet = opt.prepare()`, publish/collect, then `opt.apply(pack
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
-from dtrain_node.optim import codec, inverse, packed, select
+from dtrain_node.optim import codec, inverse, packed, segments, select
 from dtrain_node.optim.aggregate import Aggregate, aggregate
-from dtrain_node.optim.codec import PacketError, Spec
+from dtrain_node.optim.codec import PacketError
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.feedback import Feedback
 from dtrain_node.optim.robust import RobustConfig, screen
@@ -95,7 +95,8 @@ class DeMo:
     Construct it from `model.named_parameters()` (order and names define the packet layout);
     `sender` is this node's id (ids of one job must be distinct and mutually sortable, e.g.
     lowercase hex addresses). Call `loss.backward()` then `step(gather)` every training step;
-    it returns SyncStats on sync steps and None otherwise.
+    it returns SyncStats on sync steps and None otherwise. `tokens` names the token tensors
+    (input embedding, output head: segments.token_names), compressed as cfg.compress says.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class DeMo:
         named_params: Iterable[tuple[str, torch.nn.Parameter]],
         cfg: DeMoConfig,
         sender: Hashable = 0,
+        tokens: Collection[str] = (),
     ) -> None:
         items = [(n, p) for n, p in named_params if p.requires_grad]
         if not items:
@@ -110,7 +112,8 @@ class DeMo:
         self.cfg, self.sender = cfg, sender
         self.names = tuple(n for n, _ in items)
         self.params = [p for _, p in items]
-        self.spec = Spec.of(items, cfg.compress)
+        named = [(n, tuple(p.shape)) for n, p in items]
+        self.spec, self.segs = segments.plan(named, cfg.compress, tokens)
         if self.spec.packet_bytes > cfg.max_packet_bytes:
             raise ValueError(
                 f"packet of {self.spec.packet_bytes} bytes exceeds limit {cfg.max_packet_bytes}"
@@ -118,7 +121,8 @@ class DeMo:
         # The shared state and the error feedback live on the CPU whatever the model's device:
         # every node computes them with the same CPU arithmetic, so they stay bitwise identical
         # between a node training on a GPU and one on a CPU.
-        self.feedback = Feedback(self.spec.shapes, cfg.compress)
+        ks = [t[2] for t in self.spec.layout]
+        self.feedback = Feedback(self.spec.shapes, cfg.compress, ks)
         inverse.warm()
         packed.warm()
         select.warm()
@@ -134,6 +138,13 @@ class DeMo:
                 betas=cfg.inner_betas,
                 weight_decay=cfg.inner_weight_decay,
             )
+
+    @classmethod
+    def of_model(cls, model: torch.nn.Module, cfg: DeMoConfig, sender: Hashable = 0) -> DeMo:
+        """DeMo over the model's parameters, its embedding and output head as token tensors
+        (how every node of a job builds it, so that all agree on the packet layout)."""
+        tokens = segments.token_names(model) if cfg.compress.tokens_apart else ()
+        return cls(model.named_parameters(), cfg, sender=sender, tokens=tokens)
 
     @property
     def due(self) -> bool:
@@ -160,10 +171,11 @@ class DeMo:
             for n, p in zip(self.names, self.params, strict=True):
                 if p.grad is None:
                     raise RuntimeError(f"{n} has no gradient")
-            self.feedback.fold(self.cfg.beta, [p.grad.float().cpu() for p in self.params])
+            grads = [p.grad.float().cpu() for p in self.params]
+            self.feedback.fold(self.cfg.beta, segments.views(grads, self.segs))
         else:
-            local = [p.detach().cpu() for p in self.params]
-            self.feedback.fold(self.cfg.beta, self.theta_sync, local)
+            local = segments.views([p.detach().cpu() for p in self.params], self.segs)
+            self.feedback.fold(self.cfg.beta, segments.views(self.theta_sync, self.segs), local)
         data = codec.encode(self.spec, self.feedback.take())
         self._compress_s = time.perf_counter() - t0
         return data
@@ -228,7 +240,7 @@ class DeMo:
         """Outer step from an already computed aggregate (bitwise the same on every node)."""
         c = self.cfg
         shared = self.theta_sync if c.mode == "local" else [p.data for p in self.params]
-        for i, th in enumerate(shared):
+        for i, th in enumerate(segments.views(shared, self.segs)):
             u = agg.update(i, c.lr, c.sign, th.dtype).to(th.device)
             if c.weight_decay:
                 th.mul_(1.0 - c.lr * c.weight_decay)

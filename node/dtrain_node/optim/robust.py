@@ -151,15 +151,31 @@ def gram(spec: Spec, packets: Packets) -> list[list[list[int]]]:
     return out
 
 
-def _norm_reason(spec: Spec, G: list[list[list[int]]], a: int, cfg: RobustConfig) -> str | None:
+def by_parameter(spec: Spec, G: list[list[list[int]]]) -> tuple[list[list[list[int]]], list[str]]:
+    """The Gram matrices of a parameter's blocks summed (a parameter is judged as a whole: a
+    member whose batches never held a block's tokens sends nothing there), with the
+    parameters' names."""
+    if not spec.parents:
+        return G, list(spec.names)
+    out, names = [], []
+    for group in spec.groups:
+        n = len(G[group[0]])
+        out.append([[sum(G[t][a][b] for t in group) for b in range(n)] for a in range(n)])
+        names.append(spec.names[group[0]].split("[")[0])
+    return out, names
+
+
+def _norm_reason(
+    names: list[str], G: list[list[list[int]]], a: int, cfg: RobustConfig
+) -> str | None:
     hi, lo = Fraction(cfg.hi) ** 2, Fraction(cfg.lo) ** 2
     for t, g in enumerate(G):
         sq = sorted(g[b][b] for b in range(len(g)))
         m, n = sq[(len(sq) - 1) // 2], g[a][a]  # lower median: with 2 senders, the smaller
         if n * hi.denominator > hi.numerator * m:
-            return f"norm_high:{spec.names[t]}"
+            return f"norm_high:{names[t]}"
         if n * lo.denominator < lo.numerator * m:
-            return f"norm_low:{spec.names[t]}"
+            return f"norm_low:{names[t]}"
     return None
 
 
@@ -259,11 +275,11 @@ def screen(spec: Spec, packets: Packets, cfg: RobustConfig) -> tuple[list, dict[
     if not cfg.enabled or len(packets) < 2:
         return list(packets), {}
     order = sorted(packets, key=lambda p: p[0])
-    G = gram(spec, order)
+    G, names = by_parameter(spec, gram(spec, order))
     out: dict[Hashable, str] = {}
     keep = []
     for a, p in enumerate(order):
-        r = _norm_reason(spec, G, a, cfg)
+        r = _norm_reason(names, G, a, cfg)
         if r is None:
             keep.append(a)
         else:
@@ -278,7 +294,7 @@ def stats(spec: Spec, packets: Packets) -> dict[Hashable, tuple[float, list[floa
     """Diagnostics only (floats, never used to decide): per sender, the cosine to the sum of
     all other senders and each tensor's norm divided by the lower median norm."""
     order = sorted(packets, key=lambda p: p[0])
-    G = gram(spec, order)
+    G = by_parameter(spec, gram(spec, order))[0]
     dots = [[sum(g[a][b] for g in G) for b in range(len(order))] for a in range(len(order))]
     total = sum(sum(r) for r in dots)
     out = {}

@@ -1,0 +1,109 @@
+"""How a model's parameters become the tensors of a DeMo packet.
+
+Every parameter is one packet tensor, except token tensors (the input embedding and the
+output head) under `CompressConfig.token_rows`: those are cut into blocks of that many rows,
+each its own packet tensor with its own scale exponent. A token row moves only when its token
+is in some batch, so with one scale per tensor a block no batch touched would still send k
+values at the busy blocks' magnitude (1-bit levels have no zero); with its own scale an
+untouched block sends them at 2^EXP_MIN, below any parameter's precision. The blocks are
+views: the shared state stays one tensor per parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from dtrain_node.optim.codec import Spec
+from dtrain_node.optim.compress import K_AUTO, CompressConfig
+
+K_TOKEN_MAX = 64  # auto k per token chunk: at most 1/64 of a 64x64 chunk
+BUDGET = 1 / 1000  # auto k: the packet's share of a dense bf16 ring all-reduce's upload
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Packet tensor from parameter `param`: rows [start, stop), or the whole parameter when
+    stop is 0."""
+
+    param: int
+    start: int = 0
+    stop: int = 0
+
+    def of(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        t = tensors[self.param]
+        return t[self.start : self.stop] if self.stop else t
+
+
+def plan(
+    named: Sequence[tuple[str, tuple[int, ...]]],
+    cfg: CompressConfig,
+    tokens: Collection[str] = (),
+) -> tuple[Spec, tuple[Segment, ...]]:
+    """The packet spec and the segments of parameters (name, shape) in order; `tokens` names
+    the token tensors (matrices only; ignored when cfg compresses them like the rest)."""
+    unknown = set(tokens) - {n for n, _ in named}
+    if unknown:
+        raise ValueError(f"token tensors not among the parameters: {sorted(unknown)}")
+    if not cfg.tokens_apart:
+        tokens = ()
+    names, shapes, marks, parents, segs = [], [], [], [], []
+    for p, (name, shape) in enumerate(named):
+        token = name in tokens and len(shape) == 2
+        rows = cfg.token_rows if token and shape[0] > cfg.token_rows else 0
+        for start in range(0, shape[0], rows) if rows else (0,):
+            stop = min(start + rows, shape[0]) if rows else 0
+            names.append(f"{name}[{start}:{stop}]" if rows else name)
+            shapes.append((stop - start, *shape[1:]) if rows else tuple(shape))
+            marks.append(token)
+            parents.append(p)
+            segs.append(Segment(p, start, stop))
+    split = len(segs) != len(named)
+
+    def spec_for(c: CompressConfig) -> Spec:
+        marked = tuple(marks) if any(marks) else ()
+        return Spec(tuple(names), tuple(shapes), c, marked, tuple(parents) if split else ())
+
+    if cfg.k_token == K_AUTO:
+        cfg = replace(cfg, k_token=auto_k(spec_for, cfg) if any(marks) else cfg.k2d)
+    return spec_for(cfg), tuple(segs)
+
+
+def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig) -> int:
+    """The token tensors' k for k_token = K_AUTO: the largest in [k2d, K_TOKEN_MAX] whose
+    packet stays within BUDGET of the upload of a dense bf16 ring all-reduce among 4 members
+    (3 bytes per parameter), so that the token tensors take the bytes the other tensors leave;
+    k2d when even that is over."""
+    base = spec_for(replace(cfg, k_token=cfg.k2d))
+    budget = 3 * base.numel * BUDGET
+    best = cfg.k2d
+    for k in range(cfg.k2d + 1, min(K_TOKEN_MAX, cfg.chunk**2) + 1):
+        if spec_for(replace(cfg, k_token=k)).packet_bytes > budget:
+            break
+        best = k
+    return best
+
+
+def views(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
+    """The packet tensors of per-parameter `tensors` (views where a parameter is cut)."""
+    return [s.of(tensors) for s in segs]
+
+
+def token_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """Names of the model's trainable input-embedding and output-head weights (Hugging Face
+    `get_input_embeddings` / `get_output_embeddings`; a tied head is the embedding itself)."""
+    found = []
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        fn = getattr(model, get, None)
+        try:
+            module = fn() if callable(fn) else None
+        except (NotImplementedError, AttributeError):
+            module = None
+        w = getattr(module, "weight", None)
+        if isinstance(w, torch.Tensor):
+            found.append(w)
+    return tuple(
+        n for n, p in model.named_parameters() if p.requires_grad and any(p is w for w in found)
+    )
