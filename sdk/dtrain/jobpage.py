@@ -3,11 +3,11 @@
 A small local HTTP server (stdlib, one thread per request) serves `GET /`, one self-contained
 HTML page (inline CSS and JS, no network) with the job already drawn in it (`jobpage_html`: a
 browser without scripts shows it too), and `GET /api/job`, the job as JSON, which the page
-polls to redraw it. The JSON is assembled from on-chain reads and events (`assemble`, pure) and from the
-members' metrics files for the loss curve (each node appends a `round` record with the mean
-training loss of every sync round to `metrics.jsonl` in its data directory). A metrics path that
-does not exist yet (a node that has not created its data directory) is waited for: it reads as
-nothing, and the page says it waits for it, until it appears.
+polls to redraw it. The JSON is assembled from on-chain reads and events (`assemble`, pure)
+and from the members' metrics files for the loss curve (each node appends a `round` record with
+the mean training loss of every sync round to `metrics.jsonl` in its data directory). A metrics
+path that does not exist yet (a node that has not created its data directory) is waited for: it
+reads as nothing, and the page says it waits for it, until it appears.
 
 A client that leaves before its answer is sent (a closed tab, a cancelled poll) ends its request
 quietly: counted (`JobPageServer.disconnects`) and logged at debug level, no traceback.
@@ -549,6 +549,7 @@ PAGE = (
 <h1>Job <span id="job-id">{{job_id}}</span> <span id="method">{{method}}</span>
   <span id="state" class="badge {{state}}">{{state}}</span></h1>
 <div id="headline">{{headline}}</div>
+<div id="progress">{{progress}}</div>
 <div class="note" id="updated">{{updated}}</div>
 <div class="card"><h2>Loss curve</h2>
   <svg id="loss-chart" width="100%" viewBox="0 0 1000 300">{{loss_chart}}</svg>
@@ -613,6 +614,28 @@ function taking(d) {
   const ended = ["completed", "failed", "cancelled"].includes(d.job.state);
   const took = new Set(d.epochs.flatMap((e) => e.members)).size;
   return ended ? `${took} operators took part` : `${d.members.length} members now`;
+}
+
+const SPANS = [["d", 86400], ["h", 3600], ["min", 60], ["s", 1]];
+function span(seconds) {  // dtrain.units.format_span
+  let left = Math.abs(Math.trunc(seconds));
+  const parts = [];
+  for (const [unit, size] of SPANS) {
+    const n = Math.floor(left / size);
+    left -= n * size;
+    if (n || parts.length) parts.push([n, unit]);
+    if (parts.length === 2) break;
+  }
+  return parts.filter(([n]) => n).map(([n, u]) => `${n} ${u}`).join(" ") || "0 s";
+}
+function progressLine(p) {  // dtrain.progress.RoundLine.text
+  const parts = [`epoch ${p.epoch + 1}/${p.epochs} round ${p.round + 1}/${p.rounds}`,
+    `step ${p.step}`, `loss ${p.loss.toFixed(4)}`,
+    `tokens ${p.tokens_seen.toLocaleString("en-US")}`,
+    ...Object.entries(p.metrics).map(([k, v]) => `${k.replaceAll("_", " ")} ${v.toFixed(4)}`),
+    `${p.reported}/${p.members} members`];
+  if (p.eta_s !== null && p.eta_s !== undefined) parts.push(`ETA ${span(Math.round(p.eta_s))}`);
+  return "progress: " + parts.join(" | ");
 }
 
 function summary(d) {
@@ -761,6 +784,7 @@ async function refresh() {
     if (!r.ok) throw new Error(d.error || r.statusText);
     colors(d);
     summary(d); members(d); chart(d); epochTable(d); payoutTable(d); slashTable(d);
+    $("#progress").textContent = d.progress ? progressLine(d.progress) : "";
     document.title = `dtrain job ${d.job.id}: ${d.job.state}`;
     $("#updated").textContent = `block ${d.block}, read ${new Date().toLocaleTimeString()}` +
       `; refreshed every ${POLL_MS / 1000} s`;

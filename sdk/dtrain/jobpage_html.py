@@ -309,6 +309,14 @@ def chart(d: Data, color: Mapping[str, str]) -> tuple[str, str]:
     return "".join(out), legend
 
 
+def progress_line(d: Data) -> str:
+    """The members' last round from gossip, with the job's ETA (`dtrain job watch`'s line)."""
+    from .progress import RoundLine
+
+    p = d.get("progress")
+    return RoundLine(**p).text() if p else ""
+
+
 def slots(d: Data) -> dict[str, str]:
     """The page's slots (HTML) for the job `d`."""
     color = colors(d)
@@ -322,6 +330,7 @@ def slots(d: Data) -> dict[str, str]:
         "method": text(j["method"]),
         "state": text(j["state"]),
         "headline": text(headline(d)),
+        "progress": text(progress_line(d)),
         "updated": text(f"block {d['block']}, read by the server; the page's script refreshes it"),
         "loss_note": text(loss_note(d)),
         "loss_chart": svg,
@@ -366,6 +375,7 @@ SLOTS = (
     "method",
     "state",
     "headline",
+    "progress",
     "updated",
     "loss_note",
     "loss_chart",

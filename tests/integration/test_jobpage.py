@@ -28,6 +28,7 @@ from dtrain import BSM, JobSpec, Method, pins
 from dtrain.cli import main as cli_main
 from dtrain.client import NONCES
 from dtrain.jobpage import JobPage, JobPageServer
+from dtrain.progress import RoundLine
 from dtrain.units import format_eth
 from dtrain_node.operator.node import Node, NodeConfig
 from dtrain_node.train import corpus
@@ -230,8 +231,12 @@ def test_job_page_in_chromium_shows_curve_payouts_members_and_state(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
-SHOWN = ("#job-id", "#method", "#state", "#headline", "#summary", "#members", "#epochs",
-         "#payouts", "#payout-note", "#slash-note", "#loss-note", "#legend")  # fmt: skip
+SHOWN = ("#job-id", "#method", "#state", "#headline", "#progress", "#summary", "#members",
+         "#epochs", "#payouts", "#payout-note", "#slash-note", "#loss-note", "#legend")  # fmt: skip
+# The last round line as the gossip feed hands it to the page (`dtrain job watch --web`).
+LAST_ROUND = RoundLine(epoch=1, epochs=2, round=1, rounds=2, attempt=2, step=8, loss=4.81234,
+                       tokens=4096, tokens_seen=16384, reported=2, members=2,
+                       metrics={"reward": 0.25}, eta_s=3725.4)  # fmt: skip
 
 
 @pytest.mark.timeout(300)
@@ -242,6 +247,7 @@ def test_job_page_without_scripts_shows_the_job_as_the_script_draws_it(
     HTML: id, state, epochs, members, money and the loss curves, the same texts the script
     draws."""
     page_data = JobPage(done.bsm, done.job_id, done.data_dirs)
+    page_data.progress = LAST_ROUND.as_dict()["progress"]
     with JobPageServer(page_data, port=0) as server:
         with chromium_page(javascript=False) as page:
             page.goto(server.url)
@@ -250,6 +256,7 @@ def test_job_page_without_scripts_shows_the_job_as_the_script_draws_it(
             assert page.inner_text("#job-id") == str(done.job_id)
             assert page.inner_text("#state") == "completed"
             assert page.title() == f"dtrain job {done.job_id}: completed"
+            assert page.inner_text("#progress") == LAST_ROUND.text()  # ETA 1 h 2 min
             assert "2/2 done" in page.inner_text("#summary")
             listed = [
                 li.get_attribute("data-member") for li in page.query_selector_all("#members li")
