@@ -48,6 +48,7 @@ from dtrain import erc20
 from dtrain.client import BSM
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
+from dtrain.units import format_eth
 from dtrain_node.errors import StopRequested
 from dtrain_node.operator import asks, attest, attest_service, evidence, vote
 from dtrain_node.operator.challenger import Challenger
@@ -174,6 +175,7 @@ class Node:
         self.stop_signal: int | None = None  # the signal that stopped us now, if one did
         self._finishing = False  # stopping: a late signal must not interrupt the cleanup
         self._applied = False  # we applied for a seat of a job that draws them
+        self._passed: dict[int, tuple[str, str]] = {}  # job -> (reason, why) --auto passed it by
         self._attempt_seen: dict[tuple[int, int], int] = {}  # (job, attempt) -> first block
 
     # ------------------------------------------------------------------ plumbing
@@ -264,6 +266,9 @@ class Node:
             return {"left": True}
         self.job_id = self.status.job = job_id
         self.transport = self._transport_factory(self.cfg, self.bsm, job_id)
+        refuse = getattr(self.transport, "refuse", None)
+        for passed, (reason, why) in self._passed.items() if refuse is not None else ():
+            refuse(passed, reason, why)  # the jobs --auto passed by, for their callers
         self._enter("REGISTER", f"operator {self.me}")
         self.register()
         if self.leave_requested.is_set():
@@ -417,23 +422,33 @@ class Node:
         return None
 
     def _acceptable(self, j: Job, free_stake: int) -> bool:
+        passed = self._passed_by(j, free_stake)
+        if passed is not None and passed[0]:
+            self._passed[j.id] = passed  # told to its caller once we run a host
+        return passed is None
+
+    def _passed_by(self, j: Job, free_stake: int) -> tuple[str, str] | None:
+        """None when we take the job, else (reason, why): a key of notes.REASONS, or "" when
+        it is no refusal of ours (the job ended or is full, the chain's windows do not fit)."""
         s = j.spec
         # an Open job that draws its seats takes applicants beyond its seats
         drawing = j.state.status == JobStatus.OPEN and self._params().seat_draw_window > 0
         seats = MAX_APPLICANTS if drawing else s.max_operators
         room = len(j.members) + len(j.pending_joins) < seats
         live = j.state.status in (JobStatus.OPEN, JobStatus.RUNNING)
+        if not (live and room and reveal_window_fits(self._params().reveal_window)):
+            return ("", "")
+        if s.tee_required and not self.cfg.tee:
+            return ("tee", "the job requires a TEE attestation: run with --tee")
+        if not asks.pays_our_ask(self.bsm, self.me, j, self.cfg.min_price or 0):
+            return ("ask", "the job's price is below our ask")
         need = epoch_seconds_needed(s.steps_per_epoch, s.sync_interval, self.cfg.step_s)
-        return (
-            live
-            and room
-            and (self.cfg.tee or not s.tee_required)
-            and asks.pays_our_ask(self.bsm, self.me, j, self.cfg.min_price or 0)
-            and s.epoch_duration >= need
-            and s.seat_bond <= free_stake
-            and reveal_window_fits(self._params().reveal_window)
-            and self._preflight(j) is None  # last: it reads the dataset and builds the model
-        )
+        if s.epoch_duration < need:
+            return ("capacity", f"an epoch of {s.epoch_duration} s, we need {need:.0f} s")
+        if s.seat_bond > free_stake:
+            return ("capacity", f"seat bond {format_eth(s.seat_bond)} above our free stake")
+        why = self._preflight(j)  # last: it reads the dataset and builds the model
+        return None if why is None else ("preflight", why)
 
     def _sync_ask(self) -> None:
         """`--min-price` is our ask in ether on chain: set it when it differs, and say so."""
