@@ -1,33 +1,48 @@
-"""Scaling benchmark (issue 14): do more operators train faster with DeMo?
+"""Scaling benchmark (issues 14, 29): do more operators train faster with DeMo, on the models
+jobs train, at the settings jobs get?
 
-One worker vs N workers with dense data-parallel (DDP, exact gradient mean) vs the product's DeMo
-(node/dtrain_node/optim: compress, codec, robust screen, exact aggregation) at N = 2, 4, 8
-workers simulated sequentially in one process. Every worker has the same per-worker batch; each
-one's data is its shard from the node's own shard assignment (train/shard.py: a seeded
-permutation of ctx-windows cut over the members sorted by address) and its own batch stream.
+The subject is the product's model path: a model URI (`builtin:tiny`, `builtin:small`, a model
+config JSON, or a folder `dtrain model init gpt2|llama DIR` writes) built by
+`train.start.start_model` as a node builds it, with the window length a node uses (the recipe's
+`seq_len` within the model's context, train.backend.context), the node's CPT loss and, for a
+folder, its own tokenizer. `harness` (the test harness's GPT, tests/harness/bench_model.py) is
+an extra model for comparison with earlier numbers, never the default.
+
+Arms: one worker vs N workers with dense data-parallel (DDP, exact gradient mean) vs DeMo built
+as a node builds it (`DeMo.of_model` with operator.epoch.demo_config for a job of N members:
+local mode, the job's default sync interval K and bits, k = dtrain.models.default_topk(N), the
+default recipe's inner AdamW, outer lr, error-feedback decay and token-tensor compression, the
+robust screen on), at N = 2, 4, 8, 16 workers simulated sequentially in one process. Single and
+DDP use the same inner AdamW (lr, betas, weight decay of the recipe). `--demo` arms override
+some of these job defaults. Every worker has the same per-worker batch (the recipe's); each
+one's data is its shard from the node's own shard assignment (train/shard.py) and its own batch
+stream. Corpora: `code` (stdlib sources), `prose` (English text on this machine) and `heldout`
+(a generated synthetic language, tests/harness/heldout_corpus.py, that no default is chosen on).
 
 Per arm and seed: speedup = steps the single worker needs for its own final held-out loss /
 steps the arm needs for that loss (linear interpolation between evaluations; None if never
 reached), the final-loss gap to DDP, upload bytes per sync (the real codec packet, cut into
 gossip chunks of envelope.MAX_CHUNK, each wrapped in the real signed envelope, plus the
-commitment envelope sent before it) and codec time (compress + encode, decode of all N packets
-+ exact aggregation) as % of one worker's compute over the K steps of a sync.
+commitment envelope sent before it) and per training step (per sync / K), each against a dense
+bf16 ring all-reduce (which runs every step), and codec time (compress + encode, decode of all
+N packets + exact aggregation) as % of one worker's compute over the K steps of a sync.
 
-    python scripts/bench_scaling.py --quick                 # CI smoke (< 60 s)
-    python scripts/bench_scaling.py                         # full matrix (hours on 2 cores)
-    python scripts/bench_scaling.py --corpora code --workers 4 --seeds 2 \\
-        --demo K=4,k=4 --demo K=4,k=16,bits=2               # a sweep
+    python scripts/bench_scaling.py --quick                 # CI smoke (< 60 s): builtin:tiny, N=2
+    python scripts/bench_scaling.py                         # full matrix (many hours on 2 cores)
+    python scripts/bench_scaling.py --model builtin:tiny --corpora prose --workers 4 \\
+        --seeds 2 --demo K=4 --demo k=16,bits=2             # a sweep over the job defaults
     python scripts/bench_scaling.py --resume --out /tmp/s1.json --only-seeds 1  # one seed of
         # the matrix per process: copies of one --out file run side by side, merged afterwards
     python scripts/bench_scaling.py --report --out docs/bench/scaling.json  # tables, plot only
 
 Writes --out (JSON: setup, per-run records, summary), the same path with .md (tables) and with
-.png (held-out loss curves, mean over seeds, per corpus and N).
+.png (held-out loss curves, mean over seeds, per model, corpus and N).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
 import math
@@ -36,39 +51,104 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from dtrain.models import default_topk
-from dtrain_node.optim.compress import CompressConfig
+from dtrain.models import JobSpec, default_topk
+from dtrain.recipe import Recipe
+from dtrain_node.operator.epoch import demo_config
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope
-from dtrain_node.train import shard
+from dtrain_node.train import backend, shard
 from dtrain_node.train.corpus import TextData
+from dtrain_node.train.losses import cpt_loss
+from dtrain_node.train.start import Builtin, StartModel, start_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from harness import bench_corpus, prose_corpus
+from harness import bench_corpus, heldout_corpus, prose_corpus
 from harness.baselines import ring_allreduce_bytes
 from harness.bench_model import GPT, GPTConfig
 
-CORPORA = {"code": bench_corpus.stdlib_corpus, "prose": prose_corpus.prose_corpus}
+CORPORA = {
+    "code": bench_corpus.stdlib_corpus,
+    "prose": prose_corpus.prose_corpus,
+    "heldout": heldout_corpus.heldout_corpus,  # reported only: no default is chosen on it
+}
+RECIPE = Recipe()  # the reference recipe: what a job without its own recipe trains with
+JOB = JobSpec(price_per_operator_epoch=0)  # the job defaults (`dtrain job submit`)
+HARNESS = "harness"
+HARNESS_GPT = dict(d=128, n_layer=4, n_head=2)  # the size earlier Scaling tables measured
+
+
+# ---------------------------------------------------------------------------- model
+
+
+class Subject:
+    """A model the benchmark trains: a model URI as a node starts it, or the harness GPT."""
+
+    def __init__(self, uri: str, ctx: int = 0) -> None:
+        self.uri = uri
+        self.start: StartModel | None = None if uri == HARNESS else start_model(uri)
+        if self.start is None:
+            self.ctx = ctx or 128
+        else:
+            job = SimpleNamespace(recipe=RECIPE, model_uri=uri)
+            self.ctx = ctx or backend.context(job, self.start)  # type: ignore[arg-type]
+
+    @property
+    def byte_level(self) -> bool:
+        return self.start is None or self.start.byte_level
+
+    def fresh(self, seed: int) -> torch.nn.Module:
+        """The start model of seed `seed`: a built-in preset initialised from `?seed=`; a
+        folder's own weights whatever the seed (a job on it starts from them)."""
+        torch.manual_seed(seed)
+        if self.start is None:
+            return GPT(GPTConfig(ctx=self.ctx, **HARNESS_GPT))
+        if isinstance(self.start, Builtin) and "?" not in self.uri:
+            return start_model(f"{self.uri}?seed={seed}").fresh().train()
+        return self.start.fresh().train()
+
+    def loss(self, m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.start is None:
+            return m(x, y)
+        return cpt_loss(m(input_ids=x).logits, y)
+
+    def tokens(self, data: torch.Tensor) -> torch.Tensor:
+        """A corpus's bytes as this model's tokens (train.backend: bytes for the built-in
+        models, the model's own tokenizer and EOS for a folder)."""
+        if self.byte_level:
+            return data
+        assert self.start is not None
+        tok = self.start.tokenizer
+        text = data.to(torch.uint8).numpy().tobytes().decode("utf-8", errors="replace")
+        ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
+        return torch.tensor(ids, dtype=torch.long)
+
+
+# ---------------------------------------------------------------------------- arms
 
 
 @dataclass(frozen=True)
 class Arm:
-    """kind: single | ddp | demo. DeMo arms: K inner steps per sync, k coefficients per
-    chunk x chunk block (k1d per chunk-vector), 1- or 2-bit levels, outer lr, EF decay beta."""
+    """kind: single | ddp | demo. A DeMo arm's fields left None are the job defaults for its
+    member count (`resolve`): K inner steps per sync, k coefficients per chunk x chunk block,
+    1- or 2-bit levels, outer lr, error-feedback decay beta, the token tensors' k (0: auto)
+    and rows per scale block. k1d, chunk and mean are sweep-only keys."""
 
     kind: str
-    K: int = 1
-    k: int = 0
+    K: int | None = None
+    k: int | None = None
+    bits: int | None = None
+    lr: float | None = None
+    beta: float | None = None
+    k_token: int | None = None
+    token_rows: int | None = None
     k1d: int = 1
-    bits: int = 1
     chunk: int = 64
-    lr: float = 1.0
-    beta: float = 0.9
     mean: str = "senders"  # or "coef": each coefficient averaged over the senders that sent it
 
     @property
@@ -76,60 +156,96 @@ class Arm:
         if self.kind != "demo":
             return self.kind
         s = f"demo K={self.K} k={self.k} {self.bits}b"
-        if self.chunk != 64:
-            s += f" c={self.chunk}"
-        if self.k1d != 1:
-            s += f" k1d={self.k1d}"
-        if self.lr != 1.0:
-            s += f" olr={self.lr:g}"
-        if self.beta != 0.9:
-            s += f" beta={self.beta:g}"
-        if self.mean != "senders":
-            s += f" mean={self.mean}"
+        extra = dict(
+            c=(self.chunk, 64),
+            k1d=(self.k1d, 1),
+            olr=(self.lr, RECIPE.outer_lr),
+            beta=(self.beta, RECIPE.outer_momentum),
+            kt=(self.k_token, RECIPE.token_topk),
+            rows=(self.token_rows, RECIPE.token_rows),
+            mean=(self.mean, "senders"),
+        )
+        for key, (v, default) in extra.items():
+            if v != default:
+                s += f" {key}={v:g}" if isinstance(v, float) else f" {key}={v}"
         return s
+
+
+def resolve(arm: Arm, n: int) -> Arm:
+    """The arm with its unset fields at the job defaults of an n-member job."""
+    defaults = dict(
+        K=JOB.sync_interval,
+        k=default_topk(n),
+        bits=JOB.quant_bits,
+        lr=RECIPE.outer_lr,
+        beta=RECIPE.outer_momentum,
+        k_token=RECIPE.token_topk,
+        token_rows=RECIPE.token_rows,
+    )
+    return replace(arm, **{k: v for k, v in defaults.items() if getattr(arm, k) is None})
+
+
+def default_demo(n: int) -> Arm:
+    return resolve(Arm("demo"), n)
+
+
+def demo_cfg(arm: Arm, inner_lr: float) -> DeMoConfig:
+    """The DeMoConfig a node builds for a job with these settings (operator.epoch.demo_config
+    over the job spec and recipe), with the sweep-only keys on top."""
+    spec = replace(JOB, sync_interval=arm.K, topk_per_chunk=arm.k, quant_bits=arm.bits)
+    recipe = replace(
+        RECIPE,
+        inner_lr=inner_lr,
+        outer_lr=arm.lr,
+        outer_momentum=arm.beta,
+        token_topk=arm.k_token,
+        token_rows=arm.token_rows,
+    )
+    cfg = demo_config(None, SimpleNamespace(spec=spec), recipe)  # type: ignore[arg-type]
+    compress = replace(cfg.compress, chunk=arm.chunk, k1d=arm.k1d)
+    return replace(cfg, compress=compress, per_coefficient_mean=arm.mean == "coef")
+
+
+SWEEP_KEYS = {f.name: f for f in fields(Arm) if f.name != "kind"}
+SWEEP_TYPES = {
+    "K": int,
+    "k": int,
+    "bits": int,
+    "lr": float,
+    "beta": float,
+    "k_token": int,
+    "token_rows": int,
+    "k1d": int,
+    "chunk": int,
+    "mean": str,
+}
+
+
+def parse_demo(spec: str) -> Arm:
+    """'K=4,k=16,bits=2,beta=0.9' -> a DeMo arm; unset keys stay the job defaults."""
+    kw: dict = {}
+    for part in filter(None, spec.split(",")):
+        key, _, val = part.partition("=")
+        key = key.strip()
+        if key not in SWEEP_TYPES:
+            raise SystemExit(f"unknown DeMo key {key!r} in {spec!r}; known: {sorted(SWEEP_TYPES)}")
+        kw[key] = SWEEP_TYPES[key](val)
+    return Arm("demo", **kw)
 
 
 @dataclass(frozen=True)
 class Setup:
-    d: int = 128
-    n_layer: int = 4
-    n_head: int = 2
-    ctx: int = 128
-    bsz: int = 8
+    ctx: int = 0  # tokens per window; 0: as a node (the recipe's seq_len within the model's)
+    bsz: int = RECIPE.batch_size
     steps: int = 300
     eval_every: int = 20
     eval_windows: int = 128
-    inner_lr: float = 2e-3
+    inner_lr: float = RECIPE.inner_lr
     warmup: int = 0  # linear inner-lr warm-up steps (all arms, single and DDP included)
     max_train: int = 4_000_000
 
-    @property
-    def model(self) -> GPTConfig:
-        return GPTConfig(d=self.d, n_layer=self.n_layer, n_head=self.n_head, ctx=self.ctx)
 
-
-QUICK = Setup(d=64, n_layer=2, n_head=1, ctx=64, bsz=4, steps=48, eval_every=8,
-              eval_windows=32, max_train=300_000)  # fmt: skip
-# the product default (dtrain job submit --sync 2 --quant-bits 1, recipe outer_momentum; --topk
-# from the member count: dtrain.models.default_topk)
-DEFAULT_DEMO = Arm("demo", K=2, k=4, bits=1, beta=0.95)
-
-
-def default_demo(n: int) -> Arm:
-    return replace(DEFAULT_DEMO, k=default_topk(n))
-
-
-def parse_demo(spec: str) -> Arm:
-    """'K=4,k=16,bits=2,chunk=32,lr=0.8,beta=0.95,k1d=2' -> Arm (unset keys keep defaults)."""
-    kw: dict = {}
-    types = {"K": int, "k": int, "k1d": int, "bits": int, "chunk": int, "lr": float, "beta": float}
-    types["mean"] = str
-    for part in filter(None, spec.split(",")):
-        key, _, val = part.partition("=")
-        if key.strip() not in types:
-            raise SystemExit(f"unknown DeMo key {key!r} in {spec!r}; known: {sorted(types)}")
-        kw[key.strip()] = types[key.strip()](val)
-    return replace(DEFAULT_DEMO, **kw)
+QUICK = Setup(ctx=64, bsz=4, steps=24, eval_every=8, eval_windows=32, max_train=300_000)
 
 
 # ---------------------------------------------------------------------------- data
@@ -141,33 +257,22 @@ def members(n: int) -> list[str]:
 
 def streams(data: TextData, n: int, bsz: int, seed: int) -> list[Iterator[torch.Tensor]]:
     """Each worker's endless window-index batches, dealt the way the node deals them."""
-    ms, out = members(n), []
-    for me in ms:
-        idx = shard.assign(data.n_windows, 1000 + seed, 0, ms, me)
-        out.append(_batches(idx, bsz, seed))
-    return out
+    ms = members(n)
+    return [_batches(shard.assign(data.n_windows, 1000 + seed, 0, ms, me), bsz, seed) for me in ms]
 
 
 def _batches(idx: torch.Tensor, bsz: int, seed: int) -> Iterator[torch.Tensor]:
-    walk = getattr(shard, "batch_indices", None)
-    if walk is not None:  # the node's own walk over its shard
-        for b, _ in walk(idx, bsz, seed):
-            yield b
-        return
-    g = torch.Generator().manual_seed(seed * 7919 + int(idx[0]))  # pragma: no cover
-    while True:  # pragma: no cover
-        perm = idx[torch.randperm(len(idx), generator=g)]
-        for i in range(0, len(perm) - bsz + 1, bsz):
-            yield perm[i : i + bsz]
+    for b, _ in shard.batch_indices(idx, bsz, seed):  # the node's own walk over its shard
+        yield b
 
 
 @torch.no_grad()
-def evaluate(m: torch.nn.Module, ev: tuple[torch.Tensor, torch.Tensor]) -> float:
+def evaluate(subj: Subject, m: torch.nn.Module, ev: tuple[torch.Tensor, torch.Tensor]) -> float:
     m.eval()
     tot = 0.0
     for i in range(0, len(ev[0]), 32):
         x, y = ev[0][i : i + 32], ev[1][i : i + 32]
-        tot += float(m(x, y)) * len(x)
+        tot += float(subj.loss(m, x, y)) * len(x)
     m.train()
     return tot / len(ev[0])
 
@@ -178,77 +283,87 @@ def _set_lr(opt: torch.optim.Optimizer, s: Setup, t: int) -> None:
         g["lr"] = lr
 
 
-# ---------------------------------------------------------------------------- arms
+# ---------------------------------------------------------------------------- training
 
 
-def run(s: Setup, data: TextData, ev, arm: Arm, n: int, seed: int) -> dict:
+@dataclass
+class Ctx:
+    """One run's fixed inputs."""
+
+    s: Setup
+    subj: Subject
+    data: TextData
+    ev: tuple[torch.Tensor, torch.Tensor]
+
+
+def run(c: Ctx, arm: Arm, n: int, seed: int) -> dict:
     """Train one arm; returns its held-out curve, timings and packet bytes."""
-    torch.manual_seed(seed)
-    base = GPT(s.model)
+    base = c.subj.fresh(seed)
     nw = 1 if arm.kind == "single" else n
-    st = streams(data, nw, s.bsz, seed)
-    curve = [(0, evaluate(base, ev))]
-    rec = dict(compute_s=0.0, codec_s=0.0, screen_s=0.0, syncs=0, packet_bytes=0)
+    st = streams(c.data, nw, c.s.bsz, seed)
+    curve = [(0, evaluate(c.subj, base, c.ev))]
+    rec = dict(compute_s=0.0, codec_s=0.0, screen_s=0.0, syncs=0, packet_bytes=0, excluded=0)
     if arm.kind in ("single", "ddp"):
-        _dense(s, data, ev, base, st, curve, rec)
+        _dense(c, base, st, curve, rec)
     else:
-        _demo(s, data, ev, arm, base, st, curve, rec)
-    return dict(params=base.numel(), curve=curve, final=curve[-1][1], workers=nw, **rec)
+        _demo(c, arm, base, st, curve, rec)
+    params = sum(p.numel() for p in base.parameters() if p.requires_grad)
+    return dict(params=params, curve=curve, final=curve[-1][1], workers=nw, **rec)
 
 
-def _dense(s: Setup, data, ev, model, st, curve, rec) -> None:
-    opt = torch.optim.AdamW(model.parameters(), lr=s.inner_lr, betas=(0.9, 0.95))
+def _dense(c: Ctx, model, st, curve, rec) -> None:
+    s, r = c.s, RECIPE
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=s.inner_lr,
+        betas=(r.inner_beta1, r.inner_beta2),
+        weight_decay=r.inner_weight_decay,
+    )
     for t in range(1, s.steps + 1):
         _set_lr(opt, s, t)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         for it in st:  # exact mean of the workers' gradients, in worker order
-            (model(*data.windows(next(it))) / len(st)).backward()
+            (c.subj.loss(model, *c.data.windows(next(it))) / len(st)).backward()
         opt.step()
         rec["compute_s"] += (time.perf_counter() - t0) / len(st)
         if t % s.eval_every == 0 or t == s.steps:
-            curve.append((t, evaluate(model, ev)))
+            curve.append((t, evaluate(c.subj, model, c.ev)))
 
 
-def _demo(s: Setup, data, ev, arm: Arm, base, st, curve, rec) -> None:
-    n = len(st)
-    models = [GPT(s.model) for _ in range(n)]
-    for m in models:
-        m.load_state_dict(base.state_dict())
-    cfg = DeMoConfig(
-        mode="local",
-        sync_interval=arm.K,
-        lr=arm.lr,
-        beta=arm.beta,
-        inner_lr=s.inner_lr,
-        per_coefficient_mean=arm.mean == "coef",
-        compress=CompressConfig(chunk=arm.chunk, k2d=arm.k, k1d=arm.k1d, bits=arm.bits),
-    )
-    ms = members(n)
-    opts = [DeMo(m.named_parameters(), cfg, sender=a) for m, a in zip(models, ms, strict=True)]
+def _demo(c: Ctx, arm: Arm, base, st, curve, rec) -> None:
+    s, n, ms = c.s, len(st), members(len(st))
+    models = [copy.deepcopy(base) for _ in range(n)]
+    cfg = demo_cfg(arm, s.inner_lr)
+    opts = [DeMo.of_model(m, cfg, sender=a) for m, a in zip(models, ms, strict=True)]
     for t in range(1, s.steps + 1):
         t0 = time.perf_counter()
         for m, o, it in zip(models, opts, st, strict=True):
+            assert o.inner is not None
             _set_lr(o.inner, s, t)
-            m(*data.windows(next(it))).backward()
+            c.subj.loss(m, *c.data.windows(next(it))).backward()
             o.inner_step()
         rec["compute_s"] += (time.perf_counter() - t0) / n
         if opts[0].due:
-            packets = [(o.sender, o.prepare()) for o in opts]
-            # every node decodes all packets and aggregates; the result is bitwise the same
-            # everywhere, so it is computed once and applied to every simulated node
-            res = opts[0].apply(packets)
-            if res.applied != tuple(ms):
-                raise RuntimeError(f"honest packets dropped: {res.rejected} {res.excluded}")
-            for o in opts[1:]:
-                o.apply_aggregate(res.aggregate)
-            comp = sum(o._compress_s for o in opts) / n
-            rec["codec_s"] += comp + res.aggregate_s
-            rec["screen_s"] += res.screen_s
-            rec["packet_bytes"] = max(len(p) for _, p in packets)
-            rec["syncs"] += 1
+            _sync(opts, rec)
         if t % s.eval_every == 0 or t == s.steps:
-            curve.append((t, evaluate(models[0], ev)))
+            curve.append((t, evaluate(c.subj, models[0], c.ev)))
+
+
+def _sync(opts: list[DeMo], rec: dict) -> None:
+    packets = [(o.sender, o.prepare()) for o in opts]
+    # every node decodes all packets and aggregates; the result is bitwise the same
+    # everywhere, so it is computed once and applied to every simulated node
+    res = opts[0].apply(packets)
+    if res.rejected or res.aggregate is None:
+        raise RuntimeError(f"honest packets rejected: {res.rejected} {res.excluded}")
+    rec["excluded"] += len(res.excluded)  # left out by the robust screen, as a node would
+    for o in opts[1:]:
+        o.apply_aggregate(res.aggregate)
+    rec["codec_s"] += sum(o._compress_s for o in opts) / len(opts) + res.aggregate_s
+    rec["screen_s"] += res.screen_s
+    rec["packet_bytes"] = max(len(p) for _, p in packets)
+    rec["syncs"] += 1
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -280,17 +395,23 @@ def _mean(xs):
     return statistics.mean(xs) if xs else None
 
 
+def _key(r: dict) -> tuple[str, str]:
+    return r.get("model", HARNESS), r["corpus"]
+
+
 def summarize(runs: list[dict], setup: Setup) -> list[dict]:
-    """One row per (corpus, N, arm): means over seeds of speedup, gap to DDP, bytes, codec %."""
+    """One row per (model, corpus, N, arm): means over seeds of speedup, gap to DDP, bytes,
+    codec %."""
     out = []
-    keys = sorted({(r["corpus"], r["n"]) for r in runs if r["arm"] != "single"})
-    for corpus, n in keys:
-        single = {r["seed"]: r for r in runs if r["corpus"] == corpus and r["arm"] == "single"}
-        ddp = {r["seed"]: r for r in runs if (r["corpus"], r["n"], r["arm"]) == (corpus, n, "ddp")}
-        arms = dict.fromkeys(r["arm"] for r in runs if (r["corpus"], r["n"]) == (corpus, n))
+    keys = sorted({(*_key(r), r["n"]) for r in runs if r["arm"] != "single"})
+    for model, corpus, n in keys:
+        mine = [r for r in runs if _key(r) == (model, corpus)]
+        single = {r["seed"]: r for r in mine if r["arm"] == "single"}
+        ddp = {r["seed"]: r for r in mine if (r["n"], r["arm"]) == (n, "ddp")}
+        arms = dict.fromkeys(r["arm"] for r in mine if r["n"] == n)
         for arm in arms:
-            rs = [r for r in runs if (r["corpus"], r["n"], r["arm"]) == (corpus, n, arm)]
-            out.append(_row(corpus, n, arm, rs, single, ddp, setup))
+            rs = [r for r in mine if (r["n"], r["arm"]) == (n, arm)]
+            out.append(dict(model=model) | _row(corpus, n, arm, rs, single, ddp, setup))
     return out
 
 
@@ -335,15 +456,25 @@ def _row(corpus, n, arm, rs, single, ddp, setup) -> dict:
         bf16_model_bytes=2 * P,
     )
     if rs[0]["syncs"]:
-        up = upload_bytes(rs[0]["packet_bytes"])
-        row |= dict(
-            upload=up,
-            x_vs_bf16_ring=row["bf16_ring_bytes"] / up["total"],
-            x_vs_bf16_model=row["bf16_model_bytes"] / up["total"],
-            codec_pct=100 * _mean([r["codec_s"] / r["compute_s"] for r in rs]),
-            screen_pct=100 * _mean([r["screen_s"] / r["compute_s"] for r in rs]),
-        )
+        row |= _upload(row, rs)
     return row
+
+
+def _upload(row: dict, rs: list[dict]) -> dict:
+    """Upload per sync and per training step (the ring runs every step, DeMo every K)."""
+    up = upload_bytes(rs[0]["packet_bytes"])
+    K = rs[0]["spec"]["K"]
+    x_sync = row["bf16_ring_bytes"] / up["total"]
+    return dict(
+        upload=up,
+        upload_per_step=up["total"] / K,
+        x_vs_bf16_ring=x_sync,
+        x_vs_bf16_ring_per_step=x_sync * K,
+        x_vs_bf16_model=row["bf16_model_bytes"] / up["total"],
+        codec_pct=100 * _mean([r["codec_s"] / r["compute_s"] for r in rs]),
+        screen_pct=100 * _mean([r["screen_s"] / r["compute_s"] for r in rs]),
+        excluded=sum(r.get("excluded", 0) for r in rs),
+    )
 
 
 def _f(x, fmt, unit=""):
@@ -352,74 +483,89 @@ def _f(x, fmt, unit=""):
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| corpus | N | arm | speedup vs single | % of DDP speedup | reached | gap vs DDP "
-        "(mean / worst) | upload B/sync | x vs bf16 ring | codec % |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
+        "| model | corpus | N | arm | speedup vs single | % of DDP speedup | reached "
+        "| gap vs DDP (mean / worst) | upload B/sync | x vs bf16 ring per sync / per step "
+        "| codec % |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
         up = r.get("upload")
+        ratio = "1"
+        if up:
+            ratio = f"{r['x_vs_bf16_ring']:,.0f} / {r['x_vs_bf16_ring_per_step']:,.0f}"
         lines.append(
-            f"| {r['corpus']} | {r['workers']} | {r['arm']} | {_f(r['speedup_mean'], '.2f', 'x')} "
+            f"| {r['model']} | {r['corpus']} | {r['workers']} | {r['arm']} "
+            f"| {_f(r['speedup_mean'], '.2f', 'x')} "
             f"({', '.join(_f(x, '.2f') for x in r['speedup'])}) "
             f"| {_f(r['speedup_vs_ddp_mean'] and 100 * r['speedup_vs_ddp_mean'], '.0f', '%')} "
             f"| {r['reached']}/{len(r['seeds'])} "
             f"| {_f(r['gap_vs_ddp_pct_mean'], '+.1f', '%')} "
             f"/ {_f(r['gap_vs_ddp_pct_max'], '+.1f', '%')} "
-            f"| {format(up['total'], ',') if up else 'dense'} "
-            f"| {_f(r.get('x_vs_bf16_ring'), ',.0f') if up else '1'} "
+            f"| {format(up['total'], ',') if up else 'dense'} | {ratio} "
             f"| {_f(r.get('codec_pct'), '.1f') if up else '-'} |"
         )
     return head + "\n".join(lines) + "\n"
 
 
 def plot(runs: list[dict], path: Path) -> None:
-    """Held-out loss curves, mean over seeds: one panel per (corpus, N), single in each."""
+    """Held-out loss curves, mean over seeds: one panel per (model, corpus, N), single in
+    each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["corpus"], r["n"]) for r in runs if r["arm"] != "single"})
+    panels = sorted({(*_key(r), r["n"]) for r in runs if r["arm"] != "single"})
     if not panels:
         return
-    corpora = sorted({c for c, _ in panels})
-    ns = sorted({n for _, n in panels})
+    rows = sorted({(m, c) for m, c, _ in panels})
+    ns = sorted({n for *_, n in panels})
     fig, axes = plt.subplots(
-        len(corpora), len(ns), figsize=(4.6 * len(ns), 3.6 * len(corpora)), squeeze=False
+        len(rows), len(ns), figsize=(4.6 * len(ns), 3.6 * len(rows)), squeeze=False
     )
     for ax in axes.flat:
         ax.set_visible(False)
-    for corpus, n in panels:
-        ax = axes[corpora.index(corpus)][ns.index(n)]
+    for model, corpus, n in panels:
+        ax = axes[rows.index((model, corpus))][ns.index(n)]
         ax.set_visible(True)
-        arms = dict.fromkeys(r["arm"] for r in runs if (r["corpus"], r["n"]) == (corpus, n))
-        for arm, nn in [("single", 1), *((a, n) for a in arms)]:
-            rs = [r for r in runs if (r["corpus"], r["n"], r["arm"]) == (corpus, nn, arm)]
-            if not rs:
-                continue
-            steps = [t for t, _ in rs[0]["curve"]]
-            mean = [statistics.mean(r["curve"][i][1] for r in rs) for i in range(len(steps))]
-            ax.plot(steps, mean, label=f"{arm} ({len(rs)} seeds)")
-        ax.set_title(f"{corpus}, N={n}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("held-out loss")
-        ax.set_ylim(top=min(ax.get_ylim()[1], 4.5))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        _panel(ax, [r for r in runs if _key(r) == (model, corpus)], n)
+        ax.set_title(f"{model}, {corpus}, N={n}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _panel(ax, runs: list[dict], n: int) -> None:
+    arms = dict.fromkeys(r["arm"] for r in runs if r["n"] == n)
+    for arm, nn in [("single", 1), *((a, n) for a in arms)]:
+        rs = [r for r in runs if (r["n"], r["arm"]) == (nn, arm)]
+        if not rs:
+            continue
+        steps = [t for t, _ in rs[0]["curve"]]
+        mean = [statistics.mean(r["curve"][i][1] for r in rs) for i in range(len(steps))]
+        ax.plot(steps, mean, label=f"{arm} ({len(rs)} seeds)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out loss")
+    ax.set_ylim(top=min(ax.get_ylim()[1], 4.5))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+
+
 def write_report(runs: list[dict], s: Setup, out: Path, wall_s: int) -> str:
     rows = summarize(runs, s)
-    meta = dict(setup=asdict(s), params=runs[0]["params"], wall_s=wall_s,
-                envelope_overhead=envelope.OVERHEAD, max_chunk=envelope.MAX_CHUNK)  # fmt: skip
+    params = {r.get("model", HARNESS): r["params"] for r in runs}
+    meta = dict(
+        setup=asdict(s),
+        params=params,
+        wall_s=wall_s,
+        envelope_overhead=envelope.OVERHEAD,
+        max_chunk=envelope.MAX_CHUNK,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(meta=meta, summary=rows, runs=runs), indent=1) + "\n")
     wall = f"; wall {wall_s}s" if wall_s else " (runs resumed over several invocations)"
-    md = f"Model {runs[0]['params']:,} params; setup {asdict(s)}{wall}.\n\n" + table(rows)
+    sizes = ", ".join(f"{m} {p:,} params" for m, p in params.items())
+    md = f"Models: {sizes}; setup {asdict(s)}{wall}.\n\n" + table(rows)
     out.with_suffix(".md").write_text(md)
     plot(runs, out.with_suffix(".png"))
     return md
@@ -428,24 +574,27 @@ def write_report(runs: list[dict], s: Setup, out: Path, wall_s: int) -> str:
 # ---------------------------------------------------------------------------- main
 
 
-def load(corpus: str, s: Setup):
+def load(corpus: str, s: Setup, subj: Subject) -> tuple[TextData, tuple]:
     train, held = CORPORA[corpus](max_train=s.max_train)
-    data = TextData(train, held, s.ctx)
-    return data, bench_corpus.eval_windows(held, s.eval_windows, s.ctx)
+    train, held = subj.tokens(train), subj.tokens(held)
+    return TextData(train, held, subj.ctx), bench_corpus.eval_windows(
+        held, s.eval_windows, subj.ctx
+    )
 
 
-def plan(a, s: Setup) -> list[tuple[str, int, Arm, int]]:
-    demos = [parse_demo(x) for x in a.demo] if a.demo else None
-    for d in demos or [DEFAULT_DEMO]:
-        if s.steps % d.K:
-            raise SystemExit(f"steps {s.steps} must be a multiple of K={d.K}")
+def plan(a, s: Setup) -> list[tuple[str, str, int, Arm, int]]:
+    """(model, corpus, N, arm, seed) of every run, single first per (model, corpus, seed)."""
+    demos = [parse_demo(x) for x in a.demo] if a.demo else [Arm("demo")]
     jobs = []
-    for corpus in a.corpora:
+    for model, corpus in itertools.product(a.model, a.corpora):
         for seed in a.only_seeds or range(a.seeds):
-            jobs.append((corpus, 1, Arm("single"), seed))
+            jobs.append((model, corpus, 1, Arm("single"), seed))
             for n in a.workers:
-                arms = (Arm("ddp"), *(demos or [default_demo(n)]))
-                jobs += [(corpus, n, arm, seed) for arm in arms]
+                arms = (Arm("ddp"), *(resolve(d, n) for d in demos))
+                jobs += [(model, corpus, n, arm, seed) for arm in arms]
+    for *_, arm, _ in jobs:
+        if arm.kind == "demo" and s.steps % (arm.K or 1):
+            raise SystemExit(f"steps {s.steps} must be a multiple of K={arm.K}")
     return jobs
 
 
@@ -458,32 +607,49 @@ def _previous(path: Path, s: Setup) -> list[dict]:
     return old["runs"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny model, N=2, 1 seed: CI smoke")
-    ap.add_argument("--corpora", default=None, help="comma list of code,prose (default both)")
-    ap.add_argument("--workers", default=None, help="comma list of N (default 2,4,8)")
+    ap.add_argument("--quick", action="store_true", help="builtin:tiny, N=2, 1 seed: CI smoke")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="comma list of model URIs or 'harness' (default builtin:small; quick: builtin:tiny)",
+    )
+    ap.add_argument(
+        "--corpora", default=None, help="comma list of code,prose,heldout (default all)"
+    )
+    ap.add_argument("--workers", default=None, help="comma list of N (default 2,4,8,16)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds 0..S-1; default 3 (quick: 1)")
     ap.add_argument("--only-seeds", default=None, help="comma list: run just these seeds")
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--ctx", type=int, default=None, help="window tokens (default: as a node)")
     ap.add_argument("--inner-lr", type=float, default=None)
     ap.add_argument("--warmup", type=int, default=None, help="inner lr warm-up steps, all arms")
-    ap.add_argument("--demo", action="append", help="DeMo arm spec, e.g. K=4,k=16,bits=2")
+    ap.add_argument("--demo", action="append", help="DeMo arm over the job defaults, e.g. K=4,k=16")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
         "--resume", action="store_true", help="keep the runs already in --out (same setup)"
     )
     ap.add_argument("--report", action="store_true", help="only rewrite tables + plot of --out")
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    s = QUICK if a.quick else Setup()
-    over = dict(steps=a.steps, inner_lr=a.inner_lr, warmup=a.warmup)
-    s = replace(s, **{k: v for k, v in over.items() if v is not None})
-    a.corpora = (a.corpora or ("code" if a.quick else "code,prose")).split(",")
-    a.workers = [int(x) for x in (a.workers or ("2" if a.quick else "2,4,8")).split(",")]
+    a.model = (a.model or ("builtin:tiny" if a.quick else "builtin:small")).split(",")
+    a.corpora = (a.corpora or ("code" if a.quick else ",".join(CORPORA))).split(",")
+    unknown = sorted(set(a.corpora) - set(CORPORA))
+    if unknown:
+        raise SystemExit(f"unknown corpora {unknown}; known: {sorted(CORPORA)}")
+    a.workers = [int(x) for x in (a.workers or ("2" if a.quick else "2,4,8,16")).split(",")]
     a.seeds = a.seeds or (1 if a.quick else 3)
     a.only_seeds = [int(x) for x in a.only_seeds.split(",")] if a.only_seeds else None
     a.out = a.out or Path("docs/bench/scaling_quick.json" if a.quick else "docs/bench/scaling.json")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    torch.set_num_threads(1)
+    s = QUICK if a.quick else Setup()
+    over = dict(steps=a.steps, ctx=a.ctx, inner_lr=a.inner_lr, warmup=a.warmup)
+    s = replace(s, **{k: v for k, v in over.items() if v is not None})
     if a.report:
         old = json.loads(a.out.read_text())
         s = Setup(**old["meta"]["setup"])
@@ -491,18 +657,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     jobs = plan(a, s)
     print(f"bench_scaling: {len(jobs)} runs, setup {asdict(s)}", flush=True)
-    t0, runs, cache = time.time(), _previous(a.out, s) if a.resume else [], {}
-    done = {(r["corpus"], r["n"], r["arm"], r["seed"]) for r in runs}
-    for corpus, n, arm, seed in jobs:
-        if (corpus, n, arm.name, seed) in done:
+    t0, runs = time.time(), _previous(a.out, s) if a.resume else []
+    done = {(r.get("model", HARNESS), r["corpus"], r["n"], r["arm"], r["seed"]) for r in runs}
+    subjects: dict[str, Subject] = {}
+    cache: dict[tuple, Ctx] = {}
+    for model, corpus, n, arm, seed in jobs:
+        if (model, corpus, n, arm.name, seed) in done:
             continue
-        if corpus not in cache:
-            cache[corpus] = load(corpus, s)
+        subj = subjects.setdefault(model, Subject(model, s.ctx))
+        if (model, corpus) not in cache:
+            cache[model, corpus] = Ctx(s, subj, *load(corpus, s, subj))
         t1 = time.time()
-        r = run(s, *cache[corpus], arm, n, seed)
-        runs.append(dict(corpus=corpus, n=n, arm=arm.name, spec=asdict(arm), seed=seed, **r))
+        r = run(cache[model, corpus], arm, n, seed)
+        runs.append(
+            dict(model=model, corpus=corpus, n=n, arm=arm.name, spec=asdict(arm), seed=seed, **r)
+        )
         print(
-            f"  {corpus:5s} N={n} {arm.name:28s} seed {seed}: loss {r['final']:.4f} "
+            f"  {model} {corpus:7s} N={n:<2d} {arm.name:24s} seed {seed}: loss {r['final']:.4f} "
             f"({time.time() - t1:.0f}s)",
             flush=True,
         )

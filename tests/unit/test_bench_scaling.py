@@ -1,17 +1,24 @@
-"""Smoke test of scripts/bench_scaling.py --quick: it runs and writes sane JSON and markdown."""
+"""scripts/bench_scaling.py: --quick runs the product's model at the job defaults and writes
+sane JSON and markdown; the DeMo arms are the node's; the held-out corpus is deterministic."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from dtrain.models import JobSpec
+from dtrain.recipe import Recipe
+
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = "demo K=2 k=4 1b beta=0.95"  # the default arm: the product's default DeMo setting
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+DEMO = "demo K=2 k=4 1b"  # the default arm: what a job of up to 4 members syncs with
 
 
-def test_quick_run_writes_sane_json(tmp_path: Path) -> None:
+def test_quick_run_trains_builtin_tiny_and_writes_sane_json(tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_scaling.py"), "--quick", "--out", str(out)],
@@ -21,11 +28,14 @@ def test_quick_run_writes_sane_json(tmp_path: Path) -> None:
         capture_output=True,
     )
     data = json.loads(out.read_text())
-    arms = {(r["arm"], r["n"]) for r in data["runs"]}
-    assert arms == {("single", 1), ("ddp", 2), (DEMO, 2)}
+    arms = {(r["model"], r["arm"], r["n"]) for r in data["runs"]}
+    assert arms == {("builtin:tiny", "single", 1), ("builtin:tiny", "ddp", 2),
+                    ("builtin:tiny", DEMO, 2)}  # fmt: skip
+    assert data["meta"]["params"] == {"builtin:tiny": 410_240}  # the product's preset, not a GPT
     for r in data["runs"]:
         assert r["curve"][0][0] == 0 and r["curve"][-1][0] == data["meta"]["setup"]["steps"]
-        assert all(0 < loss < 6 for _, loss in r["curve"])
+        assert all(0 < loss < 7 for _, loss in r["curve"])
+        assert r["curve"][-1][1] < r["curve"][0][1]  # it trained
     rows = {r["arm"]: r for r in data["summary"]}
     assert rows["ddp"]["gap_vs_ddp_pct_mean"] == 0.0
     demo = rows[DEMO]
@@ -33,17 +43,49 @@ def test_quick_run_writes_sane_json(tmp_path: Path) -> None:
     # the real packet, one gossip chunk in its signed envelope, plus the commitment envelope
     assert up["chunks"] == 1 and up["total"] == up["packet"] + 2 * data["meta"]["envelope_overhead"]
     assert demo["x_vs_bf16_ring"] > 100 and 0 < demo["codec_pct"] < 1000
-    assert f"| code | 2 | {DEMO} |" in out.with_suffix(".md").read_text()
+    assert demo["x_vs_bf16_ring_per_step"] == 2 * demo["x_vs_bf16_ring"]  # K = 2 steps per sync
+    assert f"| builtin:tiny | code | 2 | {DEMO} |" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 1000  # the loss-curve plot
 
 
 def test_default_arm_follows_the_jobs_default_topk() -> None:
     """Without --demo the benchmark measures what `dtrain job submit` would pin for each N."""
-    import argparse
-
-    sys.path.insert(0, str(ROOT / "scripts"))
     import bench_scaling as b
 
-    a = argparse.Namespace(demo=None, corpora=["code"], only_seeds=None, seeds=1, workers=[2, 4, 8])
-    arms = {(n, arm.name) for _, n, arm, _ in b.plan(a, b.Setup()) if arm.kind == "demo"}
-    assert arms == {(2, DEMO), (4, DEMO), (8, "demo K=2 k=6 1b beta=0.95")}
+    a = argparse.Namespace(
+        demo=None, model=["builtin:tiny"], corpora=["code"], only_seeds=None, seeds=1,
+        workers=[2, 4, 8, 16],
+    )  # fmt: skip
+    arms = {(n, arm.name) for *_, n, arm, _ in b.plan(a, b.Setup()) if arm.kind == "demo"}
+    assert arms == {(2, DEMO), (4, DEMO), (8, "demo K=2 k=6 1b"), (16, "demo K=2 k=6 1b")}
+
+
+def test_demo_arm_is_the_nodes_config_with_sweep_overrides() -> None:
+    import bench_scaling as b
+
+    job, recipe = JobSpec(price_per_operator_epoch=0), Recipe()
+    cfg = b.demo_cfg(b.default_demo(8), recipe.inner_lr)
+    assert (cfg.mode, cfg.sync_interval) == ("local", job.sync_interval)
+    assert (cfg.compress.k2d, cfg.compress.k1d, cfg.compress.bits) == (6, 1, job.quant_bits)
+    assert (cfg.lr, cfg.beta) == (recipe.outer_lr, recipe.outer_momentum)
+    assert cfg.inner_betas == (recipe.inner_beta1, recipe.inner_beta2)
+    assert cfg.compress.k_token == -1 and cfg.compress.token_rows == recipe.token_rows  # auto
+    assert cfg.robust.enabled
+    swept = b.resolve(b.parse_demo("K=4,beta=0.9,k_token=16"), 8)
+    assert swept.name == "demo K=4 k=6 1b beta=0.9 kt=16"
+    cfg = b.demo_cfg(swept, recipe.inner_lr)
+    assert (cfg.sync_interval, cfg.beta, cfg.compress.k2d, cfg.compress.k_token) == (4, 0.9, 6, 16)
+
+
+def test_heldout_corpus_is_deterministic_and_split() -> None:
+    from harness import heldout_corpus as h
+
+    train, held = h.heldout_corpus(max_train=60_000, max_heldout=20_000)
+    again, _ = h.heldout_corpus(max_train=60_000, max_heldout=20_000)
+    other, _ = h.heldout_corpus(max_train=60_000, max_heldout=20_000, seed=1)
+    assert (len(train), len(held)) == (60_000, 20_000)
+    assert bool((train == again).all()) and not bool((train[:1000] == other[:1000]).all())
+    text = bytes(train.tolist()).decode("ascii")
+    assert text.startswith("= ") and "ledger:" in text and "total: " in text
+    first = bytes(held.tolist()).decode("ascii").split("\n\n")[1]  # a held-out paragraph
+    assert len(first) > 20 and first not in text
