@@ -169,6 +169,12 @@ def test_two_nodes_train_finalize_and_get_paid(
     code = cli_main([*argv, "--out", str(tmp_path / "model"), "--timeout", "10"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and err[0].startswith(f"error: job {job_id}: nobody serves")
+    for epoch, said in [("1", "nobody serves its checkpoint of epoch 1 0x"),
+                        ("2", "has epochs 1..1, not 2")]:  # fmt: skip
+        code = cli_main([*argv, "--out", str(tmp_path / "e"), "--epoch", epoch, "--timeout", "10"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1 and err[0].startswith(f"error: job {job_id}"), err
+        assert said in err[0], err
 
 
 @pytest.mark.timeout(180)
