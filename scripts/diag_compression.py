@@ -265,7 +265,19 @@ def evaluate(model: torch.nn.Module, ev: tuple[torch.Tensor, torch.Tensor]) -> f
 
 def load(s: Setup, ctx: int) -> tuple[TextData, tuple[torch.Tensor, torch.Tensor]]:
     train, held = CORPORA[s.corpus](max_train=s.max_train)
+    start = start_model(s.model)
+    if not getattr(start, "byte_level", False):  # a model folder: its own tokenizer
+        tok = start.tokenizer
+        train, held = (
+            torch.tensor(tok(bytes(t.tolist()).decode("utf-8", "replace"))["input_ids"])
+            for t in (train, held)
+        )
     return TextData(train, held, ctx), bench_corpus.eval_windows(held, s.eval_windows, ctx)
+
+
+def model_uri(model: str, seed: int) -> str:
+    """A builtin model's URI with its init seed; a folder's weights are its own."""
+    return f"{model}?seed={seed}" if model.startswith("builtin:") else model
 
 
 # ---------------------------------------------------------------------------- simulation
@@ -509,7 +521,7 @@ def run(s: Setup, data: TextData, ev, arm: Arm, seed: int) -> dict:
     """Train one arm with one seed: held-out curve, bytes, and the probe's table (default
     arm)."""
     torch.manual_seed(seed)
-    start = start_model(f"{s.model}?seed={seed}")
+    start = start_model(model_uri(s.model, seed))
     base = start.fresh().train()
     P = sum(p.numel() for p in base.parameters())
     st = streams(data, s.members, s.bsz, seed)
