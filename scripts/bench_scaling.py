@@ -32,8 +32,9 @@ N packets + exact aggregation) as % of one worker's compute over the K steps of 
     python scripts/bench_scaling.py --model builtin:tiny --corpora prose --workers 4 \\
         --seeds 2 --demo K=4 --demo k=16,bits=2             # a sweep over the job defaults
     python scripts/bench_scaling.py --resume --out /tmp/s1.json --only-seeds 1  # one seed of
-        # the matrix per process: copies of one --out file run side by side, merged afterwards
-    python scripts/bench_scaling.py --report --out docs/bench/scaling.json  # tables, plot only
+        # the matrix per process (--resume picks an interrupted one up again), then
+    python scripts/bench_scaling.py --merge /tmp/s0.json /tmp/s1.json --out /tmp/all.json
+    python scripts/bench_scaling.py --report --out docs/bench/scaling_models.json  # tables, plot
 
 Writes --out (JSON: setup, per-run records, summary), the same path with .md (tables) and with
 .png (held-out loss curves, mean over seeds, per model, corpus and N).
@@ -631,6 +632,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--resume", action="store_true", help="keep the runs already in --out (same setup)"
     )
     ap.add_argument("--report", action="store_true", help="only rewrite tables + plot of --out")
+    ap.add_argument("--merge", nargs="+", type=Path, help="--out from these runs files' runs")
     a = ap.parse_args(argv)
     a.model = (a.model or ("builtin:tiny" if a.quick else "builtin:small")).split(",")
     a.corpora = (a.corpora or ("code" if a.quick else ",".join(CORPORA))).split(",")
@@ -640,8 +642,29 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.workers = [int(x) for x in (a.workers or ("2" if a.quick else "2,4,8,16")).split(",")]
     a.seeds = a.seeds or (1 if a.quick else 3)
     a.only_seeds = [int(x) for x in a.only_seeds.split(",")] if a.only_seeds else None
-    a.out = a.out or Path("docs/bench/scaling_quick.json" if a.quick else "docs/bench/scaling.json")
+    a.out = a.out or Path(
+        "docs/bench/scaling_quick.json" if a.quick else "docs/bench/scaling_models.json"
+    )
     return a
+
+
+def _key5(r: dict) -> tuple:
+    return (*_key(r), r["n"], r["arm"], r["seed"])
+
+
+def _rewrite(a: argparse.Namespace) -> int:
+    """--report: tables and plot of --out again; --merge: of the runs of several --out files
+    (one per process of a split matrix, same setup) written to --out."""
+    olds = [json.loads(p.read_text()) for p in (a.merge or [a.out])]
+    setup = olds[0]["meta"]["setup"]
+    if any(o["meta"]["setup"] != setup for o in olds):
+        raise SystemExit("the files to merge were written with different setups")
+    runs = list({_key5(r): r for o in olds for r in o["runs"]}.values())
+    wall = 0 if a.merge else olds[0]["meta"].get("wall_s", 0)
+    known = {f.name for f in fields(Setup)}  # files of the harness-only version had more keys
+    s = Setup(**{k: v for k, v in setup.items() if k in known})
+    print(write_report(runs, s, a.out, wall))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -650,11 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     s = QUICK if a.quick else Setup()
     over = dict(steps=a.steps, ctx=a.ctx, inner_lr=a.inner_lr, warmup=a.warmup)
     s = replace(s, **{k: v for k, v in over.items() if v is not None})
-    if a.report:
-        old = json.loads(a.out.read_text())
-        s = Setup(**old["meta"]["setup"])
-        print(write_report(old["runs"], s, a.out, old["meta"].get("wall_s", 0)))
-        return 0
+    if a.report or a.merge:
+        return _rewrite(a)
     jobs = plan(a, s)
     print(f"bench_scaling: {len(jobs)} runs, setup {asdict(s)}", flush=True)
     t0, runs = time.time(), _previous(a.out, s) if a.resume else []
