@@ -166,3 +166,13 @@ def test_refusals_are_summed_up_by_reason() -> None:
     assert refusal_summary(mixed) == (
         "3 operators refused: ask above price (2), failed pre-flight (1)"
     )
+
+
+def test_an_outsiders_note_is_dropped_before_its_signature_is_recovered() -> None:
+    """Junk from outsiders must be cheap: the member check comes before the ECDSA recovery."""
+    b = board()
+    junk = progress(account=OUTSIDER)[:-65] + b"\x01" * 64 + b"\x1b"  # a signature of nothing
+    assert not gossip(b, junk)
+    assert b.dropped == {"not_member": 1}
+    with pytest.raises(NoteError, match="bad_signature"):
+        notes.decode(junk)  # without the check first, the same bytes fail on the signature

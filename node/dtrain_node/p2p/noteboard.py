@@ -60,11 +60,13 @@ class NoteBoard:
     def check_progress(self, data: bytes) -> notes.Note:
         """The note, if it is progress about our job from a current member (else NoteError)."""
         cfg, store = self._state.config, self._state.store
-        note = notes.decode(data)
-        notes.check_about(note, cfg.chain_id, cfg.contract, cfg.job_id, notes.PROGRESS)
-        if note.sender not in store.members:
-            raise NoteError("not_member", f"{note.sender} is not a member of the epoch")
-        return note
+
+        def ours(note: notes.Note) -> None:
+            notes.check_about(note, cfg.chain_id, cfg.contract, cfg.job_id, notes.PROGRESS)
+            if note.sender not in store.members:
+                raise NoteError("not_member", f"{note.sender} is not a member of the epoch")
+
+        return notes.decode(data, ours)
 
     def validate_gossip(self, forwarder: ID, msg: Any) -> bool:
         """Topic validator of the progress topic: False drops (and counts) the message."""

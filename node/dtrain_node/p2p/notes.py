@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,9 +101,11 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a finite number")
 
 
-def decode(data: bytes) -> Note:
+def decode(data: bytes, first: Callable[[Note], None] | None = None) -> Note:
     """Parse and authenticate a note: its body names a sender and that sender signed it.
-    Raises NoteError (never anything else): `malformed`, `oversized` or `bad_signature`."""
+    Raises NoteError (never anything else): `malformed`, `oversized` or `bad_signature`.
+    `first` runs the caller's cheap checks (about what, from whom) on the parsed note before
+    the signature is recovered, so junk from outsiders costs no ECDSA recovery."""
     data = _FRAME.open(data, _reject)
     kind, n = _HEAD.unpack_from(data, len(MAGIC) + 1)
     if kind not in KINDS or len(data) != _HEADER_LEN + n + SIG_LEN:
@@ -115,6 +118,8 @@ def decode(data: bytes) -> Note:
     _check_body(body)
     if raw != canonical(body):
         raise NoteError("malformed", "body is not in its canonical encoding")
+    if first is not None:
+        first(Note(kind, body, sig))
     if sig[64] not in (27, 28) or int.from_bytes(sig[32:64]) > _HALF_N:
         raise NoteError("bad_signature", "signature not canonical (v 27/28, low s)")
     try:

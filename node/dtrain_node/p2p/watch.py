@@ -89,10 +89,7 @@ class WatchPeer(Looper):
     def _accept(self, data: bytes, via: str = "gossip") -> bool:
         """Check one progress note; hand it on once. False: dropped (and counted)."""
         try:
-            note = notes.decode(data)
-            notes.check_about(note, self.chain_id, self.contract, self.job_id, notes.PROGRESS)
-            if note.sender not in self.members:
-                raise NoteError("not_member", f"{note.sender} is not a member")
+            note = notes.decode(data, self._ours)
         except NoteError as e:
             self.dropped[e.reason] += 1
             return False
@@ -104,6 +101,11 @@ class WatchPeer(Looper):
             self.received[via] += 1
             self.on_note(note)
         return True
+
+    def _ours(self, note: notes.Note) -> None:
+        notes.check_about(note, self.chain_id, self.contract, self.job_id, notes.PROGRESS)
+        if note.sender not in self.members:
+            raise NoteError("not_member", f"{note.sender} is not a member")
 
     def _validate(self, _forwarder: ID, msg: Any) -> bool:
         return self._accept(bytes(msg.data))
