@@ -180,15 +180,16 @@ def test_an_unknown_token_tensor_is_refused():
 
 
 def test_auto_k_spends_the_upload_budget_the_other_tensors_leave():
-    """builtin:small (320-row embedding and head, 2.8M parameters): auto k stays within
-    1/1000 of a dense bf16 ring all-reduce among 4 members; one more coefficient would not."""
+    """builtin:small (320-row embedding and head, 2.8M parameters): auto k keeps a sync's
+    upload (packet and envelopes) within 1/1000 of a dense bf16 ring all-reduce among 4
+    members; one more coefficient would not."""
     model = start_model("builtin:small").fresh()
     items = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
     tokens = segments.token_names(model)
     cfg = CompressConfig(k2d=4, k_token=K_AUTO, token_rows=64)
     spec, _ = segments.plan(items, cfg, tokens)
     k = spec.cfg.k_token
-    budget = 3 * spec.numel / 1000
+    budget = 3 * spec.numel / 1000 - segments.ENVELOPES
     assert 4 < k <= segments.K_TOKEN_MAX
     assert spec.packet_bytes <= budget
     if k < segments.K_TOKEN_MAX:
@@ -201,3 +202,9 @@ def test_auto_k_falls_back_to_the_matrices_k_when_tokens_are_most_of_the_model()
     cfg = CompressConfig(k2d=4, k_token=K_AUTO, token_rows=64)
     spec, _ = segments.plan(items, cfg, ("emb",))
     assert spec.cfg.k_token == 4
+
+
+def test_the_envelope_reserve_covers_a_packet_and_its_commitment():
+    from dtrain_node.p2p import envelope
+
+    assert segments.ENVELOPES >= 2 * envelope.OVERHEAD + envelope.STATE_LEN

@@ -20,7 +20,9 @@ from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import K_AUTO, CompressConfig
 
 K_TOKEN_MAX = 64  # auto k per token chunk: at most 1/64 of a 64x64 chunk
-BUDGET = 1 / 1000  # auto k: the packet's share of a dense bf16 ring all-reduce's upload
+BUDGET = 1 / 1000  # auto k: a sync's upload as a share of a dense bf16 ring all-reduce's
+ENVELOPES = 512  # bytes a sync's upload adds to its packet: the signed gossip envelopes of the
+# packet and of its commitment (p2p/envelope.py), rounded up
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,11 @@ def plan(
 
 def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig) -> int:
     """The token tensors' k for k_token = K_AUTO: the largest in [k2d, K_TOKEN_MAX] whose
-    packet stays within BUDGET of the upload of a dense bf16 ring all-reduce among 4 members
-    (3 bytes per parameter), so that the token tensors take the bytes the other tensors leave;
-    k2d when even that is over."""
+    packet and its ENVELOPES stay within BUDGET of the upload of a dense bf16 ring all-reduce
+    among 4 members (3 bytes per parameter), so that the token tensors take the bytes the other
+    tensors leave; k2d when even that is over."""
     base = spec_for(replace(cfg, k_token=cfg.k2d))
-    budget = 3 * base.numel * BUDGET
+    budget = 3 * base.numel * BUDGET - ENVELOPES
     best = cfg.k2d
     for k in range(cfg.k2d + 1, min(K_TOKEN_MAX, cfg.chunk**2) + 1):
         if spec_for(replace(cfg, k_token=k)).packet_bytes > budget:
