@@ -10,19 +10,32 @@ The document's conventions (stated in its introduction):
 - a command marked `# keeps running` is started in the background, holding its terminal; the
   test waits for its shown lines, not for time; a block of a busy terminal without a command
   shows lines that running command prints next (waited for as well); `^C` sends SIGINT to it,
-  waits for it to exit 0 and checks the lines after it.
+  waits for it to exit 0 and checks the lines after it; a command that ends by itself (`job
+  submit --serve` once its job ended) frees its terminal when it exited 0, which the next command
+  in that terminal waits for.
 
 Besides the shown lines, the outcomes the quickstart promises are checked on what the commands
 printed and wrote: every watched job completed, every fetched folder loads with transformers
 and holds the job's final checkpoint, every `rewards withdraw` withdrew a non-zero amount, and
-`stake show` showed the staker's delegation with non-zero rewards. The one change to a command:
-`dtrain chain up` gets `--port 0` (a free port, since 8545 may be taken by another run); the env
-file carries the port to every other command, and `8545` in the shown output matches any port.
+`stake show` showed the staker's delegation with non-zero rewards. A job submitted with `--serve`
+(step 11): the hashes it pinned, read from the chain before the chain stops, are the sha256 of
+the local dataset and recipe files and the model hash of the local folder, computed here; its
+URIs are the p2p: ones it printed; its `job watch` (with no operator's metrics) printed a
+progress line with step and loss for every round, from notes received by gossip; the chat
+reply of its fetched model is not empty. A job submitted with `--token`: the chain holds it in
+that token, its seats are filled and its amounts are shown in the token.
+
+The one change to a command: `dtrain chain up` gets `--port 0` (a free port, since 8545 may be
+taken by another run); the env file carries the port to every other command, and `8545` in the
+shown output matches any port.
 Every process started is stopped at the end, failed or not.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -164,8 +177,21 @@ class Terminal:
         slug = re.sub(r"\W+", "-", self.name)
         return self.logs / f"{slug}-{len(self.transcript)}{suffix}"
 
+    def settle(self) -> None:
+        """Free the terminal of a running command that ends by itself (exit 0)."""
+        r = self.running
+        if r is None:
+            return
+        try:
+            rc = r.proc.wait(timeout=EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} is busy with `{r.command}`") from None
+        self.running = None
+        self._record(r.command, r.output())
+        assert rc == 0, f"`{r.command}` exited {rc}:\n{r.output()[-4000:]}"
+
     def run(self, command: str) -> str:
-        assert self.running is None, f"{self.name} is busy with `{self.running.command}`"
+        self.settle()
         script, state = self._file(".sh"), self._file(".env")
         script.write_text(command + "\n")
         wrapper = (
@@ -203,7 +229,7 @@ class Terminal:
         self.env = env
 
     def start(self, command: str) -> Running:
-        assert self.running is None, f"{self.name} is busy with `{self.running.command}`"
+        self.settle()
         if re.match(r"dtrain chain up\b", command):
             command += " --port 0"
         log = self._file(".log")
@@ -300,8 +326,11 @@ def _outputs(terms: dict[str, Terminal], rx: str) -> list[tuple[str, str, Termin
     return found
 
 
-def test_quickstart_runs_as_written(tmp_path: Path) -> None:
-    steps = parse(DOC.read_text())
+def run_document(text: str, tmp_path: Path) -> tuple[dict[str, Terminal], dict[int, dict]]:
+    """Run every step of `text` in its terminal; the terminals (with their transcripts) and,
+    read from the chain just before it stops, the `--json job status` of every job submitted
+    with `--serve` or `--token`."""
+    steps = parse(text)
     setup = [s.command for s in steps if s.terminal == EVERY]
     home, logs = tmp_path / "home", tmp_path / "logs"
     home.mkdir()
@@ -315,6 +344,7 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     env["DTRAIN_ENV_FILE"] = str(home / ".dtrain" / "env")
     env.pop("PYTHONPATH", None)
     terms: dict[str, Terminal] = {}
+    on_chain: dict[int, dict] = {}
 
     def terminal(name: str) -> Terminal:
         if name not in terms:
@@ -327,26 +357,66 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
         for s in steps:
             if s.terminal == EVERY:
                 continue
-            where = f"quickstart.md:{s.line}"
-            t = terminal(s.terminal)
-            if s.kind == "run":
-                out = t.run(s.command)
-                left = missing(s.shown, out)
-                assert not left, f"{where}: `{s.command}` did not print {left[0]!r}:\n{out}"
-            elif s.kind == "start":
-                t.start(s.command)
-                t.expect(s.shown, where)
-            elif s.kind == "expect":
-                t.expect(s.shown, where)
-            else:
-                t.interrupt(s.shown, where)
-        busy = [f"{t.name}: {t.running.command}" for t in terms.values() if t.running]
-        assert not busy, f"the quickstart leaves running: {busy}"
+            if s.kind == "interrupt" and s.terminal == "chain":
+                on_chain.update(_read_jobs(terms))
+            _do(terminal(s.terminal), s)
+        for t in terms.values():
+            t.settle()
     finally:
         for t in terms.values():
             t.stop()
+    return terms, on_chain
 
-    # the journey's outcomes, on what the commands printed and wrote
+
+def _do(t: Terminal, s: Step) -> None:
+    where = f"quickstart.md:{s.line}"
+    if s.kind == "run":
+        out = t.run(s.command)
+        left = missing(s.shown, out)
+        assert not left, f"{where}: `{s.command}` did not print {left[0]!r}:\n{out}"
+    elif s.kind == "start":
+        t.start(s.command)
+        t.expect(s.shown, where)
+    elif s.kind == "expect":
+        t.expect(s.shown, where)
+    else:
+        t.interrupt(s.shown, where)
+
+
+def _submits(terms: dict[str, Terminal], flag: str) -> list[tuple[int, list[str], str, Terminal]]:
+    """(job id, arguments, output, terminal) of every `job submit` given `flag`."""
+    found = []
+    for cmd, out, t in _outputs(terms, r"^dtrain job submit"):
+        args = shlex.split(cmd.replace("$TOKEN", t.env.get("TOKEN", "$TOKEN")))
+        m = re.search(r"^job (\d+) created", out, re.M)
+        if flag in args and m:
+            found.append((int(m.group(1)), args, out, t))
+    return found
+
+
+def _read_jobs(terms: dict[str, Terminal]) -> dict[int, dict]:
+    """`dtrain --json job status` of each job submitted with --serve or --token, by the
+    submitting terminal's environment (not part of the document's transcript)."""
+    jobs = {}
+    for job, _, _, t in _submits(terms, "--serve") + _submits(terms, "--token"):
+        proc = subprocess.run(
+            ["dtrain", "--json", "job", "status", str(job)],
+            cwd=t.cwd, env=t.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        jobs[job] = json.loads(proc.stdout)
+    return jobs
+
+
+def test_quickstart_runs_as_written(tmp_path: Path) -> None:
+    terms, on_chain = run_document(DOC.read_text(), tmp_path)
+    check_journey(terms)
+    check_served_jobs(terms, on_chain)
+    check_token_jobs(terms, on_chain)
+
+
+def check_journey(terms: dict[str, Terminal]) -> None:
+    """The outcomes of steps 1 to 10, on what the commands printed and wrote."""
     kinds = [
         r"^dtrain chain up",
         r"\bdeploy\b",
@@ -363,19 +433,12 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
         assert _outputs(terms, rx), f"the quickstart runs no `{rx}` command any more"
     assert len({t.name for *_, t in _outputs(terms, r"^dtrain node run")}) >= 2
 
-    finals: dict[int, str] = {}
-    for cmd, out, _ in _outputs(terms, r"^dtrain job watch"):
-        job = int(cmd.split()[3])
-        m = re.search(rf"JobCompleted: jobId {job}, finalCheckpoint 0x([0-9a-f]{{64}})", out)
-        assert m, f"`{cmd}` saw no JobCompleted:\n{out}"
-        finals[job] = m.group(1)
-
+    finals = _finals(terms)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for cmd, _, t in _outputs(terms, r"^dtrain job fetch"):
         args = shlex.split(cmd)
-        job, out_dir = int(args[3]), Path(args[args.index("--out") + 1])
-        folder = out_dir if out_dir.is_absolute() else t.cwd / out_dir
+        job, folder = int(args[3]), _path(t, args[args.index("--out") + 1])
         assert (folder / "CHECKPOINT_SHA256").read_text().strip().removeprefix("0x") == finals[job]
         model = AutoModelForCausalLM.from_pretrained(folder)
         tok = AutoTokenizer.from_pretrained(folder)
@@ -391,6 +454,115 @@ def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert all("delegation with 0x" in out for out in shows), shows
     rewards = [a for out in shows for a in _eth(out, r"rewards\s+([0-9.]+) ETH pending")]
     assert any(a > 0 for a in rewards), f"the staker never saw a reward: {shows}"
+
+
+def _path(t: Terminal, arg: str) -> Path:
+    path = Path(arg)
+    return path if path.is_absolute() else t.cwd / path
+
+
+def _finals(terms: dict[str, Terminal]) -> dict[int, str]:
+    """The final checkpoint of every watched job, from its JobCompleted line."""
+    finals: dict[int, str] = {}
+    for cmd, out, _ in _outputs(terms, r"^dtrain job watch"):
+        job = int(cmd.split()[3])
+        m = re.search(rf"JobCompleted: jobId {job}, finalCheckpoint 0x([0-9a-f]{{64}})", out)
+        assert m, f"`{cmd}` saw no JobCompleted:\n{out}"
+        finals[job] = m.group(1)
+    return finals
+
+
+PINNED = re.compile(
+    r"^\s+(model|dataset|recipe)\s+(p2p:\S+#sha256=([0-9a-f]{64}))\s+0x([0-9a-f]{64})", re.M
+)
+
+
+def check_served_jobs(terms: dict[str, Terminal], on_chain: dict[int, dict]) -> None:
+    """Step 11: pins from the local files, p2p URIs, progress from gossip, a chat reply."""
+    from dtrain_node.train.start import model_hash
+
+    served = _submits(terms, "--serve")
+    assert served, "the quickstart submits no job with --serve any more"
+    for job, args, out, t in served:
+        pinned = {m[0]: m[1:] for m in PINNED.findall(out)}
+        assert set(pinned) == {"model", "dataset", "recipe"}, out
+        spec = on_chain[job]["spec"]
+        model = _path(t, args[args.index("--model") + 1])
+        dataset = _path(t, args[args.index("--dataset") + 1]).read_bytes()
+        recipe = _path(t, args[args.index("--recipe") + 1]).read_bytes()
+        assert (
+            spec["model_hash"] == "0x" + model_hash(str(model)).hex() == "0x" + pinned["model"][2]
+        )
+        assert spec["dataset_hash"] == "0x" + hashlib.sha256(dataset).hexdigest()
+        assert pinned["dataset"][1] == pinned["dataset"][2] == spec["dataset_hash"][2:]
+        assert pinned["recipe"][1] == hashlib.sha256(recipe).hexdigest()
+        assert spec["recipe_hash"] == "0x" + pinned["recipe"][2]
+        uris = (spec["model_uri"], spec["dataset_uri"], spec["recipe_uri"])
+        assert uris == tuple(pinned[k][0] for k in ("model", "dataset", "recipe")), uris
+        _check_progress(terms, job, rounds=int(args[args.index("--steps") + 1])
+                        // int(args[args.index("--sync") + 1]))  # fmt: skip
+        _check_chat(terms, job)
+
+
+PROGRESS = re.compile(
+    r"^progress: epoch \d+/\d+ round (\d+)/(\d+) \| step (\d+) \| loss ([0-9.]+)", re.M
+)
+
+
+def _check_progress(terms: dict[str, Terminal], job: int, rounds: int) -> None:
+    watches = [(c, o) for c, o, _ in _outputs(terms, rf"^dtrain job watch {job}\b")]
+    assert watches, f"the quickstart does not watch job {job}"
+    for cmd, out in watches:
+        assert "--metrics" not in cmd
+        lines = PROGRESS.findall(out)
+        assert sorted({int(r) for r, *_ in lines}) == list(range(1, rounds + 1)), out
+        assert all(int(total) == rounds and int(step) > 0 for _, total, step, _ in lines), out
+        assert all(0 < float(loss) < 100 for *_, loss in lines), out
+        m = re.search(r"(\d+) signed progress notes \(\d+ by gossip", out)
+        assert m and int(m.group(1)) > 0, f"no progress notes came by gossip:\n{out}"
+
+
+def _check_chat(terms: dict[str, Terminal], job: int) -> None:
+    folders = [
+        shlex.split(cmd)[shlex.split(cmd).index("--out") + 1]
+        for cmd, _, _ in _outputs(terms, rf"^dtrain job fetch {job}\b")
+    ]
+    chats = [
+        out
+        for folder in folders
+        for _, out, _ in _outputs(terms, rf"^python -c .*model='{re.escape(folder)}'")
+    ]
+    assert chats, f"the quickstart chats with no fetched model of job {job}"
+    for out in chats:
+        reply = ast.literal_eval(out.strip().splitlines()[-1])
+        assert reply["role"] == "assistant" and reply["content"].strip(), out
+
+
+def check_token_jobs(terms: dict[str, Terminal], on_chain: dict[int, dict]) -> None:
+    """Step 11's job in a token: the chain holds it in that token, every seat taken, and what
+    `job status` and `job watch` print is in the token."""
+    priced = _submits(terms, "--token")
+    assert priced, "the quickstart submits no job in a token any more"
+    for job, args, _, _ in priced:
+        token = args[args.index("--token") + 1]
+        status = on_chain[job]
+        assert status["token"] == token, status
+        seats = int(args[args.index("--operators") + 1].split(":")[0])
+        assert len(status["final_holders"]) == seats, status  # paid for the last epoch
+        watched = "".join(o for _, o, _ in _outputs(terms, rf"^dtrain job watch {job}\b"))
+        assert f"EpochStarted: jobId {job}, epoch 0, memberCount {seats}," in watched, watched
+        symbol = _symbol(terms, token)
+        for cmd, out, _ in _outputs(terms, rf"^dtrain job (status|watch) {job}\b"):
+            assert re.search(rf"\b0\.\d+ {symbol}\b", out), f"`{cmd}` shows no {symbol}:\n{out}"
+            assert not re.search(r"price [0-9.]+ ETH|escrow [0-9.]+ ETH", out), out
+
+
+def _symbol(terms: dict[str, Terminal], token: str) -> str:
+    for _, out, _ in _outputs(terms, r"token deploy"):
+        m = re.search(rf"^(\w+) deployed .*{token}", out, re.M)
+        if m:
+            return m.group(1)
+    raise AssertionError(f"no `token deploy` printed {token}")
 
 
 if __name__ == "__main__":
