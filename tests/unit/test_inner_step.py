@@ -326,6 +326,46 @@ def test_a_replay_through_the_plan_gives_the_members_packet_byte_for_byte(text) 
     assert o.prepare() != sent
 
 
+def with_dropout(backend, p: float = 0.1):
+    """The backend's model with dropout in every attention (a GPT-2 folder's 0.1 default)."""
+    for m in backend.model.modules():
+        if hasattr(m, "attention_dropout"):
+            m.attention_dropout = p
+    return backend
+
+
+def test_a_replay_draws_the_members_dropout_masks(text) -> None:
+    """With dropout in the model a replay still gives the member's packet byte for byte: the
+    draws of a step are seeded by the step and the batch (inner.dropout_seed); unseeded, the
+    member's and the replay's masks differ and an honest member's packet does not reproduce."""
+    from dtrain_node.optim import reproduce
+
+    recipe = Recipe(batch_size=2)
+    member = with_dropout(cpt(text, recipe))
+    opt = demo(member)
+    t = trainer(member, opt, recipe, epoch=0, steps=4, epochs=1)
+    t.batches = member.batches(torch.arange(member.n_items()), 2, seed=3)
+    shared, state = [x.clone() for x in opt.theta_sync], reproduce.private_state(opt)
+    inner.run_round(t)
+    sent = opt.prepare()
+    round_0 = list(itertools.islice(member.batches(torch.arange(member.n_items()), 2, 3), 2))
+
+    def replay(seeded: bool) -> bytes:
+        b = with_dropout(cpt(text, recipe))
+        o = demo(b)
+        reproduce.load_state(o, shared, state)
+        if seeded:
+            inner.replay_round(o, b, round_0, InnerPlan(recipe, 4), 0, CPU)
+        else:
+            for batch in round_0:
+                b.loss(batch).backward()
+                o.inner_step()
+        return o.prepare()
+
+    assert replay(seeded=True) == sent
+    assert replay(seeded=False) != sent
+
+
 # ---------------------------------------------------------------- the runner
 
 

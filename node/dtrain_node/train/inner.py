@@ -11,7 +11,10 @@ Every backend (built-in, TRL, torchtune) only computes a loss; the runner steps 
 - accumulation: `grad_accum` micro-batches of `batch_size` each, each loss divided by
   `grad_accum` and back-propagated in turn, so the step's gradient is their mean;
 - clipping: the accumulated gradients scaled to a global 2-norm of at most `max_grad_norm`
-  (`torch.nn.utils.clip_grad_norm_` over the trainable parameters) before the step.
+  (`torch.nn.utils.clip_grad_norm_` over the trainable parameters) before the step;
+- random draws (a model's dropout): each micro-batch's forward and backward run on the CPU
+  generator seeded by `dropout_seed` (the step and the batch), so that a replay draws the
+  member's masks; the generator's state outside is left as it was.
 
 All of it is a function of the recipe, the job spec and the step index: every member applies the
 same rates to its own shard, and the shared state (theta_sync) depends only on the packets as
@@ -105,6 +108,16 @@ class StepResult:
     accuracies: list[float] = field(default_factory=list)
 
 
+def dropout_seed(step: int, micro: int, part: Any) -> int:
+    """The seed of the random draws (dropout) of micro-batch `micro` of inner step `step` on
+    `part`: a function of the step and of the batch's tokens, so that a replay of a member's
+    round (operator/replaycheck.py) draws the very masks the member drew, and members draw
+    different ones on their different batches."""
+    first = part[0] if isinstance(part, tuple | list) else part
+    tokens = int(first.long().sum()) if isinstance(first, torch.Tensor) else 0
+    return (step * 1_000_003 + micro * 7_919 + tokens) % (1 << 62)
+
+
 @dataclass(frozen=True)
 class InnerPlan:
     """The inner steps of one job: its recipe (None: the node's defaults) and its length."""
@@ -132,10 +145,12 @@ class InnerPlan:
                 g["lr"] = lr
         parts: Sequence[Any] = batch if isinstance(batch, Accumulated) else (batch,)
         tokens, loss_sum, rewards, accuracies = 0, 0.0, [], []
-        for part in parts:
-            with devices.autocast(device, recipe):
-                loss = backend.loss(part)
-            (loss / len(parts) if len(parts) > 1 else loss).backward()
+        for i, part in enumerate(parts):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(dropout_seed(step, i, part))
+                with devices.autocast(device, recipe):
+                    loss = backend.loss(part)
+                (loss / len(parts) if len(parts) > 1 else loss).backward()
             tokens += part[0].numel()
             loss_sum += float(loss.detach())
             reward = getattr(backend, "last_reward", None)
