@@ -534,8 +534,11 @@ def _check_chat(terms: dict[str, Terminal], job: int) -> None:
     ]
     assert chats, f"the quickstart chats with no fetched model of job {job}"
     for out in chats:
+        # the model's weights are the fetched checkpoint (hashed by job fetch); what 30 steps
+        # teach it is not the software's to promise: the reply may be a special token, printed
+        # as nothing
         reply = ast.literal_eval(out.strip().splitlines()[-1])
-        assert reply["role"] == "assistant" and reply["content"].strip(), out
+        assert reply["role"] == "assistant" and isinstance(reply["content"], str), out
 
 
 def check_token_jobs(terms: dict[str, Terminal], on_chain: dict[int, dict]) -> None:
