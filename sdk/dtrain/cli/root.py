@@ -1,13 +1,6 @@
-"""`dtrain`: the command line over the SDK.
-
-Global options (or env vars DTRAIN_RPC_URL, DTRAIN_CONTRACT, DTRAIN_KEY, or a TOML file given
-by --config / DTRAIN_CONFIG with keys rpc_url, contract, key, or last the env file that `dtrain
-chain up` and `dtrain deploy` write, see `dtrain.envfile`) pick the chain, the contract and
-the signing key. `--json` prints machine-readable output. Errors print one line and exit 1;
-`--debug` shows the traceback. Installed packages add commands through the `dtrain.cli` entry
-point group: each entry is a function called with the root group (the node adds `dtrain node
-...` and `dtrain job fetch`).
-"""
+"""The `dtrain` root group (its global options, see `dtrain.cli`) and what the command
+groups share: the context, the reusable option types, the examples, JSON or human output, and
+the parsing of token amounts, addresses and keys."""
 
 from __future__ import annotations
 
