@@ -239,7 +239,7 @@ def union(ts: Sequence[EpochTranscript]) -> EpochTranscript:
                 if q is not None and q.payload != p.payload:
                     twice.add(p.sender)
                 by.setdefault(p.sender, p)
-        rounds.append(tuple(by[s] for s in sorted(by) if s not in twice))
+        rounds.append(tuple(by[s] for s in sorted(by, key=str.lower) if s not in twice))
     return EpochTranscript(*head, tuple(rounds))
 
 
