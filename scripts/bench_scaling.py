@@ -190,10 +190,12 @@ def default_demo(n: int) -> Arm:
     return resolve(Arm("demo"), n)
 
 
-def demo_cfg(arm: Arm, inner_lr: float) -> DeMoConfig:
-    """The DeMoConfig a node builds for a job with these settings (operator.epoch.demo_config
-    over the job spec and recipe), with the sweep-only keys on top."""
-    spec = replace(JOB, sync_interval=arm.K, topk_per_chunk=arm.k, quant_bits=arm.bits)
+def demo_cfg(arm: Arm, inner_lr: float, n: int) -> DeMoConfig:
+    """The DeMoConfig a node builds for an n-seat job with these settings
+    (operator.epoch.demo_config over the job spec and recipe), with the sweep-only keys on top."""
+    spec = replace(
+        JOB, sync_interval=arm.K, topk_per_chunk=arm.k, quant_bits=arm.bits, max_operators=n
+    )
     recipe = replace(
         RECIPE,
         inner_lr=inner_lr,
@@ -335,7 +337,7 @@ def _dense(c: Ctx, model, st, curve, rec) -> None:
 def _demo(c: Ctx, arm: Arm, base, st, curve, rec) -> None:
     s, n, ms = c.s, len(st), members(len(st))
     models = [copy.deepcopy(base) for _ in range(n)]
-    cfg = demo_cfg(arm, s.inner_lr)
+    cfg = demo_cfg(arm, s.inner_lr, n)
     opts = [DeMo.of_model(m, cfg, sender=a) for m, a in zip(models, ms, strict=True)]
     for t in range(1, s.steps + 1):
         t0 = time.perf_counter()

@@ -46,7 +46,7 @@ from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.optim.robust import RobustConfig
-from dtrain_node.optim.segments import token_names, views
+from dtrain_node.optim.segments import ring_upload, token_names, views
 from dtrain_node.train import shard
 from dtrain_node.train.corpus import TextData
 from dtrain_node.train.start import start_model
@@ -212,11 +212,6 @@ def cosine(u: torch.Tensor, ref: torch.Tensor) -> float:
     a, b = u.double().flatten(), ref.double().flatten()
     den = float(a.norm() * b.norm())
     return float(a @ b) / den if den > 0 else 0.0
-
-
-def ring_bf16_bytes(numel: int, n: int) -> float:
-    """Upload per member of a dense bf16 ring all-reduce of `numel` values among n members."""
-    return 2 * (n - 1) / n * 2 * numel
 
 
 def growth(series: list[float]) -> float:
@@ -394,7 +389,7 @@ def split_blocks(named: list, arm: Arm) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def compress_groups(arm: Arm, named: list) -> dict[CompressConfig, set[str]]:
+def compress_groups(arm: Arm, named: list, members: int) -> dict[CompressConfig, set[str]]:
     """The compressed tensors' names grouped by their CompressConfig: the arm's k / k1d, or
     the arm's per-kind k (k2d for matrices, k1d for vectors) for the kinds in k_by_kind."""
     by = dict(arm.k_by_kind)
@@ -412,6 +407,7 @@ def compress_groups(arm: Arm, named: list) -> dict[CompressConfig, set[str]]:
             bits=arm.bits,
             k_token=arm.k_token,
             token_rows=arm.token_rows,
+            ring=max(2, members),
         )
         out.setdefault(cc, set()).add(n)
     return out
@@ -440,7 +436,7 @@ class Sim:
             split_blocks([x for x in m.named_parameters() if x[0] not in skip], arm)
             for m in self.models
         ]
-        for cc, names in compress_groups(arm, comp[0]).items():
+        for cc, names in compress_groups(arm, comp[0], self.s.members).items():
             cfg = DeMoConfig(
                 mode="local",
                 sync_interval=arm.K,
@@ -609,7 +605,7 @@ def summarize(s: Setup, runs: list[dict]) -> dict:
     """Per arm: loss over seeds, gap to DDP, payload and its ratio to the bf16 ring; the probe's
     per-tensor and per-kind numbers averaged over seeds."""
     P = runs[0]["params"]
-    ring = ring_bf16_bytes(P, s.members)
+    ring = ring_upload(P, s.members)
     by = {a.name: [r for r in runs if r["arm"] == a.name] for a in s.arms}
     ddp = statistics.mean(r["final"] for r in by["ddp"]) if by.get("ddp") else None
     arms = []

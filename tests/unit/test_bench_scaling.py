@@ -64,16 +64,17 @@ def test_demo_arm_is_the_nodes_config_with_sweep_overrides() -> None:
     import bench_scaling as b
 
     job, recipe = JobSpec(price_per_operator_epoch=0), Recipe()
-    cfg = b.demo_cfg(b.default_demo(8), recipe.inner_lr)
+    cfg = b.demo_cfg(b.default_demo(8), recipe.inner_lr, 8)
     assert (cfg.mode, cfg.sync_interval) == ("local", job.sync_interval)
     assert (cfg.compress.k2d, cfg.compress.k1d, cfg.compress.bits) == (6, 1, job.quant_bits)
     assert (cfg.lr, cfg.beta) == (recipe.outer_lr, recipe.outer_momentum)
     assert cfg.inner_betas == (recipe.inner_beta1, recipe.inner_beta2)
     assert cfg.compress.k_token == -1 and cfg.compress.token_rows == recipe.token_rows  # auto
+    assert cfg.compress.ring == 8  # the auto k's budget: this job's ring
     assert cfg.robust.enabled
     swept = b.resolve(b.parse_demo("K=4,beta=0.9,k_token=16"), 8)
     assert swept.name == "demo K=4 k=6 1b beta=0.9 kt=16"
-    cfg = b.demo_cfg(swept, recipe.inner_lr)
+    cfg = b.demo_cfg(swept, recipe.inner_lr, 8)
     assert (cfg.sync_interval, cfg.beta, cfg.compress.k2d, cfg.compress.k_token) == (4, 0.9, 6, 16)
 
 

@@ -48,7 +48,7 @@ def test_errors_ratios_and_growth() -> None:
     assert math.isclose(dc.rel_ratio(ref / 2, ref), 0.5)
     assert math.isclose(dc.growth([1, 1, 2, 2, 3, 3, 4, 4]), 4.0)
     # bf16 ring: 2 (N - 1) / N x 2 bytes per value
-    assert dc.ring_bf16_bytes(1000, 4) == 3000
+    assert dc.ring_upload(1000, 4) == 3000 and dc.ring_upload(1000, 8) == 3500
 
 
 def test_compress_groups_split_by_kind() -> None:
@@ -58,7 +58,7 @@ def test_compress_groups_split_by_kind() -> None:
         ("model.norm.weight", torch.zeros(128)),
     ]
     arm = dc.Arm("x", k=4, k_by_kind=(("embedding", 16), ("norm", 8)))
-    groups = dc.compress_groups(arm, [named[0], named[2]])
+    groups = dc.compress_groups(arm, [named[0], named[2]], 4)
     assert {(c.k2d, c.k1d): n for c, n in groups.items()} == {
         (16, 1): {"model.embed_tokens.weight"},
         (4, 8): {"model.norm.weight"},
@@ -88,5 +88,5 @@ def test_split_rows_and_their_kind() -> None:
         (f"lm_head.weight[{r}]", (128,)) for r in range(3)
     ]
     arm = dc.Arm("x", k=4, rows=("head",), k_by_kind=(("head", 2),))
-    groups = dc.compress_groups(arm, out)
+    groups = dc.compress_groups(arm, out, 4)
     assert [(c.k2d, c.k1d) for c in groups] == [(4, 2)]

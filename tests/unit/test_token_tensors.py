@@ -7,6 +7,8 @@ tokens nobody saw. With one scale per block of rows an untouched block's scale i
 below the precision of any weight there, which therefore keeps its bits.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -167,7 +169,8 @@ def test_token_names_of_the_builtin_model_are_its_embedding_and_head():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"k_token": -2}, {"k_token": 4097}, {"token_rows": 63}, {"token_rows": -64}]
+    "bad",
+    [{"k_token": -2}, {"k_token": 4097}, {"token_rows": 63}, {"token_rows": -64}, {"ring": 1}],
 )
 def test_bad_token_settings_are_refused(bad):
     with pytest.raises(ValueError):
@@ -179,22 +182,27 @@ def test_an_unknown_token_tensor_is_refused():
         DeMo(named(), config(k_token=8), tokens=("nope",))
 
 
-def test_auto_k_spends_the_upload_budget_the_other_tensors_leave():
+@pytest.mark.parametrize("ring", [3, 4, 8])
+def test_auto_k_spends_the_upload_budget_the_other_tensors_leave(ring):
     """builtin:small (320-row embedding and head, 2.8M parameters): auto k keeps a sync's
-    upload (packet and envelopes) within 1/1000 of a dense bf16 ring all-reduce among 4
-    members; one more coefficient would not."""
+    upload (packet and envelopes) within 1/1000 of a member's upload in a dense bf16 ring
+    all-reduce among the job's seats (2 (N - 1) / N x 2 bytes a parameter); one more
+    coefficient would not."""
     model = start_model("builtin:small").fresh()
     items = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
     tokens = segments.token_names(model)
-    cfg = CompressConfig(k2d=4, k_token=K_AUTO, token_rows=64)
+    cfg = CompressConfig(k2d=4, k_token=K_AUTO, token_rows=64, ring=ring)
     spec, _ = segments.plan(items, cfg, tokens)
     k = spec.cfg.k_token
-    budget = 3 * spec.numel / 1000 - segments.ENVELOPES
+    budget = 4 * (ring - 1) / ring * spec.numel / 1000 - segments.ENVELOPES
     assert 4 < k <= segments.K_TOKEN_MAX
     assert spec.packet_bytes <= budget
     if k < segments.K_TOKEN_MAX:
         over = segments.plan(items, CompressConfig(k2d=4, k_token=k + 1, token_rows=64), tokens)
         assert over[0].packet_bytes > budget
+    if ring > 3:  # a bigger ring leaves more bytes to the token tensors
+        fewer = segments.plan(items, replace(cfg, ring=3), tokens)
+        assert fewer[0].cfg.k_token < k
 
 
 def test_auto_k_falls_back_to_the_matrices_k_when_tokens_are_most_of_the_model():

@@ -92,6 +92,7 @@ def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMo
         bits=spec.quant_bits,
         k_token=r.token_topk or K_AUTO,
         token_rows=r.token_rows,
+        ring=max(2, spec.max_operators),
     )
     if recipe is None:
         return DeMoConfig(

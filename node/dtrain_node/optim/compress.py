@@ -29,7 +29,8 @@ class CompressConfig:
     and move only when their token is in the batch): k_token coefficients per chunk (0: k2d;
     K_AUTO: the most the upload budget allows, segments.plan) and one scale per block of
     token_rows rows (0: one per tensor), so that a block nobody's batch touched sends its k
-    values at 2^EXP_MIN instead of at the busy blocks' scale.
+    values at 2^EXP_MIN instead of at the busy blocks' scale. ring: the members of the dense
+    bf16 ring all-reduce whose upload bounds K_AUTO's budget (the job's seats).
     """
 
     chunk: int = dct.N
@@ -38,6 +39,7 @@ class CompressConfig:
     bits: int = 1
     k_token: int = 0
     token_rows: int = 0
+    ring: int = 4
 
     def __post_init__(self) -> None:
         if not 2 <= self.chunk <= 64:
@@ -56,6 +58,8 @@ class CompressConfig:
             raise ValueError(
                 f"token_rows must be 0 or a multiple of chunk {self.chunk}, got {self.token_rows}"
             )
+        if self.ring < 2:
+            raise ValueError(f"ring must count at least 2 members, got {self.ring}")
 
     def k(self, shape: torch.Size | tuple[int, ...], token: bool = False) -> int:
         if len(dct.view2(shape)) == 1:

@@ -75,17 +75,22 @@ def plan(
 
 def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig) -> int:
     """The token tensors' k for k_token = K_AUTO: the largest in [k2d, K_TOKEN_MAX] whose
-    packet and its ENVELOPES stay within BUDGET of the upload of a dense bf16 ring all-reduce
-    among 4 members (3 bytes per parameter), so that the token tensors take the bytes the other
+    packet and its ENVELOPES stay within BUDGET of a member's upload in a dense bf16 ring
+    all-reduce among cfg.ring members, so that the token tensors take the bytes the other
     tensors leave; k2d when even that is over."""
     base = spec_for(replace(cfg, k_token=cfg.k2d))
-    budget = 3 * base.numel * BUDGET - ENVELOPES
+    budget = ring_upload(base.numel, cfg.ring) * BUDGET - ENVELOPES
     best = cfg.k2d
     for k in range(cfg.k2d + 1, min(K_TOKEN_MAX, cfg.chunk**2) + 1):
         if spec_for(replace(cfg, k_token=k)).packet_bytes > budget:
             break
         best = k
     return best
+
+
+def ring_upload(numel: int, members: int) -> float:
+    """Bytes one member uploads in a bf16 ring all-reduce of numel parameters: 2(N-1)/N x 2."""
+    return 4 * (members - 1) / members * numel
 
 
 def views(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
