@@ -84,6 +84,12 @@ class RecipeInvalid(NodeError, ValueError):
     """A job's recipe that is missing, unreadable, invalid or does not match its recipeHash."""
 
 
+class CompressionInvalid(NodeError, ValueError):
+    """A job's compression (its spec's top-k and bits, its recipe's token tensors) that no
+    member can sync: more coefficients than a chunk holds, a packet over the gossip limit, or
+    an aggregate that cannot stay exact for its seats."""
+
+
 class ModelUnavailable(NodeError, ValueError):
     """A job's model URI names no model this node can build (unknown preset, unreadable config)."""
 

@@ -114,10 +114,17 @@ def check_dataset(uri: str, method: str, recipe: Any = None) -> str:
 JOB_CHECKERS = "dtrain.job_check"
 
 
-def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Any = None) -> bytes:
+def check_job(
+    model_uri: str,
+    dataset_uri: str,
+    method: str,
+    recipe: Any = None,
+    compression: tuple[int, int, int] | None = None,
+) -> bytes:
     """Builds the job the way every node will (the model loads, the dataset's records fit its
     tokenizer and sequence length, the recipe fits the model: LoRA targets, seq_len, GRPO's
-    answers) and returns the model's pin; a job that cannot train is a ConfigError."""
+    answers; with `compression` = (top-k per chunk, bits, seats), its members can sync the
+    model) and returns the model's pin; a job that cannot train is a ConfigError."""
     checkers = entry_points(group=JOB_CHECKERS)
     if not checkers or not model_uri:  # no node package, or no model: model_hash says what
         return model_hash(model_uri)
@@ -127,16 +134,22 @@ def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Any = None)
     except ImportError as exc:
         raise ConfigError(f"the job checker {checker.value!r} cannot load: {exc}") from None
     try:
-        return bytes(check(model_uri, dataset_uri.removeprefix("file://"), method, recipe))
+        data = dataset_uri.removeprefix("file://")
+        extra = {} if compression is None else {"compression": compression}
+        return bytes(check(model_uri, data, method, recipe, **extra))
     except Exception as exc:  # the node's own error types: report the line it gives
         raise ConfigError(f"this job could not train: {exc}") from None
 
 
 def check_job_inputs(
-    model_uri: str, dataset_uri: str, method: str, recipe: Any = None
+    model_uri: str,
+    dataset_uri: str,
+    method: str,
+    recipe: Any = None,
+    compression: tuple[int, int, int] | None = None,
 ) -> tuple[str, bytes]:
     """The one validation of a job's inputs, which `dtrain data check` and `dtrain job submit`
     both run on local copies: the dataset's records for `method` (`check_dataset`), then the job
     built as every node will build it (`check_job`). (the dataset's summary, the model's pin)."""
     summary = check_dataset(dataset_uri, method, recipe)
-    return summary, check_job(model_uri, dataset_uri, method, recipe)
+    return summary, check_job(model_uri, dataset_uri, method, recipe, compression)

@@ -837,6 +837,23 @@ def test_submit_refuses_cheap_problems_before_the_model_check(
     assert bsm.next_job_id() == before  # nothing sent
 
 
+@pytest.mark.parametrize(("topk", "why"), [("5000", "k2d must be in"), ("4096", "gossip limit")])
+def test_submit_refuses_a_compression_no_member_can_sync(
+    run, bsm, accounts, data, topk, why
+) -> None:
+    """The contract takes any top-k above 0; one above a 64x64 chunk, or one whose packet is
+    over the gossip limit, would have every operator join and fail at the epoch's start:
+    refused before any transaction, in one line."""
+    before = bsm.next_job_id()
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--dataset-uri", data, "--model-uri",
+        "builtin:small", "--topk", topk, key=accounts[4].key,
+    )  # fmt: skip
+    assert code == 1 and not out and len(err.strip().splitlines()) == 1, err
+    assert "this job could not train" in err and why in err, err
+    assert bsm.next_job_id() == before
+
+
 @pytest.mark.parametrize(
     "extra",
     [

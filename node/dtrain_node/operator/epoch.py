@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from web3 import Web3
 
-from dtrain.models import Job, Method
+from dtrain.models import Job, JobSpec, Method
 from dtrain.recipe import Recipe
 from dtrain_node.errors import (
     CheckpointInvalid,
     CheckpointUnavailable,
+    CompressionInvalid,
     DatasetError,
     ModelUnavailable,
     RecipeInvalid,
@@ -41,26 +42,29 @@ from dtrain_node.operator.faults import AHEAD_WAIT_S, Faults, RoundContext
 from dtrain_node.operator.replaycheck import ClaimHead
 from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
-from dtrain_node.optim import codec
+from dtrain_node.optim import aggregate, codec, dct
 from dtrain_node.optim.compress import K_AUTO, CompressConfig
-from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig, model_spec
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation, Transcript
 from dtrain_node.train import checkpoint, devices, inner, shard
 from dtrain_node.train.backend import Backend, TrainJob, make_backend
 
 if TYPE_CHECKING:
+    import torch
+
     from dtrain_node.operator.node import NodeConfig
 
 
 # What `EpochTrainer.prepare` raises when the epoch cannot be done by anyone honest: the
 # dataset missing or failing its hash (or malformed), the model unknown, the recipe missing or
-# failing its hash, the start checkpoint
-# failing its hash or served by no member. The node votes UNWORKABLE instead of training.
+# failing its hash, a compression no member can sync, the start checkpoint failing its hash
+# or served by no member. The node votes UNWORKABLE instead of training.
 UNWORKABLE_ERRORS = (
     DatasetError,
     ModelUnavailable,
     RecipeInvalid,
+    CompressionInvalid,
     CheckpointInvalid,
     CheckpointUnavailable,
 )
@@ -85,15 +89,8 @@ def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMo
     """DeMo settings: K, top-k and quantization bits from the job spec; the token tensors'
     compression, the outer step and the inner AdamW from the job's recipe, or without one the
     recipe defaults and the node config (the same on every reference node)."""
-    spec, r = job.spec, recipe or Recipe()
-    compress = CompressConfig(
-        k2d=spec.topk_per_chunk,
-        k1d=1,
-        bits=spec.quant_bits,
-        k_token=r.token_topk or K_AUTO,
-        token_rows=r.token_rows,
-        ring=max(2, spec.max_operators),
-    )
+    spec = job.spec
+    compress = compress_config(spec, recipe)
     if recipe is None:
         return DeMoConfig(
             mode="local",
@@ -114,6 +111,45 @@ def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMo
         inner_weight_decay=recipe.inner_weight_decay,
         compress=compress,
     )
+
+
+def compress_config(spec: JobSpec, recipe: Recipe | None) -> CompressConfig:
+    """The job's compression: top-k and bits from its spec, the token tensors' k and blocks
+    from its recipe (or the defaults), the auto k's budget from its seats. ValueError when
+    the numbers are out of range."""
+    r = recipe or Recipe()
+    return CompressConfig(
+        k2d=spec.topk_per_chunk,
+        k1d=1,
+        bits=spec.quant_bits,
+        k_token=r.token_topk or K_AUTO,
+        token_rows=r.token_rows,
+        ring=max(2, spec.max_operators),
+    )
+
+
+def check_compression(spec: JobSpec, recipe: Recipe | None, model: torch.nn.Module) -> codec.Spec:
+    """The packet layout every member of the job builds for `model` (`DeMo.of_model`), or
+    CompressionInvalid when no member could sync with it: settings out of range (more
+    coefficients than a chunk holds), a packet over the gossip limit, or too many seats for
+    an exact aggregate."""
+    try:
+        packet = model_spec(model, compress_config(spec, recipe))
+    except ValueError as exc:
+        raise CompressionInvalid(f"the job's compression cannot be built: {exc}") from None
+    if packet.packet_bytes > codec.MAX_BYTES:
+        raise CompressionInvalid(
+            f"a packet of {packet.packet_bytes} bytes is over the gossip limit of "
+            f"{codec.MAX_BYTES} (top-k {spec.topk_per_chunk}, {packet.cfg.k_token or 0} "
+            "for token tensors): choose fewer coefficients"
+        )
+    bmax = int(dct.basis_q(packet.cfg.chunk).abs().max())
+    for k, dims in {(t[2], 2 if t[1] != packet.cfg.chunk else 1) for t in packet.layout}:
+        try:
+            aggregate.bound_shift(spec.max_operators, k, packet.cfg.max_level, bmax, dims)
+        except ValueError as exc:
+            raise CompressionInvalid(f"{spec.max_operators} seats: {exc}") from None
+    return packet
 
 
 class EpochTrainer:
@@ -176,6 +212,7 @@ class EpochTrainer:
         model.load_state_dict(env.checkpoints.start_state(job, self.backend.start_pin, model))
         self.device = devices.pick(env.cfg.device)
         self.backend.to(self.device)  # inner steps there; the shared state stays on the CPU
+        check_compression(job.spec, tj.recipe, model)
         cfg = demo_config(env.cfg, job, tj.recipe)
         self.opt = DeMo.of_model(model, cfg, sender=env.me.lower())
         self.context = RoundContext(self.opt.spec, env.me)

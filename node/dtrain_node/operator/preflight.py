@@ -1,7 +1,7 @@
 """Before joining a job: can we do it? A seat bonds our stake and an epoch we cannot do gets
 us slashed (or, at best, voted UNWORKABLE with everyone), so a node joins only a job whose
 dataset it reads, whose recipe it reads and whose start model it builds, each matching the hash
-the job pins.
+the job pins, and whose compression its members can sync (`epoch.check_compression`).
 
 `check` first fetches what the job names remotely (p2p or https model, dataset and recipe, into
 the node's cache, each verified against its hash: `operator.sources`), then builds the job's
@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING
 from dtrain_node.errors import (
     BackendUnavailable,
     CheckpointInvalid,
+    CompressionInvalid,
     DatasetError,
     ModelUnavailable,
     RecipeInvalid,
 )
+from dtrain_node.operator.epoch import check_compression
 from dtrain_node.operator.sources import Cache, LocalSources, fetch_job
 from dtrain_node.train.backend import TrainJob, make_backend
 
@@ -30,12 +32,25 @@ if TYPE_CHECKING:
     from dtrain.models import Job
 
 # A job we cannot do: skipped, never joined (a backend we lack, e.g. the recipe asks for trl).
-CANNOT = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid, BackendUnavailable)
+CANNOT = (
+    DatasetError,
+    ModelUnavailable,
+    RecipeInvalid,
+    CheckpointInvalid,
+    CompressionInvalid,
+    BackendUnavailable,
+)
 
 
 # What the job's own files, fetched intact, prove nobody can train: every honest node that
 # builds the job reproduces it (a backend we lack or a file we cannot fetch proves nothing).
-PROVES_UNWORKABLE = (DatasetError, ModelUnavailable, RecipeInvalid, CheckpointInvalid)
+PROVES_UNWORKABLE = (
+    DatasetError,
+    ModelUnavailable,
+    RecipeInvalid,
+    CheckpointInvalid,
+    CompressionInvalid,
+)
 
 
 def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
@@ -50,9 +65,11 @@ def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
 
 def build(job: Job, batch_size: int, local: LocalSources | None) -> None:
     """Builds `job`'s backend exactly as training will, from its fetched files `local`
-    (reading the dataset checks its sha256), and checks the start model's pin: raises what
-    stops it."""
-    backend = make_backend(TrainJob.from_job(job, batch_size, local))
+    (reading the dataset checks its sha256), checks that its members can sync the model with
+    the job's compression and that the start model has the job's pin: raises what stops it."""
+    tj = TrainJob.from_job(job, batch_size, local)
+    backend = make_backend(tj)
+    check_compression(job.spec, tj.recipe, backend.model)
     got = backend.start_pin
     want = bytes(job.spec.model_hash)
     if got != want:

@@ -143,8 +143,9 @@ class DeMo:
     def of_model(cls, model: torch.nn.Module, cfg: DeMoConfig, sender: Hashable = 0) -> DeMo:
         """DeMo over the model's parameters, its embedding and output head as token tensors
         (how every node of a job builds it, so that all agree on the packet layout)."""
-        tokens = segments.token_names(model) if cfg.compress.tokens_apart else ()
-        return cls(model.named_parameters(), cfg, sender=sender, tokens=tokens)
+        return cls(
+            model.named_parameters(), cfg, sender=sender, tokens=_tokens(model, cfg.compress)
+        )
 
     @property
     def due(self) -> bool:
@@ -284,6 +285,16 @@ class DeMo:
             return st
         self.inner_step()
         return self.sync(gather) if self.due else None
+
+
+def _tokens(model: torch.nn.Module, compress: CompressConfig) -> tuple[str, ...]:
+    return segments.token_names(model) if compress.tokens_apart else ()
+
+
+def model_spec(model: torch.nn.Module, compress: CompressConfig) -> codec.Spec:
+    """The packet spec `DeMo.of_model` builds for `model`, without building any state."""
+    named = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
+    return segments.plan(named, compress, _tokens(model, compress))[0]
 
 
 def lockstep(opts: Sequence[DeMo]) -> list[SyncStats]:

@@ -248,10 +248,26 @@ def _make_backend(job: TrainJob, name: str | None, options: Any) -> Backend:
     raise ValueError(f"unknown backend {name!r}; known: {known}")
 
 
-def check_job(model_uri: str, dataset_uri: str, method: str, recipe: Recipe | None) -> bytes:
+def check_job(
+    model_uri: str,
+    dataset_uri: str,
+    method: str,
+    recipe: Recipe | None,
+    compression: tuple[int, int, int] | None = None,
+) -> bytes:
     """Builds the backend of a would-be job exactly as a node will (dataset unchecked by hash:
-    the caller hashes it separately) and returns its start pin, the job's `modelHash`. Raises
-    the node's error (DatasetError, ModelUnavailable, RecipeInvalid, ...) when it cannot train.
-    The `dtrain.job_check` entry point: `job submit` calls it before creating a job."""
+    the caller hashes it separately) and returns its start pin, the job's `modelHash`; with
+    `compression` (top-k per chunk, bits, seats) also checks that its members can sync the
+    model. Raises the node's error (DatasetError, ModelUnavailable, RecipeInvalid,
+    CompressionInvalid, ...) when it cannot train. The `dtrain.job_check` entry point: `job
+    submit` calls it before creating a job."""
     job = TrainJob(0, method, model_uri, dataset_uri, ZERO_HASH, recipe=recipe)
-    return make_backend(job).start_pin
+    backend = make_backend(job)
+    if compression is not None:
+        from dtrain.models import JobSpec
+        from dtrain_node.operator.epoch import check_compression  # the node's own check
+
+        topk, bits, seats = compression
+        spec = JobSpec(0, topk_per_chunk=topk, quant_bits=bits, max_operators=seats)
+        check_compression(spec, recipe, backend.model)
+    return backend.start_pin

@@ -237,7 +237,16 @@ def job_submit(
         _refuse_relative_path(flag, uri, serve, pinned)
     price_units = 0 if token or x402_url else _price(price, None)
     lo, hi = _operators(operators_range)
-    wanted = Wanted(method, model_uri, dataset_uri, recipe_path or "", model_hash, dataset_hash)
+    topk_per_chunk = default_topk(hi) if topk is None else topk
+    wanted = Wanted(
+        method,
+        model_uri,
+        dataset_uri,
+        recipe_path or "",
+        model_hash,
+        dataset_hash,
+        (topk_per_chunk, int(quant_bits), hi),
+    )
     with References(cache_dir) as refs:  # a dry run of the job as the nodes will build it
         pinned = pin_job(refs, wanted)
     recipe, recipe_pin, data_summary = pinned.recipe, pinned.recipe_hash, pinned.summary
@@ -269,7 +278,7 @@ def job_submit(
         model_uri=model_uri,
         dataset_hash=data_pin,
         dataset_uri=dataset_uri,
-        topk_per_chunk=default_topk(hi) if topk is None else topk,
+        topk_per_chunk=topk_per_chunk,
         quant_bits=int(quant_bits),
         epoch_duration=epoch_duration,
         tee_required=tee,

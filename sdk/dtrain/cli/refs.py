@@ -96,6 +96,7 @@ class Wanted:
     recipe_uri: str = ""
     model_hash: str = ""
     dataset_hash: str = ""
+    compression: tuple[int, int, int] | None = None  # top-k per chunk, bits, seats
 
 
 def pin_job(refs: References, w: Wanted) -> JobPins:
@@ -114,7 +115,7 @@ def pin_job(refs: References, w: Wanted) -> JobPins:
         summary = "" if dataset is None else pins.check_dataset(dataset, w.method, recipe)
     elif dataset is not None:
         summary, model_pin = pins.check_job_inputs(
-            refs.model(w.model_uri), dataset, w.method, recipe
+            refs.model(w.model_uri), dataset, w.method, recipe, w.compression
         )
     else:
         model_pin, summary = pins.model_hash(refs.model(w.model_uri)), ""
