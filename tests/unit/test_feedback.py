@@ -3,6 +3,8 @@ definition: e = beta * e + delta; send the top-k DCT part of e and take it out o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -206,6 +208,20 @@ def test_round_state_saved_by_an_older_layout_is_not_resumed(tmp_path) -> None:
     state["e"] = [torch.zeros(64, 64), torch.zeros(64)]  # e as parameters, as saved before
     torch.save(state, path)
     assert roundstate.load(path, opt) is None
+
+
+def test_round_state_of_another_packet_layout_is_not_resumed(tmp_path) -> None:
+    """Error feedback of the same shape but another packet layout (token tensors with another
+    k, after an upgrade mid-epoch) would load and send from misplaced coefficients."""
+    model = torch.nn.Linear(64, 64)
+    cfg = DeMoConfig(mode="local", sync_interval=1)
+    path = roundstate.path(tmp_path, 0)
+    roundstate.save(path, DeMo(model.named_parameters(), cfg), 3, {"0xa": 1})
+    other = replace(cfg, compress=CompressConfig(k2d=5))
+    opt = DeMo(model.named_parameters(), other)
+    assert opt.feedback.mat.shape == DeMo(model.named_parameters(), cfg).feedback.mat.shape
+    assert roundstate.load(path, opt) is None
+    assert roundstate.load(path, DeMo(model.named_parameters(), cfg))["round"] == 3
 
 
 def test_a_restarted_round_sends_the_packet_it_may_have_sent_before(tmp_path):

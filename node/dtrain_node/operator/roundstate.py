@@ -55,6 +55,7 @@ def save(
         "applied": applied or [],
         "theta_sync": opt.theta_sync,
         "e": opt.feedback.state(),
+        "spec": opt.spec.signature.hex(),  # the packet layout e's coefficients belong to
         "steps": opt.steps,
         "inner": opt.inner.state_dict() if opt.inner is not None else None,
     }
@@ -70,6 +71,8 @@ def load(path: Path, opt: DeMo) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     state = torch.load(path, weights_only=False)
+    if state.get("spec", opt.spec.signature.hex()) != opt.spec.signature.hex():
+        return None  # saved for another packet layout (another version's): start over
     with torch.no_grad():
         try:
             opt.feedback.load(state["e"])
