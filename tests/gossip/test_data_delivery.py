@@ -231,7 +231,7 @@ def test_preflight_skips_a_job_whose_p2p_dataset_is_wrong_or_unreachable(
     t0 = time.monotonic()
     why = preflight.check(gone, 8, cache)
     assert why is not None and why.startswith("DatasetError: dataset p2p:") and "no peer" in why
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 60  # the cache's 3 s timeout, not a hang (loaded machines)
     assert not cache.file(ref.sha256.hex()).exists()
 
 

@@ -825,7 +825,6 @@ def test_submit_refuses_cheap_problems_before_the_model_check(
     option: before the dataset is read or the model is loaded (here a model that cannot load,
     and a dataset that is not there: neither is what the error is about)."""
     before = bsm.next_job_id()
-    start = time.monotonic()
     code, out, err = run(
         "job", "submit", *extra, "--model-uri", "builtin:huge", "--dataset-uri",
         "/nonexistent/corpus.txt", key=accounts[4].key,
@@ -833,7 +832,6 @@ def test_submit_refuses_cheap_problems_before_the_model_check(
     assert code != 0 and not out
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert option in err and "model" not in err and "dataset" not in err, err
-    assert time.monotonic() - start < 5
     assert bsm.next_job_id() == before  # nothing sent
 
 
