@@ -297,3 +297,28 @@ def test_union_refuses_files_of_another_attempt(trained) -> None:
         ev.union([t, dataclasses.replace(t, attempt=t.attempt + 1)])
     with pytest.raises(TranscriptInvalid, match="no transcript"):
         ev.union([])
+
+
+def test_a_live_transcript_is_saved_in_the_files_order() -> None:
+    """The members' transcript lists each round's senders by their checksum spelling (the
+    gossip store's keys, sorted as strings); the file orders them by address. Saved as the
+    store lists them, a file of members whose spellings sort apart would not decode: every
+    referee would refuse the honest challenger's evidence."""
+    from types import SimpleNamespace
+
+    from dtrain_node.operator.epoch import EpochTrainer
+    from dtrain_node.p2p.reconcile import Transcript
+
+    store_order = sorted(a.address for a in ACCOUNTS)  # as reconcile lists a round
+    assert store_order != _members()
+    rounds = [[(s, f"packet {i}".encode()) for i, s in enumerate(store_order)]]
+    commits = [[f"commit {i}".encode() for i in range(len(store_order))]]
+    t = Transcript(rounds, True, [], 0.0, 2, 0, commits)
+    job = SimpleNamespace(id=JOB, state=SimpleNamespace(epoch=EPOCH, attempt=ATTEMPT))
+    env = SimpleNamespace(cfg=SimpleNamespace(contract=CONTRACT), chain_id=CHAIN)
+    saved = EpochTrainer._evidence(SimpleNamespace(job=job, env=env), t)  # type: ignore[arg-type]
+    back = ev.decode(saved.encode())
+    assert [p.sender for p in back.rounds[0]] == _members()
+    for p in back.rounds[0]:
+        i = store_order.index(p.sender)
+        assert (p.payload, p.commitment) == (rounds[0][i][1], commits[0][i])

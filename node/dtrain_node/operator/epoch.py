@@ -423,13 +423,20 @@ class EpochTrainer:
         )
 
     def _evidence(self, t: Transcript) -> evidence.EpochTranscript:
-        """The canonical transcript as the epoch's evidence file records it."""
+        """The canonical transcript as the epoch's evidence file records it: each round's
+        packets by address (the gossip store lists them by checksum spelling, another order
+        when two spellings differ in case where they first differ)."""
         job, st = self.job, self.job.state
         commitments = t.commitments or [[b""] * len(packets) for packets in t.rounds]
         rounds = tuple(
             tuple(
-                evidence.Packet(Web3.to_checksum_address(str(s)), p, c)
-                for (s, p), c in zip(packets, commits, strict=True)
+                sorted(
+                    (
+                        evidence.Packet(Web3.to_checksum_address(str(s)), p, c)
+                        for (s, p), c in zip(packets, commits, strict=True)
+                    ),
+                    key=lambda packet: packet.sender.lower(),
+                )
             )
             for packets, commits in zip(t.rounds, commitments, strict=True)
         )
