@@ -40,7 +40,7 @@ def test_attacks_dropped_counted_and_rounds_complete(cluster: Any) -> None:
     assert_identical_rounds(honest, range(rounds))
     for res in honest:
         for r in res["rounds"]:
-            assert r["senders"] == sorted(c.members), f"round {r['round']}"
+            assert r["senders"] == sorted(c.members, key=str.lower), f"round {r['round']}"
         dropped = res["metrics"]["dropped"]
         # The codec-invalid packet can reach a node after that node closed the round; it is then
         # dropped as late ("finished") before validation. Validation itself is checked
@@ -85,7 +85,7 @@ def test_outsider_forgeries_never_relayed_genuine_late_ones_are(
             p.popen.wait(15)
     assert_identical_rounds(results, range(rounds))
     for res in results:
-        assert all(r["senders"] == sorted(c.members) for r in res["rounds"])
+        assert all(r["senders"] == sorted(c.members, key=str.lower) for r in res["rounds"])
     sent = json.loads(inj.result_path.read_text())["sent"]
     seen = json.loads(obs.result_path.read_text())
     print(f"\ninjector sent {sent}; observer got {seen}")
@@ -124,7 +124,11 @@ def test_two_phase_attacks_rejected_everywhere_and_rounds_agree(cluster: Any) ->
     attacked = {hook.NO_COMMIT, hook.MISMATCH, hook.LATE}
     for res in honest:
         for r in res["rounds"]:
-            want = [m for m in sorted(c.members) if m != bad or r["round"] not in attacked]
+            want = [
+                m
+                for m in sorted(c.members, key=str.lower)
+                if m != bad or r["round"] not in attacked
+            ]
             assert r["senders"] == want, f"round {r['round']}: {r['senders']}"
             assert r["latency_s"] < deadline + settle + 1.5, r  # nobody stalls
         dropped = res["metrics"]["dropped"]

@@ -13,6 +13,7 @@ from eth_account import Account
 from harness.commit_store import AutoCommitStore
 from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, account
 from harness.gossip_worker import synthetic_packet, synthetic_spec
+from harness.spelling import spelled_apart
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.peer.id import ID
@@ -159,6 +160,24 @@ def test_store_closed_round_takes_relays_only_and_finished_is_frozen() -> None:
     assert [a for a, _ in got] == [MEMBERS[1]]
     assert reason(s, seal(2, 0)[0], relayed=True) == "finished"
     assert s.participation == {MEMBERS[0]: 0, MEMBERS[1]: 1, MEMBERS[2]: 0}
+
+
+def test_a_finished_round_lists_its_senders_by_address() -> None:
+    """Members whose checksum spellings sort otherwise than their addresses: the round's
+    canonical order (what evidence files, the aggregate and the chain use) is by address."""
+    apart = spelled_apart(3)
+    members = [a.address for a in apart]
+    s = AutoCommitStore(CHAIN_ID, CONTRACT, JOB_ID, StoreLimits(1 << 20, 2, 1))
+    s.set_epoch(0, list(reversed(members)), None)
+    s.begin(0)
+    for i, a in enumerate(reversed(apart)):
+        env = envelope.seal(
+            a, chain_id=CHAIN_ID, contract=CONTRACT, job_id=JOB_ID, epoch=0, round=0,
+            payload=synthetic_packet(SPEC, i),
+        )[0]  # fmt: skip
+        assert s.offer(env, relayed=False)
+    assert members != sorted(members)  # as strings they sort apart
+    assert [sender for sender, _ in s.finish(0)] == members
 
 
 def test_equivocation_excludes_the_sender() -> None:

@@ -40,7 +40,11 @@ def test_empty_payload_publishes_nothing_and_both_agree(tmp_path: Path) -> None:
         for t in threads:
             t.join(30)
         r0, r1 = results[0], results[1]
-        assert [p for p, _ in r0[0].packets] == sorted(members) == [p for p, _ in r1[0].packets]
+        assert (
+            [p for p, _ in r0[0].packets]
+            == sorted(members, key=str.lower)
+            == [p for p, _ in r1[0].packets]
+        )
         assert r0[1].missing == r1[1].missing == [members[1]]
         assert r0[1].packets == r1[1].packets == [(members[0], b"second")]
         assert a.participation() == b.participation() == {members[0]: 2, members[1]: 1}

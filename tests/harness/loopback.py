@@ -94,7 +94,7 @@ class LoopbackTransport:
         self, epoch: int, members: Sequence[str], validate: PayloadValidator | None
     ) -> None:
         self.epoch = epoch
-        self.members = sorted(Web3.to_checksum_address(m) for m in members)
+        self.members = sorted((Web3.to_checksum_address(m) for m in members), key=str.lower)
         self.validate = validate
 
     def connect(self, peers: list[PeerSpec]) -> list[bytes]:

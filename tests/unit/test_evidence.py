@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 import torch
-from eth_account import Account
 from eth_utils import keccak, to_checksum_address
+from harness.spelling import spelled_apart
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,18 +27,7 @@ CFG = DeMoConfig(
 )
 
 
-def _accounts(n: int) -> list:
-    """n fixed accounts, in the file's order (lowercase), whose checksum spellings sort in
-    another order: a rule that sorts senders by their mixed-case spelling shows here."""
-    for start in range(1000):
-        keys = [keccak(b"evidence-%d" % (start + i)) for i in range(n)]
-        accounts = sorted((Account.from_key(k) for k in keys), key=lambda a: a.address.lower())
-        if [a.address for a in accounts] != sorted(a.address for a in accounts):
-            return accounts
-    raise AssertionError("no fixed accounts whose spellings sort apart")
-
-
-ACCOUNTS = _accounts(3)
+ACCOUNTS = spelled_apart(3)
 
 
 def _fresh(sender: str) -> tuple[torch.nn.Module, DeMo]:
@@ -171,7 +160,7 @@ def test_merkle_root_layout() -> None:
     assert ev.merkle_root([a, b, c]) == keccak(keccak(a + b) + c)
 
 
-def test_decode_refuses_malformed_files(trained) -> None:
+def test_decode_refuses_malformed_files(trained, tmp_path) -> None:
     data = trained[0].encode()
     for n in range(len(data)):
         with pytest.raises(TranscriptInvalid):
@@ -184,6 +173,9 @@ def test_decode_refuses_malformed_files(trained) -> None:
     unsorted = dataclasses.replace(t, rounds=(t.rounds[0][::-1], *t.rounds[1:]))
     with pytest.raises(TranscriptInvalid, match="order"):
         ev.decode(unsorted.encode())
+    with pytest.raises(TranscriptInvalid, match="order"):  # nor written
+        ev.save(tmp_path, unsorted)
+    assert not list(tmp_path.iterdir())
     twice = dataclasses.replace(t, rounds=((t.rounds[0][0], t.rounds[0][0]),))
     with pytest.raises(TranscriptInvalid, match="order"):
         ev.decode(twice.encode())

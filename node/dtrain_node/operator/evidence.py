@@ -244,9 +244,13 @@ def union(ts: Sequence[EpochTranscript]) -> EpochTranscript:
 
 
 def save(job_dir: Path, t: EpochTranscript) -> Path:
+    """Writes t as the attempt's evidence file; raises TranscriptInvalid, writing nothing, for
+    a transcript its readers would refuse (senders out of order, sizes over the limits)."""
     out = path(job_dir, t.attempt)
+    data = t.encode()
+    decode(data)
     tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(t.encode())
+    tmp.write_bytes(data)
     tmp.replace(out)
     return out
 

@@ -23,6 +23,7 @@ import math
 import struct
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -200,6 +201,12 @@ def _inverse(spec: Spec, ts: list[int], idx, val, Bq, dense: bool | None) -> lis
     return [dct.from_chunks(x, s, n) for x, s in zip(X.split(counts), shapes, strict=True)]
 
 
+def by_sender(packets: Sequence[tuple[Hashable, Any]]) -> list[tuple[Hashable, Any]]:
+    """The packets in canonical sender order: hex addresses by address (their lowercase
+    spelling; as checksum strings two addresses can sort the other way), other ids by value."""
+    return sorted(packets, key=lambda p: p[0].lower() if isinstance(p[0], str) else p[0])
+
+
 def aggregate(
     spec: Spec,
     packets: Sequence[tuple[Hashable, Sequence[Sparse]]],
@@ -217,7 +224,7 @@ def aggregate(
     """
     if not packets:
         raise ValueError("no packets to aggregate")
-    order = sorted(packets, key=lambda p: p[0])  # canonical: by sender id
+    order = by_sender(packets)
     senders = tuple(p[0] for p in order)
     if len(set(senders)) != len(senders):
         raise ValueError("duplicate sender ids")

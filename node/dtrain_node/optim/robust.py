@@ -40,7 +40,7 @@ from functools import cmp_to_key
 import numpy as np
 import torch
 
-from dtrain_node.optim import packed
+from dtrain_node.optim import aggregate, packed
 from dtrain_node.optim.codec import Spec, readable
 from dtrain_node.optim.compress import EXP_MIN, Sparse
 
@@ -260,7 +260,7 @@ def _direction(G: list[list[list[int]]], keep: list[int], cfg: RobustConfig) -> 
                 bad.append((row, q, a))
         if not bad:
             break
-        worst = min(bad, key=cmp_to_key(_cmp))[2]  # ties: the first in sender order
+        worst = min(bad, key=cmp_to_key(_cmp))[2]  # ties: the first by address
         keep.remove(worst)
         out.append(worst)
     return out
@@ -274,7 +274,7 @@ def screen(spec: Spec, packets: Packets, cfg: RobustConfig) -> tuple[list, dict[
     """
     if not cfg.enabled or len(packets) < 2:
         return list(packets), {}
-    order = sorted(packets, key=lambda p: p[0])
+    order = aggregate.by_sender(packets)
     G, names = by_parameter(spec, gram(spec, order))
     out: dict[Hashable, str] = {}
     keep = []
@@ -293,7 +293,7 @@ def screen(spec: Spec, packets: Packets, cfg: RobustConfig) -> tuple[list, dict[
 def stats(spec: Spec, packets: Packets) -> dict[Hashable, tuple[float, list[float]]]:
     """Diagnostics only (floats, never used to decide): per sender, the cosine to the sum of
     all other senders and each tensor's norm divided by the lower median norm."""
-    order = sorted(packets, key=lambda p: p[0])
+    order = aggregate.by_sender(packets)
     G = by_parameter(spec, gram(spec, order))[0]
     dots = [[sum(g[a][b] for g in G) for b in range(len(order))] for a in range(len(order))]
     total = sum(sum(r) for r in dots)

@@ -137,7 +137,7 @@ class Reconciler:
         own = [d for s, d in store.commitments(r) if s == me]
         if me in usable and not (own and (r, own[0]) in vouched):
             del usable[me]  # no other member holds our commitment: nobody applies our packet
-        return sorted(usable.items())
+        return sorted(usable.items(), key=lambda item: item[0].lower())  # by address
 
     def _commitment(self, r: int, sender: str, payload: bytes) -> bytes:
         env = self._state.store.commitment(r, sender, hashlib.sha256(payload).digest())

@@ -413,12 +413,13 @@ class RoundStore:
             st.phase = Phase.CLOSED
 
     def finish(self, rnd: int) -> list[tuple[str, bytes]]:
-        """Freeze the round and record participation; packets in canonical (sender) order."""
+        """Freeze the round and record participation; packets in canonical order (by sender
+        address)."""
         st = self.rounds.setdefault(rnd, _Round())
         got = self.usable(rnd)
         if st.phase != Phase.FINISHED:
             st.phase = Phase.FINISHED
-            st.applied = sorted(got)
+            st.applied = sorted(got, key=str.lower)  # by address, as files and the chain
             for s in st.applied:
                 self.participation[s] += 1
         assert st.applied is not None
