@@ -366,6 +366,37 @@ def test_a_replay_draws_the_members_dropout_masks(text) -> None:
     assert replay(seeded=False) != sent
 
 
+def test_a_build_beside_a_training_thread_gets_the_models_own_weights(text) -> None:
+    """Nodes in one process (the operator tests run them in threads; a replay check runs beside
+    training): one thread's inner steps seed torch's global RNG for their dropout draws, and a
+    build in another thread draws its initial weights from the same RNG. Interleaved, the build
+    pinned another model than the job's (a restarted node voted UNWORKABLE); both hold one lock."""
+    import threading
+
+    from dtrain_node.train.start import model_hash
+
+    want = model_hash("builtin:tiny")
+    recipe = Recipe(batch_size=2)
+    b = with_dropout(cpt(text, recipe))
+    opt, plan, stop = demo(b), InnerPlan(recipe, 10**6), threading.Event()
+    batches = itertools.cycle(list(itertools.islice(b.batches(torch.arange(b.n_items()), 2, 1), 4)))
+
+    def train() -> None:
+        for step in itertools.count():
+            if stop.is_set():
+                return
+            plan.step(opt, b, next(batches), step, CPU)
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    try:
+        pins = [model_hash("builtin:tiny") for _ in range(8)]
+    finally:
+        stop.set()
+        worker.join()
+    assert pins == [want] * 8
+
+
 # ---------------------------------------------------------------- the runner
 
 

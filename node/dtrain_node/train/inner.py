@@ -33,6 +33,7 @@ import torch
 
 from dtrain.recipe import Recipe
 from dtrain_node.train import devices
+from dtrain_node.train.models import seeded
 
 
 def lr_factor(recipe: Recipe, step: int, total: int) -> float:
@@ -146,8 +147,7 @@ class InnerPlan:
         parts: Sequence[Any] = batch if isinstance(batch, Accumulated) else (batch,)
         tokens, loss_sum, rewards, accuracies = 0, 0.0, [], []
         for i, part in enumerate(parts):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(dropout_seed(step, i, part))
+            with seeded(dropout_seed(step, i, part)):  # held against other threads' draws
                 with devices.autocast(device, recipe):
                     loss = backend.loss(part)
                 (loss / len(parts) if len(parts) > 1 else loss).backward()

@@ -143,14 +143,15 @@ def tokenizer(max_length: int | None = None):
     return fast
 
 
-_GLOBAL_RNG = threading.Lock()
+_GLOBAL_RNG = threading.RLock()  # reentrant: a seeded build may run inside a seeded step
 
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """torch's global RNG seeded with `seed` inside, restored after. transformers and peft
-    initialise from the global RNG: builds in other threads (nodes in threads, as in the operator
-    tests) must not interleave their draws with ours."""
+    initialise from the global RNG, and inner steps draw their dropout masks from it
+    (inner.dropout_seed): builds and steps in other threads (nodes in threads, as in the
+    operator tests; a replay check beside training) must not interleave their draws with ours."""
     with _GLOBAL_RNG:
         state = torch.random.get_rng_state()
         try:
