@@ -1,0 +1,212 @@
+"""Would members that send values at the same DCT coefficients train closer to DDP?
+
+A float simulation (not the exact codec) of two ways N members share their error-feedback
+momentum e each sync, on a product model through bench_scaling's data, shards and evaluation:
+
+- own: the node's scheme. Each member sends its own top-k coefficients per chunk (index +
+  1-bit level); the shared update is their sum over all members / N, so a coefficient one
+  member chose arrives at 1/N of its value, and N members' picks carry about one member's
+  worth of signal.
+- union: two phases. Each member first publishes its top-k indices per chunk; then every
+  member sends 1-bit levels at the union of all members' indices, so each coefficient of the
+  update is the mean of N members' values. Upload: k indices + |union| levels per chunk.
+- lag: union in one message per round: a round's packet carries levels at the union of the
+  indices of the round before (known to all from its transcript) and this round's indices,
+  chosen after those levels left e. lag0: the same with indices chosen before they left e.
+
+Scales are one power-of-two per tensor (per 64-row block for token tensors), as in the codec;
+k per kind is the job default for N seats (k, k_token, k1d = 1). Prints one JSON line per run.
+
+    python scripts/diag_union.py --workers 4 --steps 300 --arm own --arm union \
+        --arm own,k=5 --arm union,kt=40
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_scaling as bs
+
+from dtrain_node.optim import dct
+from dtrain_node.optim.compress import EXP_MIN, topk
+from dtrain_node.optim.optimizer import model_spec
+from dtrain_node.optim.segments import token_names
+
+
+def scales(v: torch.Tensor, groups: torch.Tensor, ngroups: int) -> torch.Tensor:
+    """Per-group 2^round(log2 mean|v|) over the entries in each group (2^EXP_MIN where all are
+    zero), per entry: compress.scale_exp for many groups at once."""
+    s = torch.zeros(ngroups, dtype=torch.float64).index_add_(0, groups, v.abs().double())
+    c = torch.zeros(ngroups, dtype=torch.float64).index_add_(0, groups, torch.ones_like(v).double())
+    m = s / c.clamp(min=1)
+    e = torch.where(m > 0, torch.round(torch.log2(m.clamp(min=1e-30))), torch.full_like(m, EXP_MIN))
+    return torch.exp2(e).float()[groups]
+
+
+class Tensor:
+    """One parameter's chunk layout, k and scale groups."""
+
+    def __init__(self, shape: torch.Size, k: int, token: bool, bits: int = 1) -> None:
+        self.shape, self.k, self.bits = shape, k, bits  # bits: levels at a union (1 or 2)
+        self.n = dct.nchunks(shape)
+        self.width = dct.chunk_elems(shape)
+        v = dct.view2(shape)
+        per_row = -(-v[1] // dct.N) if token and len(v) == 2 else self.n  # 64-row blocks
+        self.group = torch.arange(self.n) // per_row  # chunk -> scale group
+        self.ngroups = int(self.group.max()) + 1
+
+
+def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
+    base = c.subj.fresh(seed)
+    st = bs.streams(c.data, n, c.s.bsz, seed)
+    ms = [copy.deepcopy(base) for _ in range(n)]
+    cfg = bs.demo_cfg(bs.resolve(bs.Arm("demo"), n), c.s.inner_lr, n)
+    spec = model_spec(base, cfg.compress)
+    k_mat = ks.get("k", cfg.compress.k2d)
+    k_tok = ks.get("kt", spec.cfg.k_token if spec.cfg.k_token > 0 else cfg.compress.k2d)
+    toks = set(token_names(base))
+    names = [nm for nm, p in base.named_parameters() if p.requires_grad]
+    shared = [p.detach().clone() for p in base.parameters() if p.requires_grad]
+    lay = []
+    for nm, p in zip(names, shared, strict=True):
+        vec = len(dct.view2(p.shape)) == 1
+        k = 1 if vec else (k_tok if nm in toks else k_mat)
+        lay.append(Tensor(p.shape, k, nm in toks, ks.get("bits", 1)))
+    e = [[torch.zeros(t.n, t.width) for t in lay] for _ in range(n)]
+    prev: list = [None] * len(lay)  # lag: each tensor's union of the last round's indices
+    opts = [
+        torch.optim.AdamW(
+            m.parameters(),
+            lr=c.s.inner_lr,
+            betas=cfg.inner_betas,
+            weight_decay=cfg.inner_weight_decay,
+        )
+        for m in ms
+    ]
+    curve, bits_sent, syncs, t0 = [(0, bs.evaluate(c.subj, base, c.ev))], 0.0, 0, time.time()
+    for t in range(1, c.s.steps + 1):
+        for m, o, it in zip(ms, opts, st, strict=True):
+            c.subj.loss(m, *c.data.windows(next(it))).backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+        if t % cfg.sync_interval == 0:
+            bits_sent += sync(ms, e, shared, lay, arm, beta, prev)
+            syncs += 1
+        if t % c.s.eval_every == 0 or t == c.s.steps:
+            curve.append((t, bs.evaluate(c.subj, ms[0], c.ev)))
+    return dict(
+        arm=arm,
+        k=k_mat,
+        k_token=k_tok,
+        bits=ks.get("bits", 1),
+        n=n,
+        seed=seed,
+        final=curve[-1][1],
+        curve=curve,
+        bytes_per_sync=bits_sent / max(syncs, 1) / 8,
+        wall_s=round(time.time() - t0),
+    )
+
+
+@torch.no_grad()
+def sync(ms, e, shared, lay, arm: str, beta: float, prev: list) -> float:
+    """One round; returns the bits one member uploads (indices + levels + exponents)."""
+    n, bits = len(ms), 0.0
+    params = [[x for x in m.parameters() if x.requires_grad] for m in ms]
+    for j, (th, t) in enumerate(zip(shared, lay, strict=True)):
+        es = [e[i][j] for i in range(n)]
+        for ei, ps in zip(es, params, strict=True):
+            ei.mul_(beta).add_(dct.dct((th - ps[j].detach()).float()))
+        agg = torch.zeros(t.n, t.width)
+        ib = math.ceil(math.log2(t.width))
+        if arm == "own":
+            bits += t.n * t.k * (ib + 1) + 8 * t.ngroups
+            for ei in es:
+                _send_own(ei, t, agg)
+        else:
+            picks = union([topk(ei, t.k) for ei in es], t) if arm != "lag" else None
+            at = picks if arm == "union" else prev[j]
+            bits += t.n * t.k * ib + 8 * t.ngroups + (t.bits * len(at[0]) if at else 0)
+            for ei in es if at else ():
+                _send_at(ei, t, at, agg)
+            prev[j] = picks if arm == "lag0" else union([topk(ei, t.k) for ei in es], t)
+        th.sub_(dct.idct(agg / n, th.shape))
+    for ps in params:
+        for p, th in zip(ps, shared, strict=True):
+            p.copy_(th)
+    return bits
+
+
+def _send_own(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> None:
+    idx = topk(ei, t.k)
+    v = ei.gather(1, idx)
+    g = t.group.unsqueeze(1).expand_as(idx).reshape(-1)
+    q = (torch.sign(v).reshape(-1) * scales(v.reshape(-1), g, t.ngroups)).view_as(v)
+    ei.scatter_add_(1, idx, -q)
+    agg.scatter_add_(1, idx, q)
+
+
+def _send_at(ei: torch.Tensor, t: Tensor, at: tuple, agg: torch.Tensor) -> None:
+    rows, cols = at
+    v = ei[rows, cols]
+    s = scales(v, t.group[rows], t.ngroups)
+    # 2 bits: +-1, +-3 at half the scale, as the codec's 2-bit levels
+    q = torch.sign(v) * s if t.bits == 1 else (2 * torch.floor(v / s) + 1).clamp(-3, 3) * (s / 2)
+    ei[rows, cols] -= q
+    agg[rows, cols] += q
+
+
+def union(picks: list[torch.Tensor], t: Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chunk, coefficient) of every index any member picked, each once."""
+    mask = torch.zeros(t.n, t.width, dtype=torch.bool)
+    for idx in picks:
+        mask.scatter_(1, idx, True)
+    return mask.nonzero(as_tuple=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="builtin:small")
+    ap.add_argument("--corpus", default="prose")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--beta", type=float, default=0.95)
+    ap.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        help="own | union | lag | lag0, then ,k=K (matrices) ,kt=K (token tensors)",
+    )
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    s = bs.Setup(steps=a.steps)
+    subj = bs.Subject(a.model, s.ctx)
+    c = bs.Ctx(s, subj, *bs.load(a.corpus, s, subj))
+    for spec in a.arm or ["own", "union"]:
+        arm, *kv = spec.split(",")
+        if arm not in ("own", "union", "lag", "lag0"):
+            raise SystemExit(f"--arm {spec!r}: own, union, lag or lag0")
+        ks = {k: int(v) for k, v in (x.split("=") for x in kv)}
+        r = run(c, arm, ks, a.workers, a.seed, a.beta)
+        r.update(model=a.model, corpus=a.corpus)
+        line = json.dumps({k: v for k, v in r.items() if k != "curve"})
+        print(line, flush=True)
+        if a.out:
+            with a.out.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # one core per run, as bench_scaling runs
+    sys.exit(main())

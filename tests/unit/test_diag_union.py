@@ -1,0 +1,67 @@
+"""The sharing rules of scripts/diag_union.py: what each member's e loses is what the shared
+update gains, and a union delivers coinciding values at full size where own picks divide them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import diag_union as du  # noqa: E402
+
+
+def _layout(rows: int = 64, cols: int = 128, k: int = 2) -> du.Tensor:
+    return du.Tensor(torch.Size((rows, cols)), k, token=False)
+
+
+def test_scales_are_powers_of_two_of_each_groups_mean() -> None:
+    v = torch.tensor([3.0, -5.0, 0.5, 0.0])
+    s = du.scales(v, torch.tensor([0, 0, 1, 1]), 2)
+    assert s.tolist() == [4.0, 4.0, 0.25, 0.25]  # 2^round(log2 4), 2^round(log2 0.25)
+    assert du.scales(torch.zeros(2), torch.tensor([0, 0]), 1).tolist() == [2.0**-100] * 2
+
+
+def test_union_lists_each_picked_coefficient_once() -> None:
+    t = _layout()
+    a = torch.tensor([[1, 5], [0, 2]])
+    b = torch.tensor([[5, 9], [0, 2]])
+    rows, cols = du.union([a, b], t)
+    assert list(zip(rows.tolist(), cols.tolist(), strict=True)) == [
+        (0, 1), (0, 5), (0, 9), (1, 0), (1, 2),
+    ]  # fmt: skip
+
+
+def test_what_leaves_e_is_what_the_update_gets() -> None:
+    torch.manual_seed(0)
+    t = _layout()
+    e = torch.randn(t.n, t.width)
+    before, agg = e.clone(), torch.zeros_like(e)
+    du._send_own(e, t, agg)
+    assert torch.allclose(e + agg, before)
+    assert int((agg != 0).sum(1).max()) == t.k
+    e2, agg2 = before.clone(), torch.zeros_like(e)
+    du._send_at(e2, t, du.union([torch.tensor([[3, 7], [1, 4]])], t), agg2)
+    assert torch.allclose(e2 + agg2, before) and int((agg2 != 0).sum()) == 4
+
+
+def test_members_that_agree_arrive_whole_in_a_union_and_divided_by_own_picks() -> None:
+    """Two members whose e differ only in which coefficient is their largest (2 against 1):
+    own picks put each one's value in the sum once, so the mean halves it; the union has both
+    members send both (1-bit, at the scale of their mean 1.5, rounded to 2)."""
+    t = _layout(k=1)
+    e = [torch.zeros(t.n, t.width) for _ in range(2)]
+    for ei, top in zip(e, (3, 8), strict=True):
+        ei[:, 3], ei[:, 8] = 1.0, 1.0
+        ei[:, top] = 2.0
+    own = torch.zeros(t.n, t.width)
+    for ei in [x.clone() for x in e]:
+        du._send_own(ei, t, own)
+    shared = torch.zeros(t.n, t.width)
+    at = du.union([du.topk(ei, t.k) for ei in e], t)
+    for ei in [x.clone() for x in e]:
+        du._send_at(ei, t, at, shared)
+    assert (own / 2)[:, [3, 8]].eq(1.0).all() and int((own != 0).sum()) == 2 * t.n
+    assert (shared / 2)[:, [3, 8]].eq(2.0).all() and int((shared != 0).sum()) == 2 * t.n
