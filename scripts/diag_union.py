@@ -13,6 +13,15 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
 - lag: union in one message per round: a round's packet carries levels at the union of the
   indices of the round before (known to all from its transcript) and this round's indices,
   chosen after those levels left e. lag0: the same with indices chosen before they left e.
+- rand: one message, no indices. Every member sends levels at the same random coefficients
+  per chunk, drawn from a seed all members share (the round's); as many as own's index and
+  level bits pay for (k (index bits + 1) / level bits per chunk), so each coefficient of the
+  update is the mean of N members' values at the bytes of the node's scheme.
+- grp: own picks of runs of g neighbouring coefficients (g=G, default 16): one index per run
+  and g levels, as many runs per chunk as own's k index + level bits pay for; the k largest
+  runs by energy. Chunks narrower than 16 g keep own's single picks.
+- dense: no compression: every member's whole e (its pseudo-gradient this round, e starts
+  empty each round) at bf16's 16 bits per value; what compression costs against it.
 
 Scales are one power-of-two per tensor (per 64-row block for token tensors), as in the codec;
 k per kind is the job default for N seats (k, k_token, k1d = 1). Prints one JSON line per run.
@@ -83,6 +92,7 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
         lay.append(Tensor(p.shape, k, nm in toks, ks.get("bits", 1)))
     e = [[torch.zeros(t.n, t.width) for t in lay] for _ in range(n)]
     prev: list = [None] * len(lay)  # lag: each tensor's union of the last round's indices
+    shared_rng = torch.Generator().manual_seed(seed)  # rand: the seed every member knows
     opts = [
         torch.optim.AdamW(
             m.parameters(),
@@ -99,7 +109,7 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
             o.step()
             o.zero_grad(set_to_none=True)
         if t % cfg.sync_interval == 0:
-            bits_sent += sync(ms, e, shared, lay, arm, beta, prev)
+            bits_sent += sync(ms, e, shared, lay, arm, ks, beta, prev, shared_rng)
             syncs += 1
         if t % c.s.eval_every == 0 or t == c.s.steps:
             curve.append((t, bs.evaluate(c.subj, ms[0], c.ev)))
@@ -118,7 +128,7 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
 
 
 @torch.no_grad()
-def sync(ms, e, shared, lay, arm: str, beta: float, prev: list) -> float:
+def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -> float:
     """One round; returns the bits one member uploads (indices + levels + exponents)."""
     n, bits = len(ms), 0.0
     params = [[x for x in m.parameters() if x.requires_grad] for m in ms]
@@ -132,6 +142,22 @@ def sync(ms, e, shared, lay, arm: str, beta: float, prev: list) -> float:
             bits += t.n * t.k * (ib + 1) + 8 * t.ngroups
             for ei in es:
                 _send_own(ei, t, agg)
+        elif arm == "dense":
+            bits += 16 * th.numel()
+            for ei in es:
+                agg.add_(ei)
+                ei.zero_()
+        elif arm == "grp":
+            g = ks.get("g", 16) if t.width >= 16 * ks.get("g", 16) else 1
+            runs = min(t.width // g, t.k * (ib + 1) // (ib - int(math.log2(g)) + g))
+            bits += t.n * runs * (ib - int(math.log2(g)) + g) + 8 * t.ngroups
+            for ei in es:
+                _send_runs(ei, t, agg, g, runs)
+        elif arm == "rand":
+            at = drawn(t, rng)
+            bits += t.bits * len(at[0]) + 8 * t.ngroups
+            for ei in es:
+                _send_at(ei, t, at, agg)
         else:
             picks = union([topk(ei, t.k) for ei in es], t) if arm != "lag" else None
             at = picks if arm == "union" else prev[j]
@@ -155,6 +181,17 @@ def _send_own(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> None:
     agg.scatter_add_(1, idx, q)
 
 
+def _send_runs(ei: torch.Tensor, t: Tensor, agg: torch.Tensor, g: int, runs: int) -> None:
+    """Send the `runs` runs of g neighbouring coefficients with the most energy, 1-bit each."""
+    er, ar = ei.view(t.n, -1, g), agg.view(t.n, -1, g)
+    idx = topk(er.pow(2).sum(2), runs).unsqueeze(2).expand(-1, -1, g)
+    v = er.gather(1, idx)
+    grp = t.group.view(-1, 1, 1).expand_as(v).reshape(-1)
+    q = (torch.sign(v).reshape(-1) * scales(v.reshape(-1), grp, t.ngroups)).view_as(v)
+    er.scatter_add_(1, idx, -q)
+    ar.scatter_add_(1, idx, q)
+
+
 def _send_at(ei: torch.Tensor, t: Tensor, at: tuple, agg: torch.Tensor) -> None:
     rows, cols = at
     v = ei[rows, cols]
@@ -163,6 +200,14 @@ def _send_at(ei: torch.Tensor, t: Tensor, at: tuple, agg: torch.Tensor) -> None:
     q = torch.sign(v) * s if t.bits == 1 else (2 * torch.floor(v / s) + 1).clamp(-3, 3) * (s / 2)
     ei[rows, cols] -= q
     agg[rows, cols] += q
+
+
+def drawn(t: Tensor, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chunk, coefficient) of m shared random coefficients per chunk, m paid for by own's
+    k index + level bits at t.bits per level."""
+    m = min(t.width, t.k * (math.ceil(math.log2(t.width)) + 1) // t.bits)
+    idx = torch.rand(t.n, t.width, generator=rng).topk(m, dim=1).indices.sort(dim=1).values
+    return torch.arange(t.n).repeat_interleave(m), idx.reshape(-1)
 
 
 def union(picks: list[torch.Tensor], t: Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,7 +230,8 @@ def main() -> int:
         "--arm",
         action="append",
         default=[],
-        help="own | union | lag | lag0, then ,k=K (matrices) ,kt=K (token tensors)",
+        help="own|union|lag|lag0|rand|grp|dense, then ,k=K (matrices) ,kt=K (token "
+        "tensors) ,bits=B ,g=G",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -194,8 +240,8 @@ def main() -> int:
     c = bs.Ctx(s, subj, *bs.load(a.corpus, s, subj))
     for spec in a.arm or ["own", "union"]:
         arm, *kv = spec.split(",")
-        if arm not in ("own", "union", "lag", "lag0"):
-            raise SystemExit(f"--arm {spec!r}: own, union, lag or lag0")
+        if arm not in ("own", "union", "lag", "lag0", "rand", "grp", "dense"):
+            raise SystemExit(f"--arm {spec!r}: own, union, lag, lag0, rand, grp or dense")
         ks = {k: int(v) for k, v in (x.split("=") for x in kv)}
         r = run(c, arm, ks, a.workers, a.seed, a.beta)
         r.update(model=a.model, corpus=a.corpus)

@@ -65,3 +65,48 @@ def test_members_that_agree_arrive_whole_in_a_union_and_divided_by_own_picks() -
         du._send_at(ei, t, at, shared)
     assert (own / 2)[:, [3, 8]].eq(1.0).all() and int((own != 0).sum()) == 2 * t.n
     assert (shared / 2)[:, [3, 8]].eq(2.0).all() and int((shared != 0).sum()) == 2 * t.n
+
+
+def test_random_coefficients_are_shared_and_paid_for_by_own_picks_bits() -> None:
+    """rand: the same coefficients for every member holding the round's seed, as many per
+    chunk as own's k picks' index and level bits buy (k = 2 at 12 index bits: 26 at 1 bit)."""
+    t = _layout(k=2)
+    a = du.drawn(t, torch.Generator().manual_seed(7))
+    b = du.drawn(t, torch.Generator().manual_seed(7))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    rows, cols = a
+    assert torch.bincount(rows).tolist() == [26] * t.n
+    assert all(len(set(cols[rows == r].tolist())) == 26 for r in range(t.n))
+    t2 = du.Tensor(torch.Size((64, 128)), 2, token=False, bits=2)
+    assert torch.bincount(du.drawn(t2, torch.Generator().manual_seed(7))[0]).tolist() == [13] * 2
+
+
+def test_runs_send_whole_runs_of_neighbours_and_what_leaves_e_is_what_the_update_gets() -> None:
+    """grp: the run with the most energy goes whole (4 neighbours from a multiple of 4), even
+    where a single coefficient elsewhere is larger."""
+    t = _layout(k=1)
+    e = torch.zeros(t.n, t.width)
+    e[:, 8:12] = torch.tensor([1.0, -1.0, 1.0, 1.0])  # energy 4 in run 2
+    e[:, 100] = 1.5  # energy 2.25 alone in run 25
+    before, agg = e.clone(), torch.zeros_like(e)
+    du._send_runs(e, t, agg, 4, 1)
+    assert torch.allclose(e + agg, before)
+    assert (agg != 0).nonzero()[:, 1].unique().tolist() == [8, 9, 10, 11]
+    assert torch.equal(agg[:, 8:12], before[:, 8:12])  # levels +-1 at scale 1: all of it
+
+
+def test_dense_sync_moves_the_shared_state_to_the_members_mean() -> None:
+    """dense: nothing compressed, so a round lands every member on the mean of their
+    parameters (up to the DCT's float round trip) and leaves no error feedback behind."""
+    torch.manual_seed(0)
+    ms = [torch.nn.Linear(128, 64) for _ in range(3)]
+    shared = [torch.zeros_like(p) for p in ms[0].parameters()]
+    lay = [du.Tensor(p.shape, 1, token=False) for p in shared]
+    e = [[torch.zeros(t.n, t.width) for t in lay] for _ in ms]
+    mean = [torch.stack(ps).mean(0) for ps in zip(*(m.parameters() for m in ms), strict=True)]
+    bits = du.sync(ms, e, shared, lay, "dense", {}, 0.95, [None] * 2, torch.Generator())
+    assert bits == 16 * (64 * 128 + 64)
+    for th, mu in zip(shared, mean, strict=True):
+        assert torch.allclose(th, mu, atol=1e-5)
+    assert all(float(x.abs().max()) == 0.0 for ei in e for x in ei)
+    assert all(torch.equal(p, th) for m in ms for p, th in zip(m.parameters(), shared, strict=True))
