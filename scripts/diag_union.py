@@ -148,9 +148,11 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
                 agg.add_(ei)
                 ei.zero_()
         elif arm == "grp":
-            g = ks.get("g", 16) if t.width >= 16 * ks.get("g", 16) else 1
-            runs = min(t.width // g, t.k * (ib + 1) // (ib - int(math.log2(g)) + g))
-            bits += t.n * runs * (ib - int(math.log2(g)) + g) + 8 * t.ngroups
+            g = ks.get("g", 16)
+            g = g if t.width >= 16 * g else 1
+            per_run = ib - int(math.log2(g)) + g  # index bits of a run + its levels
+            runs = min(t.width // g, t.k * (ib + 1) // per_run)
+            bits += t.n * runs * per_run + 8 * t.ngroups
             for ei in es:
                 _send_runs(ei, t, agg, g, runs)
         elif arm == "rand":
@@ -164,7 +166,8 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
             bits += t.n * t.k * ib + 8 * t.ngroups + (t.bits * len(at[0]) if at else 0)
             for ei in es if at else ():
                 _send_at(ei, t, at, agg)
-            prev[j] = picks if arm == "lag0" else union([topk(ei, t.k) for ei in es], t)
+            if arm != "union":  # the lag arms keep this round's union for the next
+                prev[j] = picks if arm == "lag0" else union([topk(ei, t.k) for ei in es], t)
         th.sub_(dct.idct(agg / n, th.shape))
     for ps in params:
         for p, th in zip(ps, shared, strict=True):
@@ -173,12 +176,7 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
 
 
 def _send_own(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> None:
-    idx = topk(ei, t.k)
-    v = ei.gather(1, idx)
-    g = t.group.unsqueeze(1).expand_as(idx).reshape(-1)
-    q = (torch.sign(v).reshape(-1) * scales(v.reshape(-1), g, t.ngroups)).view_as(v)
-    ei.scatter_add_(1, idx, -q)
-    agg.scatter_add_(1, idx, q)
+    _send_runs(ei, t, agg, 1, t.k)  # own picks are runs of one coefficient
 
 
 def _send_runs(ei: torch.Tensor, t: Tensor, agg: torch.Tensor, g: int, runs: int) -> None:
