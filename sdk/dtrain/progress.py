@@ -231,13 +231,15 @@ class ProgressFeed:
             if not final:
                 members = tuple(self.bsm.job(self.job_id).members)
                 if members and members != self._members:  # an ended job lists none: keep them
-                    self._members = members
+                    specs = peer_specs(self.bsm, list(members))
                     self.peer.set_members(members)
-                    self._specs = peer_specs(self.bsm, list(members))
+                    self._members, self._specs = members, specs
             if self._specs:
                 self.peer.follow(self._specs)
         except Exception:  # an RPC hiccup or a member's bad address: try again next poll
-            self._members = ()
+            # the members known so far still count: forgetting them would show the next round
+            # as complete on its first note ("1/1 members")
+            pass
 
 
 def summary(counts: dict[str, dict[str, int]]) -> str:

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 from eth_account import Account
 
-from dtrain.progress import Refusal, RoundBook, refusal_summary
+import dtrain.progress
+from dtrain.progress import ProgressFeed, Refusal, RoundBook, refusal_summary
 from dtrain_node.errors import NoteError
 from dtrain_node.operator.progress import note_body
 from dtrain_node.p2p import notes
@@ -148,6 +149,48 @@ def test_round_lines_wait_for_every_member_or_the_next_round_and_give_the_job_et
     [late] = book.add(body("a", 2), members=2)
     assert (late.round, late.reported) == (1, 1)
     assert [x.round for x in book.flush(members=2)] == [2]
+
+
+class FlakyChain:
+    """A job of two members whose RPC fails once `down` is set (a loaded node's timeout)."""
+
+    chain_id, address, down = CHAIN, CONTRACT, False
+
+    def job(self, job_id: int) -> SimpleNamespace:
+        if self.down:
+            raise TimeoutError("rpc timed out")
+        spec = SimpleNamespace(total_epochs=1, steps_per_epoch=6, sync_interval=2)
+        return SimpleNamespace(spec=spec, members=("a", "b"))
+
+    def params(self) -> SimpleNamespace:
+        return SimpleNamespace(start_grace=10, challenge_window=20)
+
+
+class Peer:
+    def __init__(self, *args) -> None:
+        self.members: tuple[str, ...] = ()
+
+    def set_members(self, members) -> None:
+        self.members = tuple(members)
+
+    def follow(self, specs) -> int:
+        return 0
+
+
+def test_a_failed_poll_keeps_the_members_a_round_waits_for(monkeypatch) -> None:
+    monkeypatch.setattr(dtrain.progress, "_watch_module", lambda: SimpleNamespace(WatchPeer=Peer))
+    monkeypatch.setattr(dtrain.progress, "peer_specs", lambda bsm, ops: [(b"k", ["addr"])])
+    chain, lines = FlakyChain(), []
+    feed = ProgressFeed(chain, JOB, lines.append)  # type: ignore[arg-type]
+    feed._refresh()
+    chain.down = True
+    feed._refresh()
+    feed._notes.put(body("a", 0))
+    feed._drain(0.0)
+    assert lines == []  # round 1 still waits for b's note
+    feed._notes.put(body("b", 0))
+    feed._drain(0.0)
+    assert [(x.reported, x.members) for x in lines] == [(2, 2)]
 
 
 def test_the_gap_between_epochs_is_measured_for_the_eta() -> None:
