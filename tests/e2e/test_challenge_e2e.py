@@ -50,6 +50,9 @@ def _overturned(c: Cluster, honest: list[int], coalition: list[int], reason: Sla
     assert bytes(finalized["checkpoint"]).hex() == checkpoint
     verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
     assert verdicts and {v["checkpoint"] for v in verdicts} == {checkpoint}
+    # each distinct voter's file and the union once, across the referee's two passes
+    files = {bytes(e.args["transcript"]) for e in events if e.name == "CheckpointRevealed"}
+    assert {v["reexecuted"] for v in verdicts} == {len(files - {bytes(32)}) + 1}, verdicts
     slashed = sorted(
         (e.args["operator"], SlashReason(e.args["reason"])) for e in events if e.name == "Slashed"
     )

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,22 @@ class Case:
     transcript: bytes
     members: tuple[str, ...]
     start: bytes  # the epoch's start checkpoint hash
+
+
+@dataclass
+class Memo:
+    """What one challenge's passes found: each delivered file read once, each voter's file and
+    each union re-executed once (the early pass's work is the final pass's)."""
+
+    read: dict[bytes, Any] = field(default_factory=dict)
+    done: dict[Any, Any] = field(default_factory=dict)
+    reexecuted: int = 0
+
+    def once(self, key: Any, work: Callable[[], Any]) -> Any:
+        if key not in self.done:
+            self.done[key] = work()
+            self.reexecuted += 1
+        return self.done[key]
 
 
 class RefereeService:
@@ -118,18 +134,31 @@ class RefereeService:
         ch = self.bsm.challenge_of(case.attempt)
         if ch.resolved or not self._apply(case, ch.applicants):
             return
-        opened = ch.opened_at
-        # members name their transcript files until the apply phase ends: then re-execute all
+        opened, memo, began = ch.opened_at, Memo(), time.monotonic()
+        # The votes' and the challenge's files are known now: fetched and re-executed while the
+        # apply phase runs, a slow machine has two windows for them, not one. Members may name
+        # more until the phase ends; after it, only those cost anything (`memo`).
+        try:
+            self._verdict(case, memo)
+        except (DtrainError, NodeError) as exc:
+            log.info(
+                "job %d: early re-execution failed, again after the apply phase: %s",
+                case.job_id,
+                exc,
+            )
         self._until(stop, lambda: self._now() >= opened + self.window)
-        checkpoint, participation, consistent, caught = self._verdict(case)
+        checkpoint, participation, consistent, caught = self._verdict(case, memo)
         judged = findings(consistent, caught)
+        judged_s = round(time.monotonic() - began, 3)
+        if self._now() >= opened + 2 * self.window:
+            self.metric("referee_late", job=case.job_id, attempt=case.attempt, judged_s=judged_s)
         salt = new_salt()
         bits = judged.to_bytes(32, "big")
         c = commitment_hash(case.job_id, case.epoch, self.me, checkpoint, participation, bits, salt)
         try:
             self.bsm.commit_verdict(case.job_id, case.epoch, c, gas=GAS)
         except (ContractError, TransactionFailed) as exc:
-            log.info("job %d: not drawn as a referee (%s)", case.job_id, exc)
+            log.info("job %d: not drawn as a referee, or late (%s)", case.job_id, exc)
             self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
             return
         self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
@@ -145,19 +174,25 @@ class RefereeService:
             participation=list(participation),
             consistent=[case.members[i] for i in consistent],
             caught=[case.members[i] for i in caught],
+            judged_s=judged_s,
+            reexecuted=memo.reexecuted,
         )
         self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
         with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
             self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
 
-    def _verdict(self, case: Case) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
+    def _verdict(
+        self, case: Case, memo: Memo
+    ) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
         """UNWORKABLE when the job's own files prove that nobody can train it (nobody is then
         consistent or caught). Else the verdict, the voters whose own files lead to their
         votes, and the members a named replay claim proves false (`fraudcheck`). The verdict:
         the certified vote when one of its voters is consistent (a file holding a packet nobody
         applied, signed after the fact, cannot turn an honest quorum into fabricators); else
         the (checkpoint, participation) the union of the delivered files leads to (a packet
-        nobody delivered counts as absent: with no file, every round is empty)."""
+        nobody delivered counts as absent: with no file, every round is empty). Only the
+        voters' own files and the union are re-executed: a file only posted adds its packets to
+        the union, so naming many files costs a referee one more file to read, not an epoch."""
         job = self.bsm.job(case.job_id)
         why = referee.unworkable(job, self.cfg)
         if why is not None:
@@ -167,17 +202,24 @@ class RefereeService:
         named: dict[bytes, set[str]] = {case.transcript: {case.challenger}}
         for who, sha in [*self._posted(case), *((m, v[1]) for m, v in votes.items())]:
             named.setdefault(sha, set()).add(who)
+        own = {sha for _, sha in votes.values()}
         with self._host(case) as (fetch, work):
-            files, found, start = self._evidence(case, named, fetch, work)
-            led = {sha: v for sha, (_, t) in files.items() if (v := self._leads_to(t, start))}
+            files, found, start = self._evidence(case, named, fetch, work, memo)
+            led = {
+                sha: v
+                for sha, (_, t) in files.items()
+                if sha in own and (v := memo.once(sha, lambda t=t: self._leads_to(t, start)))
+            }
             consistent = [
                 i
                 for i, m in enumerate(case.members)
                 if m in votes and votes[m][1] in led and led[votes[m][1]][0] == votes[m][0]
             ]
-            key, checkpoint, participation = self._decide(case, votes, files, led, start)
+            key, checkpoint, participation, union = self._decide(
+                case, votes, files, led, start, memo
+            )
             agreed = [files[sha][1] for sha, v in led.items() if v[0] == key]
-            caught = self._caught(case, job, found, agreed, start, fetch, work)
+            caught = self._caught(case, job, found, [*agreed, *union], start, fetch, work)
         return checkpoint, participation, consistent, caught
 
     def _decide(
@@ -187,23 +229,26 @@ class RefereeService:
         files: dict[bytes, tuple[set[str], evidence.EpochTranscript]],
         led: dict[bytes, tuple[bytes, bytes, tuple[int, ...]]],
         start: Path | None,
-    ) -> tuple[bytes, bytes, tuple[int, ...]]:
-        """(vote key, checkpoint, participation) of the verdict (see `_verdict`)."""
+        memo: Memo,
+    ) -> tuple[bytes, bytes, tuple[int, ...], list[evidence.EpochTranscript]]:
+        """(vote key, checkpoint, participation) of the verdict (see `_verdict`), and the union
+        it was re-executed from, if it was."""
         certified = self.bsm.challenge_of(case.attempt).certified_key
         for key, sha in votes.values():
             if key == certified and sha in led and led[sha][0] == key:
                 log.info("job %d: a certified voter's own file leads to its vote", case.job_id)
-                return led[sha]
+                return (*led[sha], [])
         ts = [t for _, t in files.values()]
         empty = referee.empty(self.bsm.job(case.job_id), case.epoch, case.attempt, *self._chain())
-        v = referee.check(self.bsm, self.cfg, evidence.union(ts) if ts else empty, start)
+        u = evidence.union(ts) if ts else empty
+        v = memo.once(frozenset(files), lambda: referee.check(self.bsm, self.cfg, u, start))
         log.info(
             "job %d epoch %d: the transcripts lead to 0x%s",
             case.job_id,
             case.epoch + 1,
             v.recomputed.hex()[:16],
         )
-        return vote_key(v.recomputed, v.participation), v.recomputed, v.participation
+        return vote_key(v.recomputed, v.participation), v.recomputed, v.participation, [u]
 
     def _caught(
         self,
@@ -304,6 +349,7 @@ class RefereeService:
         named: dict[bytes, set[str]],
         fetch: Callable[[str, str, Path], Path],
         work: Path,
+        memo: Memo,
     ) -> tuple[
         dict[bytes, tuple[set[str], evidence.EpochTranscript]], list[claims.Claim], Path | None
     ]:
@@ -312,25 +358,38 @@ class RefereeService:
         or that holds a packet its sender never committed, is left out); the replay claims
         named; and, after the first epoch, the epoch's start checkpoint, fetched by hash."""
         out, found = {}, []
-        for i, (sha, who) in enumerate(named.items()):
+        for sha, who in named.items():
+            dest = work / f"named-{sha.hex()}.bin"
             try:
-                data = fetch(sha.hex(), "", work / f"named-{i}.bin").read_bytes()
-            except CheckpointUnavailable as exc:
+                read = memo.read.get(sha) or self._read(case, fetch(sha.hex(), "", dest))
+            except CheckpointUnavailable as exc:  # not kept: asked again in the next pass
                 log.info("file %s not delivered: %s", sha.hex()[:16], exc)
                 continue
-            try:
-                t = evidence.decode(data)
-                evidence.verify(t, case.members)
-                out[sha] = (who, t)
-            except TranscriptInvalid as exc:
-                try:
-                    found.append(claims.decode(data))
-                except claims.ClaimInvalid:
-                    log.info("file %s left out: %s", sha.hex()[:16], exc)
+            memo.read[sha] = read
+            if isinstance(read, evidence.EpochTranscript):
+                out[sha] = (who, read)
+            elif isinstance(read, claims.Claim):
+                found.append(read)
         start = None
-        if case.epoch > 0:
-            start = fetch(case.start.hex(), "", work / "start.stream")
+        if case.epoch > 0:  # a file at `dest` was renamed there only once its hash checked
+            dest = work / "start.stream"
+            start = dest if dest.exists() else fetch(case.start.hex(), "", dest)
         return out, found, start
+
+    @staticmethod
+    def _read(case: Case, path: Path) -> evidence.EpochTranscript | claims.Claim | str:
+        """A delivered file as a checked transcript, a replay claim, or why it is left out."""
+        data = path.read_bytes()
+        try:
+            t = evidence.decode(data)
+            evidence.verify(t, case.members)
+            return t
+        except TranscriptInvalid as exc:
+            try:
+                return claims.decode(data)
+            except claims.ClaimInvalid:
+                log.info("file %s left out: %s", path.name, exc)
+                return str(exc)
 
     def _chain(self) -> tuple[int, str]:
         return self.bsm.chain_id, self.bsm.address

@@ -1,0 +1,80 @@
+"""The referee's schedule on the chain's clock: its re-execution runs while the apply phase
+does, so a slow machine has the apply and the commit phase for it, and each file's work is done
+once across its passes (the work is stubbed; the order and the clock are what is tested)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from dtrain_node.operator.referee_service import Case, Memo, RefereeService
+
+WINDOW, OPENED, WORK_S = 30, 1_000, 40  # one pass of re-execution outlasts the apply phase
+ME = "0x" + "ab" * 20
+
+
+class Chain:
+    """A challenge opened at OPENED with this referee drawn; records when each phase's
+    transaction is sent."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock, self.sent = clock, {}
+        self.ch = SimpleNamespace(resolved=False, applicants=[ME], opened_at=OPENED, referees=[ME])
+        self.ch.committed = self.ch.revealed = 0
+
+    def challenge_of(self, attempt: int) -> SimpleNamespace:
+        return self.ch
+
+    def commit_verdict(self, *args, gas: int) -> None:
+        assert self.clock[0] < OPENED + 2 * WINDOW, "the commit phase had closed"
+        self.sent["commit"] = self.clock[0]
+        self.ch.committed = 1
+
+    def reveal_verdict(self, *args, gas: int) -> None:
+        self.sent["reveal"] = self.clock[0]
+        self.ch.revealed = 1
+
+    def resolve_challenge(self, *args, gas: int) -> None:
+        self.sent["resolve"] = self.clock[0]
+
+
+def referee(clock: list[float], passes: list[float]) -> RefereeService:
+    svc = RefereeService.__new__(RefereeService)
+    svc.bsm, svc.me, svc.window = Chain(clock), ME, WINDOW
+    svc.metrics = []
+    svc.metric = lambda kind, **kw: svc.metrics.append((kind, kw))
+
+    def verdict(case: Case, memo: Memo) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
+        passes.append(clock[0])
+        memo.once("the members' file", lambda: clock.__setitem__(0, clock[0] + WORK_S))
+        return b"\x01" * 32, (2, 2), [0], []
+
+    def until(stop: threading.Event, cond) -> None:
+        while not cond():
+            clock[0] += 1.0
+
+    svc._verdict, svc._until, svc._now = verdict, until, lambda: clock[0]
+    return svc
+
+
+def test_a_referee_slower_than_the_apply_phase_still_commits_in_the_commit_phase() -> None:
+    clock, passes = [OPENED + 1.0], []
+    svc = referee(clock, passes)
+    case = Case(1, 0, 3, "challenger", b"\x02" * 32, ("a", "b"), b"\x00" * 32)
+    svc.judge(case, threading.Event())
+    assert passes[0] < OPENED + WINDOW  # began while the apply phase ran
+    assert passes[1] >= OPENED + WINDOW  # and looked again once members could name no more
+    assert OPENED + WINDOW <= svc.bsm.sent["commit"] < OPENED + 2 * WINDOW
+    assert set(svc.bsm.sent) == {"commit", "reveal", "resolve"}
+    [v] = [kw for kind, kw in svc.metrics if kind == "verdict"]
+    assert v["reexecuted"] == 1  # the second pass found the first pass's work
+    assert not [m for m in svc.metrics if m[0] == "referee_late"]
+
+
+def test_a_memo_does_each_piece_of_work_once() -> None:
+    memo, runs = Memo(), []
+    for _ in range(3):
+        assert memo.once(b"f", lambda: runs.append(1) or "led") == "led"
+    assert memo.once(frozenset({b"f"}), lambda: None) is None
+    assert memo.once(frozenset({b"f"}), lambda: runs.append(2)) is None  # a None is kept too
+    assert (runs, memo.reexecuted) == ([1], 2)
