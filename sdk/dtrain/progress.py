@@ -218,10 +218,11 @@ class ProgressFeed:
                 body = self._notes.get(timeout=wait_s) if wait_s else self._notes.get_nowait()
             except queue.Empty:
                 return
-            if self.on_note is not None:
-                self.on_note(body)
+            # the round's line before its last point: whoever sees the point sees the line
             for line in self.book.add(body, max(1, len(self._members))):
                 self.on_line(line)
+            if self.on_note is not None:
+                self.on_note(body)
             wait_s = 0.0
 
     def _refresh(self, final: bool = False) -> None:

@@ -177,11 +177,12 @@ class Peer:
         return 0
 
 
-def test_a_failed_poll_keeps_the_members_a_round_waits_for(monkeypatch) -> None:
+def test_a_failed_poll_keeps_the_members_and_a_rounds_line_precedes_its_last_point(monkeypatch) -> None:
     monkeypatch.setattr(dtrain.progress, "_watch_module", lambda: SimpleNamespace(WatchPeer=Peer))
     monkeypatch.setattr(dtrain.progress, "peer_specs", lambda bsm, ops: [(b"k", ["addr"])])
-    chain, lines = FlakyChain(), []
-    feed = ProgressFeed(chain, JOB, lines.append)  # type: ignore[arg-type]
+    chain, lines, shown = FlakyChain(), [], []
+    on_note = lambda b: shown.append(len(lines))  # noqa: E731 - lines shown when a point comes
+    feed = ProgressFeed(chain, JOB, lines.append, on_note=on_note)  # type: ignore[arg-type]
     feed._refresh()
     chain.down = True
     feed._refresh()
@@ -191,6 +192,7 @@ def test_a_failed_poll_keeps_the_members_a_round_waits_for(monkeypatch) -> None:
     feed._notes.put(body("b", 0))
     feed._drain(0.0)
     assert [(x.reported, x.members) for x in lines] == [(2, 2)]
+    assert shown == [0, 1]  # the page that shows b's point already shows the round's line
 
 
 def test_the_gap_between_epochs_is_measured_for_the_eta() -> None:
