@@ -27,10 +27,17 @@ def _worth(c: Cluster, address: str) -> int:
     return b.credit_of(address) + b.stake_of(address, address) + b.pending_rewards(address, address)
 
 
-def _overturned(c: Cluster, honest: list[int], coalition: list[int], reason: SlashReason) -> None:
+def _overturned(
+    c: Cluster,
+    honest: list[int],
+    coalition: list[int],
+    reason: SlashReason,
+    phantoms: int = 0,
+) -> None:
     """The job completed on the honest members' vote after a challenge by one of them: the
     referees revealed it, the coalition was slashed for `reason` and unpaid, every honest
-    member was paid and kept its stake, and the contract's balance equals its accounting."""
+    member was paid and kept its stake, and the contract's balance equals its accounting.
+    `phantoms`: voters' files nobody has (never re-executed)."""
     b = c.bsm
     assert b.job(c.job_id).state.status.name == "COMPLETED"
     events = b.events(job_id=c.job_id)
@@ -52,7 +59,8 @@ def _overturned(c: Cluster, honest: list[int], coalition: list[int], reason: Sla
     assert verdicts and {v["checkpoint"] for v in verdicts} == {checkpoint}
     # each distinct voter's file and the union once, across the referee's two passes
     files = {bytes(e.args["transcript"]) for e in events if e.name == "CheckpointRevealed"}
-    assert {v["reexecuted"] for v in verdicts} == {len(files - {bytes(32)}) + 1}, verdicts
+    want = len(files - {bytes(32)}) - phantoms + 1
+    assert {v["reexecuted"] for v in verdicts} == {want}, verdicts
     slashed = sorted(
         (e.args["operator"], SlashReason(e.args["reason"])) for e in events if e.name == "Slashed"
     )
@@ -96,6 +104,25 @@ def test_two_sybils_certify_a_fabrication_and_one_honest_member_overturns_it(tmp
         c.spawn(2)
         c.wait(c.ended, 1000, "the job to end")
         _overturned(c, [2], [0, 1], SlashReason.FABRICATION)
+
+
+@pytest.mark.timeout(1200)
+def test_two_sybils_that_name_files_nobody_has_and_stall_every_fetch_are_still_overturned(
+    tmp_path,
+) -> None:
+    """The two colluders of three seats name transcript files nobody has and answer every file
+    request "found" and then send nothing, so that each file and colluder costs a referee the
+    fetch's idle timeout (a minute: four of them, past the commit phase). The referees fetch
+    every file at once, each from its namers first, all within half a window: they still
+    commit in time and the honest member's vote stands."""
+    with _cluster(tmp_path, 3, 8) as c:
+        for r in range(3):
+            c.spawn_referee(r)
+        c.spawn(0, ["collude", "stall"])
+        c.spawn(1, ["collude", "stall"])
+        c.spawn(2)
+        c.wait(c.ended, 1000, "the job to end")
+        _overturned(c, [2], [0, 1], SlashReason.FABRICATION, phantoms=2)
 
 
 @pytest.mark.timeout(1200)

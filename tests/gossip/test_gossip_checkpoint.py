@@ -25,13 +25,11 @@ from dtrain_node.p2p.host import GossipConfig, GossipNode
 def server(tmp_path: Path) -> Iterator[Any]:
     procs: list[subprocess.Popen[str]] = []
 
-    def start(files: dict[str, Path]) -> tuple[bytes, list[str]]:
-        conf = tmp_path / "server.json"
-        conf.write_text(
-            json.dumps(
-                {"data_dir": str(tmp_path / "srv"), "files": {k: str(v) for k, v in files.items()}}
-            )
-        )
+    def start(files: dict[str, Path], stall: bool = False) -> tuple[bytes, list[str]]:
+        conf = tmp_path / f"server{len(procs)}.json"
+        served = {k: str(v) for k, v in files.items()}
+        data_dir = str(tmp_path / f"srv{len(procs)}")
+        conf.write_text(json.dumps({"data_dir": data_dir, "files": served, "stall": stall}))
         p = subprocess.Popen(
             [sys.executable, "-m", "harness.file_server", str(conf)],
             stdin=subprocess.PIPE,
@@ -59,6 +57,27 @@ def server(tmp_path: Path) -> Iterator[Any]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_that_answers_and_sends_nothing_holds_a_bounded_fetch_to_its_bound(
+    server: Any, tmp_path: Path
+) -> None:
+    """A staller says "found" and then sends nothing (its fetcher's idle timeout is a minute):
+    a fetch bounded at 2 s that asks it first gives up at the bound; asking the file's
+    holder first gets the file."""
+    f = tmp_path / "transcript.bin"
+    f.write_bytes(os.urandom(10_000))
+    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    staller, holder = server({sha: f}, stall=True), server({sha: f})
+    cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
+    with GossipNode(cfg, Account.create()) as node:
+        dest = tmp_path / "fetched.bin"
+        with pytest.raises(CheckpointUnavailable, match=r"in 2 s"):
+            node.fetch_file(sha, [staller, holder], dest, timeout_s=2.0)
+        assert not dest.exists()
+        assert node.fetch_file(sha, [holder, staller], dest, timeout_s=60.0) == dest
+        assert dest.read_bytes() == f.read_bytes()
 
 
 @pytest.mark.timeout(120)

@@ -1,4 +1,5 @@
-"""A gossip node process that serves files: argv[1] is JSON {"data_dir", "files": {sha: path}}.
+"""A gossip node process that serves files: argv[1] is JSON {"data_dir", "files": {sha: path}}
+(and "stall": true for a server with fault `stall`: "found", then nothing).
 
 Prints {"event": "ready", "peer_key", "addrs"} and serves until a line arrives on stdin.
 """
@@ -17,7 +18,9 @@ from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID
 
 def main() -> int:
     conf = json.loads(Path(sys.argv[1]).read_text())
-    cfg = GossipConfig(Path(conf["data_dir"]), CHAIN_ID, CONTRACT, JOB_ID)
+    cfg = GossipConfig(
+        Path(conf["data_dir"]), CHAIN_ID, CONTRACT, JOB_ID, stall_files=conf.get("stall", False)
+    )
     with GossipNode(cfg, Account.create()) as node:
         for sha, path in conf["files"].items():
             node.serve_file(sha, path)

@@ -177,7 +177,7 @@ class Peer:
         return 0
 
 
-def test_a_failed_poll_keeps_the_members_and_a_rounds_line_precedes_its_last_point(monkeypatch) -> None:
+def test_a_failed_poll_keeps_the_members_and_a_line_precedes_its_last_point(monkeypatch) -> None:
     monkeypatch.setattr(dtrain.progress, "_watch_module", lambda: SimpleNamespace(WatchPeer=Peer))
     monkeypatch.setattr(dtrain.progress, "peer_specs", lambda bsm, ops: [(b"k", ["addr"])])
     chain, lines, shown = FlakyChain(), [], []

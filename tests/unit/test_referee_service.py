@@ -44,7 +44,10 @@ def referee(clock: list[float], passes: list[float]) -> RefereeService:
     svc.metrics = []
     svc.metric = lambda kind, **kw: svc.metrics.append((kind, kw))
 
-    def verdict(case: Case, memo: Memo) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
+    def verdict(
+        case: Case, memo: Memo, fetch_by: float
+    ) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
+        assert fetch_by == OPENED + 1.5 * WINDOW  # the commit phase's second half re-executes
         passes.append(clock[0])
         memo.once("the members' file", lambda: clock.__setitem__(0, clock[0] + WORK_S))
         return b"\x01" * 32, (2, 2), [0], []

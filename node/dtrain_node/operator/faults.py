@@ -58,6 +58,11 @@ honest member's packets (of a job's first epoch). Its vote is consistent with it
 and so is the honest member's with its own: the referees of a challenge uphold the coalition's
 vote, and pay both sides.
 
+`stall` names a transcript file nobody has in its vote, and stalls every file a peer asks it
+for: it answers that it has it and then sends nothing (each such file costs whoever asks it
+the fetch's idle timeout). With `collude`, a coalition that tries to run a challenge's referees
+out of time (they fetch with one deadline for all files, asking a file's namers first).
+
 `slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
 steps take X times as long). The chain must not punish it.
 """
@@ -79,7 +84,7 @@ from dtrain_node.optim.codec import Spec
 USAGE = (
     "fabricate, collude, unworkable, doctor, inject, no-reveal, garbage, stop-sync=N, offline=N, "
     "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, stale, slow=X, "
-    "equivocate=N, withhold=N, late=N, shun=ADDR, epoch=E, once"
+    "equivocate=N, withhold=N, late=N, shun=ADDR, stall, epoch=E, once"
 )
 
 # `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
@@ -145,6 +150,7 @@ class Faults:
     ahead: bool = False  # no inner steps, no waiting: every round committed before the others
     stale: bool = False  # no inner steps after the first round: its first packet every round
     shun: str | None = None  # vote what our transcript leads to without this member's packets
+    stall: bool = False  # name a file nobody has; answer file requests and send nothing
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.slow <= 100.0:
@@ -187,6 +193,8 @@ class Faults:
                 kw["ahead"] = True
             elif name == "stale" and not value:
                 kw["stale"] = True
+            elif name == "stall" and not value:
+                kw["stall"] = True
             elif name == "once" and not value:
                 kw["first_attempt_only"] = True
             elif name == "equivocate" and value.isdigit():

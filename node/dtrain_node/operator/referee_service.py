@@ -28,6 +28,7 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 GAS = 3_000_000  # above the referees' draw at 32 applicants and a 31-referee resolve
 POLL_S = 0.5
 FETCH_TIMEOUT_S = 60.0
+FETCH_WORKERS = 16  # named files fetched at once, the votes' and the challenge's first
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,12 @@ class Memo:
     done: dict[Any, Any] = field(default_factory=dict)
     reexecuted: int = 0
 
-    def once(self, key: Any, work: Callable[[], Any]) -> Any:
+    def once(self, key: Any, work: Callable[[], Any], count: bool = True) -> Any:
+        """`work()`'s result, computed on the first call with `key` (`count`: a re-execution
+        of an epoch); an exception is not kept."""
         if key not in self.done:
             self.done[key] = work()
-            self.reexecuted += 1
+            self.reexecuted += count
         return self.done[key]
 
 
@@ -135,11 +139,12 @@ class RefereeService:
         if ch.resolved or not self._apply(case, ch.applicants):
             return
         opened, memo, began = ch.opened_at, Memo(), time.monotonic()
+        fetch_by = opened + 1.5 * self.window  # the commit phase's second half re-executes
         # The votes' and the challenge's files are known now: fetched and re-executed while the
         # apply phase runs, a slow machine has two windows for them, not one. Members may name
         # more until the phase ends; after it, only those cost anything (`memo`).
         try:
-            self._verdict(case, memo)
+            self._verdict(case, memo, fetch_by)
         except (DtrainError, NodeError) as exc:
             log.info(
                 "job %d: early re-execution failed, again after the apply phase: %s",
@@ -147,7 +152,7 @@ class RefereeService:
                 exc,
             )
         self._until(stop, lambda: self._now() >= opened + self.window)
-        checkpoint, participation, consistent, caught = self._verdict(case, memo)
+        checkpoint, participation, consistent, caught = self._verdict(case, memo, fetch_by)
         judged = findings(consistent, caught)
         judged_s = round(time.monotonic() - began, 3)
         if self._now() >= opened + 2 * self.window:
@@ -182,7 +187,7 @@ class RefereeService:
             self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
 
     def _verdict(
-        self, case: Case, memo: Memo
+        self, case: Case, memo: Memo, fetch_by: float
     ) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
         """UNWORKABLE when the job's own files prove that nobody can train it (nobody is then
         consistent or caught). Else the verdict, the voters whose own files lead to their
@@ -194,7 +199,7 @@ class RefereeService:
         voters' own files and the union are re-executed: a file only posted adds its packets to
         the union, so naming many files costs a referee one more file to read, not an epoch."""
         job = self.bsm.job(case.job_id)
-        why = referee.unworkable(job, self.cfg)
+        why = memo.once("unworkable", lambda: referee.unworkable(job, self.cfg), count=False)
         if why is not None:
             log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch + 1, why)
             return UNWORKABLE, tuple(0 for _ in case.members), [], []
@@ -203,8 +208,9 @@ class RefereeService:
         for who, sha in [*self._posted(case), *((m, v[1]) for m, v in votes.items())]:
             named.setdefault(sha, set()).add(who)
         own = {sha for _, sha in votes.values()}
-        with self._host(case) as (fetch, work):
-            files, found, start = self._evidence(case, named, fetch, work, memo)
+        with self._host(case, fetch_by) as (fetch, work):
+            first = {case.transcript, *own}
+            files, found, start = self._evidence(case, named, first, fetch, work, memo)
             led = {
                 sha: v
                 for sha, (_, t) in files.items()
@@ -219,7 +225,8 @@ class RefereeService:
                 case, votes, files, led, start, memo
             )
             agreed = [files[sha][1] for sha, v in led.items() if v[0] == key]
-            caught = self._caught(case, job, found, [*agreed, *union], start, fetch, work)
+            agreed += union
+            caught = self._caught(case, job, found, agreed, start, (fetch, work), memo)
         return checkpoint, participation, consistent, caught
 
     def _decide(
@@ -257,11 +264,12 @@ class RefereeService:
         found: list[claims.Claim],
         agreed: list[evidence.EpochTranscript],
         start: Path | None,
-        fetch: Any,
-        work: Path,
+        host: tuple[Any, Path],
+        memo: Memo,
     ) -> list[int]:
         """Indices of the members a named claim proves false, re-run on a file that leads to
-        the verdict (the shared state the members trained from)."""
+        the verdict (the shared state the members trained from); each claim once."""
+        fetch, work = host
         out: set[int] = set()
         tensors = None if start is None else referee.start_tensors(start, case.start)
         for c in found:
@@ -269,7 +277,11 @@ class RefereeService:
             if t is None or c.member not in case.members:
                 continue
             i = case.members.index(c.member)
-            if i not in out and fraudcheck.caught(self.cfg, job, c, t, tensors, fetch, work):
+            if i not in out and memo.once(
+                c,
+                lambda c=c, t=t: fraudcheck.caught(self.cfg, job, c, t, tensors, fetch, work),
+                count=False,
+            ):
                 out.add(i)
         return sorted(out)
 
@@ -318,15 +330,27 @@ class RefereeService:
         ]
 
     @contextlib.contextmanager
-    def _host(self, case: Case) -> Iterator[tuple[Callable[[str, str, Path], Path], Path]]:
-        """A p2p host of our own for the challenge's files: yields fetch(sha256 hex, _, dest),
-        which asks the challenger and the members, and the challenge's work folder."""
+    def _host(
+        self, case: Case, fetch_by: float
+    ) -> Iterator[tuple[Callable[[str, str, Path], Path], Path]]:
+        """A p2p host of our own for the challenge's files: yields fetch(sha256 hex, who,
+        dest), which asks `who` (an address, or the comma-joined addresses that named the
+        file) first, then the challenger and the members, all of them within half a window and
+        by chain time `fetch_by` (a member that answers and sends nothing costs one bounded
+        wait, not one per file and member); and the challenge's work folder."""
         from dtrain_node.p2p.host import GossipConfig, GossipNode
 
         work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
         work.mkdir(parents=True, exist_ok=True)
         holders = [case.challenger, *[m for m in case.members if m != case.challenger]]
-        peers = [p for p in peer_specs(self.bsm, holders) if p[1]]
+        specs = dict(zip(holders, peer_specs(self.bsm, holders), strict=True))
+
+        def fetch(sha: str, who: str, dest: Path) -> Path:
+            first = [a for a in who.split(",") if a in specs]
+            order = [*first, *(a for a in holders if a not in first)]
+            left = min(self.window / 2, fetch_by - self._now())
+            return g.fetch_file(sha, [specs[a] for a in order if specs[a][1]], dest, left)
+
         g = GossipNode(
             GossipConfig(
                 data_dir=work,
@@ -339,7 +363,7 @@ class RefereeService:
         )
         g.start()
         try:
-            yield (lambda sha, _who, dest: g.fetch_file(sha, peers, dest)), work
+            yield fetch, work
         finally:
             g.stop()
 
@@ -347,6 +371,7 @@ class RefereeService:
         self,
         case: Case,
         named: dict[bytes, set[str]],
+        first: set[bytes],
         fetch: Callable[[str, str, Path], Path],
         work: Path,
         memo: Memo,
@@ -357,15 +382,22 @@ class RefereeService:
         delivered and checks against the members' signed commitments (a file nobody delivers,
         or that holds a packet its sender never committed, is left out); the replay claims
         named; and, after the first epoch, the epoch's start checkpoint, fetched by hash."""
-        out, found = {}, []
-        for sha, who in named.items():
+
+        def get(sha: bytes) -> tuple[bytes, Any]:
             dest = work / f"named-{sha.hex()}.bin"
             try:
-                read = memo.read.get(sha) or self._read(case, fetch(sha.hex(), "", dest))
+                return sha, self._read(case, fetch(sha.hex(), ",".join(sorted(named[sha])), dest))
             except CheckpointUnavailable as exc:  # not kept: asked again in the next pass
                 log.info("file %s not delivered: %s", sha.hex()[:16], exc)
-                continue
-            memo.read[sha] = read
+                return sha, None
+
+        todo = sorted((sha for sha in named if sha not in memo.read), key=lambda s: s not in first)
+        if todo:  # all at once: one bounded wait however many files a coalition names
+            with ThreadPoolExecutor(min(FETCH_WORKERS, len(todo)), "referee-fetch") as pool:
+                memo.read.update((sha, r) for sha, r in pool.map(get, todo) if r is not None)
+        out, found = {}, []
+        for sha, who in named.items():
+            read = memo.read.get(sha)
             if isinstance(read, evidence.EpochTranscript):
                 out[sha] = (who, read)
             elif isinstance(read, claims.Claim):

@@ -100,6 +100,7 @@ def gossip_transport(cfg: NodeConfig, bsm: BSM, job_id: int) -> Transport:
         equivocate_rounds=cfg.faults.equivocate_rounds,
         withhold_rounds=cfg.faults.withhold_rounds,
         reveal_to_one_rounds=cfg.faults.late_rounds,
+        stall_files=cfg.faults.stall,
     )
     if cfg.faults.ahead:  # closes each round at once, agreed or not
         gcfg = dataclasses.replace(gcfg, settle_s=AHEAD_WAIT_S)

@@ -89,6 +89,9 @@ class FileService:
                 request = await wire.read_frame(stream, wire.MAX_FILE_REQUEST)
                 sha, offset, version = wire.decode_file_request(request)
             path = self._files.get(sha)
+            if getattr(self._state.config, "stall_files", False):
+                await self._stall(stream, version)
+                return
             if path is None or not path.exists():
                 await wire.write_frame(
                     stream, wire.encode_ckpt_reply(wire.CKPT_NOT_FOUND, 0, version)
@@ -100,6 +103,12 @@ class FileService:
             log.debug("serving a file to %s failed: %r", peer, e)
         finally:
             await wire.close_quietly(stream)
+
+    async def _stall(self, stream: Any, version: int) -> None:
+        """Fault `stall`: "found, 1 MiB", then nothing until the serving timeout."""
+        await wire.write_frame(stream, wire.encode_ckpt_reply(wire.CKPT_OK, 1 << 20, version))
+        with trio.move_on_after(self._state.config.file_timeout_s):
+            await trio.sleep_forever()
 
     async def _send(self, stream: Any, f: BinaryIO, offset: int, version: int, peer: str) -> None:
         size = os.fstat(f.fileno()).st_size

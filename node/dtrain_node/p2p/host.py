@@ -27,7 +27,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from dtrain_node.errors import GossipError
+from dtrain_node.errors import CheckpointUnavailable, GossipError
 from dtrain_node.p2p import dial, files, wire
 from dtrain_node.p2p import envelope as envmod
 from dtrain_node.p2p import identity as ident
@@ -91,6 +91,7 @@ class GossipConfig:
     # fault: in these rounds reveal late and to one peer only: by sync, once our deadline
     # passed, to the first peer that asks
     reveal_to_one_rounds: tuple[int, ...] = ()
+    stall_files: bool = False  # fault: answer every file request "found", then send nothing
     fault_seed: int = 0
 
     def __post_init__(self) -> None:
@@ -274,14 +275,29 @@ class GossipNode(Looper):
             raise ValueError(f"{path} has sha256 {got.hex()}, not {sha256_hex}")
         self._call_sync(self._files.add, sha, path)
 
-    def fetch_file(self, sha256_hex: str, peers: list[PeerSpec], dest: Path | str) -> Path:
-        """Fetch a file by sha256 from the first peer that delivers it intact.
+    def fetch_file(
+        self,
+        sha256_hex: str,
+        peers: list[PeerSpec],
+        dest: Path | str,
+        timeout_s: float | None = None,
+    ) -> Path:
+        """Fetch a file by sha256 from the first peer that delivers it intact, asking the
+        peers in order, all of them within `timeout_s` (None: each peer's own timeouts).
 
         The bytes go to a temporary file next to dest, are hashed as they arrive and are
         renamed onto dest only if the sha256 matches. Raises CheckpointUnavailable otherwise.
         """
         sha = files.sha256_bytes(sha256_hex)
-        return self._call(self._files.fetch, sha, peers, Path(dest))
+        if timeout_s is None:
+            return self._call(self._files.fetch, sha, peers, Path(dest))
+
+        async def bounded() -> Path:
+            with trio.move_on_after(max(0.0, timeout_s)):
+                return await self._files.fetch(sha, peers, Path(dest))
+            raise CheckpointUnavailable(f"no peer delivered {sha256_hex} in {timeout_s:.0f} s")
+
+        return self._call(bounded)
 
     # -- the caller's receipt for the final checkpoint (receipts.py) ---------------------------
     def expect_receipt(self, job_id: int, caller: str, checkpoint: bytes) -> None:
