@@ -57,10 +57,15 @@ def _overturned(
     assert bytes(finalized["checkpoint"]).hex() == checkpoint
     verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
     assert verdicts and {v["checkpoint"] for v in verdicts} == {checkpoint}
-    # each distinct voter's file and the union once, across the referee's two passes
-    files = {bytes(e.args["transcript"]) for e in events if e.name == "CheckpointRevealed"}
-    want = len(files - {bytes(32)}) - phantoms + 1
+    # each distinct voter's file once, across the referee's two passes, and a union
+    files = {
+        bytes(e.args["transcript"])
+        for e in events
+        if e.name == "CheckpointRevealed" and bytes(e.args["voteKey"]) != UNWORKABLE
+    }
+    want = len(files - {bytes(32)}) - phantoms
     assert {v["reexecuted"] for v in verdicts} == {want}, verdicts
+    assert all(v["unions"] >= 1 for v in verdicts), verdicts
     slashed = sorted(
         (e.args["operator"], SlashReason(e.args["reason"])) for e in events if e.name == "Slashed"
     )

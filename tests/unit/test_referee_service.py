@@ -7,6 +7,8 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from dtrain_node.operator.referee_service import Case, Memo, RefereeService
 
 WINDOW, OPENED, WORK_S = 30, 1_000, 40  # one pass of re-execution outlasts the apply phase
@@ -49,7 +51,7 @@ def referee(clock: list[float], passes: list[float]) -> RefereeService:
     ) -> tuple[bytes, tuple[int, ...], list[int], list[int]]:
         assert fetch_by == OPENED + 1.5 * WINDOW  # the commit phase's second half re-executes
         passes.append(clock[0])
-        memo.once("the members' file", lambda: clock.__setitem__(0, clock[0] + WORK_S))
+        memo.once("the members' file", lambda: clock.__setitem__(0, clock[0] + WORK_S), "files")
         return b"\x01" * 32, (2, 2), [0], []
 
     def until(stop: threading.Event, cond) -> None:
@@ -77,7 +79,11 @@ def test_a_referee_slower_than_the_apply_phase_still_commits_in_the_commit_phase
 def test_a_memo_does_each_piece_of_work_once() -> None:
     memo, runs = Memo(), []
     for _ in range(3):
-        assert memo.once(b"f", lambda: runs.append(1) or "led") == "led"
-    assert memo.once(frozenset({b"f"}), lambda: None) is None
-    assert memo.once(frozenset({b"f"}), lambda: runs.append(2)) is None  # a None is kept too
-    assert (runs, memo.reexecuted) == ([1], 2)
+        assert memo.once(b"f", lambda: runs.append(1) or "led", "files") == "led"
+    assert memo.once(frozenset({b"f"}), lambda: None, "unions") is None
+    assert memo.once(frozenset({b"f"}), lambda: runs.append(2), "unions") is None  # None kept
+    assert memo.once("unworkable", lambda: None) is None  # counted nowhere
+    with pytest.raises(ValueError):
+        memo.once(b"g", lambda: int("x"), "files")
+    assert memo.once(b"g", lambda: "led", "files") == "led"  # an exception was not kept
+    assert (runs, memo.files, memo.unions) == ([1], 2, 1)

@@ -25,6 +25,7 @@ estimation (`GAS`) once the wall clock says the phase is open.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -75,14 +76,16 @@ class Memo:
 
     read: dict[bytes, Any] = field(default_factory=dict)
     done: dict[Any, Any] = field(default_factory=dict)
-    reexecuted: int = 0
+    files: int = 0  # voters' files re-executed
+    unions: int = 0  # unions re-executed
 
-    def once(self, key: Any, work: Callable[[], Any], count: bool = True) -> Any:
-        """`work()`'s result, computed on the first call with `key` (`count`: a re-execution
-        of an epoch); an exception is not kept."""
+    def once(self, key: Any, work: Callable[[], Any], count: str = "") -> Any:
+        """`work()`'s result, computed on the first call with `key`, counted in the counter
+        named `count` (if any); an exception is not kept."""
         if key not in self.done:
             self.done[key] = work()
-            self.reexecuted += count
+            if count:
+                setattr(self, count, getattr(self, count) + 1)
         return self.done[key]
 
 
@@ -180,7 +183,8 @@ class RefereeService:
             consistent=[case.members[i] for i in consistent],
             caught=[case.members[i] for i in caught],
             judged_s=judged_s,
-            reexecuted=memo.reexecuted,
+            reexecuted=memo.files,
+            unions=memo.unions,
         )
         self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
         with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
@@ -199,7 +203,7 @@ class RefereeService:
         voters' own files and the union are re-executed: a file only posted adds its packets to
         the union, so naming many files costs a referee one more file to read, not an epoch."""
         job = self.bsm.job(case.job_id)
-        why = memo.once("unworkable", lambda: referee.unworkable(job, self.cfg), count=False)
+        why = memo.once("unworkable", lambda: referee.unworkable(job, self.cfg))
         if why is not None:
             log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch + 1, why)
             return UNWORKABLE, tuple(0 for _ in case.members), [], []
@@ -214,7 +218,8 @@ class RefereeService:
             led = {
                 sha: v
                 for sha, (_, t) in files.items()
-                if sha in own and (v := memo.once(sha, lambda t=t: self._leads_to(t, start)))
+                if sha in own
+                and (v := memo.once(sha, lambda t=t: self._leads_to(t, start), "files"))
             }
             consistent = [
                 i
@@ -224,8 +229,8 @@ class RefereeService:
             key, checkpoint, participation, union = self._decide(
                 case, votes, files, led, start, memo
             )
-            agreed = [files[sha][1] for sha, v in led.items() if v[0] == key]
-            agreed += union
+            agreed = [(sha, files[sha][1]) for sha, v in led.items() if v[0] == key]
+            agreed += [(frozenset(files), u) for u in union]
             caught = self._caught(case, job, found, agreed, start, (fetch, work), memo)
         return checkpoint, participation, consistent, caught
 
@@ -248,7 +253,9 @@ class RefereeService:
         ts = [t for _, t in files.values()]
         empty = referee.empty(self.bsm.job(case.job_id), case.epoch, case.attempt, *self._chain())
         u = evidence.union(ts) if ts else empty
-        v = memo.once(frozenset(files), lambda: referee.check(self.bsm, self.cfg, u, start))
+        v = memo.once(
+            frozenset(files), lambda: referee.check(self.bsm, self.cfg, u, start), "unions"
+        )
         log.info(
             "job %d epoch %d: the transcripts lead to 0x%s",
             case.job_id,
@@ -262,25 +269,27 @@ class RefereeService:
         case: Case,
         job: Any,
         found: list[claims.Claim],
-        agreed: list[evidence.EpochTranscript],
+        agreed: list[tuple[Any, evidence.EpochTranscript]],
         start: Path | None,
         host: tuple[Any, Path],
         memo: Memo,
     ) -> list[int]:
         """Indices of the members a named claim proves false, re-run on a file that leads to
-        the verdict (the shared state the members trained from); each claim once."""
+        the verdict (the shared state the members trained from), each (claim, file) once.
+        The member's private state is fetched with no regard to `fetch_by`: a state the
+        referee ran out of time for would count as withheld."""
         fetch, work = host
         out: set[int] = set()
         tensors = None if start is None else referee.start_tensors(start, case.start)
+        state = functools.partial(fetch, bounded=False)
         for c in found:
-            t = next((t for t in agreed if fraudcheck.applies(c, t)), None)
+            key, t = next(((k, t) for k, t in agreed if fraudcheck.applies(c, t)), (None, None))
             if t is None or c.member not in case.members:
                 continue
             i = case.members.index(c.member)
             if i not in out and memo.once(
-                c,
-                lambda c=c, t=t: fraudcheck.caught(self.cfg, job, c, t, tensors, fetch, work),
-                count=False,
+                (c, key),
+                lambda c=c, t=t: fraudcheck.caught(self.cfg, job, c, t, tensors, state, work),
             ):
                 out.add(i)
         return sorted(out)
@@ -334,22 +343,21 @@ class RefereeService:
         self, case: Case, fetch_by: float
     ) -> Iterator[tuple[Callable[[str, str, Path], Path], Path]]:
         """A p2p host of our own for the challenge's files: yields fetch(sha256 hex, who,
-        dest), which asks `who` (an address, or the comma-joined addresses that named the
-        file) first, then the challenger and the members, all of them within half a window and
-        by chain time `fetch_by` (a member that answers and sends nothing costs one bounded
-        wait, not one per file and member); and the challenge's work folder."""
+        dest, bounded=True), which asks the challenger and the members at once (the first
+        intact copy wins: a member that answers and then sends nothing holds up nobody), within
+        half a window and, `bounded`, by chain time `fetch_by`; and the challenge's work
+        folder."""
         from dtrain_node.p2p.host import GossipConfig, GossipNode
 
         work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
         work.mkdir(parents=True, exist_ok=True)
         holders = [case.challenger, *[m for m in case.members if m != case.challenger]]
-        specs = dict(zip(holders, peer_specs(self.bsm, holders), strict=True))
+        peers = [p for p in peer_specs(self.bsm, holders) if p[1]]
+        end = time.monotonic() + (fetch_by - self._now())  # the chain read once, not per file
 
-        def fetch(sha: str, who: str, dest: Path) -> Path:
-            first = [a for a in who.split(",") if a in specs]
-            order = [*first, *(a for a in holders if a not in first)]
-            left = min(self.window / 2, fetch_by - self._now())
-            return g.fetch_file(sha, [specs[a] for a in order if specs[a][1]], dest, left)
+        def fetch(sha: str, _who: str, dest: Path, bounded: bool = True) -> Path:
+            left = min(self.window / 2, end - time.monotonic()) if bounded else self.window / 2
+            return g.fetch_file(sha, peers, dest, left, race=True)
 
         g = GossipNode(
             GossipConfig(
@@ -386,15 +394,16 @@ class RefereeService:
         def get(sha: bytes) -> tuple[bytes, Any]:
             dest = work / f"named-{sha.hex()}.bin"
             try:
-                return sha, self._read(case, fetch(sha.hex(), ",".join(sorted(named[sha])), dest))
+                return sha, self._read(case, fetch(sha.hex(), "", dest))
             except CheckpointUnavailable as exc:  # not kept: asked again in the next pass
                 log.info("file %s not delivered: %s", sha.hex()[:16], exc)
                 return sha, None
 
-        todo = sorted((sha for sha in named if sha not in memo.read), key=lambda s: s not in first)
-        if todo:  # all at once: one bounded wait however many files a coalition names
+        todo = [sha for sha in named if sha not in memo.read]
+        if todo:  # at once, and the votes' and the challenge's before files only posted
             with ThreadPoolExecutor(min(FETCH_WORKERS, len(todo)), "referee-fetch") as pool:
-                memo.read.update((sha, r) for sha, r in pool.map(get, todo) if r is not None)
+                for stage in ([s for s in todo if s in first], [s for s in todo if s not in first]):
+                    memo.read.update((sha, r) for sha, r in pool.map(get, stage) if r is not None)
         out, found = {}, []
         for sha, who in named.items():
             read = memo.read.get(sha)

@@ -75,6 +75,7 @@ class FileService:
     def __init__(self, state: FileHostState, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self._state = state
         self._files: dict[bytes, Path] = {}  # sha256 -> path, checked when added
+        self._dialing: dict[Any, trio.Lock] = {}
         self.idle_timeout_s = idle_timeout_s
 
     def add(self, sha: bytes, path: Path) -> None:
@@ -176,12 +177,39 @@ class FileService:
             f"no peer delivered {sha.hex()}: {'; '.join(errors) or 'no peers'}"
         )
 
+    async def race(self, sha: bytes, peers: list[PeerSpec], dest: Path) -> Path:
+        """Ask every peer at once; the first intact copy wins and the other transfers stop (a
+        peer that answers and then sends nothing holds up nobody)."""
+        tries = [dest.with_name(f".{dest.name}.from-{i}") for i in range(len(peers))]
+        won: list[Path] = []
+
+        async def one(peer: PeerSpec, path: Path, scope: trio.CancelScope) -> None:
+            try:
+                won.append(await self.fetch(sha, [peer], path))
+            except CheckpointUnavailable:
+                return
+            scope.cancel()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for peer, path in zip(peers, tries, strict=True):
+                    nursery.start_soon(one, peer, path, nursery.cancel_scope)
+            if not won:
+                raise CheckpointUnavailable(f"no peer delivered {sha.hex()}")
+            os.replace(won[0], dest)
+            return dest
+        finally:
+            for path in tries:
+                path.unlink(missing_ok=True)
+
     async def _connect(self, info: Any) -> None:
         host = self._state.host
-        if info.peer_id not in host.get_connected_peers():
-            # libp2p dials one known TCP address per peer: forget where a restarted peer was
-            host.peerstore.clear_addrs(info.peer_id)
-        await host.connect(info)
+        # one dial per peer at a time: fetches run at once (`race`, a referee's files)
+        async with self._dialing.setdefault(info.peer_id, trio.Lock()):
+            if info.peer_id not in host.get_connected_peers():
+                # libp2p dials one known TCP address per peer: forget where a restarted peer was
+                host.peerstore.clear_addrs(info.peer_id)
+            await host.connect(info)
 
     async def _fetch_from(
         self, pid: ID, sha: bytes, part: Path, limit: int, progress: Progress | None

@@ -281,20 +281,23 @@ class GossipNode(Looper):
         peers: list[PeerSpec],
         dest: Path | str,
         timeout_s: float | None = None,
+        race: bool = False,
     ) -> Path:
-        """Fetch a file by sha256 from the first peer that delivers it intact, asking the
-        peers in order, all of them within `timeout_s` (None: each peer's own timeouts).
+        """Fetch a file by sha256 from the first peer that delivers it intact: asking the
+        peers in order, or all at once (`race`), all within `timeout_s` (None: each peer's own
+        timeouts).
 
         The bytes go to a temporary file next to dest, are hashed as they arrive and are
         renamed onto dest only if the sha256 matches. Raises CheckpointUnavailable otherwise.
         """
         sha = files.sha256_bytes(sha256_hex)
+        get = self._files.race if race else self._files.fetch
         if timeout_s is None:
-            return self._call(self._files.fetch, sha, peers, Path(dest))
+            return self._call(get, sha, peers, Path(dest))
 
         async def bounded() -> Path:
             with trio.move_on_after(max(0.0, timeout_s)):
-                return await self._files.fetch(sha, peers, Path(dest))
+                return await get(sha, peers, Path(dest))
             raise CheckpointUnavailable(f"no peer delivered {sha256_hex} in {timeout_s:.0f} s")
 
         return self._call(bounded)
