@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from dtrain.errors import TransactionFailed
 from dtrain_node.operator.referee_service import Case, Memo, RefereeService
 
 WINDOW, OPENED, WORK_S = 30, 1_000, 40  # one pass of re-execution outlasts the apply phase
@@ -17,22 +18,30 @@ ME = "0x" + "ab" * 20
 
 class Chain:
     """A challenge opened at OPENED with this referee drawn; records when each phase's
-    transaction is sent."""
+    transaction is taken. The chain's clock is a second behind the wall clock: the first
+    commit and the first reveal, sent as the wall clock opens their phase, revert."""
 
     def __init__(self, clock: list[float]) -> None:
-        self.clock, self.sent = clock, {}
+        self.clock, self.sent, self.refused = clock, {}, []
         self.ch = SimpleNamespace(resolved=False, applicants=[ME], opened_at=OPENED, referees=[ME])
         self.ch.committed = self.ch.revealed = 0
 
     def challenge_of(self, attempt: int) -> SimpleNamespace:
         return self.ch
 
+    def _behind(self, phase: str) -> None:
+        if phase not in self.refused:
+            self.refused.append(phase)
+            raise TransactionFailed("transaction 0x.. reverted")
+
     def commit_verdict(self, *args, gas: int) -> None:
         assert self.clock[0] < OPENED + 2 * WINDOW, "the commit phase had closed"
+        self._behind("commit")
         self.sent["commit"] = self.clock[0]
         self.ch.committed = 1
 
     def reveal_verdict(self, *args, gas: int) -> None:
+        self._behind("reveal")
         self.sent["reveal"] = self.clock[0]
         self.ch.revealed = 1
 
@@ -63,6 +72,8 @@ def referee(clock: list[float], passes: list[float]) -> RefereeService:
 
 
 def test_a_referee_slower_than_the_apply_phase_still_commits_in_the_commit_phase() -> None:
+    """And a phase's transaction the chain refused at the phase's first second is sent again
+    (the chain's blocks are dated by its own clock)."""
     clock, passes = [OPENED + 1.0], []
     svc = referee(clock, passes)
     case = Case(1, 0, 3, "challenger", b"\x02" * 32, ("a", "b"), b"\x00" * 32)
@@ -70,7 +81,8 @@ def test_a_referee_slower_than_the_apply_phase_still_commits_in_the_commit_phase
     assert passes[0] < OPENED + WINDOW  # began while the apply phase ran
     assert passes[1] >= OPENED + WINDOW  # and looked again once members could name no more
     assert OPENED + WINDOW <= svc.bsm.sent["commit"] < OPENED + 2 * WINDOW
-    assert set(svc.bsm.sent) == {"commit", "reveal", "resolve"}
+    assert set(svc.bsm.sent) == {"commit", "reveal", "resolve"}  # each sent again once refused
+    assert svc.bsm.refused == ["commit", "reveal"]
     [v] = [kw for kind, kw in svc.metrics if kind == "verdict"]
     assert v["reexecuted"] == 1  # the second pass found the first pass's work
     assert not [m for m in svc.metrics if m[0] == "referee_late"]

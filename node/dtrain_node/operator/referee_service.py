@@ -163,16 +163,19 @@ class RefereeService:
         salt = new_salt()
         bits = judged.to_bytes(32, "big")
         c = commitment_hash(case.job_id, case.epoch, self.me, checkpoint, participation, bits, salt)
-        try:
-            self.bsm.commit_verdict(case.job_id, case.epoch, c, gas=GAS)
-        except (ContractError, TransactionFailed) as exc:
-            log.info("job %d: not drawn as a referee, or late (%s)", case.job_id, exc)
+        commit = functools.partial(self.bsm.commit_verdict, case.job_id, case.epoch, c, gas=GAS)
+        if not self._sent(stop, case, commit, opened + 2 * self.window):
             self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
             return
         self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
-        self.bsm.reveal_verdict(
-            case.job_id, case.epoch, checkpoint, participation, judged, salt, gas=GAS
+        reveal = functools.partial(
+            self.bsm.reveal_verdict,
+            *(case.job_id, case.epoch, checkpoint, participation, judged, salt),
+            gas=GAS,
         )
+        if not self._sent(stop, case, reveal, opened + 3 * self.window):
+            self.metric("referee_late", job=case.job_id, attempt=case.attempt, judged_s=judged_s)
+            return
         self.metric(
             "verdict",
             job=case.job_id,
@@ -189,6 +192,24 @@ class RefereeService:
         self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
         with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
             self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
+
+    def _sent(
+        self, stop: threading.Event, case: Case, send: Callable[[], Any], closes: float
+    ) -> bool:
+        """`send()` a phase's transaction until the chain takes it: the wall clock said the
+        phase opened, and a block the chain dates a second earlier refuses it. False when we
+        were not drawn or the phase closed."""
+        while True:
+            try:
+                send()
+                return True
+            except (ContractError, TransactionFailed) as exc:
+                refs = self.bsm.challenge_of(case.attempt).referees
+                if (refs and self.me not in refs) or self._now() >= closes:
+                    log.info("job %d: not drawn as a referee, or late (%s)", case.job_id, exc)
+                    return False
+            if stop.wait(POLL_S):
+                raise DtrainError("stopped while refereeing")
 
     def _verdict(
         self, case: Case, memo: Memo, fetch_by: float
