@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 GAS = 3_000_000  # above the referees' draw at 32 applicants and a 31-referee resolve
 POLL_S = 0.5
+SEND_TRIES = 10  # a phase's transaction, sent POLL_S apart: the chain's clock lags by a second
 FETCH_TIMEOUT_S = 60.0
 FETCH_WORKERS = 16  # named files fetched at once, the votes' and the challenge's first
 
@@ -198,18 +199,21 @@ class RefereeService:
     ) -> bool:
         """`send()` a phase's transaction until the chain takes it: the wall clock said the
         phase opened, and a block the chain dates a second earlier refuses it. False when we
-        were not drawn or the phase closed."""
-        while True:
+        were not drawn, the phase closed or SEND_TRIES reverted (a refusal that is not the
+        clock's costs a few reverted transactions, not one per poll until the phase closes)."""
+        for tries in range(1, SEND_TRIES + 1):
             try:
                 send()
                 return True
             except (ContractError, TransactionFailed) as exc:
                 refs = self.bsm.challenge_of(case.attempt).referees
-                if (refs and self.me not in refs) or self._now() >= closes:
+                late = self._now() >= closes or tries == SEND_TRIES
+                if (refs and self.me not in refs) or late:
                     log.info("job %d: not drawn as a referee, or late (%s)", case.job_id, exc)
                     return False
             if stop.wait(POLL_S):
                 raise DtrainError("stopped while refereeing")
+        return False
 
     def _verdict(
         self, case: Case, memo: Memo, fetch_by: float
