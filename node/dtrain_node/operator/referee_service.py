@@ -276,8 +276,11 @@ class RefereeService:
                 log.info("job %d: a certified voter's own file leads to its vote", case.job_id)
                 return (*led[sha], [])
         ts = [t for _, t in files.values()]
-        empty = referee.empty(self.bsm.job(case.job_id), case.epoch, case.attempt, *self._chain())
-        u = evidence.union(ts) if ts else empty
+        if ts:
+            u = evidence.union(ts)
+        else:
+            job = self.bsm.job(case.job_id)
+            u = referee.empty(job, case.epoch, case.attempt, *self._chain())
         v = memo.once(
             frozenset(files), lambda: referee.check(self.bsm, self.cfg, u, start), "unions"
         )
