@@ -20,6 +20,15 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
 - grp: own picks of runs of g neighbouring coefficients (g=G, default 16): one index per run
   and g levels, as many runs per chunk as own's k index + level bits pay for; the k largest
   runs by energy. Chunks narrower than 16 g keep own's single picks.
+- lowrank: matrices (not token tensors or vectors) share a rank-r image of e instead of DCT
+  picks (r=R, default 1; fb=B bits per factor entry, default 1, 0: unquantised, counted as
+  bf16): e lives in weight space for them, one warm-started power iteration per round
+  (PowerSGD's), the left factor quantised, the right factor fitted to it then quantised, one
+  power-of-two scale per factor column; the N members' images are averaged, so the update has
+  rank <= N r. Other tensors as own.
+- keep=1 (with own): a member's next round starts from the shared state minus its own unsent
+  e (its own progress that did not leave), not from the shared state alone; the shared state
+  is what is evaluated.
 - dense: no compression: every member's whole e (its pseudo-gradient this round, e starts
   empty each round) at bf16's 16 bits per value; what compression costs against it.
 
@@ -91,6 +100,13 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
         k = 1 if vec else (k_tok if nm in toks else k_mat)
         lay.append(Tensor(p.shape, k, nm in toks, ks.get("bits", 1)))
     e = [[torch.zeros(t.n, t.width) for t in lay] for _ in range(n)]
+    if arm == "lowrank":  # weight-space e and warm-start right factors per member, matrix
+        r = ks.get("r", 1)
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(n):
+            for j, (nm, th) in enumerate(zip(names, shared, strict=True)):
+                if th.dim() == 2 and nm not in toks:
+                    e[i][j] = (torch.zeros_like(th), torch.randn(th.shape[1], r, generator=gen))
     prev: list = [None] * len(lay)  # lag: each tensor's union of the last round's indices
     shared_rng = torch.Generator().manual_seed(seed)  # rand: the seed every member knows
     opts = [
@@ -112,9 +128,10 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
             bits_sent += sync(ms, e, shared, lay, arm, ks, beta, prev, shared_rng)
             syncs += 1
         if t % c.s.eval_every == 0 or t == c.s.steps:
-            curve.append((t, bs.evaluate(c.subj, ms[0], c.ev)))
+            curve.append((t, bs.evaluate(c.subj, _at(base, shared), c.ev)))
     return dict(
         arm=arm,
+        opts=ks,
         k=k_mat,
         k_token=k_tok,
         bits=ks.get("bits", 1),
@@ -128,14 +145,26 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
 
 
 @torch.no_grad()
+def _at(model: torch.nn.Module, shared: list) -> torch.nn.Module:
+    """`model` holding the shared state (what a job's checkpoint holds)."""
+    for p, th in zip((p for p in model.parameters() if p.requires_grad), shared, strict=True):
+        p.copy_(th)
+    return model
+
+
+@torch.no_grad()
 def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -> float:
     """One round; returns the bits one member uploads (indices + levels + exponents)."""
     n, bits = len(ms), 0.0
     params = [[x for x in m.parameters() if x.requires_grad] for m in ms]
     for j, (th, t) in enumerate(zip(shared, lay, strict=True)):
         es = [e[i][j] for i in range(n)]
+        if isinstance(es[0], tuple):
+            bits += _lowrank(es, th, [ps[j] for ps in params], ks, beta)
+            continue
         for ei, ps in zip(es, params, strict=True):
-            ei.mul_(beta).add_(dct.dct((th - ps[j].detach()).float()))
+            # keep: the member started at th - idct(e), so its round moved it dct(th - p) - e
+            ei.mul_(beta - ks.get("keep", 0)).add_(dct.dct((th - ps[j].detach()).float()))
         agg = torch.zeros(t.n, t.width)
         ib = math.ceil(math.log2(t.width))
         if arm == "own":
@@ -169,10 +198,40 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
             if arm != "union":  # the lag arms keep this round's union for the next
                 prev[j] = picks if arm == "lag0" else union([topk(ei, t.k) for ei in es], t)
         th.sub_(dct.idct(agg / n, th.shape))
-    for ps in params:
-        for p, th in zip(ps, shared, strict=True):
-            p.copy_(th)
+    for i, ps in enumerate(params):
+        for j, (p, th) in enumerate(zip(ps, shared, strict=True)):
+            keep = ks.get("keep", 0) and not isinstance(e[i][j], tuple)
+            p.copy_(th - dct.idct(e[i][j], th.shape) if keep else th)
     return bits
+
+
+def _q(v: torch.Tensor, fb: int) -> torch.Tensor:
+    """Per column: 1-bit sign at one power-of-two scale, or fb-bit levels (odd multiples of
+    half the scale, as the codec's 2-bit levels)."""
+    if fb == 0:  # not quantised (counted at bf16's 16 bits)
+        return v
+    s = torch.exp2(torch.round(torch.log2(v.abs().mean(0, keepdim=True).clamp(min=1e-30))))
+    if fb == 1:
+        return torch.sign(v) * s
+    top = 2**fb - 1
+    return (2 * torch.floor(v / s) + 1).clamp(-top, top) * (s / 2)
+
+
+def _lowrank(es: list, th: torch.Tensor, ps: list, ks: dict, beta: float) -> float:
+    """Members' rank-r images of e (weight space) averaged into th; returns bits per member."""
+    r, fb = ks.get("r", 1), ks.get("fb", 1)
+    agg = torch.zeros_like(th)
+    for (ew, qw), p in zip(es, ps, strict=True):
+        ew.mul_(beta).add_(th - p.detach().float())
+        a = torch.linalg.qr(ew @ qw).Q  # one power iteration from last round's right factor
+        aq = _q(a, fb)
+        b = ew.T @ aq @ torch.linalg.pinv(aq.T @ aq)  # the right factor for the sent left one
+        qw.copy_(b)
+        img = aq @ _q(b, fb).T
+        ew.sub_(img)
+        agg.add_(img)
+    th.sub_(agg / len(es))
+    return r * (th.shape[0] + th.shape[1]) * (fb or 16) + 2 * r * 8
 
 
 def _send_own(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> None:
@@ -228,8 +287,8 @@ def main() -> int:
         "--arm",
         action="append",
         default=[],
-        help="own|union|lag|lag0|rand|grp|dense, then ,k=K (matrices) ,kt=K (token "
-        "tensors) ,bits=B ,g=G",
+        help="own|union|lag|lag0|rand|grp|dense|lowrank, then ,k=K (matrices) ,kt=K "
+        "(token tensors) ,bits=B ,g=G ,r=R ,fb=B",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -238,8 +297,8 @@ def main() -> int:
     c = bs.Ctx(s, subj, *bs.load(a.corpus, s, subj))
     for spec in a.arm or ["own", "union"]:
         arm, *kv = spec.split(",")
-        if arm not in ("own", "union", "lag", "lag0", "rand", "grp", "dense"):
-            raise SystemExit(f"--arm {spec!r}: own, union, lag, lag0, rand, grp or dense")
+        if arm not in ("own", "union", "lag", "lag0", "rand", "grp", "dense", "lowrank"):
+            raise SystemExit(f"--arm {spec!r}: own, union, lag, lag0, rand, grp, dense or lowrank")
         ks = {k: int(v) for k, v in (x.split("=") for x in kv)}
         r = run(c, arm, ks, a.workers, a.seed, a.beta)
         r.update(model=a.model, corpus=a.corpus)

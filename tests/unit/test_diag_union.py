@@ -110,3 +110,44 @@ def test_dense_sync_moves_the_shared_state_to_the_members_mean() -> None:
         assert torch.allclose(th, mu, atol=1e-5)
     assert all(float(x.abs().max()) == 0.0 for ei in e for x in ei)
     assert all(torch.equal(p, th) for m in ms for p, th in zip(m.parameters(), shared, strict=True))
+
+
+def test_a_full_rank_unquantised_image_sends_all_of_e_and_the_mean_reaches_the_shared_state():
+    """lowrank: what leaves each member's weight-space e is its image, the shared state moves
+    by the images' mean, and with rank = the matrix's and no quantisation the image is all of
+    e (one power iteration from a full-rank start spans the whole column space)."""
+    torch.manual_seed(0)
+    th = torch.randn(8, 6)
+    ps = [th - torch.randn(8, 6) for _ in range(2)]
+    es = [(torch.zeros(8, 6), torch.randn(6, 6)) for _ in ps]
+    before = th.clone()
+    bits = du._lowrank(es, th, ps, {"r": 6, "fb": 0}, 0.95)
+    assert bits == 6 * (8 + 6) * 16 + 2 * 6 * 8
+    assert all(float(ew.abs().max()) < 1e-4 for ew, _ in es)
+    assert torch.allclose(th, torch.stack(ps).mean(0), atol=1e-4)
+    es1 = [(torch.zeros(8, 6), torch.randn(6, 1)) for _ in ps]
+    th1 = before.clone()
+    du._lowrank(es1, th1, ps, {"r": 1, "fb": 1}, 0.95)
+    sent = [before - p - ew for p, (ew, _) in zip(ps, es1, strict=True)]
+    assert all(int(torch.linalg.matrix_rank(s)) == 1 for s in sent)
+    assert torch.allclose(before - th1, torch.stack(sent).mean(0), atol=1e-5)
+
+
+def test_keep_starts_a_member_from_the_shared_state_minus_its_own_unsent_e() -> None:
+    """keep=1: after a round a member holds theta_sync - idct(e), and its next round adds only
+    what it moved from there to e (not the unsent e a second time)."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(128, 64, bias=False)
+    shared = [m.weight.detach().clone()]
+    lay = [du.Tensor(m.weight.shape, 2, token=False)]
+    e = [[torch.zeros(lay[0].n, lay[0].width)]]
+    args = ([None], torch.Generator())
+    for _ in range(2):
+        with torch.no_grad():
+            step = 0.01 * torch.randn_like(m.weight)
+            m.weight.sub_(step)
+        e_before, th_before = e[0][0].clone(), shared[0].clone()
+        du.sync([m], e, shared, lay, "own", {"keep": 1}, 0.9, *args)
+        sent = du.dct.dct(th_before - shared[0])  # one member: the update is what it sent
+        assert torch.allclose(e[0][0] + sent, 0.9 * e_before + du.dct.dct(step), atol=1e-5)
+        assert torch.allclose(m.weight, shared[0] - du.dct.idct(e[0][0], shared[0].shape))
