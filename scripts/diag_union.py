@@ -29,6 +29,9 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
 - keep=1 (with own): a member's next round starts from the shared state minus its own unsent
   e (its own progress that did not leave), not from the shared state alone; the shared state
   is what is evaluated.
+- paper: the DeMo paper's scheme, every step a sync and no inner optimizer: e = beta e + the
+  member's gradient, own picks, theta -= lr sign(the picks' mean) (lr=LR, default 1e-3;
+  beta=B, default --beta).
 - dense: no compression: every member's whole e (its pseudo-gradient this round, e starts
   empty each round) at bf16's 16 bits per value; what compression costs against it.
 
@@ -122,9 +125,13 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
     for t in range(1, c.s.steps + 1):
         for m, o, it in zip(ms, opts, st, strict=True):
             c.subj.loss(m, *c.data.windows(next(it))).backward()
-            o.step()
-            o.zero_grad(set_to_none=True)
-        if t % cfg.sync_interval == 0:
+            if arm != "paper":
+                o.step()
+                o.zero_grad(set_to_none=True)
+        if arm == "paper":
+            bits_sent += paper(ms, e, shared, lay, ks.get("lr", 1e-3), ks.get("beta", beta))
+            syncs += 1
+        elif t % cfg.sync_interval == 0:
             bits_sent += sync(ms, e, shared, lay, arm, ks, beta, prev, shared_rng)
             syncs += 1
         if t % c.s.eval_every == 0 or t == c.s.steps:
@@ -150,6 +157,26 @@ def _at(model: torch.nn.Module, shared: list) -> torch.nn.Module:
     for p, th in zip((p for p in model.parameters() if p.requires_grad), shared, strict=True):
         p.copy_(th)
     return model
+
+
+@torch.no_grad()
+def paper(ms, e, shared, lay, lr: float, beta: float) -> float:
+    """One step of the DeMo paper's scheme: e = beta e + the member's gradient (DCT), own
+    picks, theta -= lr sign(mean of the picks); returns the bits one member uploads."""
+    params = [[x for x in m.parameters() if x.requires_grad] for m in ms]
+    bits = 0.0
+    for j, (th, t) in enumerate(zip(shared, lay, strict=True)):
+        agg = torch.zeros(t.n, t.width)
+        bits += t.n * t.k * (math.ceil(math.log2(t.width)) + 1) + 8 * t.ngroups
+        for i, ps in enumerate(params):
+            e[i][j].mul_(beta).add_(dct.dct(ps[j].grad.float()))
+            _send_own(e[i][j], t, agg)
+        th.sub_(lr * torch.sign(dct.idct(agg / len(ms), th.shape)))
+    for ps in params:
+        for p, th in zip(ps, shared, strict=True):
+            p.copy_(th)
+            p.grad = None
+    return bits
 
 
 @torch.no_grad()
@@ -287,8 +314,8 @@ def main() -> int:
         "--arm",
         action="append",
         default=[],
-        help="own|union|lag|lag0|rand|grp|dense|lowrank, then ,k=K (matrices) ,kt=K "
-        "(token tensors) ,bits=B ,g=G ,r=R ,fb=B",
+        help="own|union|lag|lag0|rand|grp|dense|lowrank|paper, then ,k=K (matrices) ,kt=K "
+        "(token tensors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -297,9 +324,11 @@ def main() -> int:
     c = bs.Ctx(s, subj, *bs.load(a.corpus, s, subj))
     for spec in a.arm or ["own", "union"]:
         arm, *kv = spec.split(",")
-        if arm not in ("own", "union", "lag", "lag0", "rand", "grp", "dense", "lowrank"):
-            raise SystemExit(f"--arm {spec!r}: own, union, lag, lag0, rand, grp, dense or lowrank")
-        ks = {k: int(v) for k, v in (x.split("=") for x in kv)}
+        if arm not in ("own", "union", "lag", "lag0", "rand", "grp", "dense", "lowrank", "paper"):
+            raise SystemExit(
+                f"--arm {spec!r}: own, union, lag, lag0, rand, grp, dense, lowrank or paper"
+            )
+        ks = {k: float(v) if k in ("lr", "beta") else int(v) for k, v in (x.split("=") for x in kv)}
         r = run(c, arm, ks, a.workers, a.seed, a.beta)
         r.update(model=a.model, corpus=a.corpus)
         line = json.dumps({k: v for k, v in r.items() if k != "curve"})

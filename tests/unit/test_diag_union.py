@@ -151,3 +151,23 @@ def test_keep_starts_a_member_from_the_shared_state_minus_its_own_unsent_e() -> 
         sent = du.dct.dct(th_before - shared[0])  # one member: the update is what it sent
         assert torch.allclose(e[0][0] + sent, 0.9 * e_before + du.dct.dct(step), atol=1e-5)
         assert torch.allclose(m.weight, shared[0] - du.dct.idct(e[0][0], shared[0].shape))
+
+
+def test_paper_moves_each_weight_by_lr_against_the_sign_of_what_was_sent() -> None:
+    """paper: e folds the gradient (DCT), what leaves e is the picks, and the shared state
+    moves by -lr sign(idct(mean of the picks)); the member is reset to it, gradient cleared."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(128, 64, bias=False)
+    shared = [m.weight.detach().clone()]
+    lay = [du.Tensor(m.weight.shape, 2, token=False)]
+    e = [[torch.randn(lay[0].n, lay[0].width)]]
+    e_before, th_before = e[0][0].clone(), shared[0].clone()
+    m.weight.grad = torch.randn_like(m.weight)
+    g = m.weight.grad.clone()
+    bits = du.paper([m], e, shared, lay, 0.01, 0.9)
+    assert bits == lay[0].n * 2 * 13 + 8
+    sent = 0.9 * e_before + du.dct.dct(g) - e[0][0]
+    assert int((sent.abs() > 1e-6).sum(1).max()) == 2  # k picks per chunk left e
+    step = th_before - shared[0]
+    assert torch.allclose(step, 0.01 * torch.sign(du.dct.idct(sent, step.shape)), atol=1e-7)
+    assert torch.equal(m.weight, shared[0]) and m.weight.grad is None
