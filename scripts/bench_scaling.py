@@ -138,7 +138,8 @@ class Arm:
     """kind: single | ddp | demo. A DeMo arm's fields left None are the job defaults for its
     member count (`resolve`): K inner steps per sync, k coefficients per chunk x chunk block,
     1- or 2-bit levels, outer lr, error-feedback decay beta, the token tensors' k (0: auto)
-    and rows per scale block. k1d, chunk and mean are sweep-only keys."""
+    and rows per scale block. k1d, chunk, mean and mode (local, or paper: the DeMo paper's
+    scheme, every step a sync with a sign step of lr) are sweep-only keys."""
 
     kind: str
     K: int | None = None
@@ -151,6 +152,7 @@ class Arm:
     k1d: int = 1
     chunk: int = 64
     mean: str = "senders"  # or "coef": each coefficient averaged over the senders that sent it
+    mode: str = "local"  # or "paper": the DeMo paper's scheme (every step a sync, sign step)
 
     @property
     def name(self) -> str:
@@ -165,6 +167,7 @@ class Arm:
             kt=(self.k_token, RECIPE.token_topk),
             rows=(self.token_rows, RECIPE.token_rows),
             mean=(self.mean, "senders"),
+            mode=(self.mode, "local"),
         )
         for key, (v, default) in extra.items():
             if v != default:
@@ -206,7 +209,10 @@ def demo_cfg(arm: Arm, inner_lr: float, n: int) -> DeMoConfig:
     )
     cfg = demo_config(None, SimpleNamespace(spec=spec), recipe)  # type: ignore[arg-type]
     compress = replace(cfg.compress, chunk=arm.chunk, k1d=arm.k1d)
-    return replace(cfg, compress=compress, per_coefficient_mean=arm.mean == "coef")
+    cfg = replace(cfg, compress=compress, per_coefficient_mean=arm.mean == "coef")
+    # paper: no inner optimizer; e folds each step's gradient and the outer step is
+    # lr * sign(U), so lr is a sign-SGD step (e.g. 1e-3), not the local mode's 1.0
+    return replace(cfg, mode="paper", sync_interval=1, sign=True) if arm.mode == "paper" else cfg
 
 
 SWEEP_KEYS = {f.name: f for f in fields(Arm) if f.name != "kind"}
@@ -221,6 +227,7 @@ SWEEP_TYPES = {
     "k1d": int,
     "chunk": int,
     "mean": str,
+    "mode": str,
 }
 
 
@@ -233,6 +240,10 @@ def parse_demo(spec: str) -> Arm:
         if key not in SWEEP_TYPES:
             raise SystemExit(f"unknown DeMo key {key!r} in {spec!r}; known: {sorted(SWEEP_TYPES)}")
         kw[key] = SWEEP_TYPES[key](val)
+    if kw.get("mode", "local") not in ("local", "paper"):
+        raise SystemExit(f"mode must be local or paper, got {kw['mode']!r} in {spec!r}")
+    if kw.get("mode") == "paper":
+        kw.setdefault("K", 1)  # every step a sync
     return Arm("demo", **kw)
 
 
@@ -342,13 +353,17 @@ def _demo(c: Ctx, arm: Arm, base, st, curve, rec) -> None:
     for t in range(1, s.steps + 1):
         t0 = time.perf_counter()
         for m, o, it in zip(models, opts, st, strict=True):
-            assert o.inner is not None
-            _set_lr(o.inner, s, t)
+            if o.inner is not None:
+                _set_lr(o.inner, s, t)
             c.subj.loss(m, *c.data.windows(next(it))).backward()
-            o.inner_step()
+            if o.inner is not None:
+                o.inner_step()
         rec["compute_s"] += (time.perf_counter() - t0) / n
         if opts[0].due:
             _sync(opts, rec)
+        if cfg.mode == "paper":  # the step's gradients went into e
+            for m in models:
+                m.zero_grad(set_to_none=True)
         if t % s.eval_every == 0 or t == s.steps:
             curve.append((t, evaluate(c.subj, models[0], c.ev)))
 

@@ -78,6 +78,22 @@ def test_demo_arm_is_the_nodes_config_with_sweep_overrides() -> None:
     assert (cfg.sync_interval, cfg.beta, cfg.compress.k2d, cfg.compress.k_token) == (4, 0.9, 6, 16)
 
 
+def test_a_paper_arm_syncs_every_step_with_a_sign_step_and_a_bad_mode_is_refused() -> None:
+    import bench_scaling as b
+    import pytest
+
+    arm = b.resolve(b.parse_demo("mode=paper,lr=0.001,beta=0.99"), 4)
+    assert arm.name == "demo K=1 k=4 1b olr=0.001 beta=0.99 mode=paper"
+    cfg = b.demo_cfg(arm, Recipe().inner_lr, 4)
+    assert (cfg.mode, cfg.sync_interval, cfg.sign, cfg.lr, cfg.beta) == (
+        "paper", 1, True, 0.001, 0.99,
+    )  # fmt: skip
+    local = b.demo_cfg(b.resolve(b.parse_demo("lr=0.5"), 4), Recipe().inner_lr, 4)
+    assert (local.mode, local.sign) == ("local", False)
+    with pytest.raises(SystemExit, match="mode must be local or paper"):
+        b.parse_demo("mode=async")
+
+
 def test_heldout_corpus_is_deterministic_and_split() -> None:
     from harness import heldout_corpus as h
 
