@@ -328,7 +328,13 @@ def main() -> int:
             raise SystemExit(
                 f"--arm {spec!r}: own, union, lag, lag0, rand, grp, dense, lowrank or paper"
             )
-        ks = {k: float(v) if k in ("lr", "beta") else int(v) for k, v in (x.split("=") for x in kv)}
+        try:
+            ks = {
+                k: float(v) if k in ("lr", "beta") else int(v)
+                for k, v in (x.split("=") for x in kv)
+            }
+        except ValueError:
+            raise SystemExit(f"--arm {spec!r}: options are key=number, e.g. own,k=5") from None
         r = run(c, arm, ks, a.workers, a.seed, a.beta)
         r.update(model=a.model, corpus=a.corpus)
         line = json.dumps({k: v for k, v in r.items() if k != "curve"})
