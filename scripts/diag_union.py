@@ -85,6 +85,12 @@ class Tensor:
         self.group = torch.arange(self.n) // per_row  # chunk -> scale group
         self.ngroups = int(self.group.max()) + 1
 
+    @property
+    def own_bits(self) -> int:
+        """One member's upload for this tensor under own picks: index + 1-bit level per pick
+        and one 8-bit exponent per scale group."""
+        return self.n * self.k * (math.ceil(math.log2(self.width)) + 1) + 8 * self.ngroups
+
 
 def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
     base = c.subj.fresh(seed)
@@ -167,7 +173,7 @@ def paper(ms, e, shared, lay, lr: float, beta: float) -> float:
     bits = 0.0
     for j, (th, t) in enumerate(zip(shared, lay, strict=True)):
         agg = torch.zeros(t.n, t.width)
-        bits += t.n * t.k * (math.ceil(math.log2(t.width)) + 1) + 8 * t.ngroups
+        bits += t.own_bits
         for i, ps in enumerate(params):
             e[i][j].mul_(beta).add_(dct.dct(ps[j].grad.float()))
             _send_own(e[i][j], t, agg)
@@ -195,7 +201,7 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
         agg = torch.zeros(t.n, t.width)
         ib = math.ceil(math.log2(t.width))
         if arm == "own":
-            bits += t.n * t.k * (ib + 1) + 8 * t.ngroups
+            bits += t.own_bits
             for ei in es:
                 _send_own(ei, t, agg)
         elif arm == "dense":
@@ -238,9 +244,15 @@ def _q(v: torch.Tensor, fb: int) -> torch.Tensor:
     if fb == 0:  # not quantised (counted at bf16's 16 bits)
         return v
     s = torch.exp2(torch.round(torch.log2(v.abs().mean(0, keepdim=True).clamp(min=1e-30))))
-    if fb == 1:
+    return _levels(v, s, fb)
+
+
+def _levels(v: torch.Tensor, s: torch.Tensor, bits: int) -> torch.Tensor:
+    """v at scale s: sign * s at 1 bit, else odd multiples of s / 2 up to 2^bits - 1 (the
+    codec's 2-bit levels +-1, +-3 at bits = 2)."""
+    if bits == 1:
         return torch.sign(v) * s
-    top = 2**fb - 1
+    top = 2**bits - 1
     return (2 * torch.floor(v / s) + 1).clamp(-top, top) * (s / 2)
 
 
@@ -281,7 +293,7 @@ def _send_at(ei: torch.Tensor, t: Tensor, at: tuple, agg: torch.Tensor) -> None:
     v = ei[rows, cols]
     s = scales(v, t.group[rows], t.ngroups)
     # 2 bits: +-1, +-3 at half the scale, as the codec's 2-bit levels
-    q = torch.sign(v) * s if t.bits == 1 else (2 * torch.floor(v / s) + 1).clamp(-3, 3) * (s / 2)
+    q = _levels(v, s, t.bits)
     ei[rows, cols] -= q
     agg[rows, cols] += q
 
