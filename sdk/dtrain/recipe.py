@@ -30,6 +30,8 @@ REWARDS = ("exact", "numeric", "contains", "regex", "format")  # dtrain_node.tra
 GRPO_COMPLETIONS = ("alphabet", "free")
 BACKENDS = ("builtin", "trl", "torchtune")  # dtrain_node.train.backend.make_backend
 LR_SCHEDULES = ("constant", "linear", "cosine")  # dtrain_node.train.inner.lr_factor
+DEMO_MODES = ("local", "paper")  # dtrain_node.optim.optimizer.DeMoConfig.mode
+PAPER_MAX_OUTER_LR = 0.1  # paper mode's outer step is lr x sign: every weight moves by lr
 MAX_PATTERN = 200  # characters of a reward regex (the recipe's, or a GRPO record's answer)
 TOKEN_TOPK, TOKEN_ROWS = 0, 64  # measured in docs/benchmarks.md (token tensors)
 
@@ -155,6 +157,7 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     "grad_accum": (int, lambda v: v >= 1, ">= 1 (micro-batches per inner step)"),
     "token_topk": (int, lambda v: 0 <= v <= 4096, "in [0, 4096] (0: auto)"),
     "token_rows": (int, lambda v: v >= 0 and v % 64 == 0, "0 or a multiple of 64"),
+    "demo_mode": (str, lambda v: v in DEMO_MODES, "local or paper"),
 }
 
 # Fields added after the first pinned canonical form: written into `canonical()` (and
@@ -168,6 +171,7 @@ LATER_FIELDS = (
     "grad_accum",
     "token_topk",
     "token_rows",
+    "demo_mode",
 )
 
 
@@ -225,6 +229,10 @@ class Recipe:
     # a dense bf16 all-reduce) and rows per scale block (0: one scale per tensor)
     token_topk: int = TOKEN_TOPK
     token_rows: int = TOKEN_ROWS
+    # "local": K inner AdamW steps per sync, the outer step on their pseudo-gradient; "paper":
+    # the DeMo paper's scheme, a sync every step (the job's sync_interval 1) of the gradient's
+    # error feedback and an outer step of outer_lr x sign (docs/demo-optimizer.md)
+    demo_mode: str = "local"
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, str):
@@ -244,10 +252,25 @@ class Recipe:
                 "recipe field 'min_lr_ratio' applies to lr_schedule 'linear' or 'cosine' only "
                 "(lr_schedule is 'constant'): set the schedule, or leave min_lr_ratio out"
             )
+        if self.demo_mode == "paper":
+            self._check_paper()
         if self.outer_weight_decay * self.outer_lr >= 1:
             raise ConfigError(
                 "recipe field 'outer_weight_decay' times 'outer_lr' must be < 1, got "
                 f"{self.outer_weight_decay * self.outer_lr!r}"
+            )
+
+    def _check_paper(self) -> None:
+        if self.outer_lr > PAPER_MAX_OUTER_LR:
+            raise ConfigError(
+                f"recipe field 'outer_lr' is {self.outer_lr!r}, over {PAPER_MAX_OUTER_LR} for "
+                "demo_mode 'paper', whose outer step moves every weight by outer_lr: set it, "
+                "e.g. outer_lr = 0.001 with outer_momentum = 0.99"
+            )
+        if self.lr_schedule != "constant" or self.warmup_steps:
+            raise ConfigError(
+                "recipe fields 'lr_schedule' and 'warmup_steps' schedule the inner AdamW, which "
+                "demo_mode 'paper' does not have: leave them out"
             )
 
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from dtrain.recipe import Recipe
 from dtrain_node.devnet import Cluster
 from dtrain_node.devnet.cluster import node_name
 from dtrain_node.operator import claims, spotcheck
@@ -59,3 +60,32 @@ def test_a_stale_free_rider_fails_replay_and_no_honest_member_is_accused(
         for i in range(4):  # claims are on disk under the job too, nothing else
             files = claims.load_all(c.tmp / node_name(i) / "jobs" / str(c.job_id) / "claims")
             assert {f.member for f in files} <= {cheat}
+
+
+@pytest.mark.timeout(900)
+def test_a_stale_free_rider_of_a_paper_mode_job_fails_replay(tmp_path, monkeypatch) -> None:
+    """The same free-rider in a job whose recipe picks the DeMo paper's mode (a sync every
+    step, no inner AdamW): a member's committed state is its error feedback and step count,
+    and a replay recomputes its gradient on its batch. op3 (of 3) is caught from round 1 on,
+    the honest members never."""
+    monkeypatch.setenv(spotcheck.RATE_ENV, "1")
+    recipe = tmp_path / "paper.toml"
+    recipe.write_text(Recipe(demo_mode="paper", outer_lr=1e-3, outer_momentum=0.99).to_toml())
+    rounds = 4
+    with Cluster(tmp_path, operators=3, epochs=1, steps=rounds, sync=1, recipe=str(recipe)) as c:
+        for i in range(2):
+            c.spawn(i)
+        c.spawn(2, ["stale"])
+        c.wait(lambda: len(_of(c, 3, "epoch_trained")) == 3, 700, "every member to train")
+        cheat = c.ops[2].address
+        checked = _of(c, 3, "replay_checked")
+        assert sorted((m["member"], m["round"]) for m in checked) == sorted(
+            (o.address, r) for o in c.ops for r in range(rounds)
+        )
+        for m in checked:
+            assert m["bytes"] > 0, m
+            assert m["match"] is (m["member"] != cheat or m["round"] == 0), m
+        made = _of(c, 3, "replay_claim")
+        assert sorted((m["member"], m["round"]) for m in made) == [
+            (cheat, r) for r in range(1, rounds)
+        ]

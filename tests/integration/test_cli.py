@@ -901,6 +901,28 @@ def test_submit_keeps_every_reference_form(run, bsm, accounts, data, tmp_path) -
         assert spec.dataset_uri == extra[1]
 
 
+def test_submit_refuses_a_paper_recipe_that_does_not_sync_every_step(
+    run, bsm, accounts, data, tmp_path
+) -> None:
+    """A recipe in the DeMo paper's mode syncs every step: with --sync 5 `job submit` says so
+    in one line and sends nothing; with --sync 1 it pins the recipe."""
+    from dtrain.recipe import Recipe
+
+    recipe = Recipe(demo_mode="paper", outer_lr=0.001, outer_momentum=0.99)
+    path = tmp_path / "paper.toml"
+    path.write_text(recipe.to_toml())
+    args = ["job", "submit", "--operators", "2", "--steps", "10", "--price", "0.01ether"]
+    args += ["--dataset-uri", data, "--recipe", str(path)]
+    next_job = bsm.next_job_id()
+    code, _, err = run(*args, "--sync", "5", key=accounts[4].key)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "--sync 5" in err and "demo_mode 'paper'" in err and "--sync 1" in err, err
+    assert bsm.next_job_id() == next_job
+    code, out, err = run("--json", *args, "--sync", "1", "--dry-run", key=accounts[4].key)
+    assert code == 0, err
+    assert json.loads(out)["recipe_hash"] == "0x" + recipe.hash().hex()
+
+
 def test_submit_dry_run_sends_nothing_and_pins_what_submit_pins(run, bsm, accounts, data) -> None:
     """`job submit --dry-run` runs the checks (the contract's too, by estimating the creation),
     prints the pins and the escrow, and sends nothing: the caller's nonce and balance and the

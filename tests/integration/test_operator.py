@@ -49,8 +49,10 @@ def submit_tiny_job(
     model_hash: bytes | None = None,
     recipe: tuple[bytes, str] = (b"\0" * 32, ""),
     token: str | None = None,
+    sync_interval: int = 2,
 ) -> int:
-    """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps, the least
+    """An `epochs`-epoch CPT job of the built-in tiny model: sync rounds of 2 steps (or
+    `sync_interval`), the least
     seat bond unless `seat_bond` is given, the recipe pin (hash, URI) `recipe` (none: zero);
     priced at 0.01 ETH, or 0.01 of a 6-decimal `token` (escrowed in it)."""
     path, digest = dataset
@@ -58,7 +60,7 @@ def submit_tiny_job(
         price_per_operator_epoch=10**4 if token else ETH // 100,
         total_epochs=epochs,
         steps_per_epoch=steps,
-        sync_interval=2,
+        sync_interval=sync_interval,
         min_operators=operators,
         max_operators=operators,
         method=Method.CPT,

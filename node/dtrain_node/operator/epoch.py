@@ -88,9 +88,12 @@ class EpochEnv:
 def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMoConfig:
     """DeMo settings: K, top-k and quantization bits from the job spec; the token tensors'
     compression, the outer step and the inner AdamW from the job's recipe, or without one the
-    recipe defaults and the node config (the same on every reference node)."""
+    recipe defaults and the node config (the same on every reference node). The recipe's
+    `demo_mode` "paper" takes the DeMo paper's sign step of outer_lr; RecipeInvalid when the
+    job's sync_interval is not the 1 it needs."""
     spec = job.spec
     compress = compress_config(spec, recipe)
+    check_mode(spec, recipe)
     if recipe is None:
         return DeMoConfig(
             mode="local",
@@ -101,8 +104,9 @@ def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMo
             compress=compress,
         )
     return DeMoConfig(
-        mode="local",
+        mode="paper" if recipe.demo_mode == "paper" else "local",
         sync_interval=spec.sync_interval,
+        sign=recipe.demo_mode == "paper",
         lr=recipe.outer_lr,
         beta=recipe.outer_momentum,
         weight_decay=recipe.outer_weight_decay,
@@ -111,6 +115,16 @@ def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMo
         inner_weight_decay=recipe.inner_weight_decay,
         compress=compress,
     )
+
+
+def check_mode(spec: JobSpec, recipe: Recipe | None) -> None:
+    """RecipeInvalid when the recipe's DeMo mode cannot run the job: paper mode syncs every
+    step, so it needs the job's sync_interval 1."""
+    if recipe is not None and recipe.demo_mode == "paper" and spec.sync_interval != 1:
+        raise RecipeInvalid(
+            f"recipe demo_mode 'paper' syncs every step; the job syncs every {spec.sync_interval}"
+            " steps (submit it with --sync 1)"
+        )
 
 
 def compress_config(spec: JobSpec, recipe: Recipe | None) -> CompressConfig:
@@ -253,10 +267,10 @@ class EpochTrainer:
         backend.model.train()
 
     def _spot_checks(self, seed: int) -> EpochChecks | None:
-        """The attempt's replay spot checks (None: rate 0, or paper mode: nothing private)."""
+        """The attempt's replay spot checks (None: rate 0)."""
         env, job, st = self.env, self.job, self.job.state
         rate = spotcheck.rate_from_env()
-        if rate == 0.0 or self.opt.inner is None or self.train_job.method == "grpo":
+        if rate == 0.0 or self.train_job.method == "grpo":
             return None  # GRPO samples completions: its rounds do not replay bit for bit
         contract = Web3.to_checksum_address(env.cfg.contract)
         peers = env.checkpoints.peers

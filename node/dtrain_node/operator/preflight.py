@@ -24,7 +24,7 @@ from dtrain_node.errors import (
     ModelUnavailable,
     RecipeInvalid,
 )
-from dtrain_node.operator.epoch import check_compression
+from dtrain_node.operator.epoch import check_compression, check_mode
 from dtrain_node.operator.sources import Cache, LocalSources, fetch_job
 from dtrain_node.train.backend import TrainJob, make_backend
 
@@ -66,9 +66,11 @@ def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
 def build(job: Job, batch_size: int, local: LocalSources | None) -> None:
     """Builds `job`'s backend exactly as training will, from its fetched files `local`
     (reading the dataset checks its sha256), checks that its members can sync the model with
-    the job's compression and that the start model has the job's pin: raises what stops it."""
+    the job's DeMo mode and compression and that the start model has the job's pin: raises
+    what stops it."""
     tj = TrainJob.from_job(job, batch_size, local)
     backend = make_backend(tj)
+    check_mode(job.spec, tj.recipe)
     check_compression(job.spec, tj.recipe, backend.model)
     got = backend.start_pin
     want = bytes(job.spec.model_hash)

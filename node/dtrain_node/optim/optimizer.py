@@ -3,7 +3,7 @@
 One optimizer, two modes (see docs/demo-optimizer.md):
 
 - paper (the DeMo paper): every step is a sync. e = beta * e + grad; send the top-k DCT part of
-  e (removed from e); theta -= lr * sign(mean of what everybody sent).
+  e (removed from e); theta_sync -= lr * sign(mean of what everybody sent); theta = theta_sync.
 - local (DiLoCo/SparseLoCo family): K inner AdamW steps on theta_local, then
   delta = theta_sync - theta_local; e = beta * e + delta; send; theta_sync -= lr * U (or
   lr * sign(U)); theta_local = theta_sync.
@@ -129,9 +129,8 @@ class DeMo:
         self.steps = 0
         self._compress_s = 0.0
         self.inner: torch.optim.Optimizer | None = None
-        self.theta_sync: list[torch.Tensor] = []
+        self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
         if cfg.mode == "local":
-            self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
             self.inner = torch.optim.AdamW(
                 self.params,
                 lr=cfg.inner_lr,
@@ -155,24 +154,27 @@ class DeMo:
         )
 
     def inner_step(self) -> None:
-        """One local AdamW step on the current gradients (local mode only)."""
+        """One local AdamW step on the current gradients; in paper mode the step only counts
+        (its gradients stay for the round's prepare(), which takes them)."""
+        self.steps += 1
         if self.inner is None:
-            raise RuntimeError("paper mode has no inner optimizer; call sync() every step")
+            return
         self.inner.step()
         self.inner.zero_grad(set_to_none=True)
-        self.steps += 1
 
     @torch.no_grad()
     def prepare(self) -> bytes:
         """Fold this round's pseudo-gradient into e, take its compressed part out (error
-        feedback) and encode it. The pseudo-gradient is the gradient (paper mode) or
-        theta_sync - theta_local (local mode)."""
+        feedback) and encode it. The pseudo-gradient is the gradient (paper mode: taken out of
+        the parameters, none counting as zeros) or theta_sync - theta_local (local mode)."""
         t0 = time.perf_counter()
         if self.cfg.mode == "paper":
-            for n, p in zip(self.names, self.params, strict=True):
-                if p.grad is None:
-                    raise RuntimeError(f"{n} has no gradient")
-            grads = [p.grad.float().cpu() for p in self.params]
+            grads = [
+                torch.zeros(p.shape) if p.grad is None else p.grad.float().cpu()
+                for p in self.params
+            ]
+            for p in self.params:
+                p.grad = None
             self.feedback.fold(self.cfg.beta, segments.views(grads, self.segs))
         else:
             local = segments.views([p.detach().cpu() for p in self.params], self.segs)
@@ -232,7 +234,7 @@ class DeMo:
         if agg is not None:
             self.apply_aggregate(agg)
             st.applied, st.aggregate = agg.senders, agg
-        elif self.cfg.mode == "local":
+        else:
             self._reset_local()
         return st
 
@@ -240,16 +242,14 @@ class DeMo:
     def apply_aggregate(self, agg: Aggregate) -> None:
         """Outer step from an already computed aggregate (bitwise the same on every node)."""
         c = self.cfg
-        shared = self.theta_sync if c.mode == "local" else [p.data for p in self.params]
-        for i, th in enumerate(segments.views(shared, self.segs)):
+        for i, th in enumerate(segments.views(self.theta_sync, self.segs)):
             u = agg.update(i, c.lr, c.sign, th.dtype).to(th.device)
             if c.weight_decay:
                 th.mul_(1.0 - c.lr * c.weight_decay)
             # elementwise, hence the same bits everywhere: no packet set makes the state non-finite
             m = c.robust.theta_max
             torch.nan_to_num_(th.sub_(u), 0.0, m, -m).clamp_(-m, m)
-        if c.mode == "local":
-            self._reset_local()
+        self._reset_local()
 
     @torch.no_grad()
     def replay(
@@ -260,7 +260,7 @@ class DeMo:
         """Recompute the shared state from `start` (as theta_sync was when the rounds began)
         by applying each round's packets in turn: aggregation only, no training. The result
         is bitwise what a node that applied exactly these packets holds."""
-        shared = self.theta_sync if self.cfg.mode == "local" else [p.data for p in self.params]
+        shared = self.theta_sync
         if len(start) != len(shared):
             raise ValueError(f"start has {len(start)} tensors, the shared state {len(shared)}")
         for th, s in zip(shared, start, strict=True):
@@ -277,12 +277,6 @@ class DeMo:
 
     def step(self, gather: Gather) -> SyncStats | None:
         """Training step after loss.backward(): inner step, then a sync when one is due."""
-        if self.cfg.mode == "paper":
-            self.steps += 1
-            st = self.sync(gather)
-            for p in self.params:
-                p.grad = None
-            return st
         self.inner_step()
         return self.sync(gather) if self.due else None
 

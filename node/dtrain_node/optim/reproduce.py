@@ -1,10 +1,10 @@
 """Every packet is reproducible: a member's packet for a round is a pure function of the shared
 state at the round's start, the member's private state then (error feedback, inner AdamW
-state, step count), its batches for the round and the recipe. A member commits to `digest` of
-its private state; whoever holds that state and the batches recomputes the packet with
-`reproduce` and compares bytes. On the same CPU kind and thread count the bytes match
-exactly (tests/unit/test_reproduce.py); a member that skipped the work (a re-sent, copied or
-made-up packet) does not.
+state, step count; paper mode has no inner state), its batches for the round and the recipe.
+A member commits to `digest` of its private state; whoever holds that state and the batches
+recomputes the packet with `reproduce` and compares bytes. On the same CPU kind and thread
+count the bytes match exactly (tests/unit/test_reproduce.py); a member that skipped the work
+(a re-sent, copied or made-up packet) does not.
 """
 
 from __future__ import annotations
@@ -22,13 +22,16 @@ from dtrain_node.optim.optimizer import DeMo
 PrivateState = dict[str, Any]
 
 
+NO_INNER: dict[str, Any] = {"state": {}, "param_groups": []}  # paper mode's inner state
+
+
 def private_state(opt: DeMo) -> PrivateState:
-    """A copy of what the member alone holds at the start of a round (local mode)."""
-    if opt.inner is None:
-        raise ValueError("paper mode keeps no private state: its packets are the gradients")
+    """A copy of what the member alone holds at the start of a round: e, the step count and
+    the inner AdamW state (paper mode: `NO_INNER`)."""
+    inner = NO_INNER if opt.inner is None else opt.inner.state_dict()
     return {
         "e": copy.deepcopy(opt.feedback.state()),
-        "inner": copy.deepcopy(opt.inner.state_dict()),
+        "inner": copy.deepcopy(inner),
         "steps": opt.steps,
     }
 
@@ -66,15 +69,16 @@ def digest(state: PrivateState) -> bytes:
 @torch.no_grad()
 def load_state(opt: DeMo, shared: Sequence[torch.Tensor], state: PrivateState) -> None:
     """Puts `opt` (and its model) where a member was: shared state and private state."""
-    if opt.inner is None:
-        raise ValueError("paper mode keeps no private state: its packets are the gradients")
+    if opt.inner is None and state["inner"]["state"]:
+        raise ValueError("paper mode has no inner optimizer: the state holds AdamW moments")
     if len(shared) != len(opt.theta_sync):
         raise ValueError(f"shared has {len(shared)} tensors, the model {len(opt.theta_sync)}")
     for p, th, s in zip(opt.params, opt.theta_sync, shared, strict=True):
         th.copy_(s)
         p.copy_(s)
     opt.feedback.load(state["e"])
-    opt.inner.load_state_dict(copy.deepcopy(state["inner"]))
+    if opt.inner is not None:
+        opt.inner.load_state_dict(copy.deepcopy(state["inner"]))
     opt.steps = int(state["steps"])
 
 

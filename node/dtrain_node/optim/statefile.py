@@ -1,6 +1,7 @@
-"""A member's private state (`reproduce.private_state`: error feedback, inner AdamW moments,
-step count) as one canonical file, so that its sha256 is the commitment a member signs per
-round and the file travels by that sha256 over the p2p file protocol (docs/protocol.md 4.6).
+"""A member's private state (`reproduce.private_state`: error feedback, inner AdamW moments
+(none in paper mode), step count) as one canonical file, so that its sha256 is the commitment
+a member signs per round and the file travels by that sha256 over the p2p file protocol
+(docs/protocol.md 4.6).
 
 One state has one encoding (tensors in ascending name order, nothing optional), so the sha256
 of the file is a commitment to the state. The inner optimizer's hyper-parameters are not in
@@ -176,10 +177,10 @@ def _check_inner(opt: DeMo, slots: dict[int, dict[str, Any]]) -> None:
 def load(opt: DeMo, shared: Sequence[torch.Tensor], state: reproduce.PrivateState) -> None:
     """`reproduce.load_state` of a decoded state, with the checker's own inner-optimizer
     hyper-parameters (the job's recipe); StateInvalid if it does not fit `opt`'s model."""
-    if opt.inner is None:
-        raise StateInvalid("paper mode keeps no private state")
+    if opt.inner is None and state["inner"]["state"]:
+        raise StateInvalid("paper mode has no inner optimizer: the state holds AdamW moments")
     _check_inner(opt, state["inner"]["state"])
-    groups = opt.inner.state_dict()["param_groups"]
+    groups = [] if opt.inner is None else opt.inner.state_dict()["param_groups"]
     full = {**state, "inner": {"state": state["inner"]["state"], "param_groups": groups}}
     try:
         reproduce.load_state(opt, shared, full)

@@ -137,13 +137,16 @@ class InnerPlan:
         self, opt: Any, backend: Any, batch: Any, step: int, device: torch.device
     ) -> StepResult:
         """One inner step of the DeMo optimizer `opt` on `batch` (an `Accumulated` group or one
-        batch), as inner step `step` of the job."""
+        batch), as inner step `step` of the job. In paper mode (no inner optimizer) the step's
+        clipped gradients stay for the round's packet; its rate is the outer step's."""
         recipe = self.recipe
-        group = opt.inner.param_groups[0]
-        lr = self.lr(group["lr"], step)
-        if scheduled(recipe):
-            for g in opt.inner.param_groups:
-                g["lr"] = lr
+        if opt.inner is None:
+            lr = opt.cfg.lr
+        else:
+            lr = self.lr(opt.inner.param_groups[0]["lr"], step)
+            if scheduled(recipe):
+                for g in opt.inner.param_groups:
+                    g["lr"] = lr
         parts: Sequence[Any] = batch if isinstance(batch, Accumulated) else (batch,)
         tokens, loss_sum, rewards, accuracies = 0, 0.0, [], []
         for i, part in enumerate(parts):

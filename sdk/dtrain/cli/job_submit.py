@@ -250,6 +250,11 @@ def job_submit(
     with References(cache_dir) as refs:  # a dry run of the job as the nodes will build it
         pinned = pin_job(refs, wanted)
     recipe, recipe_pin, data_summary = pinned.recipe, pinned.recipe_hash, pinned.summary
+    if recipe is not None and recipe.demo_mode == "paper" and sync_interval != 1:
+        raise ConfigError(
+            f"--sync {sync_interval}: the recipe's demo_mode 'paper' syncs every step "
+            "(submit it with --sync 1)"
+        )
     model_pin, data_pin = pinned.model, pinned.dataset
     server = None
     if serve and not dry_run:  # hashes above come from the local files; the job names p2p URIs
