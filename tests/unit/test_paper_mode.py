@@ -19,7 +19,7 @@ from dtrain_node.errors import RecipeInvalid
 from dtrain_node.operator import preflight, roundstate
 from dtrain_node.operator.epoch import demo_config
 from dtrain_node.operator.node import NodeConfig
-from dtrain_node.optim import reproduce, statefile
+from dtrain_node.optim import attacks, reproduce, statefile
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.train import corpus
@@ -121,7 +121,8 @@ def test_a_replay_from_the_committed_state_file_gives_the_packet_and_skipped_wor
     opt.inner_step()  # counts the step, computes no gradient: e's decay alone
     other_batches, _ = _checker(before[i], rnd, sender_seed=i + 7)
     copied = packets[(i + 1) % len(packets)][1]  # another member's packet
-    for cheat in (stale, opt.prepare(), other_batches.work(rnd), copied):
+    flipped = attacks.signflip(opt.spec, honest)
+    for cheat in (stale, opt.prepare(), other_batches.work(rnd), copied, flipped):
         assert cheat != honest
 
 
@@ -160,6 +161,34 @@ def test_a_referee_replays_the_paper_transcript_to_the_members_state(job) -> Non
         assert torch.equal(a, b)
     for p, t in zip(referee.opt.params, referee.opt.theta_sync, strict=True):
         assert torch.equal(p.detach(), t)  # the checkpoint a referee hashes is the state
+
+
+@pytest.mark.parametrize("kind", ["poison", "scale"])
+def test_one_attacker_of_four_is_screened_out_of_every_paper_round(kind) -> None:
+    """f = 1 < 4/3: a member that sends its honest packet poisoned or 128x each step is left
+    out by the robust screen every round, and the shared state is bitwise what the three
+    honest members reach without it. (A sign-flipped packet is not always: one step's
+    gradients of different members are barely aligned, so its cosine to the others' sum is
+    often above cos_min; the replay check catches it, below.)"""
+    members = [Member(s, seed=i) for i, s in enumerate([*MEMBERS, "0x" + "dd" * 20])]
+    alone = [Member(s, seed=i) for i, s in enumerate(MEMBERS)]
+    cheat = members[-1].opt
+    for r in range(3):
+        packets = [(m.opt.sender, m.work(r)) for m in members]
+        honest = packets[-1][1]
+        if kind == "poison":
+            bad = attacks.poison(cheat.spec, honest)
+        else:
+            bad = attacks.scale(cheat.spec, honest, 128.0)
+        packets[-1] = (cheat.sender, bad)
+        stats = [m.opt.apply(packets) for m in members[:3]]
+        assert all(st.excluded.keys() == {cheat.sender} for st in stats), (r, stats[0].excluded)
+        three = [(m.opt.sender, m.work(r)) for m in alone]
+        for m in alone:
+            m.opt.apply(three)
+    for m in members[:3]:
+        for a, b in zip(m.opt.theta_sync, alone[0].opt.theta_sync, strict=True):
+            assert torch.equal(a, b)
 
 
 # ---------------------------------------------------------------- the recipe and the job
