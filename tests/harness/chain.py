@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from web3 import Web3
@@ -27,6 +28,17 @@ def spec(**kw: Any) -> JobSpec:
     )
     base.update(kw)
     return JobSpec(**base)
+
+
+def revert(w3: Web3, snapshot: str) -> None:
+    """Back to `snapshot`, with the chain's clock on the wall clock again. Anvil's revert also
+    rewinds its clock to the snapshot's block, so without the reset each test would start as
+    far behind the wall clock as the tests before it took together, and a node (which reads
+    the chain's deadlines against its own clock) would find an epoch over before it began
+    once the suite ran longer than an epoch (a loaded machine)."""
+    w3.provider.make_request("evm_revert", [snapshot])
+    latest = w3.eth.get_block("latest")["timestamp"]
+    w3.provider.make_request("evm_setTime", [max(int(time.time()), latest)])
 
 
 def advance(w3: Web3, seconds: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pytest
-from harness.chain import ETH
+from harness.chain import ETH, revert
 
 from dtrain.chain import DevAccount, LocalChain
 from dtrain.client import BSM, NONCES, Receipt
@@ -46,7 +46,7 @@ def bsm(deployed: BSM) -> Iterator[BSM]:
     try:
         yield deployed
     finally:
-        w3.provider.make_request("evm_revert", [snap])
+        revert(w3, snap)
         NONCES.forget()
 
 

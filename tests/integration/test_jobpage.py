@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from harness import default_sigint
 from harness.browser import chromium_page
-from harness.chain import ETH
+from harness.chain import ETH, revert
 from harness.loopback import LoopbackHub
 
 from dtrain import BSM, JobSpec, Method, pins
@@ -119,7 +119,7 @@ def done(chain, deployed, accounts, tmp_path_factory) -> Iterator[Done]:
         members = [accounts[i].address for i in OPERATORS]
         yield Done(deployed, job_id, members, dirs, chain.url)
     finally:
-        w3.provider.make_request("evm_revert", [snap])
+        revert(w3, snap)
         NONCES.forget()
 
 

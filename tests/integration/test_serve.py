@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from harness.chain import ETH
+from harness.chain import ETH, revert
 from harness.loopback import LoopbackHub
 from openai import OpenAI
 from safetensors.torch import load_file, save_file
@@ -117,7 +117,7 @@ def trained(chain, deployed, accounts, tmp_path_factory) -> Iterator[Trained]:
         assert [r["status"] for r in results] == ["completed", "completed"]
         yield Trained(deployed, job_id, Path(results[0]["export"]), chain.url)
     finally:
-        w3.provider.make_request("evm_revert", [snap])
+        revert(w3, snap)
         NONCES.forget()
 
 
