@@ -99,7 +99,7 @@ def test_members_share_a_cpu_state_the_model_equals_and_it_moves_by_sign_steps(j
     assert steps.abs().max() <= len(job["rounds"]) + 1e-2
 
 
-def _checker(before, rnd: int, sender_seed: int) -> tuple[Member, DeMo]:
+def _checker(before, sender_seed: int) -> tuple[Member, DeMo]:
     """A checker's replica loaded from the member's state file, as a replay check loads it."""
     shared, state = before
     checker = Member("0x" + "ee" * 20, seed=sender_seed)
@@ -114,12 +114,12 @@ def test_a_replay_from_the_committed_state_file_gives_the_packet_and_skipped_wor
     rnd, i = 2, 1
     before, packets = job["rounds"][rnd]
     honest = packets[i][1]
-    checker, _ = _checker(before[i], rnd, sender_seed=i)
+    checker, _ = _checker(before[i], sender_seed=i)
     assert checker.work(rnd) == honest
     stale = job["rounds"][rnd - 1][1][i][1]  # the member's previous packet, re-sent
-    _, opt = _checker(before[i], rnd, sender_seed=i)
+    _, opt = _checker(before[i], sender_seed=i)
     opt.inner_step()  # counts the step, computes no gradient: e's decay alone
-    other_batches, _ = _checker(before[i], rnd, sender_seed=i + 7)
+    other_batches, _ = _checker(before[i], sender_seed=i + 7)
     copied = packets[(i + 1) % len(packets)][1]  # another member's packet
     flipped = attacks.signflip(opt.spec, honest)
     for cheat in (stale, opt.prepare(), other_batches.work(rnd), copied, flipped):
