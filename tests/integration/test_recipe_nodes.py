@@ -21,6 +21,26 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
     return path, corpus.build_stdlib_corpus(path, max_bytes=60_000)
 
 
+def _two_nodes_train(
+    chain, bsm, accounts, dataset, tmp_path, recipe: Recipe, **job: int
+) -> tuple[int, Operators]:
+    """A tiny CPT job pinning `recipe` (`job`: submit_tiny_job's steps, epochs, sync_interval),
+    trained to completion by the first two operators."""
+    path = tmp_path / "recipe.toml"
+    path.write_text(recipe.to_toml())
+    caller = bsm.with_account(accounts[CALLER].key)
+    job_id = submit_tiny_job(caller, dataset, 2, recipe=(recipe.hash(), str(path)), **job)
+    ops = Operators(chain, bsm, accounts, job_id, tmp_path)
+    running = [Running(ops.node(i)) for i in OPERATORS[:2]]
+    try:
+        results = [r.wait(240) for r in running]
+    finally:
+        for r in running:
+            r.node.stop_now.set()
+    assert [r["status"] for r in results] == ["completed", "completed"]
+    return job_id, ops
+
+
 @pytest.mark.timeout(300)
 def test_two_nodes_agree_on_every_epoch_with_the_inner_step_fields(
     chain, bsm, accounts, dataset, tmp_path
@@ -33,20 +53,9 @@ def test_two_nodes_agree_on_every_epoch_with_the_inner_step_fields(
         grad_accum=2,
         batch_size=2,
     )
-    path = tmp_path / "recipe.toml"
-    path.write_text(recipe.to_toml())
-    caller = bsm.with_account(accounts[CALLER].key)
-    job_id = submit_tiny_job(
-        caller, dataset, 2, steps=4, epochs=2, recipe=(recipe.hash(), str(path))
+    job_id, ops = _two_nodes_train(
+        chain, bsm, accounts, dataset, tmp_path, recipe, steps=4, epochs=2
     )
-    ops = Operators(chain, bsm, accounts, job_id, tmp_path)
-    running = [Running(ops.node(i)) for i in OPERATORS[:2]]
-    try:
-        results = [r.wait(240) for r in running]
-    finally:
-        for r in running:
-            r.node.stop_now.set()
-    assert [r["status"] for r in results] == ["completed", "completed"]
     revealed = events(bsm, job_id, "CheckpointRevealed")
     for epoch in (0, 1):
         votes = [bytes(e.args["checkpoint"]) for e in revealed if e.args["epoch"] == epoch]
@@ -72,20 +81,9 @@ def test_two_nodes_train_a_paper_mode_job_in_sign_steps_of_its_outer_lr(
     shared state (the replay checks of its rounds: tests/e2e/test_replay_check_e2e.py)."""
     lr = 0.001
     recipe = Recipe(demo_mode="paper", outer_lr=lr, outer_momentum=0.99, batch_size=2)
-    path = tmp_path / "recipe.toml"
-    path.write_text(recipe.to_toml())
-    caller = bsm.with_account(accounts[CALLER].key)
-    job_id = submit_tiny_job(
-        caller, dataset, 2, steps=3, epochs=1, recipe=(recipe.hash(), str(path)), sync_interval=1
+    job_id, ops = _two_nodes_train(
+        chain, bsm, accounts, dataset, tmp_path, recipe, steps=3, epochs=1, sync_interval=1
     )
-    ops = Operators(chain, bsm, accounts, job_id, tmp_path)
-    running = [Running(ops.node(i)) for i in OPERATORS[:2]]
-    try:
-        results = [r.wait(240) for r in running]
-    finally:
-        for r in running:
-            r.node.stop_now.set()
-    assert [r["status"] for r in results] == ["completed", "completed"]
     votes = [bytes(e.args["checkpoint"]) for e in events(bsm, job_id, "CheckpointRevealed")]
     assert len(votes) == 2 and votes[0] == votes[1]
     assert [e.args["paidMembers"] for e in events(bsm, job_id, "EpochFinalized")] == [2]
