@@ -205,11 +205,38 @@ def test_auto_k_spends_the_upload_budget_the_other_tensors_leave(ring):
         assert fewer[0].cfg.k_token < k
 
 
-def test_auto_k_falls_back_to_the_matrices_k_when_tokens_are_most_of_the_model():
-    items = [("emb", (50257, 32)), ("w", (32, 32))]
-    cfg = CompressConfig(k2d=4, k_token=K_AUTO, token_rows=64)
+@pytest.mark.parametrize("ring", [3, 4, 8, 16])
+def test_auto_k_goes_below_the_matrices_k_when_tokens_are_most_of_the_model(ring):
+    """The GPT-2 folder's shapes (a 50,257 x 32 tied embedding, 97% of the parameters): the
+    job's k in every token block is over the budget (701x at 4 seats), so auto k takes the
+    largest k below it that fits, and one more would not."""
+    items = [("emb", (50257, 32)), ("pos", (256, 32)), ("w", (32, 128)), ("v", (128, 32))]
+    k2d = 4 if ring <= 4 else 6
+    cfg = CompressConfig(k2d=k2d, k_token=K_AUTO, token_rows=64, ring=ring)
     spec, _ = segments.plan(items, cfg, ("emb",))
+    k = spec.cfg.k_token
+    budget = 4 * (ring - 1) / ring * spec.numel / 1000 - segments.ENVELOPES
+    assert 1 <= k < k2d
+    assert spec.packet_bytes <= budget
+    over = segments.plan(items, replace(cfg, k_token=k + 1), ("emb",))[0]
+    assert over.packet_bytes > budget
+
+
+def test_auto_k_keeps_the_matrices_k_when_no_k_fits_or_tokens_are_few():
+    # two seats: no k brings the folder's shapes within 1/1000 of a ring of factor 1
+    folder = [("emb", (50257, 32)), ("w", (32, 32))]
+    spec, _ = segments.plan(folder, CompressConfig(k_token=K_AUTO, token_rows=64, ring=2), ("emb",))
     assert spec.cfg.k_token == 4
+    assert spec.packet_bytes > segments.ring_upload(spec.numel, 2) / 1000
+    # builtin:tiny at 8 seats: k = 1 for its token tensors would fit the budget, but they are
+    # a fifth of the model and lose the most under compression, so they keep the job's k
+    model = start_model("builtin:tiny").fresh()
+    items = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    tokens = segments.token_names(model)
+    cfg = CompressConfig(k2d=6, k_token=K_AUTO, token_rows=64, ring=8)
+    assert segments.plan(items, cfg, tokens)[0].cfg.k_token == 6
+    low = segments.plan(items, replace(cfg, k_token=1), tokens)[0]
+    assert low.packet_bytes <= segments.ring_upload(low.numel, 8) / 1000 - segments.ENVELOPES
 
 
 def test_the_envelope_reserve_covers_a_packet_and_its_commitment():
