@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dtrain.models import JobSpec
 from dtrain.recipe import Recipe
 
@@ -106,3 +108,25 @@ def test_heldout_corpus_is_deterministic_and_split() -> None:
     assert text.startswith("= ") and "ledger:" in text and "total: " in text
     first = bytes(held.tolist()).decode("ascii").split("\n\n")[1]  # a held-out paragraph
     assert len(first) > 20 and first not in text
+
+
+def test_the_tail_gap_averages_the_last_tenth_of_the_steps() -> None:
+    """A final evaluation that lands on a low point of DDP's curve makes the final gap look
+    large; the tail gap compares the means over the last 10% of the steps."""
+    import bench_scaling as b
+
+    steps = 100
+    ddp = [(0, 5.0), (80, 2.10), (90, 2.10), (100, 1.90)]  # last point: a dip
+    demo = [(0, 5.0), (80, 2.20), (90, 2.00), (100, 2.00)]
+    single = [(0, 5.0), (50, 2.5), (100, 2.3)]
+
+    def run(arm, n, curve):
+        return dict(corpus="code", n=n, arm=arm, seed=0, curve=curve, final=curve[-1][1],
+                    params=1000, syncs=0)  # fmt: skip
+
+    runs = [run("single", 1, single), run("ddp", 4, ddp), run("demo", 4, demo)]
+    rows = {r["arm"]: r for r in b.summarize(runs, b.Setup(steps=steps))}
+    assert rows["demo"]["gap_vs_ddp_pct_mean"] == pytest.approx(100 * (2.00 - 1.90) / 1.90)
+    assert rows["demo"]["tail_gap_vs_ddp_pct_mean"] == pytest.approx(0.0)  # 90, 100: 2.0 both
+    assert rows["ddp"]["tail_gap_vs_ddp_pct_mean"] == 0.0
+    assert "| +0.0% |" in b.table([dict(model="m") | rows["demo"]])
