@@ -225,9 +225,10 @@ def test_auto_k_goes_below_the_matrices_k_when_tokens_are_most_of_the_model(ring
 def test_auto_k_keeps_the_matrices_k_when_no_k_fits_or_tokens_are_few():
     # two seats: no k brings the folder's shapes within 1/1000 of a ring of factor 1
     folder = [("emb", (50257, 32)), ("w", (32, 32))]
-    spec, _ = segments.plan(folder, CompressConfig(k_token=K_AUTO, token_rows=64, ring=2), ("emb",))
-    assert spec.cfg.k_token == 4
-    assert spec.packet_bytes > segments.ring_upload(spec.numel, 2) / 1000
+    cfg = CompressConfig(k_token=K_AUTO, token_rows=64, ring=2)
+    assert segments.plan(folder, cfg, ("emb",))[0].cfg.k_token == 4
+    one = segments.plan(folder, replace(cfg, k_token=1), ("emb",))[0]
+    assert one.packet_bytes > segments.ring_upload(one.numel, 2) / 1000 - segments.ENVELOPES
     # builtin:tiny at 8 seats: k = 1 for its token tensors would fit the budget, but they are
     # a fifth of the model and lose the most under compression, so they keep the job's k
     model = start_model("builtin:tiny").fresh()
