@@ -70,23 +70,23 @@ def plan(
         return Spec(tuple(names), tuple(shapes), c, marked, tuple(parents) if split else ())
 
     if cfg.k_token == K_AUTO:
-        tokens_numel = sum(math.prod(sh) for sh, m in zip(shapes, marks, strict=True) if m)
-        most = 2 * tokens_numel > sum(math.prod(sh) for sh in shapes)
-        cfg = replace(cfg, k_token=auto_k(spec_for, cfg, most) if any(marks) else cfg.k2d)
+        cfg = replace(cfg, k_token=auto_k(spec_for, cfg) if any(marks) else cfg.k2d)
     return spec_for(cfg), tuple(segs)
 
 
-def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig, most: bool) -> int:
+def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig) -> int:
     """The token tensors' k for k_token = K_AUTO: the largest whose packet and its ENVELOPES
     stay within BUDGET of a member's upload in a dense bf16 ring all-reduce among cfg.ring
     members, searched in [k2d, K_TOKEN_MAX], so that the token tensors take the bytes the other
-    tensors leave; or, when the token tensors are `most` of the model's parameters (a folder's
+    tensors leave; or, when the token tensors are most of the model's parameters (a folder's
     50,257-row embedding, most of whose rows no batch reaches), in [1, K_TOKEN_MAX], since
     only they can bring its packet within the budget. Otherwise, and when no k fits, k2d:
     the token tensors lose the most under compression (docs/benchmarks.md), so they are not
     starved to save bytes the other tensors spend anyway."""
-    budget = ring_upload(spec_for(replace(cfg, k_token=cfg.k2d)).numel, cfg.ring) * BUDGET
-    budget -= ENVELOPES
+    base = spec_for(replace(cfg, k_token=cfg.k2d))
+    budget = ring_upload(base.numel, cfg.ring) * BUDGET - ENVELOPES
+    tokens = sum(math.prod(sh) for i, sh in enumerate(base.shapes) if base.is_token(i))
+    most = 2 * tokens > base.numel
     best = 0
     for k in range(1 if most else cfg.k2d, min(K_TOKEN_MAX, cfg.chunk**2) + 1):  # bytes grow
         if spec_for(replace(cfg, k_token=k)).packet_bytes > budget:
