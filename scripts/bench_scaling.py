@@ -61,11 +61,11 @@ from types import SimpleNamespace
 import torch
 
 from dtrain.models import JobSpec, default_topk
-from dtrain.recipe import Recipe
+from dtrain.recipe import LR_SCHEDULES, Recipe
 from dtrain_node.operator.epoch import demo_config
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope
-from dtrain_node.train import backend, shard
+from dtrain_node.train import backend, inner, shard
 from dtrain_node.train.corpus import TextData
 from dtrain_node.train.losses import cpt_loss
 from dtrain_node.train.start import Builtin, StartModel, start_model
@@ -260,6 +260,8 @@ class Setup:
     inner_lr: float = RECIPE.inner_lr
     warmup: int = 0  # linear inner-lr warm-up steps (all arms, single and DDP included)
     max_train: int = 4_000_000
+    schedule: str = "constant"  # the recipe's lr_schedule over the run (all arms)
+    min_lr_ratio: float = 0.0  # the recipe's, for a linear or cosine schedule
 
 
 QUICK = Setup(ctx=64, bsz=4, steps=24, eval_every=8, eval_windows=32, max_train=300_000)
@@ -295,7 +297,11 @@ def evaluate(subj: Subject, m: torch.nn.Module, ev: tuple[torch.Tensor, torch.Te
 
 
 def _set_lr(opt: torch.optim.Optimizer, s: Setup, t: int) -> None:
-    lr = s.inner_lr * min(1.0, t / s.warmup) if s.warmup else s.inner_lr
+    """Step t's (1-based) inner lr, by the node's own schedule (train.inner.lr_factor)."""
+    sched = replace(
+        RECIPE, warmup_steps=s.warmup, lr_schedule=s.schedule, min_lr_ratio=s.min_lr_ratio
+    )
+    lr = s.inner_lr * inner.lr_factor(sched, t - 1, s.steps)
     for g in opt.param_groups:
         g["lr"] = lr
 
@@ -634,7 +640,7 @@ def _previous(path: Path, s: Setup) -> list[dict]:
     if not path.exists():
         return []
     old = json.loads(path.read_text())
-    if old["meta"]["setup"] != asdict(s):
+    if asdict(Setup()) | old["meta"]["setup"] != asdict(s):  # files from before a field: default
         raise SystemExit(f"{path} was written with another setup; drop --resume or use --out")
     return old["runs"]
 
@@ -657,6 +663,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=int, default=None, help="window tokens (default: as a node)")
     ap.add_argument("--inner-lr", type=float, default=None)
     ap.add_argument("--warmup", type=int, default=None, help="inner lr warm-up steps, all arms")
+    ap.add_argument(
+        "--schedule", choices=LR_SCHEDULES, default=None, help="inner lr schedule, all arms"
+    )
+    ap.add_argument("--min-lr-ratio", type=float, default=None, help="of inner lr, at the end")
     ap.add_argument("--demo", action="append", help="DeMo arm over the job defaults, e.g. K=4,k=16")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument(
@@ -702,7 +712,14 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     torch.set_num_threads(1)
     s = QUICK if a.quick else Setup()
-    over = dict(steps=a.steps, ctx=a.ctx, inner_lr=a.inner_lr, warmup=a.warmup)
+    over = dict(
+        steps=a.steps,
+        ctx=a.ctx,
+        inner_lr=a.inner_lr,
+        warmup=a.warmup,
+        schedule=a.schedule,
+        min_lr_ratio=a.min_lr_ratio,
+    )
     s = replace(s, **{k: v for k, v in over.items() if v is not None})
     if a.report or a.merge:
         return _rewrite(a)

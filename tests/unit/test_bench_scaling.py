@@ -130,3 +130,31 @@ def test_the_tail_gap_averages_the_last_tenth_of_the_steps() -> None:
     assert rows["demo"]["tail_gap_vs_ddp_pct_mean"] == pytest.approx(0.0)  # 90, 100: 2.0 both
     assert rows["ddp"]["tail_gap_vs_ddp_pct_mean"] == 0.0
     assert "| +0.0% |" in b.table([dict(model="m") | rows["demo"]])
+
+
+def test_every_arm_follows_the_nodes_inner_lr_schedule(tmp_path: Path) -> None:
+    """--schedule cosine decays the inner lr of single, DDP and DeMo alike by the node's own
+    train.inner.lr_factor; a runs file from before the schedule fields resumes as constant."""
+    import bench_scaling as b
+    import torch
+
+    from dtrain_node.train import inner
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    s = b.Setup(steps=100, inner_lr=2e-3, schedule="cosine", min_lr_ratio=0.1)
+    sched = Recipe(lr_schedule="cosine", min_lr_ratio=0.1)
+    lrs = []
+    for t in (1, 50, 100):
+        b._set_lr(opt, s, t)
+        lrs.append(opt.param_groups[0]["lr"])
+        assert lrs[-1] == pytest.approx(2e-3 * inner.lr_factor(sched, t - 1, 100))
+    assert lrs[0] == pytest.approx(2e-3) and lrs[0] > lrs[1] > lrs[2] > 2e-4
+    b._set_lr(opt, b.Setup(inner_lr=2e-3), 100)
+    assert opt.param_groups[0]["lr"] == 2e-3  # the default stays constant
+
+    old = tmp_path / "old.json"
+    setup = {k: v for k, v in b.asdict(b.Setup()).items() if k not in ("schedule", "min_lr_ratio")}
+    old.write_text(json.dumps(dict(meta=dict(setup=setup), runs=[{"arm": "single"}])))
+    assert b._previous(old, b.Setup()) == [{"arm": "single"}]
+    with pytest.raises(SystemExit, match="another setup"):
+        b._previous(old, s)
