@@ -642,7 +642,20 @@ def _previous(path: Path, s: Setup) -> list[dict]:
     old = json.loads(path.read_text())
     if asdict(Setup()) | old["meta"]["setup"] != asdict(s):  # files from before a field: default
         raise SystemExit(f"{path} was written with another setup; drop --resume or use --out")
-    return old["runs"]
+    return renamed(old["runs"])
+
+
+def renamed(runs: list[dict]) -> list[dict]:
+    """The runs with their arms named from their settings under today's job defaults: a run
+    made at an earlier default (say error-feedback decay 0.95) is then named by what it
+    differs in, is not taken for a run of today's default, and does not share its row."""
+    known = {f.name for f in fields(Arm)}
+    return [
+        r | {"arm": Arm(**{k: v for k, v in r["spec"].items() if k in known}).name}
+        if "spec" in r
+        else r
+        for r in runs
+    ]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -700,7 +713,7 @@ def _rewrite(a: argparse.Namespace) -> int:
     setup = olds[0]["meta"]["setup"]
     if any(o["meta"]["setup"] != setup for o in olds):
         raise SystemExit("the files to merge were written with different setups")
-    runs = list({_key5(r): r for o in olds for r in o["runs"]}.values())
+    runs = list({_key5(r): r for o in olds for r in renamed(o["runs"])}.values())
     wall = 0 if a.merge else olds[0]["meta"].get("wall_s", 0)
     known = {f.name for f in fields(Setup)}  # files of the harness-only version had more keys
     s = Setup(**{k: v for k, v in setup.items() if k in known})

@@ -3,9 +3,9 @@
 The product's model path (`builtin:tiny` / `builtin:small`, built by train.start.start_model as
 a node builds them) trained by N members simulated in one process with the node's own job
 defaults: local mode, K=2 inner AdamW steps per sync (lr 2e-3, betas 0.9/0.95), k=4 per 64x64
-chunk (k1d=1 per 64-vector), 1-bit levels, error-feedback decay 0.95, outer lr 1.0, the robust
-screen on (dtrain.models.default_topk, Recipe, NodeConfig). Every member trains its own shard
-(train/shard.py, as bench_scaling.py deals them); held-out loss on fixed windows.
+chunk (k1d=1 per 64-vector), 1-bit levels, the recipe's error-feedback decay, outer lr 1.0,
+the robust screen on (dtrain.models.default_topk, Recipe, NodeConfig). Every member trains its
+own shard (train/shard.py, as bench_scaling.py deals them); held-out loss on fixed windows.
 
 Per sync and tensor (the default arm) it records:
 - keep: the fraction of the error-feedback momentum's energy the top-k keeps, per chunk
@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from dtrain.models import default_topk
+from dtrain.recipe import Recipe
 from dtrain_node.optim import codec
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
@@ -70,7 +71,7 @@ class Arm:
     k: int = 4
     k1d: int = 1
     bits: int = 1
-    beta: float = 0.95
+    beta: float = Recipe().outer_momentum  # the job default (0.95 before 0.8)
     lr: float = 1.0
     sign: bool = False
     chunk: int = 64

@@ -321,7 +321,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--beta", type=float, default=0.95)
+    ap.add_argument("--beta", type=float, default=bs.RECIPE.outer_momentum)
     ap.add_argument(
         "--arm",
         action="append",

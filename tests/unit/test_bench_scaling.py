@@ -158,3 +158,22 @@ def test_every_arm_follows_the_nodes_inner_lr_schedule(tmp_path: Path) -> None:
     assert b._previous(old, b.Setup()) == [{"arm": "single"}]
     with pytest.raises(SystemExit, match="another setup"):
         b._previous(old, s)
+
+
+def test_a_run_at_an_earlier_default_is_named_by_what_it_differs_in(tmp_path: Path) -> None:
+    """A runs file from when the error-feedback decay defaulted to 0.95: its default-arm run is
+    renamed 'beta=0.95' on resume, so today's default arm is run rather than skipped."""
+    import bench_scaling as b
+
+    today = b.resolve(b.Arm("demo"), 4)
+    before = b.replace(today, beta=0.95)
+    assert today.name == DEMO and Recipe().outer_momentum != 0.95
+    runs = [
+        dict(arm=DEMO, spec=b.asdict(before), seed=0),  # named under the old default
+        dict(arm="single", spec=b.asdict(b.Arm("single")), seed=0),
+        dict(arm="ddp", seed=0),  # no spec: as written
+    ]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(dict(meta=dict(setup=b.asdict(b.Setup())), runs=runs)))
+    names = [r["arm"] for r in b._previous(path, b.Setup())]
+    assert names == [f"{DEMO} beta=0.95", "single", "ddp"]

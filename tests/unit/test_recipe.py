@@ -141,7 +141,7 @@ def test_default_canonical_form_is_pinned() -> None:
         '"grpo_completions":"alphabet","grpo_group":8,"grpo_iterations":1,"grpo_kl":0.04,"grpo_max_new_tokens":16,"grpo_temperature":1.0,'
         '"heldout_fraction":0.1,"inner_beta1":0.9,"inner_beta2":0.95,"inner_lr":0.002,'
         '"inner_weight_decay":0.0,"lora_alpha":16.0,"lora_dropout":0.0,"lora_rank":0,'
-        '"lora_targets":"","outer_lr":1.0,"outer_momentum":0.95,"outer_weight_decay":0.0,'
+        '"lora_targets":"","outer_lr":1.0,"outer_momentum":0.8,"outer_weight_decay":0.0,'
         '"reward":"exact","reward_pattern":"","seed":0,"seq_len":128}'
     )
 

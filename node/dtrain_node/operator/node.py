@@ -118,7 +118,7 @@ class NodeConfig:
     # Outer-step hyper-parameters are part of the protocol: every node of a job must use the
     # same ones or theta_sync (and the checkpoint hash) would differ.
     outer_lr: float = 1.0
-    beta: float = 0.95  # DeMo error-feedback decay: the Recipe default
+    beta: float = 0.8  # DeMo error-feedback decay: the Recipe default
     inner_lr: float = 2e-3
     round_deadline_s: float = 20.0
     poll_s: float = 0.3
