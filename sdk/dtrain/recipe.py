@@ -193,7 +193,7 @@ class Recipe:
     inner_beta2: float = 0.95
     inner_weight_decay: float = 0.0
     outer_lr: float = 1.0  # DeMo outer step on theta_sync
-    outer_momentum: float = 0.8  # DeMo error-feedback decay (docs/benchmarks.md, "decay")
+    outer_momentum: float = 0.8  # DeMo error-feedback decay (why 0.8: docs/benchmarks.md)
     outer_weight_decay: float = 0.0  # decoupled, on theta_sync at each sync
     dpo_beta: float = 0.1
     grpo_group: int = 8  # completions sampled per prompt
