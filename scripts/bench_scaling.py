@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import itertools
 import json
 import math
@@ -296,12 +297,17 @@ def evaluate(subj: Subject, m: torch.nn.Module, ev: tuple[torch.Tensor, torch.Te
     return tot / len(ev[0])
 
 
-def _set_lr(opt: torch.optim.Optimizer, s: Setup, t: int) -> None:
-    """Step t's (1-based) inner lr, by the node's own schedule (train.inner.lr_factor)."""
-    sched = replace(
+@functools.cache
+def _schedule(s: Setup) -> Recipe:
+    """The recipe whose inner lr schedule the run follows (built once per setup)."""
+    return replace(
         RECIPE, warmup_steps=s.warmup, lr_schedule=s.schedule, min_lr_ratio=s.min_lr_ratio
     )
-    lr = s.inner_lr * inner.lr_factor(sched, t - 1, s.steps)
+
+
+def _set_lr(opt: torch.optim.Optimizer, s: Setup, t: int) -> None:
+    """Step t's (1-based) inner lr, by the node's own schedule (train.inner.lr_factor)."""
+    lr = s.inner_lr * inner.lr_factor(_schedule(s), t - 1, s.steps)
     for g in opt.param_groups:
         g["lr"] = lr
 
