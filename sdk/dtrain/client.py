@@ -859,8 +859,9 @@ class BSM:
     def jobs(self) -> list[m.Job]:
         return [self.job(i) for i in range(1, self.next_job_id())]
 
-    def members(self, job_id: int) -> list[str]:
-        return list(self._call(self.contract.functions.getMembers(job_id)))
+    def members(self, job_id: int, block: int | str = "latest") -> list[str]:
+        """The members of the epoch in progress at `block` (none once the job ended)."""
+        return list(self._call(self.contract.functions.getMembers(job_id), block))
 
     def is_leaving(self, job_id: int, operator: str) -> bool:
         return bool(self._call(self.contract.functions.isLeaving(job_id, _addr(operator))))

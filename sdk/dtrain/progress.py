@@ -180,7 +180,9 @@ class ProgressFeed:
         self.peer = watch.WatchPeer(
             bsm.chain_id, bsm.address, job_id, lambda n: self._notes.put(n.body)
         )
-        self._members: tuple[str, ...] = ()
+        self._members: tuple[str, ...] = ()  # the latest epoch's: what "2/2 members" counts
+        self._known: tuple[str, ...] = ()  # a member of any epoch so far: whose notes count
+        self._next_block = 0  # of the EpochStarted events not read yet
         self._specs: list[tuple[bytes, list[str]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="progress", daemon=True)
@@ -207,7 +209,7 @@ class ProgressFeed:
                 self._refresh()
                 next_poll = time.monotonic() + self.poll_s
             self._drain(0.2)
-        self._refresh(final=True)  # what gossip lost of the last rounds
+        self._refresh()  # what gossip lost of the last rounds
         self._drain(0.0)
         for line in self.book.flush(max(1, len(self._members))):
             self.on_line(line)
@@ -225,22 +227,38 @@ class ProgressFeed:
                 self.on_note(body)
             wait_s = 0.0
 
-    def _refresh(self, final: bool = False) -> None:
-        """The members from the chain; ask them for the notes they hold (gossip is the fast
-        path: a note it lost arrives this way, once)."""
+    def _refresh(self) -> None:
+        """Who the members are; ask them for the notes they hold (gossip is the fast path: a
+        note it lost, or dropped before its sender was known as a member, arrives this way)."""
         try:
-            if not final:
-                members = tuple(self.bsm.job(self.job_id).members)
-                if members and members != self._members:  # an ended job lists none: keep them
-                    specs = peer_specs(self.bsm, list(members))
-                    self.peer.set_members(members)
-                    self._members, self._specs = members, specs
+            self._learn_members()
             if self._specs:
                 self.peer.follow(self._specs)
         except Exception:  # an RPC hiccup or a member's bad address: try again next poll
             # the members known so far still count: forgetting them would show the next round
             # as complete on its first note ("1/1 members")
             pass
+
+    def _learn_members(self) -> None:
+        """The current epoch's members, and everyone who was a member of one of the job's
+        epochs. The chain lists only the current members (none once the job ended), so each
+        started epoch's members are read at its block too: a feed whose polls were held up for
+        a whole epoch (a slow dial, a loaded machine) still learns who sent that epoch's notes."""
+        head = self.bsm.w3.eth.block_number
+        started = (
+            self.bsm.events(self._next_block, head, ["EpochStarted"], self.job_id)
+            if head >= self._next_block
+            else []
+        )
+        epochs = [tuple(self.bsm.members(self.job_id, e.block)) for e in started]
+        current = tuple(self.bsm.members(self.job_id, head))
+        known = tuple(dict.fromkeys([*self._known, *(a for ms in epochs for a in ms), *current]))
+        if known != self._known:
+            specs = peer_specs(self.bsm, list(known))
+            self.peer.set_members(known)
+            self._known, self._specs = known, specs
+        self._next_block = head + 1
+        self._members = current or (epochs[-1] if epochs else self._members)
 
 
 def summary(counts: dict[str, dict[str, int]]) -> str:

@@ -151,19 +151,35 @@ def test_round_lines_wait_for_every_member_or_the_next_round_and_give_the_job_et
     assert [x.round for x in book.flush(members=2)] == [2]
 
 
-class FlakyChain:
-    """A job of two members whose RPC fails once `down` is set (a loaded node's timeout)."""
+class Chain:
+    """A job of two members, "a" and "b", whose one epoch started at block 5 and which ended
+    at block `ended` (it lists no members from then on). Its RPC fails while `down` is set (a
+    loaded node's timeout)."""
 
-    chain_id, address, down = CHAIN, CONTRACT, False
+    chain_id, address, down, head, ended = CHAIN, CONTRACT, False, 6, 10**9
 
-    def job(self, job_id: int) -> SimpleNamespace:
+    def __init__(self) -> None:
+        self.w3 = SimpleNamespace(eth=self)
+
+    @property
+    def block_number(self) -> int:
         if self.down:
             raise TimeoutError("rpc timed out")
+        return self.head
+
+    def job(self, job_id: int) -> SimpleNamespace:
         spec = SimpleNamespace(total_epochs=1, steps_per_epoch=6, sync_interval=2)
-        return SimpleNamespace(spec=spec, members=("a", "b"))
+        return SimpleNamespace(spec=spec, members=self.members(job_id, self.block_number))
 
     def params(self) -> SimpleNamespace:
         return SimpleNamespace(start_grace=10, challenge_window=20)
+
+    def events(self, start: int, end: int, names, job_id: int) -> list[SimpleNamespace]:
+        assert names == ["EpochStarted"] and job_id == JOB and start <= end
+        return [SimpleNamespace(block=5)] if start <= 5 <= end else []
+
+    def members(self, job_id: int, block: int) -> tuple[str, ...]:
+        return ("a", "b") if 5 <= block < self.ended else ()
 
 
 class Peer:
@@ -177,10 +193,14 @@ class Peer:
         return 0
 
 
-def test_a_failed_poll_keeps_the_members_and_a_line_precedes_its_last_point(monkeypatch) -> None:
+@pytest.fixture
+def fake_peer(monkeypatch) -> None:
     monkeypatch.setattr(dtrain.progress, "_watch_module", lambda: SimpleNamespace(WatchPeer=Peer))
-    monkeypatch.setattr(dtrain.progress, "peer_specs", lambda bsm, ops: [(b"k", ["addr"])])
-    chain, lines, shown = FlakyChain(), [], []
+    monkeypatch.setattr(dtrain.progress, "peer_specs", lambda bsm, ops: [(b"k", a) for a in ops])
+
+
+def test_a_failed_poll_keeps_the_members_and_a_line_precedes_its_last_point(fake_peer) -> None:
+    chain, lines, shown = Chain(), [], []
     on_note = lambda b: shown.append(len(lines))  # noqa: E731 - lines shown when a point comes
     feed = ProgressFeed(chain, JOB, lines.append, on_note=on_note)  # type: ignore[arg-type]
     feed._refresh()
@@ -193,6 +213,25 @@ def test_a_failed_poll_keeps_the_members_and_a_line_precedes_its_last_point(monk
     feed._drain(0.0)
     assert [(x.reported, x.members) for x in lines] == [(2, 2)]
     assert shown == [0, 1]  # the page that shows b's point already shows the round's line
+
+
+def test_a_feed_whose_polls_missed_the_whole_job_still_learns_its_members(fake_peer) -> None:
+    chain, lines = Chain(), []
+    chain.head = 3  # before the epoch started: no members yet
+    feed = ProgressFeed(chain, JOB, lines.append)  # type: ignore[arg-type]
+    feed._refresh()
+    assert feed.peer.members == ()
+    chain.head, chain.ended = 12, 11  # the next poll comes after the job ended: it lists none
+    feed._refresh()
+    assert feed.peer.members == ("a", "b")  # read at the block the epoch started
+    assert feed._specs == [(b"k", "a"), (b"k", "b")]  # asked for the notes gossip dropped
+    for sender in ("a", "b"):
+        feed._notes.put(body(sender, 0))
+    feed._drain(0.0)
+    assert [(x.reported, x.members) for x in lines] == [(2, 2)]
+    chain.head = 13
+    feed._refresh()  # nothing new: the members stay
+    assert feed.peer.members == ("a", "b") and feed._members == ("a", "b")
 
 
 def test_the_gap_between_epochs_is_measured_for_the_eta() -> None:
