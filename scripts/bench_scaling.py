@@ -142,8 +142,9 @@ class Arm:
     """kind: single | ddp | demo. A DeMo arm's fields left None are the job defaults for its
     member count (`resolve`): K inner steps per sync, k coefficients per chunk x chunk block,
     1- or 2-bit levels, outer lr, error-feedback decay beta, the token tensors' k (0: auto)
-    and rows per scale block. k1d, chunk, mean and mode (local, or paper: the DeMo paper's
-    scheme, every step a sync with a sign step of lr) are sweep-only keys."""
+    and rows per scale block, and the output head's mean row's k (0: none). k1d, chunk, mean
+    and mode (local, or paper: the DeMo paper's scheme, every step a sync with a sign step of
+    lr) are sweep-only keys."""
 
     kind: str
     K: int | None = None
@@ -153,6 +154,7 @@ class Arm:
     beta: float | None = None
     k_token: int | None = None
     token_rows: int | None = None
+    k_mean: int | None = None
     k1d: int = 1
     chunk: int = 64
     mean: str = "senders"  # or "coef": each coefficient averaged over the senders that sent it
@@ -170,6 +172,7 @@ class Arm:
             beta=(self.beta, RECIPE.outer_momentum),
             kt=(self.k_token, RECIPE.token_topk),
             rows=(self.token_rows, RECIPE.token_rows),
+            km=(self.k_mean, RECIPE.head_mean_topk),
             mean=(self.mean, "senders"),
             mode=(self.mode, "local"),
         )
@@ -189,6 +192,7 @@ def resolve(arm: Arm, n: int) -> Arm:
         beta=RECIPE.outer_momentum,
         k_token=RECIPE.token_topk,
         token_rows=RECIPE.token_rows,
+        k_mean=RECIPE.head_mean_topk,
     )
     return replace(arm, **{k: v for k, v in defaults.items() if getattr(arm, k) is None})
 
@@ -210,6 +214,7 @@ def demo_cfg(arm: Arm, inner_lr: float, n: int) -> DeMoConfig:
         outer_momentum=arm.beta,
         token_topk=arm.k_token,
         token_rows=arm.token_rows,
+        head_mean_topk=arm.k_mean,
     )
     cfg = demo_config(None, SimpleNamespace(spec=spec), recipe)  # type: ignore[arg-type]
     compress = replace(cfg.compress, chunk=arm.chunk, k1d=arm.k1d)
@@ -228,6 +233,7 @@ SWEEP_TYPES = {
     "beta": float,
     "k_token": int,
     "token_rows": int,
+    "k_mean": int,
     "k1d": int,
     "chunk": int,
     "mean": str,

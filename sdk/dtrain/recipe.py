@@ -158,6 +158,7 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     "token_topk": (int, lambda v: 0 <= v <= 4096, "in [0, 4096] (0: auto)"),
     "token_rows": (int, lambda v: v >= 0 and v % 64 == 0, "0 or a multiple of 64"),
     "demo_mode": (str, lambda v: v in DEMO_MODES, "local or paper"),
+    "head_mean_topk": (int, lambda v: 0 <= v <= 64, "in [0, 64] (0: no mean row)"),
 }
 
 # Fields added after the first pinned canonical form: written into `canonical()` (and
@@ -172,6 +173,7 @@ LATER_FIELDS = (
     "token_topk",
     "token_rows",
     "demo_mode",
+    "head_mean_topk",
 )
 
 
@@ -233,6 +235,9 @@ class Recipe:
     # the DeMo paper's scheme, a sync every step (the job's sync_interval 1) of the gradient's
     # error feedback and an outer step of outer_lr x sign (docs/demo-optimizer.md)
     demo_mode: str = "local"
+    # the output head's mean row, sent apart with this many coefficients per 64 columns (0:
+    # none): the rows no batch touched move together, and this sends that move in one round
+    head_mean_topk: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, str):
@@ -271,6 +276,12 @@ class Recipe:
             raise ConfigError(
                 "recipe fields 'lr_schedule' and 'warmup_steps' schedule the inner AdamW, which "
                 "demo_mode 'paper' does not have: leave them out"
+            )
+        if self.head_mean_topk:
+            raise ConfigError(
+                "recipe field 'head_mean_topk' sends the head's mean row for local mode's "
+                "outer step; demo_mode 'paper' takes a sign step per tensor, which would move "
+                "every head row twice: leave it out"
             )
 
     @classmethod

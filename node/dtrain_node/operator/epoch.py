@@ -139,6 +139,7 @@ def compress_config(spec: JobSpec, recipe: Recipe | None) -> CompressConfig:
         k_token=r.token_topk or K_AUTO,
         token_rows=r.token_rows,
         ring=max(2, spec.max_operators),
+        k_mean=r.head_mean_topk,
     )
 
 

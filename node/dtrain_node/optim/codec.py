@@ -34,21 +34,23 @@ MAGIC = b"DMoP"
 VERSION = 1
 HEADER = len(MAGIC) + 1 + 32
 MAX_BYTES = 1 << 20  # default size cap: what one gossip message can carry
+TOKEN, MEAN = 1, 2  # Spec.tokens: a token tensor (or a block of one), a token tensor's mean row
 
 
 @dataclass(frozen=True)
 class Spec:
     """What a packet is about: tensor names and shapes in order, plus the compression config.
 
-    `tokens` marks the tensors compressed as token tensors (cfg.k_token per chunk); `parents`
-    maps each tensor to the parameter it is a block of (segments.py), so that the robust
-    screen judges a parameter's norm as a whole. Both empty: every tensor a parameter of its
-    own, none a token tensor."""
+    `tokens` marks the tensors compressed as token tensors (TOKEN: cfg.k_token per chunk) and
+    the mean rows of token tensors (MEAN: a vector of cfg.k_mean per chunk, applied to every
+    row of its parameter); `parents` maps each tensor to the parameter it is a part of
+    (segments.py), so that the robust screen judges a parameter's norm as a whole. Both
+    empty: every tensor a parameter of its own, none a token tensor."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     cfg: CompressConfig
-    tokens: tuple[bool, ...] = ()
+    tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -66,7 +68,22 @@ class Spec:
             raise ValueError("the blocks of a parameter must be consecutive")
 
     def is_token(self, i: int) -> bool:
-        return bool(self.tokens) and self.tokens[i]
+        return bool(self.tokens) and self.tokens[i] == TOKEN
+
+    def is_mean(self, i: int) -> bool:
+        return bool(self.tokens) and self.tokens[i] == MEAN
+
+    @cached_property
+    def weights(self) -> tuple[int, ...]:
+        """How many times each tensor's update lands in its parameter: a mean row once per
+        row of the parameter (its other parts' rows), every other tensor once."""
+        rows = {}
+        for i, p in enumerate(self.parents):
+            if not self.is_mean(i):
+                rows[p] = rows.get(p, 0) + self.shapes[i][0]
+        return tuple(
+            rows[self.parents[i]] if self.is_mean(i) else 1 for i in range(len(self.names))
+        )
 
     @cached_property
     def groups(self) -> tuple[tuple[int, ...], ...]:
@@ -96,6 +113,8 @@ class Spec:
             h.update(b"tokens" + struct.pack("<2I", c.k_token, c.token_rows))
             h.update(bytes(int(t) for t in self.tokens))
             h.update(struct.pack(f"<I{len(self.parents)}I", len(self.parents), *self.parents))
+            if c.k_mean:  # absent: the bytes before mean rows
+                h.update(b"mean" + struct.pack("<I", c.k_mean))
         return h.digest()
 
     @cached_property
@@ -104,7 +123,8 @@ class Spec:
         out = []
         for i, shape in enumerate(self.shapes):
             n, ce = dct.nchunks(shape, self.cfg.chunk), dct.chunk_elems(shape, self.cfg.chunk)
-            k, ib = self.cfg.k(shape, self.is_token(i)), self.cfg.index_bits(shape)
+            k = self.cfg.k_mean if self.is_mean(i) else self.cfg.k(shape, self.is_token(i))
+            ib = self.cfg.index_bits(shape)
             size = 1 + _nbytes(n * k * ib) + _nbytes(n * k * self.cfg.bits)
             out.append((n, ce, k, ib, size))
         return tuple(out)

@@ -31,6 +31,11 @@ class CompressConfig:
     token_rows rows (0: one per tensor), so that a block nobody's batch touched sends its k
     values at 2^EXP_MIN instead of at the busy blocks' scale. ring: the members of the dense
     bf16 ring all-reduce whose upload bounds K_AUTO's budget (the job's seats).
+    k_mean (0: off): a token tensor's rows also share one mean row, sent as a vector tensor of
+    its own with k_mean coefficients per vector chunk and applied to every row. The rows no
+    batch touched move together (the softmax pushes all their logits down along the same
+    hidden direction), and as a mean row that common move reaches every member in one round
+    instead of in k coefficients per block and round (segments.py).
     """
 
     chunk: int = dct.N
@@ -40,6 +45,7 @@ class CompressConfig:
     k_token: int = 0
     token_rows: int = 0
     ring: int = 4
+    k_mean: int = 0
 
     def __post_init__(self) -> None:
         if not 2 <= self.chunk <= 64:
@@ -58,6 +64,8 @@ class CompressConfig:
             raise ValueError(
                 f"token_rows must be 0 or a multiple of chunk {self.chunk}, got {self.token_rows}"
             )
+        if not 0 <= self.k_mean <= self.chunk:
+            raise ValueError(f"k_mean must be in [0, {self.chunk}], got {self.k_mean}")
         if self.ring < 2:
             raise ValueError(f"ring must count at least 2 members, got {self.ring}")
 
@@ -71,7 +79,7 @@ class CompressConfig:
     @property
     def tokens_apart(self) -> bool:
         """Whether token tensors are compressed otherwise than the other matrices."""
-        return bool((self.k_token and self.k_token != self.k2d) or self.token_rows)
+        return bool((self.k_token and self.k_token != self.k2d) or self.token_rows or self.k_mean)
 
     def index_bits(self, shape: torch.Size | tuple[int, ...]) -> int:
         """Width of one packed index: 12 for a 4096-chunk, 6 for a 64-chunk."""

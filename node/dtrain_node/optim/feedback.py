@@ -46,21 +46,11 @@ class Feedback:
         self.vecs = [i for i, s in enumerate(self.shapes) if len(dct.view2(s)) == 1]
         self.counts = {i: dct.nchunks(s, n) for i, s in enumerate(self.shapes)}
         k_of = {i: ks[i] if ks else cfg.k2d for i in self.mats}
-        by_k: dict[int, list[int]] = {}
-        for i in self.mats:
-            by_k.setdefault(k_of[i], []).append(i)
+        k_of |= {i: ks[i] if ks else cfg.k1d for i in self.vecs}
         self.start: dict[int, int] = {}
-        # per k: (k, its matrices, their first chunk, their chunk count) in `mat`
-        self.mat_groups: list[tuple[int, list[int], int, int]] = []
-        at = 0
-        for k, group in by_k.items():
-            first = at
-            for i in group:
-                self.start[i], at = at, at + self.counts[i]
-            self.mat_groups.append((k, group, first, at - first))
-        at = 0
-        for i in self.vecs:
-            self.start[i], at = at, at + self.counts[i]
+        # per k: (k, its tensors, their first chunk, their chunk count) in `mat` / `vec`
+        self.mat_groups = self._place(self.mats, k_of)
+        self.vec_groups = self._place(self.vecs, k_of)
         nm, nv = sum(self.counts[i] for i in self.mats), sum(self.counts[i] for i in self.vecs)
         self.mat = torch.zeros(n, nm, n)
         self.vec = torch.zeros(nv, n)
@@ -70,6 +60,21 @@ class Feedback:
         self._delta = (torch.empty_like(self.mat), torch.empty_like(self.vec))
         self._half = torch.empty(n, nm * n)
         self._edges = (self._edge(self.mats), self._edge(self.vecs))
+
+    def _place(
+        self, tensors: list[int], k_of: dict[int, int]
+    ) -> list[tuple[int, list[int], int, int]]:
+        """Chunk positions for `tensors`, those of one k side by side (first appearance order)."""
+        by_k: dict[int, list[int]] = {}
+        for i in tensors:
+            by_k.setdefault(k_of[i], []).append(i)
+        groups, at = [], 0
+        for k, group in by_k.items():
+            first = at
+            for i in group:
+                self.start[i], at = at, at + self.counts[i]
+            groups.append((k, group, first, at - first))
+        return groups
 
     def _edge(self, group: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Positions and masks (1 inside the tensor, 0 in the padding) of the group's chunks
@@ -166,7 +171,6 @@ class Feedback:
         First a non-finite coefficient becomes 0 and every one is clamped to [-C_MAX, C_MAX]:
         a broken local state must not stop the node (quantization would raise)."""
         out: list[Sparse | None] = [None] * len(self.shapes)
-        k1 = self.cfg.k1d
         for k, group, first, count in self.mat_groups:
             m3 = self.mat if count == self.mat.shape[1] else self.mat[:, first : first + count]
             top = _topk_rows(m3, k)
@@ -174,14 +178,12 @@ class Feedback:
                 torch.nan_to_num_(m3, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
                 top = _topk_rows(m3, k)
             self._quantize(m3, group, *top, out)  # type: ignore[misc]
-        if self.vecs:
-            a = self.vec.abs()
-            if not float(a.max()) <= C_MAX:
-                torch.nan_to_num_(self.vec, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
-                a = self.vec.abs()
-            idx = torch.topk(a, k1, dim=1, sorted=False).indices.sort(dim=1).values
-            vals = self.vec.gather(1, idx)
-            self._quantize(self.vec.unsqueeze(0), self.vecs, idx, vals, out)
+        if self.vecs and not float(self.vec.abs().max()) <= C_MAX:  # false for NaN too
+            torch.nan_to_num_(self.vec, 0.0, 0.0, 0.0).clamp_(-C_MAX, C_MAX)
+        for k, group, first, count in self.vec_groups:
+            v = self.vec[first : first + count]
+            idx = torch.topk(v.abs(), k, dim=1, sorted=False).indices.sort(dim=1).values
+            self._quantize(v.unsqueeze(0), group, idx, v.gather(1, idx), out)
         self._crop()
         return out  # type: ignore[return-value]
 

@@ -105,6 +105,7 @@ class DeMo:
         cfg: DeMoConfig,
         sender: Hashable = 0,
         tokens: Collection[str] = (),
+        heads: Collection[str] = (),
     ) -> None:
         items = [(n, p) for n, p in named_params if p.requires_grad]
         if not items:
@@ -113,7 +114,7 @@ class DeMo:
         self.names = tuple(n for n, _ in items)
         self.params = [p for _, p in items]
         named = [(n, tuple(p.shape)) for n, p in items]
-        self.spec, self.segs = segments.plan(named, cfg.compress, tokens)
+        self.spec, self.segs = segments.plan(named, cfg.compress, tokens, heads)
         if self.spec.packet_bytes > cfg.max_packet_bytes:
             raise ValueError(
                 f"packet of {self.spec.packet_bytes} bytes exceeds limit {cfg.max_packet_bytes}"
@@ -142,9 +143,8 @@ class DeMo:
     def of_model(cls, model: torch.nn.Module, cfg: DeMoConfig, sender: Hashable = 0) -> DeMo:
         """DeMo over the model's parameters, its embedding and output head as token tensors
         (how every node of a job builds it, so that all agree on the packet layout)."""
-        return cls(
-            model.named_parameters(), cfg, sender=sender, tokens=_tokens(model, cfg.compress)
-        )
+        tokens, heads = _tokens(model, cfg.compress)
+        return cls(model.named_parameters(), cfg, sender=sender, tokens=tokens, heads=heads)
 
     @property
     def due(self) -> bool:
@@ -175,10 +175,10 @@ class DeMo:
             ]
             for p in self.params:
                 p.grad = None
-            self.feedback.fold(self.cfg.beta, segments.views(grads, self.segs))
+            self.feedback.fold(self.cfg.beta, segments.parts(grads, self.segs))
         else:
-            local = segments.views([p.detach().cpu() for p in self.params], self.segs)
-            self.feedback.fold(self.cfg.beta, segments.views(self.theta_sync, self.segs), local)
+            local = segments.parts([p.detach().cpu() for p in self.params], self.segs)
+            self.feedback.fold(self.cfg.beta, segments.parts(self.theta_sync, self.segs), local)
         data = codec.encode(self.spec, self.feedback.take())
         self._compress_s = time.perf_counter() - t0
         return data
@@ -242,9 +242,11 @@ class DeMo:
     def apply_aggregate(self, agg: Aggregate) -> None:
         """Outer step from an already computed aggregate (bitwise the same on every node)."""
         c = self.cfg
-        for i, th in enumerate(segments.views(self.theta_sync, self.segs)):
+        for i, (th, seg) in enumerate(
+            zip(segments.views(self.theta_sync, self.segs), self.segs, strict=True)
+        ):
             u = agg.update(i, c.lr, c.sign, th.dtype).to(th.device)
-            if c.weight_decay:
+            if c.weight_decay and not seg.mean:  # the parameter's other parts decayed it
                 th.mul_(1.0 - c.lr * c.weight_decay)
             # elementwise, hence the same bits everywhere: no packet set makes the state non-finite
             m = c.robust.theta_max
@@ -281,14 +283,19 @@ class DeMo:
         return self.sync(gather) if self.due else None
 
 
-def _tokens(model: torch.nn.Module, compress: CompressConfig) -> tuple[str, ...]:
-    return segments.token_names(model) if compress.tokens_apart else ()
+def _tokens(
+    model: torch.nn.Module, compress: CompressConfig
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The model's token tensors and, of them, its output heads (when compressed apart)."""
+    if not compress.tokens_apart:
+        return (), ()
+    return segments.token_names(model), segments.head_names(model)
 
 
 def model_spec(model: torch.nn.Module, compress: CompressConfig) -> codec.Spec:
     """The packet spec `DeMo.of_model` builds for `model`, without building any state."""
     named = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
-    return segments.plan(named, compress, _tokens(model, compress))[0]
+    return segments.plan(named, compress, *_tokens(model, compress))[0]
 
 
 def lockstep(opts: Sequence[DeMo]) -> list[SyncStats]:

@@ -153,14 +153,14 @@ def gram(spec: Spec, packets: Packets) -> list[list[list[int]]]:
 
 def by_parameter(spec: Spec, G: list[list[list[int]]]) -> tuple[list[list[list[int]]], list[str]]:
     """The Gram matrices of a parameter's blocks summed (a parameter is judged as a whole: a
-    member whose batches never held a block's tokens sends nothing there), with the
-    parameters' names."""
+    member whose batches never held a block's tokens sends nothing there), a mean row's
+    weighted by the rows it moves, with the parameters' names."""
     if not spec.parents:
         return G, list(spec.names)
-    out, names = [], []
+    out, names, w = [], [], spec.weights  # a mean row counts once per row it moves
     for group in spec.groups:
         n = len(G[group[0]])
-        out.append([[sum(G[t][a][b] for t in group) for b in range(n)] for a in range(n)])
+        out.append([[sum(G[t][a][b] * w[t] for t in group) for b in range(n)] for a in range(n)])
         names.append(spec.names[group[0]].split("[")[0])
     return out, names
 

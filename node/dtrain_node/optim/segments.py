@@ -7,6 +7,11 @@ is in some batch, so with one scale per tensor a block no batch touched would st
 values at the busy blocks' magnitude (1-bit levels have no zero); with its own scale an
 untouched block sends them at 2^EXP_MIN, below any parameter's precision. The blocks are
 views: the shared state stays one tensor per parameter.
+
+With `CompressConfig.k_mean` a token tensor has one more packet tensor: its mean row (a
+vector). What the rows move in common is sent there, and the blocks send each row's move less
+that mean (`parts`); the mean row's update is applied to every row of the parameter (`views`
+gives the whole parameter for it, and the update broadcasts over its rows).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dtrain_node.optim.codec import Spec
+from dtrain_node.optim.codec import MEAN, TOKEN, Spec
 from dtrain_node.optim.compress import K_AUTO, CompressConfig
 
 K_TOKEN_MAX = 64  # auto k per token chunk: at most 1/64 of a 64x64 chunk
@@ -29,11 +34,13 @@ ENVELOPES = 512  # bytes a sync's upload adds to its packet: the signed gossip e
 @dataclass(frozen=True)
 class Segment:
     """Packet tensor from parameter `param`: rows [start, stop), or the whole parameter when
-    stop is 0."""
+    stop is 0; or, when `mean`, the mean of the parameter's rows (the whole parameter as the
+    place its update goes)."""
 
     param: int
     start: int = 0
     stop: int = 0
+    mean: bool = False
 
     def of(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         t = tensors[self.param]
@@ -44,12 +51,18 @@ def plan(
     named: Sequence[tuple[str, tuple[int, ...]]],
     cfg: CompressConfig,
     tokens: Collection[str] = (),
+    heads: Collection[str] = (),
 ) -> tuple[Spec, tuple[Segment, ...]]:
     """The packet spec and the segments of parameters (name, shape) in order; `tokens` names
-    the token tensors (matrices only; ignored when cfg compresses them like the rest)."""
+    the token tensors (matrices only; ignored when cfg compresses them like the rest), `heads`
+    those of them that are output heads (a mean row each with cfg.k_mean)."""
     unknown = set(tokens) - {n for n, _ in named}
     if unknown:
         raise ValueError(f"token tensors not among the parameters: {sorted(unknown)}")
+    if set(heads) - set(tokens):
+        raise ValueError(
+            f"output heads that are not token tensors: {sorted(set(heads) - set(tokens))}"
+        )
     if not cfg.tokens_apart:
         tokens = ()
     names, shapes, marks, parents, segs = [], [], [], [], []
@@ -60,9 +73,15 @@ def plan(
             stop = min(start + rows, shape[0]) if rows else 0
             names.append(f"{name}[{start}:{stop}]" if rows else name)
             shapes.append((stop - start, *shape[1:]) if rows else tuple(shape))
-            marks.append(token)
+            marks.append(TOKEN if token else 0)
             parents.append(p)
             segs.append(Segment(p, start, stop))
+        if token and cfg.k_mean and name in heads:
+            names.append(f"{name}[mean]")
+            shapes.append((shape[1],))
+            marks.append(MEAN)
+            parents.append(p)
+            segs.append(Segment(p, mean=True))
     split = len(segs) != len(named)
 
     def spec_for(c: CompressConfig) -> Spec:
@@ -101,15 +120,40 @@ def ring_upload(numel: int, members: int) -> float:
 
 
 def views(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
-    """The packet tensors of per-parameter `tensors` (views where a parameter is cut)."""
+    """Where each packet tensor's update goes in per-parameter `tensors`: views where a
+    parameter is cut, the whole parameter for a mean row (its update broadcasts over the rows)."""
     return [s.of(tensors) for s in segs]
+
+
+def parts(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
+    """The packet tensors' values of per-parameter `tensors`: views where a parameter is cut
+    and no mean row is sent; with a mean row, that mean and every row less it. Linear, so the
+    parts of a difference are the differences of the parts."""
+    means = {s.param: tensors[s.param].float().mean(0) for s in segs if s.mean}
+
+    def part(s: Segment) -> torch.Tensor:
+        if s.mean:
+            return means[s.param]
+        x = s.of(tensors)
+        return x - means[s.param] if s.param in means else x
+
+    return [part(s) for s in segs]
 
 
 def token_names(model: torch.nn.Module) -> tuple[str, ...]:
     """Names of the model's trainable input-embedding and output-head weights (Hugging Face
     `get_input_embeddings` / `get_output_embeddings`; a tied head is the embedding itself)."""
+    return _named_weights(model, ("get_input_embeddings", "get_output_embeddings"))
+
+
+def head_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """Names of the model's trainable output-head weights (the embedding, when tied)."""
+    return _named_weights(model, ("get_output_embeddings",))
+
+
+def _named_weights(model: torch.nn.Module, getters: Sequence[str]) -> tuple[str, ...]:
     found = []
-    for get in ("get_input_embeddings", "get_output_embeddings"):
+    for get in getters:
         fn = getattr(model, get, None)
         try:
             module = fn() if callable(fn) else None
