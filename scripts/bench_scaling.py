@@ -107,6 +107,11 @@ class Subject:
     def byte_level(self) -> bool:
         return self.start is None or self.start.byte_level
 
+    @property
+    def reach(self) -> int:
+        """The rows of its token tensors its tokenizer reaches (0: the harness GPT, all)."""
+        return 0 if self.start is None else len(self.start.tokenizer)
+
     def fresh(self, seed: int) -> torch.nn.Module:
         """The start model of seed `seed`: a built-in preset initialised from `?seed=`; a
         folder's own weights whatever the seed (a job on it starts from them)."""
@@ -370,7 +375,7 @@ def _demo(c: Ctx, arm: Arm, base, st, curve, rec) -> None:
     s, n, ms = c.s, len(st), members(len(st))
     models = [copy.deepcopy(base) for _ in range(n)]
     cfg = demo_cfg(arm, s.inner_lr, n)
-    opts = [DeMo.of_model(m, cfg, sender=a) for m, a in zip(models, ms, strict=True)]
+    opts = [DeMo.of_model(m, cfg, a, c.subj.reach) for m, a in zip(models, ms, strict=True)]
     for t in range(1, s.steps + 1):
         t0 = time.perf_counter()
         for m, o, it in zip(models, opts, st, strict=True):
@@ -663,11 +668,15 @@ def renamed(runs: list[dict]) -> list[dict]:
     differs in, is not taken for a run of today's default, and does not share its row."""
     known = {f.name for f in fields(Arm)}
     return [
-        r | {"arm": Arm(**{k: v for k, v in r["spec"].items() if k in known}).name}
+        r | {"arm": Arm(**(BEFORE | {k: v for k, v in r["spec"].items() if k in known})).name}
         if "spec" in r
         else r
         for r in runs
     ]
+
+
+# settings added to Arm since runs were first stored, as every run stored before them had them
+BEFORE = {"k_mean": 0}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

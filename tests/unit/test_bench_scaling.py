@@ -177,3 +177,15 @@ def test_a_run_at_an_earlier_default_is_named_by_what_it_differs_in(tmp_path: Pa
     path.write_text(json.dumps(dict(meta=dict(setup=b.asdict(b.Setup())), runs=runs)))
     names = [r["arm"] for r in b._previous(path, b.Setup())]
     assert names == [f"{DEMO} beta=0.95", "single", "ddp"]
+
+
+def test_a_run_stored_before_a_setting_existed_is_named_as_it_ran() -> None:
+    """A run stored before the mean row's k existed ran without one: its name says nothing of
+    it, and an arm with a mean row is named by it."""
+    import bench_scaling as b
+
+    today = b.asdict(b.resolve(b.Arm("demo"), 4))
+    old = {k: v for k, v in today.items() if k != "k_mean"}
+    assert [r["arm"] for r in b.renamed([dict(arm="?", spec=old)])] == [DEMO]
+    mean = b.resolve(b.parse_demo("k_mean=64"), 4)
+    assert mean.name == f"{DEMO} km=64"

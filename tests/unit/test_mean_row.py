@@ -186,3 +186,38 @@ def test_the_parts_of_a_head_add_up_to_it() -> None:
     e = opt.names.index("emb")  # no mean row: its blocks are its rows as they are
     emb = [x for x, s in zip(parts, opt.segs, strict=True) if s.param == e]
     assert torch.equal(torch.cat(emb), tensors[e])
+
+
+def test_a_heads_rows_beyond_its_tokenizer_move_by_the_mean_row_alone() -> None:
+    reach = 100  # the tokenizer's length: rows 100.. no token reaches
+    opts = [DeMo(named(), config(64), f"m{i}", TOKENS, HEADS, reach) for i in range(4)]
+    spec = opts[0].spec
+    assert [n for n in spec.names if n.startswith("head")] == [
+        "head[0:64]",
+        "head[64:128]",  # the block that holds row 99 stays whole
+        "head[mean 128:]",
+    ]
+    assert spec.weight(spec.names.index("head[mean 128:]")) == VOCAB
+    assert sum(n.startswith("emb[") for n in spec.names) == VOCAB // 64  # not a head
+    before = head(opts[0]).clone()
+    push_down(opts, seed=0)
+    lockstep(opts)
+    moved = before - head(opts[0])
+    tail = moved[128:]
+    # one move for all of them (to the float32 rounding of weights around 0.02)
+    assert torch.allclose(tail, tail[:1].expand_as(tail), rtol=0, atol=1e-8)
+    v = common_move()
+    assert float(tail[0] @ v) > 0.5 * float(v @ v)
+    assert not torch.equal(moved[:64], moved[:1].expand(64, -1))  # busy rows their own ways
+
+
+def test_the_budget_of_a_head_cut_at_its_tokenizer_is_the_whole_models() -> None:
+    """A 50,257-row tied head of width 32 with a 1,024-token tokenizer (the GPT-2 folder's
+    shape): without its tail the auto k is not starved by rows no token reaches."""
+    named_shapes = [("wte", (50257, 32)), ("h", (32, 96)), ("ln", (32,))]
+    auto = CompressConfig(k2d=4, k_token=-1, token_rows=64, ring=4)
+    cut = segments.plan(named_shapes, replace(auto, k_mean=64), ("wte",), ("wte",), 1024)[0]
+    whole = segments.plan(named_shapes, auto, ("wte",), ())[0]
+    assert whole.cfg.k_token <= 2 and cut.cfg.k_token == segments.K_TOKEN_MAX
+    ring = segments.ring_upload(50257 * 32 + 32 * 96 + 32, 4)
+    assert cut.packet_bytes + segments.ENVELOPES <= ring * segments.BUDGET

@@ -48,7 +48,7 @@ from dtrain_node.optim.optimizer import DeMo, DeMoConfig, model_spec
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation, Transcript
 from dtrain_node.train import checkpoint, devices, inner, shard
-from dtrain_node.train.backend import Backend, TrainJob, make_backend
+from dtrain_node.train.backend import Backend, TrainJob, make_backend, token_reach
 
 if TYPE_CHECKING:
     import torch
@@ -143,13 +143,15 @@ def compress_config(spec: JobSpec, recipe: Recipe | None) -> CompressConfig:
     )
 
 
-def check_compression(spec: JobSpec, recipe: Recipe | None, model: torch.nn.Module) -> codec.Spec:
+def check_compression(
+    spec: JobSpec, recipe: Recipe | None, model: torch.nn.Module, reach: int = 0
+) -> codec.Spec:
     """The packet layout every member of the job builds for `model` (`DeMo.of_model`), or
     CompressionInvalid when no member could sync with it: settings out of range (more
     coefficients than a chunk holds), a packet over the gossip limit, or too many seats for
     an exact aggregate."""
     try:
-        packet = model_spec(model, compress_config(spec, recipe))
+        packet = model_spec(model, compress_config(spec, recipe), reach)
     except ValueError as exc:
         raise CompressionInvalid(f"the job's compression cannot be built: {exc}") from None
     if packet.packet_bytes > codec.MAX_BYTES:
@@ -227,9 +229,10 @@ class EpochTrainer:
         model.load_state_dict(env.checkpoints.start_state(job, self.backend.start_pin, model))
         self.device = devices.pick(env.cfg.device)
         self.backend.to(self.device)  # inner steps there; the shared state stays on the CPU
-        check_compression(job.spec, tj.recipe, model)
+        reach = token_reach(self.backend)
+        check_compression(job.spec, tj.recipe, model, reach)
         cfg = demo_config(env.cfg, job, tj.recipe)
-        self.opt = DeMo.of_model(model, cfg, sender=env.me.lower())
+        self.opt = DeMo.of_model(model, cfg, env.me.lower(), reach)
         self.context = RoundContext(self.opt.spec, env.me)
         self.start_shared = [t.clone() for t in self.opt.theta_sync]
         resume = roundstate.load(self.state_path, self.opt)
@@ -290,6 +293,7 @@ class EpochTrainer:
                 key=env.cfg.key,
                 rate=rate,
                 demo=demo_config(env.cfg, job, self.train_job.recipe),
+                reach=token_reach(self.backend),
                 train_job=self.train_job,
                 seed=seed,
                 device=self.device,
@@ -524,7 +528,7 @@ def recompute(
             )
     else:
         model.load_state_dict(start)
-    opt = DeMo.of_model(model, demo_config(cfg, job, tj.recipe), sender=REFEREE)
+    opt = DeMo.of_model(model, demo_config(cfg, job, tj.recipe), REFEREE, token_reach(backend))
     stats = opt.replay([x.clone() for x in opt.theta_sync], t.packets())
     rounds: dict[str, int] = {}
     for s in stats:

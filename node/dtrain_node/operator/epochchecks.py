@@ -37,6 +37,7 @@ class CheckSetup:
     key: str  # our operator key: signs claims
     rate: float
     demo: DeMoConfig
+    reach: int  # rows of the token tensors a token reaches (DeMo.of_model)
     train_job: TrainJob
     seed: int  # of the batch order (the trainer's)
     device: torch.device
@@ -53,7 +54,7 @@ class EpochChecks:
         self.s = s
         self.ring = spotcheck.StateRing(s.job_dir, s.head.attempt, s.serve)
         self.claims: list[claims.Claim] = []
-        replica = replaycheck.demo_replica(self._build, s.demo, s.demo.sync_interval)
+        replica = replaycheck.demo_replica(self._build, s.demo, s.demo.sync_interval, s.reach)
         self.checker = replaycheck.Checker(replica, s.fetch, s.job_dir / "checks", self._report)
 
     def _build(self) -> tuple[Any, Callable[[Any, Sequence[Any]], None], Callable[[str], Any]]:

@@ -26,7 +26,7 @@ from dtrain_node.operator.epoch import REFEREE, demo_config
 from dtrain_node.operator.sources import fetch_job
 from dtrain_node.optim.optimizer import DeMo
 from dtrain_node.train import devices, inner, shard
-from dtrain_node.train.backend import TrainJob, make_backend
+from dtrain_node.train.backend import TrainJob, make_backend, token_reach
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ def caught(
     (None: the job's start model)."""
     tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
     packet = next(p.payload for p in t.rounds[c.round] if p.sender == c.member)
-    shared = _shared_at(cfg, job, tj, t, start, c.round)
+    shared, reach = _shared_at(cfg, job, tj, t, start, c.round)
     replica = replaycheck.demo_replica(
-        _builder(job, tj, start), demo_config(cfg, job, tj.recipe), job.spec.sync_interval
+        _builder(job, tj, start), demo_config(cfg, job, tj.recipe), job.spec.sync_interval, reach
     )
     check = replaycheck.Check(c.round, c.member, packet, c.commitment, shared)
     o = replaycheck.run_check(check, replica, fetch, work)
@@ -77,13 +77,15 @@ def _shared_at(
     t: evidence.EpochTranscript,
     start: dict[str, Any] | None,
     rnd: int,
-) -> list[Any]:
+) -> tuple[list[Any], int]:
+    """The shared state before round `rnd`, and the rows the model's tokens reach."""
     backend = make_backend(tj)
     if start is not None:
         backend.model.load_state_dict(start)
-    opt = DeMo.of_model(backend.model, demo_config(cfg, job, tj.recipe), sender=REFEREE)
+    reach = token_reach(backend)
+    opt = DeMo.of_model(backend.model, demo_config(cfg, job, tj.recipe), REFEREE, reach)
     opt.replay([x.clone() for x in opt.theta_sync], t.packets()[:rnd])
-    return [x.clone() for x in opt.theta_sync]
+    return [x.clone() for x in opt.theta_sync], reach
 
 
 def _builder(job: Job, tj: TrainJob, start: dict[str, Any] | None) -> Callable[[], Any]:

@@ -26,7 +26,7 @@ from dtrain_node.errors import (
 )
 from dtrain_node.operator.epoch import check_compression, check_mode
 from dtrain_node.operator.sources import Cache, LocalSources, fetch_job
-from dtrain_node.train.backend import TrainJob, make_backend
+from dtrain_node.train.backend import TrainJob, make_backend, token_reach
 
 if TYPE_CHECKING:
     from dtrain.models import Job
@@ -71,7 +71,7 @@ def build(job: Job, batch_size: int, local: LocalSources | None) -> None:
     tj = TrainJob.from_job(job, batch_size, local)
     backend = make_backend(tj)
     check_mode(job.spec, tj.recipe)
-    check_compression(job.spec, tj.recipe, backend.model)
+    check_compression(job.spec, tj.recipe, backend.model, token_reach(backend))
     got = backend.start_pin
     want = bytes(job.spec.model_hash)
     if got != want:

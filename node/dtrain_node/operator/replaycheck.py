@@ -232,6 +232,7 @@ def demo_replica(
     build: Callable[[], tuple[Any, Callable[[Any, Sequence[Any]], None], Callable[[str], Any]]],
     cfg: DeMoConfig,
     k: int,
+    reach: int = 0,
 ) -> Replica:
     """A `Replica` over `build()` -> (model, run(opt, batches): the round's inner steps as the
     trainer takes them, stream(member): the member's endless
@@ -245,6 +246,6 @@ def demo_replica(
         def batches(member: str, rnd: int) -> list[Any]:
             return list(itertools.islice(stream(member), rnd * k, (rnd + 1) * k))
 
-        return DeMo.of_model(model, cfg, sender="replica"), loss, batches
+        return DeMo.of_model(model, cfg, "replica", reach), loss, batches
 
     return Replica(parts)

@@ -42,23 +42,24 @@ class Spec:
     """What a packet is about: tensor names and shapes in order, plus the compression config.
 
     `tokens` marks the tensors compressed as token tensors (TOKEN: cfg.k_token per chunk) and
-    the mean rows of token tensors (MEAN: a vector of cfg.k_mean per chunk, applied to every
-    row of its parameter); `parents` maps each tensor to the parameter it is a part of
-    (segments.py), so that the robust screen judges a parameter's norm as a whole. Both
-    empty: every tensor a parameter of its own, none a token tensor."""
+    the mean rows of output heads (MEAN: a vector of cfg.k_mean per chunk, applied to every
+    row of its parameter, `weights` of them); `parents` maps each tensor to the parameter it
+    is a part of (segments.py), so that the robust screen judges a parameter's norm as a
+    whole. All empty: every tensor a parameter of its own, none a token tensor."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     cfg: CompressConfig
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
+    weights: tuple[int, ...] = ()  # rows each tensor's update lands on (empty: 1 each)
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.shapes):
             raise ValueError(f"{len(self.names)} names but {len(self.shapes)} shapes")
         if len(set(self.names)) != len(self.names):
             raise ValueError("duplicate tensor names")
-        for name in ("tokens", "parents"):
+        for name in ("tokens", "parents", "weights"):
             have = len(getattr(self, name))
             if have not in (0, len(self.names)):
                 raise ValueError(f"{have} {name} for {len(self.names)} tensors")
@@ -73,17 +74,10 @@ class Spec:
     def is_mean(self, i: int) -> bool:
         return bool(self.tokens) and self.tokens[i] == MEAN
 
-    @cached_property
-    def weights(self) -> tuple[int, ...]:
-        """How many times each tensor's update lands in its parameter: a mean row once per
-        row of the parameter (its other parts' rows), every other tensor once."""
-        rows = {}
-        for i, p in enumerate(self.parents):
-            if not self.is_mean(i):
-                rows[p] = rows.get(p, 0) + self.shapes[i][0]
-        return tuple(
-            rows[self.parents[i]] if self.is_mean(i) else 1 for i in range(len(self.names))
-        )
+    def weight(self, i: int) -> int:
+        """How many rows tensor i's update lands on: a mean row's, every row of its parameter;
+        what the robust screen counts it by."""
+        return self.weights[i] if self.weights else 1
 
     @cached_property
     def groups(self) -> tuple[tuple[int, ...], ...]:
@@ -114,7 +108,9 @@ class Spec:
             h.update(bytes(int(t) for t in self.tokens))
             h.update(struct.pack(f"<I{len(self.parents)}I", len(self.parents), *self.parents))
             if c.k_mean:  # absent: the bytes before mean rows
-                h.update(b"mean" + struct.pack("<I", c.k_mean))
+                h.update(
+                    b"mean" + struct.pack(f"<{1 + len(self.weights)}I", c.k_mean, *self.weights)
+                )
         return h.digest()
 
     @cached_property

@@ -106,6 +106,7 @@ class DeMo:
         sender: Hashable = 0,
         tokens: Collection[str] = (),
         heads: Collection[str] = (),
+        reach: int = 0,
     ) -> None:
         items = [(n, p) for n, p in named_params if p.requires_grad]
         if not items:
@@ -114,7 +115,7 @@ class DeMo:
         self.names = tuple(n for n, _ in items)
         self.params = [p for _, p in items]
         named = [(n, tuple(p.shape)) for n, p in items]
-        self.spec, self.segs = segments.plan(named, cfg.compress, tokens, heads)
+        self.spec, self.segs = segments.plan(named, cfg.compress, tokens, heads, reach)
         if self.spec.packet_bytes > cfg.max_packet_bytes:
             raise ValueError(
                 f"packet of {self.spec.packet_bytes} bytes exceeds limit {cfg.max_packet_bytes}"
@@ -140,11 +141,15 @@ class DeMo:
             )
 
     @classmethod
-    def of_model(cls, model: torch.nn.Module, cfg: DeMoConfig, sender: Hashable = 0) -> DeMo:
+    def of_model(
+        cls, model: torch.nn.Module, cfg: DeMoConfig, sender: Hashable = 0, reach: int = 0
+    ) -> DeMo:
         """DeMo over the model's parameters, its embedding and output head as token tensors
-        (how every node of a job builds it, so that all agree on the packet layout)."""
+        (how every node of a job builds it, so that all agree on the packet layout); `reach`:
+        the rows its tokenizer can reach (segments.plan; 0: all)."""
         tokens, heads = _tokens(model, cfg.compress)
-        return cls(model.named_parameters(), cfg, sender=sender, tokens=tokens, heads=heads)
+        named = model.named_parameters()
+        return cls(named, cfg, sender=sender, tokens=tokens, heads=heads, reach=reach)
 
     @property
     def due(self) -> bool:
@@ -292,10 +297,10 @@ def _tokens(
     return segments.token_names(model), segments.head_names(model)
 
 
-def model_spec(model: torch.nn.Module, compress: CompressConfig) -> codec.Spec:
+def model_spec(model: torch.nn.Module, compress: CompressConfig, reach: int = 0) -> codec.Spec:
     """The packet spec `DeMo.of_model` builds for `model`, without building any state."""
     named = [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
-    return segments.plan(named, compress, *_tokens(model, compress))[0]
+    return segments.plan(named, compress, *_tokens(model, compress), reach)[0]
 
 
 def lockstep(opts: Sequence[DeMo]) -> list[SyncStats]:

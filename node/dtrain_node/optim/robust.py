@@ -157,10 +157,15 @@ def by_parameter(spec: Spec, G: list[list[list[int]]]) -> tuple[list[list[list[i
     weighted by the rows it moves, with the parameters' names."""
     if not spec.parents:
         return G, list(spec.names)
-    out, names, w = [], [], spec.weights  # a mean row counts once per row it moves
+    out, names = [], []
     for group in spec.groups:
-        n = len(G[group[0]])
-        out.append([[sum(G[t][a][b] * w[t] for t in group) for b in range(n)] for a in range(n)])
+        n, w = len(G[group[0]]), [spec.weight(t) for t in group]  # a mean row: once per row
+        out.append(
+            [
+                [sum(G[t][a][b] * x for t, x in zip(group, w, strict=True)) for b in range(n)]
+                for a in range(n)
+            ]
+        )
         names.append(spec.names[group[0]].split("[")[0])
     return out, names
 

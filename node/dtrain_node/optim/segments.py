@@ -34,8 +34,8 @@ ENVELOPES = 512  # bytes a sync's upload adds to its packet: the signed gossip e
 @dataclass(frozen=True)
 class Segment:
     """Packet tensor from parameter `param`: rows [start, stop), or the whole parameter when
-    stop is 0; or, when `mean`, the mean of the parameter's rows (the whole parameter as the
-    place its update goes)."""
+    stop is 0; or, when `mean`, the mean of those rows, whose update goes to every row of the
+    parameter."""
 
     param: int
     start: int = 0
@@ -52,10 +52,14 @@ def plan(
     cfg: CompressConfig,
     tokens: Collection[str] = (),
     heads: Collection[str] = (),
+    reach: int = 0,
 ) -> tuple[Spec, tuple[Segment, ...]]:
     """The packet spec and the segments of parameters (name, shape) in order; `tokens` names
     the token tensors (matrices only; ignored when cfg compresses them like the rest), `heads`
-    those of them that are output heads (a mean row each with cfg.k_mean)."""
+    those of them that are output heads (a mean row each with cfg.k_mean). `reach` (0: all)
+    is how many rows a token can reach (the tokenizer's length): with a mean row, a head's
+    whole blocks of rows beyond it are no packet tensors, and their rows move by the mean row
+    alone (the mean of those rows' moves), so the budget goes to the rows tokens reach."""
     unknown = set(tokens) - {n for n, _ in named}
     if unknown:
         raise ValueError(f"token tensors not among the parameters: {sorted(unknown)}")
@@ -65,35 +69,48 @@ def plan(
         )
     if not cfg.tokens_apart:
         tokens = ()
-    names, shapes, marks, parents, segs = [], [], [], [], []
+    names, shapes, marks, parents, segs, weights = [], [], [], [], [], []
     for p, (name, shape) in enumerate(named):
         token = name in tokens and len(shape) == 2
+        mean = token and bool(cfg.k_mean) and name in heads
         rows = cfg.token_rows if token and shape[0] > cfg.token_rows else 0
-        for start in range(0, shape[0], rows) if rows else (0,):
-            stop = min(start + rows, shape[0]) if rows else 0
-            names.append(f"{name}[{start}:{stop}]" if rows else name)
-            shapes.append((stop - start, *shape[1:]) if rows else tuple(shape))
+        end = _covered(shape[0], rows, reach) if mean else (shape[0] if rows else 0)
+        for start in range(0, end, rows) if rows else (0,):
+            stop = min(start + rows, end) if rows else (end if mean and end < shape[0] else 0)
+            names.append(f"{name}[{start}:{stop}]" if stop else name)
+            shapes.append((stop - start, *shape[1:]) if stop else tuple(shape))
             marks.append(TOKEN if token else 0)
             parents.append(p)
             segs.append(Segment(p, start, stop))
-        if token and cfg.k_mean and name in heads:
-            names.append(f"{name}[mean]")
+            weights.append(1)
+        if mean:
+            names.append(f"{name}[mean]" if end == shape[0] else f"{name}[mean {end}:]")
             shapes.append((shape[1],))
             marks.append(MEAN)
             parents.append(p)
-            segs.append(Segment(p, mean=True))
+            segs.append(Segment(p, end % shape[0], shape[0] if end < shape[0] else 0, mean=True))
+            weights.append(shape[0])
     split = len(segs) != len(named)
+    numel = sum(math.prod(shape) for _, shape in named)
 
     def spec_for(c: CompressConfig) -> Spec:
         marked = tuple(marks) if any(marks) else ()
-        return Spec(tuple(names), tuple(shapes), c, marked, tuple(parents) if split else ())
+        w = tuple(weights) if MEAN in marks else ()
+        return Spec(tuple(names), tuple(shapes), c, marked, tuple(parents) if split else (), w)
 
     if cfg.k_token == K_AUTO:
-        cfg = replace(cfg, k_token=auto_k(spec_for, cfg) if any(marks) else cfg.k2d)
+        cfg = replace(cfg, k_token=auto_k(spec_for, cfg, numel) if any(marks) else cfg.k2d)
     return spec_for(cfg), tuple(segs)
 
 
-def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig) -> int:
+def _covered(n: int, rows: int, reach: int) -> int:
+    """The rows of an n-row head that keep blocks: up to the block that holds row reach - 1."""
+    if not 0 < reach < n:
+        return n
+    return min(n, -(-reach // rows) * rows) if rows else reach
+
+
+def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig, numel: int) -> int:
     """The token tensors' k for k_token = K_AUTO: the largest whose packet and its ENVELOPES
     stay within BUDGET of a member's upload in a dense bf16 ring all-reduce among cfg.ring
     members, searched in [k2d, K_TOKEN_MAX], so that the token tensors take the bytes the other
@@ -103,7 +120,7 @@ def auto_k(spec_for: Callable[[CompressConfig], Spec], cfg: CompressConfig) -> i
     the token tensors lose the most under compression (docs/benchmarks.md), so they are not
     starved to save bytes the other tensors spend anyway."""
     base = spec_for(replace(cfg, k_token=cfg.k2d))
-    budget = ring_upload(base.numel, cfg.ring) * BUDGET - ENVELOPES
+    budget = ring_upload(numel, cfg.ring) * BUDGET - ENVELOPES  # a ring sends every parameter
     tokens = sum(math.prod(sh) for i, sh in enumerate(base.shapes) if base.is_token(i))
     most = 2 * tokens > base.numel
     best = 0
@@ -122,14 +139,15 @@ def ring_upload(numel: int, members: int) -> float:
 def views(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
     """Where each packet tensor's update goes in per-parameter `tensors`: views where a
     parameter is cut, the whole parameter for a mean row (its update broadcasts over the rows)."""
-    return [s.of(tensors) for s in segs]
+    return [tensors[s.param] if s.mean else s.of(tensors) for s in segs]
 
 
 def parts(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
     """The packet tensors' values of per-parameter `tensors`: views where a parameter is cut
-    and no mean row is sent; with a mean row, that mean and every row less it. Linear, so the
-    parts of a difference are the differences of the parts."""
-    means = {s.param: tensors[s.param].float().mean(0) for s in segs if s.mean}
+    and no mean row is sent; with a mean row, that mean (of the rows beyond the blocks, or of
+    all) and every block's rows less it. Linear, so the parts of a difference are the
+    differences of the parts."""
+    means = {s.param: s.of(tensors).float().mean(0) for s in segs if s.mean}
 
     def part(s: Segment) -> torch.Tensor:
         if s.mean:

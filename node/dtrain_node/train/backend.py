@@ -216,6 +216,12 @@ def external(name: str) -> BackendUnavailable:
 METHODS = ("cpt", "sft", "dpo", "grpo")
 
 
+def token_reach(backend: Backend) -> int:
+    """How many rows of the model's token tensors a token can reach: its tokenizer's length
+    (DeMo.of_model: a head's rows beyond it move by its mean row alone)."""
+    return len(backend.start.tokenizer)
+
+
 def make_backend(job: TrainJob, name: str | None = None, options: Any = None) -> Backend:
     """The backend `name` for the job's method (None: the recipe's `backend`, "builtin" without
     a recipe); `options` is a finetune.MethodOptions (DPO beta, GRPO group size / clip / KL
@@ -269,5 +275,5 @@ def check_job(
 
         topk, bits, seats = compression
         spec = JobSpec(0, topk_per_chunk=topk, quant_bits=bits, max_operators=seats)
-        check_compression(spec, recipe, backend.model)
+        check_compression(spec, recipe, backend.model, token_reach(backend))
     return backend.start_pin
