@@ -177,7 +177,7 @@ class Arm:
             beta=(self.beta, RECIPE.outer_momentum),
             kt=(self.k_token, RECIPE.token_topk),
             rows=(self.token_rows, RECIPE.token_rows),
-            km=(self.k_mean, RECIPE.head_mean_topk),
+            km=(self.k_mean, RECIPE.head_mean_topk if self.mode == "local" else 0),
             mean=(self.mean, "senders"),
             mode=(self.mode, "local"),
         )
@@ -197,7 +197,7 @@ def resolve(arm: Arm, n: int) -> Arm:
         beta=RECIPE.outer_momentum,
         k_token=RECIPE.token_topk,
         token_rows=RECIPE.token_rows,
-        k_mean=RECIPE.head_mean_topk,
+        k_mean=RECIPE.head_mean_topk if arm.mode == "local" else 0,  # as compress_config
     )
     return replace(arm, **{k: v for k, v in defaults.items() if getattr(arm, k) is None})
 

@@ -270,7 +270,7 @@ def make_recipe(cfg: dict[str, Any], where: _Where, backend: str) -> Recipe:
         out["heldout_fraction"] = v
     out.update(lora_fields(cfg, where))
     try:
-        return Recipe.from_dict(out)
+        return Recipe(**out)  # a new recipe: today's defaults for what the config leaves out
     except ConfigError as exc:  # name the axolotl field behind the recipe's
         back = {v: k for k, v in DIRECT.items()} | {"batch_size": "micro_batch_size"}
         back |= {"max_grad_norm": "max_grad_norm"}

@@ -177,6 +177,12 @@ LATER_FIELDS = (
 )
 
 
+# Later fields whose default is not what every recipe meant before the field existed: a recipe
+# (file or mapping) that leaves one out means that earlier value, and the canonical form leaves
+# it out only at that value. So a recipe written before the field keeps its meaning and hash.
+ABSENT = {"head_mean_topk": 0}
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -237,7 +243,8 @@ class Recipe:
     demo_mode: str = "local"
     # the output head's mean row, sent apart with this many coefficients per 64 columns (0:
     # none): the rows no batch touched move together, and this sends that move in one round
-    head_mean_topk: int = 0
+    # (docs/demo-optimizer.md; a recipe that leaves it out means 0, as before it existed)
+    head_mean_topk: int = 64
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, str):
@@ -277,12 +284,6 @@ class Recipe:
                 "recipe fields 'lr_schedule' and 'warmup_steps' schedule the inner AdamW, which "
                 "demo_mode 'paper' does not have: leave them out"
             )
-        if self.head_mean_topk:
-            raise ConfigError(
-                "recipe field 'head_mean_topk' sends the head's mean row for local mode's "
-                "outer step; demo_mode 'paper' takes a sign step per tensor, which would move "
-                "every head row twice: leave it out"
-            )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "recipe") -> Recipe:
@@ -294,7 +295,7 @@ class Recipe:
                 f"{source}: unknown recipe field(s) {', '.join(map(repr, unknown))}; "
                 f"known: {', '.join(known)}"
             )
-        return cls(**data)
+        return cls(**{**ABSENT, **data})
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Recipe:
@@ -309,8 +310,11 @@ class Recipe:
         return cls.from_dict(data, source=f"recipe {str(path)!r}")
 
     def _pinned(self) -> dict[str, Any]:
-        """Every field, but the `LATER_FIELDS` left at their defaults."""
-        later = {f.name: f.default for f in fields(self) if f.name in LATER_FIELDS}
+        """Every field, but the `LATER_FIELDS` left at their defaults (at their `ABSENT` value,
+        for those that have one)."""
+        later = {
+            f.name: ABSENT.get(f.name, f.default) for f in fields(self) if f.name in LATER_FIELDS
+        }
         return {k: v for k, v in asdict(self).items() if k not in later or v != later[k]}
 
     def to_toml(self) -> str:

@@ -180,12 +180,11 @@ def test_a_run_at_an_earlier_default_is_named_by_what_it_differs_in(tmp_path: Pa
 
 
 def test_a_run_stored_before_a_setting_existed_is_named_as_it_ran() -> None:
-    """A run stored before the mean row's k existed ran without one: its name says nothing of
-    it, and an arm with a mean row is named by it."""
+    """A run stored before the mean row's k existed ran without one: it is named by that, and
+    not taken for a run of today's default (a mean row of k 64)."""
     import bench_scaling as b
 
     today = b.asdict(b.resolve(b.Arm("demo"), 4))
+    assert today["k_mean"] == Recipe().head_mean_topk == 64
     old = {k: v for k, v in today.items() if k != "k_mean"}
-    assert [r["arm"] for r in b.renamed([dict(arm="?", spec=old)])] == [DEMO]
-    mean = b.resolve(b.parse_demo("k_mean=64"), 4)
-    assert mean.name == f"{DEMO} km=64"
+    assert [r["arm"] for r in b.renamed([dict(arm=DEMO, spec=old)])] == [f"{DEMO} km=0"]

@@ -8,6 +8,7 @@ packet, applied to every row. A member that inflates that vector moves every row
 head: the robust screen weighs it by the rows it moves, and leaves that member out.
 """
 
+import json
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -158,20 +159,26 @@ def test_feedback_takes_each_vectors_own_k() -> None:
     assert [tuple(s.idx.shape) for s in got] == [(1, 1), (2, 8), (1, 1)]
 
 
-def test_the_recipe_sets_the_mean_row_and_its_default_keeps_the_hash() -> None:
+def test_the_recipe_sets_the_mean_row_and_a_recipe_without_it_keeps_its_meaning(tmp_path) -> None:
     from dtrain_node.operator.epoch import compress_config
 
-    assert Recipe().canonical() == replace(Recipe(), head_mean_topk=0).canonical()
-    assert "head_mean_topk" not in Recipe().canonical()
-    r = Recipe(head_mean_topk=16)
-    assert r.canonical() != Recipe().canonical()
+    assert Recipe().head_mean_topk == 64  # the job default
+    assert json.loads(Recipe().canonical())["head_mean_topk"] == 64
+    # a recipe written before the field existed: read without one, hashed as it was
+    old = tmp_path / "old.toml"
+    old.write_text("batch_size = 4\n")
+    read = Recipe.from_toml(old)
+    assert read.head_mean_topk == 0 and "head_mean_topk" not in read.canonical()
     job = SimpleNamespace(topk_per_chunk=4, quant_bits=1, max_operators=4)
-    assert compress_config(job, r).k_mean == 16  # type: ignore[arg-type]
-    assert compress_config(job, Recipe()).k_mean == 0  # type: ignore[arg-type]
+    assert compress_config(job, read).k_mean == 0  # type: ignore[arg-type]
+    assert compress_config(job, None).k_mean == 64  # type: ignore[arg-type]
+    written = tmp_path / "new.toml"
+    written.write_text(Recipe(batch_size=4).to_toml())
+    assert Recipe.from_toml(written) == Recipe(batch_size=4)
     with pytest.raises(ConfigError, match="head_mean_topk"):
         Recipe(head_mean_topk=65)
-    with pytest.raises(ConfigError, match="'head_mean_topk' sends"):
-        Recipe(head_mean_topk=16, demo_mode="paper", outer_lr=0.001)
+    paper = Recipe(demo_mode="paper", outer_lr=0.001)  # its sign step per tensor: no mean row
+    assert compress_config(job, paper).k_mean == 0  # type: ignore[arg-type]
 
 
 def test_the_parts_of_a_head_add_up_to_it() -> None:

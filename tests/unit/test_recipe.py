@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from dtrain.errors import ConfigError
-from dtrain.recipe import LATER_FIELDS, RULES, Recipe
+from dtrain.recipe import ABSENT, LATER_FIELDS, RULES, Recipe
 
 
 def test_defaults_are_the_reference_node_constants() -> None:
@@ -48,11 +48,15 @@ def test_hash_is_stable_under_key_order_whitespace_and_comments(tmp_path) -> Non
     b = tmp_path / "b.toml"
     a.write_text("batch_size = 4\ndpo_beta = 0.25\nseed = 7\n")
     b.write_text("# a comment\n\n  seed=7\ndpo_beta   =   0.250\n\nbatch_size = 4 # four\n")
-    assert Recipe.from_toml(a) == Recipe.from_toml(b) == Recipe(batch_size=4, dpo_beta=0.25, seed=7)
+    want = Recipe(batch_size=4, dpo_beta=0.25, seed=7, **ABSENT)
+    assert Recipe.from_toml(a) == Recipe.from_toml(b) == want
     assert Recipe.from_toml(a).hash() == Recipe.from_toml(f"file://{b}").hash()
     empty = tmp_path / "empty.toml"
     empty.write_text("")
-    assert Recipe.from_toml(empty).hash() == Recipe().hash()
+    # a file means what it meant when written: a field it leaves out that has an ABSENT value
+    # takes that value, not today's default
+    assert Recipe.from_toml(empty).hash() == Recipe(**ABSENT).hash() != Recipe().hash()
+    assert Recipe.from_dict({}) == Recipe(**ABSENT)
 
 
 BAD = [
@@ -123,7 +127,7 @@ def test_string_and_bool_fields(tmp_path) -> None:
     r = Recipe.from_toml(p)
     assert (r.reward, r.reward_pattern, r.bf16) == ("format", "<answer>(.*)</answer>", True)
     assert r.lora_targets == "q_proj,v_proj"  # one spelling, one hash
-    same = {k: getattr(r, k) for k in ("reward", "reward_pattern", "bf16", "lora_rank")}
+    same = {k: getattr(r, k) for k in ("reward", "reward_pattern", "bf16", "lora_rank", *ABSENT)}
     assert r.hash() == Recipe(lora_targets="v_proj,q_proj", **same).hash()
     canonical = json.loads(r.canonical())
     assert canonical["bf16"] is True and canonical["reward"] == "format"
@@ -139,7 +143,7 @@ def test_default_canonical_form_is_pinned() -> None:
     assert Recipe().canonical() == (
         '{"backend":"builtin","batch_size":8,"bf16":false,"dpo_beta":0.1,"grpo_clip":0.2,'
         '"grpo_completions":"alphabet","grpo_group":8,"grpo_iterations":1,"grpo_kl":0.04,"grpo_max_new_tokens":16,"grpo_temperature":1.0,'
-        '"heldout_fraction":0.1,"inner_beta1":0.9,"inner_beta2":0.95,"inner_lr":0.002,'
+        '"head_mean_topk":64,"heldout_fraction":0.1,"inner_beta1":0.9,"inner_beta2":0.95,"inner_lr":0.002,'
         '"inner_weight_decay":0.0,"lora_alpha":16.0,"lora_dropout":0.0,"lora_rank":0,'
         '"lora_targets":"","outer_lr":1.0,"outer_momentum":0.8,"outer_weight_decay":0.0,'
         '"reward":"exact","reward_pattern":"","seed":0,"seq_len":128}'
@@ -150,9 +154,15 @@ def test_schedule_fields_enter_the_hash_only_when_set(tmp_path) -> None:
     """The fields added after the pinned form (LATER_FIELDS) leave every older recipe's hash as
     it was: at their defaults they are neither hashed nor written out; set, they are both."""
     assert set(LATER_FIELDS) < {f.name for f in fields(Recipe)}
-    old = Recipe(batch_size=4, seed=3)
+    old = Recipe(batch_size=4, seed=3, **ABSENT)  # as a recipe written before them reads
     written = Recipe(
-        batch_size=4, seed=3, lr_schedule="constant", warmup_steps=0, max_grad_norm=0, grad_accum=1
+        batch_size=4,
+        seed=3,
+        lr_schedule="constant",
+        warmup_steps=0,
+        max_grad_norm=0,
+        grad_accum=1,
+        **ABSENT,
     )
     assert written.hash() == old.hash() and written.canonical() == old.canonical()
     assert not any(name in old.to_toml() for name in LATER_FIELDS)
@@ -163,7 +173,7 @@ def test_schedule_fields_enter_the_hash_only_when_set(tmp_path) -> None:
         {"max_grad_norm": 1.0},
         {"grad_accum": 4},
     ):
-        r = Recipe(batch_size=4, seed=3, **change)
+        r = Recipe(batch_size=4, seed=3, **{**ABSENT, **change})
         assert r.hash() != old.hash(), change
         assert all(json.loads(r.canonical())[k] == v for k, v in change.items())
         p = tmp_path / "r.toml"

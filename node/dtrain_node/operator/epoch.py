@@ -139,7 +139,8 @@ def compress_config(spec: JobSpec, recipe: Recipe | None) -> CompressConfig:
         k_token=r.token_topk or K_AUTO,
         token_rows=r.token_rows,
         ring=max(2, spec.max_operators),
-        k_mean=r.head_mean_topk,
+        # paper mode's sign step per tensor would move every head row twice: no mean row
+        k_mean=r.head_mean_topk if r.demo_mode == "local" else 0,
     )
 
 
