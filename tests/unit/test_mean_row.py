@@ -228,3 +228,16 @@ def test_the_budget_of_a_head_cut_at_its_tokenizer_is_the_whole_models() -> None
     assert whole.cfg.k_token <= 2 and cut.cfg.k_token == segments.K_TOKEN_MAX
     ring = segments.ring_upload(50257 * 32 + 32 * 96 + 32, 4)
     assert cut.packet_bytes + segments.ENVELOPES <= ring * segments.BUDGET
+
+
+def test_the_deltas_of_a_head_are_the_parts_of_its_difference() -> None:
+    opt = members(config(16), n=1)[0]
+    g = torch.Generator().manual_seed(3)
+    a = [p.detach().clone() for p in opt.params]
+    b = [x + torch.randn(x.shape, generator=g) * 1e-3 for x in a]
+    got_a, got_b = segments.deltas(a, b, opt.segs)
+    want = segments.parts([x - y for x, y in zip(a, b, strict=True)], opt.segs)
+    for s, x, y, w in zip(opt.segs, got_a, got_b, want, strict=True):
+        diff = x if y is None else x - y
+        assert torch.allclose(diff, w, rtol=0, atol=1e-9), s
+        assert (y is None) == (s.param == opt.names.index("head"))  # one centred copy

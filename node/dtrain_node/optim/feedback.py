@@ -123,16 +123,21 @@ class Feedback:
     # ------------------------------------------------------------------ a round
 
     def fold(
-        self, beta: float, a: Sequence[torch.Tensor], b: Sequence[torch.Tensor] | None = None
+        self,
+        beta: float,
+        a: Sequence[torch.Tensor],
+        b: Sequence[torch.Tensor | None] | None = None,
     ) -> None:
-        """e = beta * e + DCT(delta) with delta = a - b (or a), per tensor, on the CPU."""
+        """e = beta * e + DCT(delta) with delta = a - b (or a, where b or b[i] is None), per
+        tensor, on the CPU."""
         n = self.cfg.chunk
         xm, xv = self._delta
         for i in self.mats:
             dst = xm[:, self.start[i] : self.start[i] + self.counts[i]]
             self._chunks_into(dst, a[i], None if b is None else b[i])
         for i in self.vecs:
-            x = a[i] if b is None else a[i] - b[i]
+            bi = None if b is None else b[i]
+            x = a[i] if bi is None else a[i] - bi
             dst = xv[self.start[i] : self.start[i] + self.counts[i]]
             dst.copy_(dct.to_chunks(x.reshape(-1), n))
         B = dct.basis_as(n, torch.float32)

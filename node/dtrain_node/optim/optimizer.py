@@ -182,8 +182,9 @@ class DeMo:
                 p.grad = None
             self.feedback.fold(self.cfg.beta, segments.parts(grads, self.segs))
         else:
-            local = segments.parts([p.detach().cpu() for p in self.params], self.segs)
-            self.feedback.fold(self.cfg.beta, segments.parts(self.theta_sync, self.segs), local)
+            local = [p.detach().cpu() for p in self.params]
+            a, b = segments.deltas(self.theta_sync, local, self.segs)
+            self.feedback.fold(self.cfg.beta, a, b)
         data = codec.encode(self.spec, self.feedback.take())
         self._compress_s = time.perf_counter() - t0
         return data

@@ -43,7 +43,10 @@ class Segment:
     mean: bool = False
 
     def of(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        t = tensors[self.param]
+        return self.rows(tensors[self.param])
+
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        """This segment's rows of its parameter `t`."""
         return t[self.start : self.stop] if self.stop else t
 
 
@@ -140,6 +143,32 @@ def views(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torc
     """Where each packet tensor's update goes in per-parameter `tensors`: views where a
     parameter is cut, the whole parameter for a mean row (its update broadcasts over the rows)."""
     return [tensors[s.param] if s.mean else s.of(tensors) for s in segs]
+
+
+def deltas(
+    a: Sequence[torch.Tensor], b: Sequence[torch.Tensor], segs: Sequence[Segment]
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """The parts of a - b as (minuends, subtrahends) for Feedback.fold: views of both where no
+    mean row is sent (fold subtracts them chunk by chunk), and for a parameter with a mean row
+    its parts of one difference taken once and centred in place (subtrahend None): one copy of
+    a head per round, not one per side."""
+    centred = {}
+    for s in segs:
+        if s.mean:
+            d = a[s.param].float() - b[s.param].float()
+            m = s.rows(d).mean(0)
+            centred[s.param] = (d.sub_(m), m)
+    out_a: list[torch.Tensor] = []
+    out_b: list[torch.Tensor | None] = []
+    for s in segs:
+        if s.param in centred:
+            d, m = centred[s.param]
+            out_a.append(m if s.mean else s.rows(d))
+            out_b.append(None)
+        else:
+            out_a.append(s.of(a))
+            out_b.append(s.of(b))
+    return out_a, out_b
 
 
 def parts(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
