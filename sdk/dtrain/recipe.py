@@ -1,12 +1,13 @@
 """A job's training recipe: every hyper-parameter each node of the job must apply identically.
 
 A `Recipe` is written as a flat TOML file (any subset of the fields below; the rest keep their
-defaults, which are the reference node's constants) and pinned on-chain by `recipeHash`, the
-sha256 of its canonical form: compact JSON of every field (defaults filled in, except the
-`LATER_FIELDS` at their defaults, so that recipes written before those fields keep their hash),
-keys sorted. The hash therefore does not depend on key order, whitespace, comments or on
-whether a default is written out. A zero `recipeHash` means the reference node's default
-recipe (docs/methods.md).
+defaults, which are the reference node's constants, but a field in `ABSENT` takes the value
+every recipe meant before it existed) and pinned on-chain by `recipeHash`, the sha256 of its
+canonical form: compact JSON of every field (defaults filled in, except the `LATER_FIELDS` at
+their defaults or `ABSENT` values, so that recipes written before those fields keep their
+meaning and hash), keys sorted. The hash therefore does not depend on key order, whitespace,
+comments or on whether a default is written out. A zero `recipeHash` means the reference
+node's default recipe (docs/methods.md).
 """
 
 from __future__ import annotations
