@@ -242,8 +242,8 @@ class Recipe:
     # the DeMo paper's scheme, a sync every step (the job's sync_interval 1) of the gradient's
     # error feedback and an outer step of outer_lr x sign (docs/demo-optimizer.md)
     demo_mode: str = "local"
-    # the output head's mean row, sent apart with this many coefficients per 64 columns (0:
-    # none): the rows no batch touched move together, and this sends that move in one round
+    # the output head's mean row, this many coefficients per 64 columns (0: none): the rows
+    # beyond the tokenizer's length move together, sent as their mean instead of as blocks
     # (docs/demo-optimizer.md; a recipe that leaves it out means 0, as before it existed)
     head_mean_topk: int = 64
 

@@ -107,7 +107,7 @@ class Spec:
             h.update(b"tokens" + struct.pack("<2I", c.k_token, c.token_rows))
             h.update(bytes(int(t) for t in self.tokens))
             h.update(struct.pack(f"<I{len(self.parents)}I", len(self.parents), *self.parents))
-            if c.k_mean:  # absent: the bytes before mean rows
+            if MEAN in self.tokens:  # absent: the bytes before mean rows
                 h.update(
                     b"mean" + struct.pack(f"<{1 + len(self.weights)}I", c.k_mean, *self.weights)
                 )

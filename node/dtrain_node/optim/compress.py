@@ -31,11 +31,11 @@ class CompressConfig:
     token_rows rows (0: one per tensor), so that a block nobody's batch touched sends its k
     values at 2^EXP_MIN instead of at the busy blocks' scale. ring: the members of the dense
     bf16 ring all-reduce whose upload bounds K_AUTO's budget (the job's seats).
-    k_mean (0: off): a token tensor's rows also share one mean row, sent as a vector tensor of
-    its own with k_mean coefficients per vector chunk and applied to every row. The rows no
-    batch touched move together (the softmax pushes all their logits down along the same
-    hidden direction), and as a mean row that common move reaches every member in one round
-    instead of in k coefficients per block and round (segments.py).
+    k_mean (0: off): an output head's whole blocks of rows beyond the tokenizer's length are
+    sent as one mean row, a vector tensor with k_mean coefficients per vector chunk applied to
+    every row of the head. Rows no token reaches move together (the softmax pushes all their
+    logits down along the same hidden direction), so their blocks would spend the token k on
+    one move (segments.plan).
     """
 
     chunk: int = dct.N

@@ -8,10 +8,11 @@ values at the busy blocks' magnitude (1-bit levels have no zero); with its own s
 untouched block sends them at 2^EXP_MIN, below any parameter's precision. The blocks are
 views: the shared state stays one tensor per parameter.
 
-With `CompressConfig.k_mean` a token tensor has one more packet tensor: its mean row (a
-vector). What the rows move in common is sent there, and the blocks send each row's move less
-that mean (`parts`); the mean row's update is applied to every row of the parameter (`views`
-gives the whole parameter for it, and the update broadcasts over its rows).
+With `CompressConfig.k_mean` an output head's whole blocks of rows beyond the tokenizer's length
+are no packet tensors: one more, the head's mean row (a vector), carries the mean of those
+rows' moves, and the blocks tokens reach send their rows' moves less that mean (`parts`,
+`deltas`); the mean row's update is applied to every row of the head (`views` gives the whole
+parameter for it, and the update broadcasts over its rows).
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ def plan(
 ) -> tuple[Spec, tuple[Segment, ...]]:
     """The packet spec and the segments of parameters (name, shape) in order; `tokens` names
     the token tensors (matrices only; ignored when cfg compresses them like the rest), `heads`
-    those of them that are output heads (a mean row each with cfg.k_mean). `reach` (0: all)
-    is how many rows a token can reach (the tokenizer's length): with a mean row, a head's
-    whole blocks of rows beyond it are no packet tensors, and their rows move by the mean row
-    alone (the mean of those rows' moves), so the budget goes to the rows tokens reach."""
+    those of them that are output heads. `reach` (0: all) is how many rows a token can reach
+    (the tokenizer's length): with cfg.k_mean, a head's whole blocks of rows beyond it are no
+    packet tensors, and those rows move by the head's mean row alone (the mean of their moves,
+    which no batch's tokens set apart), so the budget goes to the rows tokens reach. A head
+    without such blocks has no mean row."""
     unknown = set(tokens) - {n for n, _ in named}
     if unknown:
         raise ValueError(f"token tensors not among the parameters: {sorted(unknown)}")
@@ -75,9 +77,10 @@ def plan(
     names, shapes, marks, parents, segs, weights = [], [], [], [], [], []
     for p, (name, shape) in enumerate(named):
         token = name in tokens and len(shape) == 2
-        mean = token and bool(cfg.k_mean) and name in heads
         rows = cfg.token_rows if token and shape[0] > cfg.token_rows else 0
-        end = _covered(shape[0], rows, reach) if mean else (shape[0] if rows else 0)
+        end = _covered(shape[0], rows, reach) if token else 0
+        mean = token and bool(cfg.k_mean) and name in heads and end < shape[0]
+        end = end if mean else (shape[0] if rows else 0)
         for start in range(0, end, rows) if rows else (0,):
             stop = min(start + rows, end) if rows else (end if mean and end < shape[0] else 0)
             names.append(f"{name}[{start}:{stop}]" if stop else name)
@@ -87,11 +90,11 @@ def plan(
             segs.append(Segment(p, start, stop))
             weights.append(1)
         if mean:
-            names.append(f"{name}[mean]" if end == shape[0] else f"{name}[mean {end}:]")
+            names.append(f"{name}[mean {end}:]")
             shapes.append((shape[1],))
             marks.append(MEAN)
             parents.append(p)
-            segs.append(Segment(p, end % shape[0], shape[0] if end < shape[0] else 0, mean=True))
+            segs.append(Segment(p, end, shape[0], mean=True))
             weights.append(shape[0])
     split = len(segs) != len(named)
     numel = sum(math.prod(shape) for _, shape in named)
