@@ -250,7 +250,7 @@ class ProgressFeed:
             if head >= self._next_block
             else []
         )
-        epochs = [tuple(self.bsm.members(self.job_id, e.block)) for e in started]
+        epochs = [self._members_at(e.block) for e in started]
         current = tuple(self.bsm.members(self.job_id, head))
         known = tuple(dict.fromkeys([*self._known, *(a for ms in epochs for a in ms), *current]))
         if known != self._known:
@@ -258,7 +258,15 @@ class ProgressFeed:
             self.peer.set_members(known)
             self._known, self._specs = known, specs
         self._next_block = head + 1
-        self._members = current or (epochs[-1] if epochs else self._members)
+        self._members = current or next((m for m in reversed(epochs) if m), self._members)
+
+    def _members_at(self, block: int) -> tuple[str, ...]:
+        """The members at `block`; none when the RPC node keeps no state that old (a pruned
+        node: the current members still count)."""
+        try:
+            return tuple(self.bsm.members(self.job_id, block))
+        except Exception:
+            return ()
 
 
 def summary(counts: dict[str, dict[str, int]]) -> str:

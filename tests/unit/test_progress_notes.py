@@ -156,7 +156,7 @@ class Chain:
     at block `ended` (it lists no members from then on). Its RPC fails while `down` is set (a
     loaded node's timeout)."""
 
-    chain_id, address, down, head, ended = CHAIN, CONTRACT, False, 6, 10**9
+    chain_id, address, down, head, ended, pruned = CHAIN, CONTRACT, False, 6, 10**9, False
 
     def __init__(self) -> None:
         self.w3 = SimpleNamespace(eth=self)
@@ -179,6 +179,8 @@ class Chain:
         return [SimpleNamespace(block=5)] if start <= 5 <= end else []
 
     def members(self, job_id: int, block: int) -> tuple[str, ...]:
+        if self.pruned and block < self.head:
+            raise ValueError("missing trie node")  # a node that keeps only recent state
         return ("a", "b") if 5 <= block < self.ended else ()
 
 
@@ -260,3 +262,11 @@ def test_an_outsiders_note_is_dropped_before_its_signature_is_recovered() -> Non
     assert b.dropped == {"not_member": 1}
     with pytest.raises(NoteError, match="bad_signature"):
         notes.decode(junk)  # without the check first, the same bytes fail on the signature
+
+
+def test_a_feed_on_a_pruned_node_still_learns_the_current_members(fake_peer) -> None:
+    chain = Chain()
+    chain.pruned, chain.head = True, 8  # the epoch started at block 5, state that old is gone
+    feed = ProgressFeed(chain, JOB, lambda line: None)  # type: ignore[arg-type]
+    feed._refresh()
+    assert feed.peer.members == ("a", "b") and feed._members == ("a", "b")
