@@ -183,6 +183,7 @@ class EpochTrainer:
         self.train_job: TrainJob
         self.backend: Backend
         self.opt: DeMo
+        self.reach: int  # rows of the token tensors its tokenizer reaches (DeMo.of_model)
         self.batches: Iterator[Any]
         self.first = 0
         self.participation: dict[str, int] = {}
@@ -230,10 +231,10 @@ class EpochTrainer:
         model.load_state_dict(env.checkpoints.start_state(job, self.backend.start_pin, model))
         self.device = devices.pick(env.cfg.device)
         self.backend.to(self.device)  # inner steps there; the shared state stays on the CPU
-        reach = token_reach(self.backend)
-        check_compression(job.spec, tj.recipe, model, reach)
+        self.reach = token_reach(self.backend)
+        check_compression(job.spec, tj.recipe, model, self.reach)
         cfg = demo_config(env.cfg, job, tj.recipe)
-        self.opt = DeMo.of_model(model, cfg, env.me.lower(), reach)
+        self.opt = DeMo.of_model(model, cfg, env.me.lower(), self.reach)
         self.context = RoundContext(self.opt.spec, env.me)
         self.start_shared = [t.clone() for t in self.opt.theta_sync]
         resume = roundstate.load(self.state_path, self.opt)
@@ -294,7 +295,7 @@ class EpochTrainer:
                 key=env.cfg.key,
                 rate=rate,
                 demo=demo_config(env.cfg, job, self.train_job.recipe),
-                reach=token_reach(self.backend),
+                reach=self.reach,
                 train_job=self.train_job,
                 seed=seed,
                 device=self.device,

@@ -82,7 +82,7 @@ def plan(
         mean = token and bool(cfg.k_mean) and name in heads and end < shape[0]
         end = end if mean else (shape[0] if rows else 0)
         for start in range(0, end, rows) if rows else (0,):
-            stop = min(start + rows, end) if rows else (end if mean and end < shape[0] else 0)
+            stop = min(start + rows, end) if rows else (end if mean else 0)
             names.append(f"{name}[{start}:{stop}]" if stop else name)
             shapes.append((stop - start, *shape[1:]) if stop else tuple(shape))
             marks.append(TOKEN if token else 0)
@@ -176,9 +176,9 @@ def deltas(
 
 def parts(tensors: Sequence[torch.Tensor], segs: Sequence[Segment]) -> list[torch.Tensor]:
     """The packet tensors' values of per-parameter `tensors`: views where a parameter is cut
-    and no mean row is sent; with a mean row, that mean (of the rows beyond the blocks, or of
-    all) and every block's rows less it. Linear, so the parts of a difference are the
-    differences of the parts."""
+    and no mean row is sent; with a mean row, that mean (of the rows beyond the blocks) and
+    every block's rows less it. Linear, so the parts of a difference are the differences of
+    the parts."""
     means = {s.param: s.of(tensors).float().mean(0) for s in segs if s.mean}
 
     def part(s: Segment) -> torch.Tensor:
