@@ -32,11 +32,16 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
 - paper: the DeMo paper's scheme, every step a sync and no inner optimizer: e = beta e + the
   member's gradient, own picks, theta -= lr sign(the picks' mean) (lr=LR, default 1e-3;
   beta=B, default --beta).
+- glob: own's bits spent on picks over each scale group (the whole tensor, or one 64-row block
+  of a token tensor) instead of k per chunk: as many picks as own's k index + level bits per
+  chunk pay for at the group's wider index, the largest |e| of the group, so a quiet chunk
+  sends nothing and a busy one more, at the group's one scale.
 - dense: no compression: every member's whole e (its pseudo-gradient this round, e starts
   empty each round) at bf16's 16 bits per value; what compression costs against it.
 
 Scales are one power-of-two per tensor (per 64-row block for token tensors), as in the codec;
-k per kind is the job default for N seats (k, k_token, k1d = 1). Prints one JSON line per run.
+k per kind is the job default for N seats (k, k_token, k1d = 1; kv=K sets the vectors' k).
+Prints one JSON line per run.
 
     python scripts/diag_union.py --workers 4 --steps 300 --arm own --arm union \
         --arm own,k=5 --arm union,kt=40
@@ -106,7 +111,7 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
     lay = []
     for nm, p in zip(names, shared, strict=True):
         vec = len(dct.view2(p.shape)) == 1
-        k = 1 if vec else (k_tok if nm in toks else k_mat)
+        k = ks.get("kv", 1) if vec else (k_tok if nm in toks else k_mat)
         lay.append(Tensor(p.shape, k, nm in toks, ks.get("bits", 1)))
     e = [[torch.zeros(t.n, t.width) for t in lay] for _ in range(n)]
     if arm == "lowrank":  # weight-space e and warm-start right factors per member, matrix
@@ -148,6 +153,7 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
         k=k_mat,
         k_token=k_tok,
         bits=ks.get("bits", 1),
+        beta=beta,
         n=n,
         seed=seed,
         final=curve[-1][1],
@@ -204,6 +210,10 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
             bits += t.own_bits
             for ei in es:
                 _send_own(ei, t, agg)
+        elif arm == "glob":
+            for ei in es:
+                b = _send_glob(ei, t, agg)
+            bits += b
         elif arm == "dense":
             bits += 16 * th.numel()
             for ei in es:
@@ -288,6 +298,27 @@ def _send_runs(ei: torch.Tensor, t: Tensor, agg: torch.Tensor, g: int, runs: int
     ar.scatter_add_(1, idx, q)
 
 
+def _send_glob(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> float:
+    """Per scale group the largest |e| over all its chunks, 1-bit at the group's scale, as
+    many as own's bits for those chunks pay for; returns the bits sent."""
+    ib, bits = math.ceil(math.log2(t.width)), 0.0
+    for g in range(t.ngroups):
+        rows = (t.group == g).nonzero().squeeze(1)
+        wide = math.ceil(math.log2(len(rows) * t.width))
+        m = min(len(rows) * t.width, len(rows) * t.k * (ib + 1) // (wide + 1))
+        eg = ei[rows].reshape(-1)
+        idx = eg.abs().topk(m).indices
+        v = eg[idx]
+        s = torch.exp2(torch.round(torch.log2(v.abs().mean().clamp(min=1e-30))))
+        q = torch.sign(v) * s
+        flat = ei.view(-1)
+        at = rows[idx // t.width] * t.width + idx % t.width
+        flat.index_add_(0, at, -q)
+        agg.view(-1).index_add_(0, at, q)
+        bits += m * (wide + 1) + 8
+    return bits
+
+
 def _send_at(ei: torch.Tensor, t: Tensor, at: tuple, agg: torch.Tensor) -> None:
     rows, cols = at
     v = ei[rows, cols]
@@ -326,8 +357,8 @@ def main() -> int:
         "--arm",
         action="append",
         default=[],
-        help="own|union|lag|lag0|rand|grp|dense|lowrank|paper, then ,k=K (matrices) ,kt=K "
-        "(token tensors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper)",
+        help="own|union|lag|lag0|rand|grp|glob|dense|lowrank|paper, then ,k=K (matrices) ,kt=K "
+        "(token tensors) ,kv=K (vectors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -336,9 +367,20 @@ def main() -> int:
     c = bs.Ctx(s, subj, *bs.load(a.corpus, s, subj))
     for spec in a.arm or ["own", "union"]:
         arm, *kv = spec.split(",")
-        if arm not in ("own", "union", "lag", "lag0", "rand", "grp", "dense", "lowrank", "paper"):
+        if arm not in (
+            "own",
+            "union",
+            "lag",
+            "lag0",
+            "rand",
+            "grp",
+            "glob",
+            "dense",
+            "lowrank",
+            "paper",
+        ):
             raise SystemExit(
-                f"--arm {spec!r}: own, union, lag, lag0, rand, grp, dense, lowrank or paper"
+                f"--arm {spec!r}: own, union, lag, lag0, rand, grp, glob, dense, lowrank or paper"
             )
         try:
             ks = {

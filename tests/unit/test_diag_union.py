@@ -171,3 +171,20 @@ def test_paper_moves_each_weight_by_lr_against_the_sign_of_what_was_sent() -> No
     step = th_before - shared[0]
     assert torch.allclose(step, 0.01 * torch.sign(du.dct.idct(sent, step.shape)), atol=1e-7)
     assert torch.equal(m.weight, shared[0]) and m.weight.grad is None
+
+
+def test_glob_spends_owns_bits_on_a_groups_largest_values_wherever_they_are() -> None:
+    """glob: one chunk holds every large value; own picks take k from each chunk, glob takes
+    the group's largest (all in that chunk), as many as own's bits pay for at 13 index bits
+    instead of 12 (2 chunks x k 4 x 13 bits / 14 = 7), and what leaves e is what arrives."""
+    torch.manual_seed(0)
+    t = _layout(k=4)
+    assert t.n == 2 and t.width == 4096
+    e = torch.randn(t.n, t.width) * 0.01
+    e[1, :20] = torch.linspace(1.0, 2.0, 20)
+    before, agg = e.clone(), torch.zeros_like(e)
+    bits = du._send_glob(e, t, agg)
+    assert bits == 7 * (13 + 1) + 8 <= t.own_bits
+    assert torch.allclose(e + agg, before)
+    sent = agg.nonzero().tolist()
+    assert len(sent) == 7 and all(r == 1 and c >= 13 for r, c in sent)  # the 7 largest
