@@ -67,6 +67,8 @@ from dtrain_node.optim.compress import EXP_MIN, topk
 from dtrain_node.optim.optimizer import model_spec
 from dtrain_node.optim.segments import token_names
 
+ARMS = ("own", "union", "lag", "lag0", "rand", "grp", "glob", "dense", "lowrank", "paper")
+
 
 def scales(v: torch.Tensor, groups: torch.Tensor, ngroups: int) -> torch.Tensor:
     """Per-group 2^round(log2 mean|v|) over the entries in each group (2^EXP_MIN where all are
@@ -211,9 +213,8 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
             for ei in es:
                 _send_own(ei, t, agg)
         elif arm == "glob":
-            for ei in es:
-                b = _send_glob(ei, t, agg)
-            bits += b
+            sent = [_send_glob(ei, t, agg) for ei in es]  # every member sends as many bits
+            bits += sent[0]
         elif arm == "dense":
             bits += 16 * th.numel()
             for ei in es:
@@ -357,7 +358,7 @@ def main() -> int:
         "--arm",
         action="append",
         default=[],
-        help="own|union|lag|lag0|rand|grp|glob|dense|lowrank|paper, then ,k=K (matrices) ,kt=K "
+        help="|".join(ARMS) + ", then ,k=K (matrices) ,kt=K "
         "(token tensors) ,kv=K (vectors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper)",
     )
     ap.add_argument("--out", type=Path)
@@ -367,21 +368,8 @@ def main() -> int:
     c = bs.Ctx(s, subj, *bs.load(a.corpus, s, subj))
     for spec in a.arm or ["own", "union"]:
         arm, *kv = spec.split(",")
-        if arm not in (
-            "own",
-            "union",
-            "lag",
-            "lag0",
-            "rand",
-            "grp",
-            "glob",
-            "dense",
-            "lowrank",
-            "paper",
-        ):
-            raise SystemExit(
-                f"--arm {spec!r}: own, union, lag, lag0, rand, grp, glob, dense, lowrank or paper"
-            )
+        if arm not in ARMS:
+            raise SystemExit(f"--arm {spec!r}: one of {', '.join(ARMS)}")
         try:
             ks = {
                 k: float(v) if k in ("lr", "beta") else int(v)
