@@ -12,6 +12,7 @@ The libp2p peer lives in the node package (dtrain_node.p2p.watch), imported when
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -181,6 +182,10 @@ class ProgressFeed:
             bsm.chain_id, bsm.address, job_id, lambda n: self._notes.put(n.body)
         )
         self._members: tuple[str, ...] = ()  # the latest epoch's: what "2/2 members" counts
+        # (epoch, attempt) -> members it started with (EpochStarted): a round of it is whole
+        # when that many reported, whoever the feed knew of when a note came
+        self._seats: dict[tuple[int, int], int] = {}
+        self._held: list[dict[str, Any]] = []  # notes of an epoch whose start was not read yet
         self._known: tuple[str, ...] = ()  # a member of any epoch so far: whose notes count
         self._next_block = 0  # of the EpochStarted events not read yet
         self._specs: list[tuple[bytes, list[str]]] = []
@@ -207,10 +212,12 @@ class ProgressFeed:
         while not self._stop.is_set():
             if time.monotonic() >= next_poll:
                 self._refresh()
+                self._release()  # notes that waited for their epoch's start
                 next_poll = time.monotonic() + self.poll_s
             self._drain(0.2)
         self._refresh()  # what gossip lost of the last rounds
         self._drain(0.0)
+        self._release(final=True)
         for line in self.book.flush(max(1, len(self._members))):
             self.on_line(line)
 
@@ -220,12 +227,31 @@ class ProgressFeed:
                 body = self._notes.get(timeout=wait_s) if wait_s else self._notes.get_nowait()
             except queue.Empty:
                 return
+            self._held.append(body)
+            self._release()
+            wait_s = 0.0
+
+    def _release(self, final: bool = False) -> None:
+        """Hand the held notes to the book in order, each counted against the members its
+        epoch started with. A note of an epoch whose start was not read yet (the feed's last
+        poll came before it, or was held up by a slow dial) first has the chain read again,
+        and waits if the RPC node has not seen that start either; the last release counts it
+        against the latest members. Without the wait a round would show as whole on the notes
+        of the members the feed happened to know ("1/1 members")."""
+        if not final and any(_epoch_of(b) not in self._seats for b in self._held):
+            with contextlib.suppress(Exception):  # an RPC hiccup: they wait for the next poll
+                self._learn_members()
+        for i, body in enumerate(self._held):
+            seats = self._seats.get(_epoch_of(body))
+            if seats is None and not final:
+                del self._held[:i]
+                return
             # the round's line before its last point: whoever sees the point sees the line
-            for line in self.book.add(body, max(1, len(self._members))):
+            for line in self.book.add(body, seats or max(1, len(self._members))):
                 self.on_line(line)
             if self.on_note is not None:
                 self.on_note(body)
-            wait_s = 0.0
+        self._held.clear()
 
     def _refresh(self) -> None:
         """Who the members are; ask them for the notes they hold (gossip is the fast path: a
@@ -251,6 +277,8 @@ class ProgressFeed:
             else []
         )
         epochs = [self._members_at(e.block) for e in started]
+        for e in started:
+            self._seats[(int(e.args["epoch"]), int(e.args["attempt"]))] = int(e.args["memberCount"])
         current = tuple(self.bsm.members(self.job_id, head))
         known = tuple(dict.fromkeys([*self._known, *(a for ms in epochs for a in ms), *current]))
         if known != self._known:
@@ -267,6 +295,10 @@ class ProgressFeed:
             return tuple(self.bsm.members(self.job_id, block))
         except Exception:
             return ()
+
+
+def _epoch_of(body: dict[str, Any]) -> tuple[int, int]:
+    return int(body["epoch"]), int(body["attempt"])
 
 
 def summary(counts: dict[str, dict[str, int]]) -> str:

@@ -153,10 +153,11 @@ def test_round_lines_wait_for_every_member_or_the_next_round_and_give_the_job_et
 
 class Chain:
     """A job of two members, "a" and "b", whose one epoch started at block 5 and which ended
-    at block `ended` (it lists no members from then on). Its RPC fails while `down` is set (a
-    loaded node's timeout)."""
+    at block `ended` (it lists no members from then on); with `joined`, "a" sat alone before
+    block 5. Its RPC fails while `down` is set (a loaded node's timeout)."""
 
     chain_id, address, down, head, ended, pruned = CHAIN, CONTRACT, False, 6, 10**9, False
+    joined = False  # "a" took its seat before the epoch started
 
     def __init__(self) -> None:
         self.w3 = SimpleNamespace(eth=self)
@@ -176,12 +177,15 @@ class Chain:
 
     def events(self, start: int, end: int, names, job_id: int) -> list[SimpleNamespace]:
         assert names == ["EpochStarted"] and job_id == JOB and start <= end
-        return [SimpleNamespace(block=5)] if start <= 5 <= end else []
+        args = {"epoch": 0, "attempt": 0, "memberCount": 2}
+        return [SimpleNamespace(block=5, args=args)] if start <= 5 <= end else []
 
     def members(self, job_id: int, block: int) -> tuple[str, ...]:
         if self.pruned and block < self.head:
             raise ValueError("missing trie node")  # a node that keeps only recent state
-        return ("a", "b") if 5 <= block < self.ended else ()
+        if block < 5:  # open: the seats taken so far
+            return ("a",) if self.joined else ()
+        return ("a", "b") if block < self.ended else ()
 
 
 class Peer:
@@ -270,3 +274,40 @@ def test_a_feed_on_a_pruned_node_still_learns_the_current_members(fake_peer) -> 
     feed = ProgressFeed(chain, JOB, lambda line: None)  # type: ignore[arg-type]
     feed._refresh()
     assert feed.peer.members == ("a", "b") and feed._members == ("a", "b")
+
+
+def test_a_round_is_whole_only_when_every_member_its_epoch_started_with_reported(
+    fake_peer,
+) -> None:
+    """The feed's last poll saw one seat taken; the next was held up (a slow dial) while the
+    epoch started with two members and the first of them reported. That round waits for the
+    second note, read against the epoch's start, not the one member the feed knew of."""
+    chain, lines = Chain(), []
+    chain.head, chain.joined = 4, True
+    feed = ProgressFeed(chain, JOB, lines.append)  # type: ignore[arg-type]
+    feed._refresh()
+    assert feed._members == ("a",)
+    chain.head = 6  # the epoch started at block 5; no poll since
+    feed._notes.put(body("a", 0))
+    feed._drain(0.0)
+    assert lines == []  # before the fix: one line, "1/1 members"
+    feed._notes.put(body("b", 0))
+    feed._drain(0.0)
+    assert [(x.reported, x.members) for x in lines] == [(2, 2)]
+
+
+def test_a_note_waits_while_the_rpc_node_has_not_seen_its_epoch_start(fake_peer) -> None:
+    chain, lines, points = Chain(), [], []
+    chain.head, chain.joined = 4, True
+    feed = ProgressFeed(chain, JOB, lines.append, on_note=points.append)  # type: ignore[arg-type]
+    feed._refresh()
+    feed._notes.put(body("a", 0))
+    feed._drain(0.0)  # the RPC node is behind: block 5 is not there yet
+    assert (lines, points, len(feed._held)) == ([], [], 1)
+    chain.head = 6
+    feed._refresh()
+    feed._release()
+    assert [p["sender"] for p in points] == ["a"] and lines == []
+    feed._notes.put(body("a", 1))  # b's note of round 1 was lost: the next round shows it
+    feed._drain(0.0)
+    assert [(x.round, x.reported, x.members) for x in lines] == [(0, 1, 2)]
