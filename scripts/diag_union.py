@@ -310,8 +310,7 @@ def _send_glob(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> float:
         eg = ei[rows].reshape(-1)
         idx = eg.abs().topk(m).indices
         v = eg[idx]
-        s = torch.exp2(torch.round(torch.log2(v.abs().mean().clamp(min=1e-30))))
-        q = torch.sign(v) * s
+        q = torch.sign(v) * scales(v, torch.zeros_like(idx), 1)  # the group's one scale
         flat = ei.view(-1)
         at = rows[idx // t.width] * t.width + idx % t.width
         flat.index_add_(0, at, -q)
