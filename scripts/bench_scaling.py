@@ -164,6 +164,7 @@ class Arm:
     chunk: int = 64
     mean: str = "senders"  # or "coef": each coefficient averaged over the senders that sent it
     mode: str = "local"  # or "paper": the DeMo paper's scheme (every step a sync, sign step)
+    feedback: str = "own"  # or "shared": e loses the shared state's move (shared_feedback)
 
     @property
     def name(self) -> str:
@@ -180,6 +181,7 @@ class Arm:
             km=(self.k_mean, RECIPE.head_mean_topk if self.mode == "local" else 0),
             mean=(self.mean, "senders"),
             mode=(self.mode, "local"),
+            fb=(self.feedback, "own"),
         )
         for key, (v, default) in extra.items():
             if v != default:
@@ -223,7 +225,12 @@ def demo_cfg(arm: Arm, inner_lr: float, n: int) -> DeMoConfig:
     )
     cfg = demo_config(None, SimpleNamespace(spec=spec), recipe)  # type: ignore[arg-type]
     compress = replace(cfg.compress, chunk=arm.chunk, k1d=arm.k1d)
-    cfg = replace(cfg, compress=compress, per_coefficient_mean=arm.mean == "coef")
+    cfg = replace(
+        cfg,
+        compress=compress,
+        per_coefficient_mean=arm.mean == "coef",
+        shared_feedback=arm.feedback == "shared",
+    )
     # paper: no inner optimizer; e folds each step's gradient and the outer step is
     # lr * sign(U), so lr is a sign-SGD step (e.g. 1e-3), not the local mode's 1.0
     return replace(cfg, mode="paper", sync_interval=1, sign=True) if arm.mode == "paper" else cfg
@@ -243,6 +250,7 @@ SWEEP_TYPES = {
     "chunk": int,
     "mean": str,
     "mode": str,
+    "feedback": str,
 }
 
 
@@ -255,6 +263,8 @@ def parse_demo(spec: str) -> Arm:
         if key not in SWEEP_TYPES:
             raise SystemExit(f"unknown DeMo key {key!r} in {spec!r}; known: {sorted(SWEEP_TYPES)}")
         kw[key] = SWEEP_TYPES[key](val)
+    if kw.get("feedback", "own") not in ("own", "shared"):
+        raise SystemExit(f"feedback must be own or shared, got {kw['feedback']!r} in {spec!r}")
     if kw.get("mode", "local") not in ("local", "paper"):
         raise SystemExit(f"mode must be local or paper, got {kw['mode']!r} in {spec!r}")
     if kw.get("mode") == "paper":

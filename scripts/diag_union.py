@@ -36,6 +36,9 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
   of a token tensor) instead of k per chunk: as many picks as own's k index + level bits per
   chunk pay for at the group's wider index, the largest |e| of the group, so a quiet chunk
   sends nothing and a busy one more, at the group's one scale.
+- own options: cnt=1 averages a coefficient over the members that sent it (not over N);
+  olr=X scales the shared update; fbs=1 takes the shared update out of every member's e
+  instead of its own picks (DeMoConfig.shared_feedback).
 - dense: no compression: every member's whole e (its pseudo-gradient this round, e starts
   empty each round) at bf16's 16 bits per value; what compression costs against it.
 
@@ -208,10 +211,12 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
             ei.mul_(beta - ks.get("keep", 0)).add_(dct.dct((th - ps[j].detach()).float()))
         agg = torch.zeros(t.n, t.width)
         ib = math.ceil(math.log2(t.width))
+        cnt = torch.zeros(t.n, t.width) if ks.get("cnt") else None
         if arm == "own":
             bits += t.own_bits
+            before = [ei.clone() for ei in es] if ks.get("fbs") else None
             for ei in es:
-                _send_own(ei, t, agg)
+                _send_own(ei, t, agg, cnt)
         elif arm == "glob":
             sent = [_send_glob(ei, t, agg) for ei in es]  # every member sends as many bits
             bits += sent[0]
@@ -241,7 +246,12 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
                 _send_at(ei, t, at, agg)
             if arm != "union":  # the lag arms keep this round's union for the next
                 prev[j] = picks if arm == "lag0" else union([topk(ei, t.k) for ei in es], t)
-        th.sub_(dct.idct(agg / n, th.shape))
+        div = cnt.clamp(min=1) if cnt is not None else n  # cnt: the mean over who sent it
+        upd = ks.get("olr", 1.0) * agg / div
+        if arm == "own" and before:  # fbs: what the shared state moved leaves every e
+            for ei, b in zip(es, before, strict=True):
+                ei.copy_(b - upd)
+        th.sub_(dct.idct(upd, th.shape))
     for i, ps in enumerate(params):
         for j, (p, th) in enumerate(zip(ps, shared, strict=True)):
             keep = ks.get("keep", 0) and not isinstance(e[i][j], tuple)
@@ -284,11 +294,11 @@ def _lowrank(es: list, th: torch.Tensor, ps: list, ks: dict, beta: float) -> flo
     return r * (th.shape[0] + th.shape[1]) * (fb or 16) + 2 * r * 8
 
 
-def _send_own(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> None:
-    _send_runs(ei, t, agg, 1, t.k)  # own picks are runs of one coefficient
+def _send_own(ei: torch.Tensor, t: Tensor, agg: torch.Tensor, cnt=None) -> None:
+    _send_runs(ei, t, agg, 1, t.k, cnt)  # own picks are runs of one coefficient
 
 
-def _send_runs(ei: torch.Tensor, t: Tensor, agg: torch.Tensor, g: int, runs: int) -> None:
+def _send_runs(ei, t: Tensor, agg: torch.Tensor, g: int, runs: int, cnt=None) -> None:
     """Send the `runs` runs of g neighbouring coefficients with the most energy, 1-bit each."""
     er, ar = ei.view(t.n, -1, g), agg.view(t.n, -1, g)
     idx = topk(er.pow(2).sum(2), runs).unsqueeze(2).expand(-1, -1, g)
@@ -297,6 +307,8 @@ def _send_runs(ei: torch.Tensor, t: Tensor, agg: torch.Tensor, g: int, runs: int
     q = (torch.sign(v).reshape(-1) * scales(v.reshape(-1), grp, t.ngroups)).view_as(v)
     er.scatter_add_(1, idx, -q)
     ar.scatter_add_(1, idx, q)
+    if cnt is not None:  # how many members sent each coefficient
+        cnt.view(t.n, -1, g).scatter_add_(1, idx, torch.ones_like(q))
 
 
 def _send_glob(ei: torch.Tensor, t: Tensor, agg: torch.Tensor) -> float:
@@ -358,7 +370,9 @@ def main() -> int:
         action="append",
         default=[],
         help="|".join(ARMS) + ", then ,k=K (matrices) ,kt=K "
-        "(token tensors) ,kv=K (vectors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper)",
+        "(token tensors) ,kv=K (vectors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper) "
+        ",olr=X (outer lr) ,cnt=1 (own: mean over the members that sent a coefficient) "
+        ",fbs=1 (own: the shared update leaves every member's e, not its own picks)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -371,7 +385,7 @@ def main() -> int:
             raise SystemExit(f"--arm {spec!r}: one of {', '.join(ARMS)}")
         try:
             ks = {
-                k: float(v) if k in ("lr", "beta") else int(v)
+                k: float(v) if k in ("lr", "beta", "olr") else int(v)
                 for k, v in (x.split("=") for x in kv)
             }
         except ValueError:

@@ -192,6 +192,20 @@ class Feedback:
         self._crop()
         return out  # type: ignore[return-value]
 
+    def give(self, sent: Sequence[Sparse]) -> None:
+        """Add what take() returned back into e (the inverse of its take-out, up to float32
+        rounding)."""
+        n, nm = self.cfg.chunk, self.mat.shape[1]
+        for i, sp in enumerate(sent):
+            c = torch.arange(self.start[i], self.start[i] + self.counts[i]).unsqueeze(1)
+            v = sp.lvl.to(torch.float32).reshape(-1) * 2.0**sp.exp
+            if i in self.vecs:
+                self.vec.view(-1).index_add_(0, (c * n + sp.idx).reshape(-1), v)
+            else:  # (row frequency, chunk, column frequency)
+                at = sp.idx.div(n, rounding_mode="floor") * (nm * n) + c * n + sp.idx % n
+                self.mat.view(-1).index_add_(0, at.reshape(-1), v)
+        self._crop()
+
     def _crop(self) -> None:
         """Zero the padding of chunks that reach into it. The sent values are spread over a
         whole chunk, padding included; what they leave there is no parameter's error and

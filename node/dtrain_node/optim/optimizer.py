@@ -47,6 +47,9 @@ class DeMoConfig:
     sign: bool = False  # outer step lr * sign(U) instead of lr * U
     # U averages each DCT coefficient over the senders that sent it, not over all senders
     per_coefficient_mean: bool = False
+    # local mode: e loses what the shared state moved (every member's sent part, averaged), not
+    # what this member sent; e is then what it wants that the job has not done yet
+    shared_feedback: bool = False
     weight_decay: float = 0.0  # decoupled, on theta_sync at each sync
     inner_lr: float = 1e-3
     inner_betas: tuple[float, float] = (0.9, 0.95)
@@ -68,6 +71,8 @@ class DeMoConfig:
             raise ValueError(f"learning rates must be > 0, got lr={self.lr}, inner={self.inner_lr}")
         if not 0.0 <= self.beta <= 1.0:
             raise ValueError(f"beta must be in [0, 1], got {self.beta}")
+        if self.shared_feedback and self.mode != "local":
+            raise ValueError("shared_feedback needs local mode: paper mode's e holds gradients")
         if self.weight_decay < 0 or self.weight_decay * self.lr >= 1:
             raise ValueError(f"need 0 <= weight_decay * lr < 1, got {self.weight_decay * self.lr}")
 
@@ -130,6 +135,7 @@ class DeMo:
         select.warm()
         self.steps = 0
         self._compress_s = 0.0
+        self._sent: list | None = None  # shared_feedback: what this round's take sent
         self.inner: torch.optim.Optimizer | None = None
         self.theta_sync = [p.detach().to("cpu", copy=True) for p in self.params]
         if cfg.mode == "local":
@@ -185,7 +191,9 @@ class DeMo:
             local = [p.detach().cpu() for p in self.params]
             a, b = segments.deltas(self.theta_sync, local, self.segs)
             self.feedback.fold(self.cfg.beta, a, b)
-        data = codec.encode(self.spec, self.feedback.take())
+        sent = self.feedback.take()
+        self._sent = sent if self.cfg.shared_feedback else None
+        data = codec.encode(self.spec, sent)
         self._compress_s = time.perf_counter() - t0
         return data
 
@@ -237,12 +245,24 @@ class DeMo:
         st = SyncStats(rejected=rejected, excluded=excluded, aggregate_s=dt, screen_s=t2 - t1)
         st.compress_s = self._compress_s
         st.bytes_sent = self.spec.packet_bytes
+        before = [th.clone() for th in self.theta_sync] if self._sent is not None else None
         if agg is not None:
             self.apply_aggregate(agg)
             st.applied, st.aggregate = agg.senders, agg
         else:
             self._reset_local()
+        if before is not None:
+            self._settle(before)
         return st
+
+    @torch.no_grad()
+    def _settle(self, before: list[torch.Tensor]) -> None:
+        """shared_feedback: e gets back what this member's take sent and loses what the
+        shared state moved from `before` instead (both through the fold's own transform)."""
+        sent, self._sent = self._sent, None
+        self.feedback.give(sent)
+        a, b = segments.deltas(self.theta_sync, before, self.segs)
+        self.feedback.fold(1.0, a, b)
 
     @torch.no_grad()
     def apply_aggregate(self, agg: Aggregate) -> None:
