@@ -164,7 +164,7 @@ class Arm:
     chunk: int = 64
     mean: str = "senders"  # or "coef": each coefficient averaged over the senders that sent it
     mode: str = "local"  # or "paper": the DeMo paper's scheme (every step a sync, sign step)
-    feedback: str = "own"  # or "shared": e loses the shared state's move (shared_feedback)
+    feedback: str = "own"  # or "shared": recipe error_feedback (e loses the shared state's move)
 
     @property
     def name(self) -> str:
@@ -222,15 +222,11 @@ def demo_cfg(arm: Arm, inner_lr: float, n: int) -> DeMoConfig:
         token_topk=arm.k_token,
         token_rows=arm.token_rows,
         head_mean_topk=arm.k_mean,
+        error_feedback=arm.feedback,
     )
     cfg = demo_config(None, SimpleNamespace(spec=spec), recipe)  # type: ignore[arg-type]
     compress = replace(cfg.compress, chunk=arm.chunk, k1d=arm.k1d)
-    cfg = replace(
-        cfg,
-        compress=compress,
-        per_coefficient_mean=arm.mean == "coef",
-        shared_feedback=arm.feedback == "shared",
-    )
+    cfg = replace(cfg, compress=compress, per_coefficient_mean=arm.mean == "coef")
     # paper: no inner optimizer; e folds each step's gradient and the outer step is
     # lr * sign(U), so lr is a sign-SGD step (e.g. 1e-3), not the local mode's 1.0
     return replace(cfg, mode="paper", sync_interval=1, sign=True) if arm.mode == "paper" else cfg

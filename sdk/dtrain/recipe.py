@@ -32,6 +32,7 @@ GRPO_COMPLETIONS = ("alphabet", "free")
 BACKENDS = ("builtin", "trl", "torchtune")  # dtrain_node.train.backend.make_backend
 LR_SCHEDULES = ("constant", "linear", "cosine")  # dtrain_node.train.inner.lr_factor
 DEMO_MODES = ("local", "paper")  # dtrain_node.optim.optimizer.DeMoConfig.mode
+ERROR_FEEDBACK = ("own", "shared")  # DeMoConfig.shared_feedback: False, True
 PAPER_MAX_OUTER_LR = 0.1  # paper mode's outer step is lr x sign: every weight moves by lr
 MAX_PATTERN = 200  # characters of a reward regex (the recipe's, or a GRPO record's answer)
 TOKEN_TOPK, TOKEN_ROWS = 0, 64  # measured in docs/benchmarks.md (token tensors)
@@ -160,6 +161,7 @@ RULES: dict[str, tuple[type, Callable[[Any], bool], str]] = {
     "token_rows": (int, lambda v: v >= 0 and v % 64 == 0, "0 or a multiple of 64"),
     "demo_mode": (str, lambda v: v in DEMO_MODES, "local or paper"),
     "head_mean_topk": (int, lambda v: 0 <= v <= 64, "in [0, 64] (0: no mean row)"),
+    "error_feedback": (str, lambda v: v in ERROR_FEEDBACK, "own or shared"),
 }
 
 # Fields added after the first pinned canonical form: written into `canonical()` (and
@@ -175,6 +177,7 @@ LATER_FIELDS = (
     "token_rows",
     "demo_mode",
     "head_mean_topk",
+    "error_feedback",
 )
 
 
@@ -246,6 +249,9 @@ class Recipe:
     # beyond the tokenizer's length move together, sent as their mean instead of as blocks
     # (docs/demo-optimizer.md; a recipe that leaves it out means 0, as before it existed)
     head_mean_topk: int = 64
+    # what leaves a member's error feedback after a sync: "own", the coefficients it sent;
+    # "shared", the shared state's move (local mode; docs/demo-optimizer.md)
+    error_feedback: str = "own"
 
     def __post_init__(self) -> None:
         if isinstance(self.lora_targets, str):
@@ -279,6 +285,11 @@ class Recipe:
                 f"recipe field 'outer_lr' is {self.outer_lr!r}, over {PAPER_MAX_OUTER_LR} for "
                 "demo_mode 'paper', whose outer step moves every weight by outer_lr: set it, "
                 "e.g. outer_lr = 0.001 with outer_momentum = 0.99"
+            )
+        if self.error_feedback != "own":
+            raise ConfigError(
+                "recipe field 'error_feedback' 'shared' needs demo_mode 'local': paper mode's "
+                "error feedback holds gradients, not moves of the shared state"
             )
         if self.lr_schedule != "constant" or self.warmup_steps:
             raise ConfigError(

@@ -13,6 +13,10 @@ import copy
 import pytest
 import torch
 
+from dtrain.errors import ConfigError
+from dtrain.models import Job, JobSpec
+from dtrain.recipe import Recipe
+from dtrain_node.operator import epoch
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.feedback import Feedback
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
@@ -119,3 +123,28 @@ def test_replay_without_a_prepare_leaves_e_alone():
 def test_paper_mode_refuses_it():
     with pytest.raises(ValueError, match="shared_feedback needs local mode"):
         DeMoConfig(mode="paper", sync_interval=1, lr=1e-3, shared_feedback=True)
+
+
+def test_the_recipe_field_reaches_the_node_and_keeps_older_recipes_hash():
+    spec = JobSpec(price_per_operator_epoch=1, model_uri="builtin:tiny")
+    job = Job(1, spec, None)
+    for value, want in (("own", False), ("shared", True)):
+        cfg = epoch.demo_config(None, job, Recipe(error_feedback=value))  # type: ignore[arg-type]
+        assert cfg.shared_feedback is want
+    assert "error_feedback" not in Recipe().canonical()  # a recipe written before it: same hash
+    assert Recipe(error_feedback="shared").hash() != Recipe().hash()
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"error_feedback": "both"}, "own or shared"),
+        (
+            {"error_feedback": "shared", "demo_mode": "paper", "outer_lr": 1e-3},
+            "needs demo_mode 'local'",
+        ),
+    ],
+)
+def test_a_recipe_it_cannot_run_is_a_config_error(fields, why):
+    with pytest.raises(ConfigError, match=why):
+        Recipe(**fields)

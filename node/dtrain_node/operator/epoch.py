@@ -113,6 +113,7 @@ def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMo
         inner_lr=recipe.inner_lr,
         inner_betas=(recipe.inner_beta1, recipe.inner_beta2),
         inner_weight_decay=recipe.inner_weight_decay,
+        shared_feedback=recipe.error_feedback == "shared",
         compress=compress,
     )
 
