@@ -115,6 +115,7 @@ def test_replay_without_a_prepare_leaves_e_alone():
     packets = [(a.sender, a.prepare()), (b.sender, b.prepare())]
     start = [th.clone() for th in a.theta_sync]
     a.apply(packets)
+    a.prepare()  # a round prepared but not applied (a restart, a referee's own round)
     kept = e(a).clone()
     a.replay(start, [packets])
     assert torch.equal(e(a), kept)

@@ -293,6 +293,7 @@ class DeMo:
             raise ValueError(f"start has {len(start)} tensors, the shared state {len(shared)}")
         for th, s in zip(shared, start, strict=True):
             th.copy_(s)
+        self._sent = None  # a replay moves the shared state only, never e
         return [self.apply(packets) for packets in rounds]
 
     def _reset_local(self) -> None:
