@@ -16,7 +16,7 @@ import torch
 from dtrain.errors import ConfigError
 from dtrain.models import Job, JobSpec
 from dtrain.recipe import Recipe
-from dtrain_node.operator import epoch
+from dtrain_node.operator import epoch, roundstate
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.feedback import Feedback
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
@@ -149,3 +149,19 @@ def test_the_recipe_field_reaches_the_node_and_keeps_older_recipes_hash():
 def test_a_recipe_it_cannot_run_is_a_config_error(fields, why):
     with pytest.raises(ConfigError, match=why):
         Recipe(**fields)
+
+
+def test_a_restarted_member_sends_the_packet_it_would_have_sent(tmp_path):
+    """The round state is saved after apply, so it holds e with the shared move taken out."""
+    opts = members(True, 2)
+    train(opts, 0)
+    lockstep(opts)
+    path = roundstate.path(tmp_path, 0)
+    roundstate.save(path, opts[0], 1, {})
+    back = DeMo(named(), config(True), "m0")
+    assert roundstate.load(path, back)["round"] == 1
+    assert torch.equal(e(back), e(opts[0]))
+    for o in (opts[0], back):
+        for p, th in zip(o.params, o.theta_sync, strict=True):
+            p.data.copy_(th + 1e-3)
+    assert back.prepare() == opts[0].prepare()
