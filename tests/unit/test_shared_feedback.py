@@ -4,7 +4,7 @@ The case it answers, written first: with each member's own feedback, a member's 
 what it sent, but the shared state moves by the mean over N members, so a coefficient only
 one member picked moves by 1/N of what that member's e gave up, and the member never asks for
 the rest. With shared feedback every member's e drops by the shared move instead: the members'
-mean e is the same as with their own feedback, each member's e keeps what it wants that the
+mean e is about the same as with their own feedback, each member's e keeps what it wants that the
 job has not done, and a member whose packet was left out keeps all of it.
 """
 
