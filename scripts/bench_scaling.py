@@ -62,7 +62,7 @@ from types import SimpleNamespace
 import torch
 
 from dtrain.models import JobSpec, default_topk
-from dtrain.recipe import LR_SCHEDULES, Recipe
+from dtrain.recipe import ERROR_FEEDBACK, LR_SCHEDULES, Recipe
 from dtrain_node.operator.epoch import demo_config
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope
@@ -259,7 +259,7 @@ def parse_demo(spec: str) -> Arm:
         if key not in SWEEP_TYPES:
             raise SystemExit(f"unknown DeMo key {key!r} in {spec!r}; known: {sorted(SWEEP_TYPES)}")
         kw[key] = SWEEP_TYPES[key](val)
-    if kw.get("feedback", "own") not in ("own", "shared"):
+    if kw.get("feedback", "own") not in ERROR_FEEDBACK:
         raise SystemExit(f"feedback must be own or shared, got {kw['feedback']!r} in {spec!r}")
     if kw.get("mode", "local") not in ("local", "paper"):
         raise SystemExit(f"mode must be local or paper, got {kw['mode']!r} in {spec!r}")

@@ -47,9 +47,12 @@ def train(opts: list[DeMo], seed: int) -> None:
                 p.add_(torch.randn(p.shape, generator=g) * 1e-3)
 
 
-def e(o: DeMo) -> torch.Tensor:
-    f = o.feedback
+def flat(f: Feedback) -> torch.Tensor:
     return torch.cat([f.coefficients(i).reshape(-1) for i in range(len(f.shapes))])
+
+
+def e(o: DeMo) -> torch.Tensor:
+    return flat(o.feedback)
 
 
 def test_give_undoes_take_on_padded_matrices_and_vectors():
@@ -70,7 +73,7 @@ def wanted(o: DeMo, local: list[torch.Tensor]) -> torch.Tensor:
     wants of the job once the shared state is theta_sync."""
     f = Feedback(o.feedback.shapes, o.cfg.compress)
     f.fold(1.0, list(o.theta_sync), local)
-    return torch.cat([f.coefficients(i).reshape(-1) for i in range(len(f.shapes))])
+    return flat(f)
 
 
 def test_after_one_round_e_is_where_the_member_went_less_where_the_job_went():
@@ -109,7 +112,7 @@ def test_a_member_left_out_keeps_all_it_wanted():
     torch.testing.assert_close(e(o), wanted(o, local), atol=1e-5, rtol=0)
 
 
-def test_replay_without_a_prepare_leaves_e_alone():
+def test_a_replay_leaves_e_alone_even_after_a_prepared_round():
     a, b = members(True, 2)
     train([a, b], 0)
     packets = [(a.sender, a.prepare()), (b.sender, b.prepare())]
