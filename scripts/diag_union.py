@@ -36,6 +36,7 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
   of a token tensor) instead of k per chunk: as many picks as own's k index + level bits per
   chunk pay for at the group's wider index, the largest |e| of the group, so a quiet chunk
   sends nothing and a busy one more, at the group's one scale.
+- every arm: b1=X sets the inner AdamW's beta1 (the recipe's by default).
 - own options: cnt=1 averages a coefficient over the members that sent it (not over N);
   olr=X scales the shared update; fbs=1 takes the shared update out of every member's e
   instead of its own picks (DeMoConfig.shared_feedback).
@@ -132,7 +133,7 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
         torch.optim.AdamW(
             m.parameters(),
             lr=c.s.inner_lr,
-            betas=cfg.inner_betas,
+            betas=(ks.get("b1", cfg.inner_betas[0]), cfg.inner_betas[1]),
             weight_decay=cfg.inner_weight_decay,
         )
         for m in ms
@@ -371,7 +372,8 @@ def main() -> int:
         default=[],
         help="|".join(ARMS) + ", then ,k=K (matrices) ,kt=K "
         "(token tensors) ,kv=K (vectors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper) "
-        ",olr=X (outer lr) ,cnt=1 (own: mean over the members that sent a coefficient) "
+        ",olr=X (outer lr) ,b1=X (inner AdamW beta1) "
+        ",cnt=1 (own: mean over the members that sent a coefficient) "
         ",fbs=1 (own: the shared update leaves every member's e, not its own picks)",
     )
     ap.add_argument("--out", type=Path)
@@ -385,7 +387,7 @@ def main() -> int:
             raise SystemExit(f"--arm {spec!r}: one of {', '.join(ARMS)}")
         try:
             ks = {
-                k: float(v) if k in ("lr", "beta", "olr") else int(v)
+                k: float(v) if k in ("lr", "beta", "olr", "b1") else int(v)
                 for k, v in (x.split("=") for x in kv)
             }
         except ValueError:
