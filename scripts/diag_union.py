@@ -358,6 +358,23 @@ def union(picks: list[torch.Tensor], t: Tensor) -> tuple[torch.Tensor, torch.Ten
     return mask.nonzero(as_tuple=True)
 
 
+def parse_arm(spec: str) -> tuple[str, dict]:
+    """'own,k=5,olr=2' -> ('own', {'k': 5, 'olr': 2.0}); a bad spec exits with one line."""
+    arm, *kv = spec.split(",")
+    if arm not in ARMS:
+        raise SystemExit(f"--arm {spec!r}: one of {', '.join(ARMS)}")
+    try:
+        ks = {
+            k: float(v) if k in ("lr", "beta", "olr", "b1") else int(v)
+            for k, v in (x.split("=") for x in kv)
+        }
+    except ValueError:
+        raise SystemExit(f"--arm {spec!r}: options are key=number, e.g. own,k=5") from None
+    if not 0 <= ks.get("b1", 0) < 1:
+        raise SystemExit(f"--arm {spec!r}: b1 is the inner AdamW's beta1, in [0, 1)")
+    return arm, ks
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="builtin:small")
@@ -378,20 +395,11 @@ def main() -> int:
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    arms = [parse_arm(spec) for spec in a.arm or ["own", "union"]]  # all checked before a run
     s = bs.Setup(steps=a.steps)
     subj = bs.Subject(a.model, s.ctx)
     c = bs.Ctx(s, subj, *bs.load(a.corpus, s, subj))
-    for spec in a.arm or ["own", "union"]:
-        arm, *kv = spec.split(",")
-        if arm not in ARMS:
-            raise SystemExit(f"--arm {spec!r}: one of {', '.join(ARMS)}")
-        try:
-            ks = {
-                k: float(v) if k in ("lr", "beta", "olr", "b1") else int(v)
-                for k, v in (x.split("=") for x in kv)
-            }
-        except ValueError:
-            raise SystemExit(f"--arm {spec!r}: options are key=number, e.g. own,k=5") from None
+    for arm, ks in arms:
         r = run(c, arm, ks, a.workers, a.seed, a.beta)
         r.update(model=a.model, corpus=a.corpus)
         line = json.dumps({k: v for k, v in r.items() if k != "curve"})

@@ -188,3 +188,19 @@ def test_glob_spends_owns_bits_on_a_groups_largest_values_wherever_they_are() ->
     assert torch.allclose(e + agg, before)
     sent = agg.nonzero().tolist()
     assert len(sent) == 7 and all(r == 1 and c >= 13 for r, c in sent)  # the 7 largest
+
+
+def test_an_arm_spec_parses_to_typed_options_and_a_bad_one_exits_with_one_line() -> None:
+    assert du.parse_arm("own,k=5,olr=2,b1=0.5") == ("own", {"k": 5, "olr": 2.0, "b1": 0.5})
+    for bad, says in (
+        ("nope", "one of"),
+        ("own,k=x", "key=number"),
+        ("own,b1=1", "beta1, in [0, 1)"),
+        ("own,b1=-0.1", "beta1, in [0, 1)"),
+    ):
+        try:
+            du.parse_arm(bad)
+        except SystemExit as e:
+            assert says in str(e) and "\n" not in str(e)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
