@@ -10,6 +10,8 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
 - union: two phases. Each member first publishes its top-k indices per chunk; then every
   member sends 1-bit levels at the union of all members' indices, so each coefficient of the
   update is the mean of N members' values. Upload: k indices + |union| levels per chunk.
+- vote: union's two phases, with levels only where at least v members picked (v=V, default
+  2): a coefficient one member wants stays in its e. Upload: k indices + |voted| levels.
 - lag: union in one message per round: a round's packet carries levels at the union of the
   indices of the round before (known to all from its transcript) and this round's indices,
   chosen after those levels left e. lag0: the same with indices chosen before they left e.
@@ -71,7 +73,7 @@ from dtrain_node.optim.compress import EXP_MIN, topk
 from dtrain_node.optim.optimizer import model_spec
 from dtrain_node.optim.segments import token_names
 
-ARMS = ("own", "union", "lag", "lag0", "rand", "grp", "glob", "dense", "lowrank", "paper")
+ARMS = ("own", "union", "vote", "lag", "lag0", "rand", "grp", "glob", "dense", "lowrank", "paper")
 
 
 def scales(v: torch.Tensor, groups: torch.Tensor, ngroups: int) -> torch.Tensor:
@@ -234,6 +236,11 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
             bits += t.n * runs * per_run + 8 * t.ngroups
             for ei in es:
                 _send_runs(ei, t, agg, g, runs)
+        elif arm == "vote":
+            at = voted([topk(ei, t.k) for ei in es], t, ks.get("v", 2))
+            bits += t.n * t.k * ib + 8 * t.ngroups + t.bits * len(at[0])
+            for ei in es:
+                _send_at(ei, t, at, agg)
         elif arm == "rand":
             at = drawn(t, rng)
             bits += t.bits * len(at[0]) + 8 * t.ngroups
@@ -358,6 +365,14 @@ def union(picks: list[torch.Tensor], t: Tensor) -> tuple[torch.Tensor, torch.Ten
     return mask.nonzero(as_tuple=True)
 
 
+def voted(picks: list[torch.Tensor], t: Tensor, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chunk, coefficient) of every index at least v members picked, each once."""
+    cnt = torch.zeros(t.n, t.width)
+    for idx in picks:
+        cnt.scatter_add_(1, idx, torch.ones(idx.shape))
+    return (cnt >= v).nonzero(as_tuple=True)
+
+
 def parse_arm(spec: str) -> tuple[str, dict]:
     """'own,k=5,olr=2' -> ('own', {'k': 5, 'olr': 2.0}); a bad spec exits with one line."""
     arm, *kv = spec.split(",")
@@ -391,7 +406,8 @@ def main() -> int:
         "(token tensors) ,kv=K (vectors) ,bits=B ,g=G ,r=R ,fb=B ,lr=LR ,beta=B (paper) "
         ",olr=X (outer lr) ,b1=X (inner AdamW beta1) "
         ",cnt=1 (own: mean over the members that sent a coefficient) "
-        ",fbs=1 (own: the shared update leaves every member's e, not its own picks)",
+        ",fbs=1 (own: the shared update leaves every member's e, not its own picks) "
+        ",v=V (vote: levels where at least V members picked)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()

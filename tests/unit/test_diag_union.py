@@ -34,6 +34,19 @@ def test_union_lists_each_picked_coefficient_once() -> None:
     ]  # fmt: skip
 
 
+def test_a_vote_keeps_only_coefficients_enough_members_picked() -> None:
+    t = _layout()
+    a, b, c = (
+        torch.tensor([[1, 5], [0, 2]]),
+        torch.tensor([[5, 9], [0, 2]]),
+        torch.tensor([[5, 7], [3, 2]]),
+    )
+    pairs = lambda at: list(zip(at[0].tolist(), at[1].tolist(), strict=True))  # noqa: E731
+    assert pairs(du.voted([a, b, c], t, 2)) == [(0, 5), (1, 0), (1, 2)]
+    assert pairs(du.voted([a, b, c], t, 3)) == [(0, 5), (1, 2)]
+    assert pairs(du.voted([a, b, c], t, 1)) == pairs(du.union([a, b, c], t))
+
+
 def test_what_leaves_e_is_what_the_update_gets() -> None:
     torch.manual_seed(0)
     t = _layout()
