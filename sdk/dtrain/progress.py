@@ -85,7 +85,9 @@ class _Round:
 
 class RoundBook:
     """Progress notes in, one `RoundLine` per round out: a round is shown once every member
-    reported it, or once a later round begins (gossip may lose a note)."""
+    reported it, once a later round is whole, or once a note two rounds later (or of a later
+    epoch) comes. Gossip may lose a note; it may also bring a slow member's note after a
+    faster member's note of the next round, and that note still counts."""
 
     def __init__(self, epochs: int, rounds: int, boundary_s: float) -> None:
         self.epochs, self.rounds = epochs, max(1, rounds)
@@ -102,8 +104,9 @@ class RoundBook:
             return []
         self._measure_boundary(key[0], float(body.get("t", 0.0)))
         self._open.setdefault(key, _Round()).notes[str(body["sender"])] = body
-        ready = [k for k in sorted(self._open) if k < key]
-        if len(self._open[key].notes) >= members:
+        whole = len(self._open[key].notes) >= members
+        ready = [k for k in sorted(self._open) if k < key and (whole or _far(k, key))]
+        if whole:
             ready.append(key)
         return [self._show(k, members) for k in ready]
 
@@ -295,6 +298,12 @@ class ProgressFeed:
             return tuple(self.bsm.members(self.job_id, block))
         except Exception:
             return ()
+
+
+def _far(k: tuple[int, int, int], later: tuple[int, int, int]) -> bool:
+    """Whether a note of round `later` means round `k`'s missing notes are lost, not late:
+    it is two rounds on, or of a later epoch or attempt."""
+    return k[:2] != later[:2] or later[2] - k[2] >= 2
 
 
 def _epoch_of(body: dict[str, Any]) -> tuple[int, int]:

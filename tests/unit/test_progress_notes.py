@@ -145,10 +145,28 @@ def test_round_lines_wait_for_every_member_or_the_next_round_and_give_the_job_et
     text = line.text()
     assert "epoch 1/2 round 1/3" in text and "reward 0.7500" in text and "accuracy 0.5000" in text
     assert "ETA 1 min 50 s" in text
-    assert book.add(body("a", 1), members=2) == []  # b's note of round 1 was lost
-    [late] = book.add(body("a", 2), members=2)
-    assert (late.round, late.reported) == (1, 1)
+    assert book.add(body("a", 1), members=2) == []
+    assert book.add(body("a", 2), members=2) == []  # b's note of round 1 may still come
+    [late] = book.add(body("b", 1), members=2)  # it does, after a's note of round 2
+    assert (late.round, late.reported) == (1, 2)
     assert [x.round for x in book.flush(members=2)] == [2]
+
+
+def test_a_round_with_a_lost_note_is_shown_once_a_later_round_is_whole_or_two_on() -> None:
+    book = RoundBook(epochs=2, rounds=4, boundary_s=30.0)
+    assert book.add(body("a", 0), members=2) == []  # b's note of round 0 is lost
+    assert book.add(body("a", 1), members=2) == []
+    shown = book.add(body("b", 1), members=2)  # round 1 is whole: round 0 waits no longer
+    assert [(x.round, x.reported) for x in shown] == [(0, 1), (1, 2)]
+    assert book.add(body("b", 0), members=2) == []  # shown already: not twice
+    assert book.add(body("a", 3), members=2) == []  # round 2's notes and b's of 3 are lost
+    shown = book.add(body("a", 0, epoch=1), members=2)  # a later epoch: round 3 is done
+    assert [(x.epoch, x.round, x.reported) for x in shown] == [(0, 3, 1)]
+    shown = book.add(body("b", 0, epoch=1), members=2)
+    assert [(x.epoch, x.round, x.reported) for x in shown] == [(1, 0, 2)]
+    assert book.add(body("a", 1, epoch=1), members=2) == []
+    shown = book.add(body("a", 3, epoch=1), members=2)  # two rounds on: round 1 is done
+    assert [(x.epoch, x.round, x.reported) for x in shown] == [(1, 1, 1)]
 
 
 class Chain:
@@ -308,6 +326,6 @@ def test_a_note_waits_while_the_rpc_node_has_not_seen_its_epoch_start(fake_peer)
     feed._refresh()
     feed._release()
     assert [p["sender"] for p in points] == ["a"] and lines == []
-    feed._notes.put(body("a", 1))  # b's note of round 1 was lost: the next round shows it
+    feed._notes.put(body("a", 2))  # b's note of round 0 was lost: a note two rounds on shows it
     feed._drain(0.0)
     assert [(x.round, x.reported, x.members) for x in lines] == [(0, 1, 2)]
