@@ -359,10 +359,7 @@ def drawn(t: Tensor, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 def union(picks: list[torch.Tensor], t: Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(chunk, coefficient) of every index any member picked, each once."""
-    mask = torch.zeros(t.n, t.width, dtype=torch.bool)
-    for idx in picks:
-        mask.scatter_(1, idx, True)
-    return mask.nonzero(as_tuple=True)
+    return voted(picks, t, 1)
 
 
 def voted(picks: list[torch.Tensor], t: Tensor, v: int) -> tuple[torch.Tensor, torch.Tensor]:
