@@ -38,6 +38,8 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
   of a token tensor) instead of k per chunk: as many picks as own's k index + level bits per
   chunk pay for at the group's wider index, the largest |e| of the group, so a quiet chunk
   sends nothing and a busy one more, at the group's one scale.
+- tern=1 (union, vote): a member's level at an entry is -s, 0 or +s (0 where |e| < s / 2,
+  log2 3 bits), so at the other members' picks it can send nothing instead of noise.
 - every arm: b1=X sets the inner AdamW's beta1 (the recipe's by default).
 - own options: cnt=1 averages a coefficient over the members that sent it (not over N);
   olr=X scales the shared update; fbs=1 takes the shared update out of every member's e
@@ -89,14 +91,20 @@ def scales(v: torch.Tensor, groups: torch.Tensor, ngroups: int) -> torch.Tensor:
 class Tensor:
     """One parameter's chunk layout, k and scale groups."""
 
-    def __init__(self, shape: torch.Size, k: int, token: bool, bits: int = 1) -> None:
+    def __init__(self, shape: torch.Size, k: int, token: bool, bits: int = 1, tern=0) -> None:
         self.shape, self.k, self.bits = shape, k, bits  # bits: levels at a union (1 or 2)
+        self.tern = bool(tern)  # levels -s, 0, +s at a union instead of bits' levels
         self.n = dct.nchunks(shape)
         self.width = dct.chunk_elems(shape)
         v = dct.view2(shape)
         per_row = -(-v[1] // dct.N) if token and len(v) == 2 else self.n  # 64-row blocks
         self.group = torch.arange(self.n) // per_row  # chunk -> scale group
         self.ngroups = int(self.group.max()) + 1
+
+    @property
+    def level_bits(self) -> float:
+        """Bits of one level at a union: log2(3) for ternary levels, else bits."""
+        return math.log2(3) if self.tern else self.bits
 
     @property
     def own_bits(self) -> int:
@@ -120,7 +128,7 @@ def run(c: bs.Ctx, arm: str, ks: dict, n: int, seed: int, beta: float) -> dict:
     for nm, p in zip(names, shared, strict=True):
         vec = len(dct.view2(p.shape)) == 1
         k = ks.get("kv", 1) if vec else (k_tok if nm in toks else k_mat)
-        lay.append(Tensor(p.shape, k, nm in toks, ks.get("bits", 1)))
+        lay.append(Tensor(p.shape, k, nm in toks, ks.get("bits", 1), ks.get("tern", 0)))
     e = [[torch.zeros(t.n, t.width) for t in lay] for _ in range(n)]
     if arm == "lowrank":  # weight-space e and warm-start right factors per member, matrix
         r = ks.get("r", 1)
@@ -238,7 +246,7 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
                 _send_runs(ei, t, agg, g, runs)
         elif arm == "vote":
             at = voted([topk(ei, t.k) for ei in es], t, ks.get("v", 2))
-            bits += t.n * t.k * ib + 8 * t.ngroups + t.bits * len(at[0])
+            bits += t.n * t.k * ib + 8 * t.ngroups + t.level_bits * len(at[0])
             for ei in es:
                 _send_at(ei, t, at, agg)
         elif arm == "rand":
@@ -249,7 +257,7 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
         else:
             picks = union([topk(ei, t.k) for ei in es], t) if arm != "lag" else None
             at = picks if arm == "union" else prev[j]
-            bits += t.n * t.k * ib + 8 * t.ngroups + (t.bits * len(at[0]) if at else 0)
+            bits += t.n * t.k * ib + 8 * t.ngroups + (t.level_bits * len(at[0]) if at else 0)
             for ei in es if at else ():
                 _send_at(ei, t, at, agg)
             if arm != "union":  # the lag arms keep this round's union for the next
@@ -343,8 +351,8 @@ def _send_at(ei: torch.Tensor, t: Tensor, at: tuple, agg: torch.Tensor) -> None:
     rows, cols = at
     v = ei[rows, cols]
     s = scales(v, t.group[rows], t.ngroups)
-    # 2 bits: +-1, +-3 at half the scale, as the codec's 2-bit levels
-    q = _levels(v, s, t.bits)
+    # 2 bits: +-1, +-3 at half the scale, as the codec's 2-bit levels; ternary: 0 below s / 2
+    q = (v / s).round().clamp(-1, 1) * s if t.tern else _levels(v, s, t.bits)
     ei[rows, cols] -= q
     agg[rows, cols] += q
 
@@ -404,7 +412,7 @@ def main() -> int:
         ",olr=X (outer lr) ,b1=X (inner AdamW beta1) "
         ",cnt=1 (own: mean over the members that sent a coefficient) "
         ",fbs=1 (own: the shared update leaves every member's e, not its own picks) "
-        ",v=V (vote: levels where at least V members picked)",
+        ",v=V (vote: levels where at least V members picked) ,tern=1 (union/vote: levels -s, 0, +s)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()

@@ -219,3 +219,20 @@ def test_an_arm_spec_parses_to_typed_options_and_a_bad_one_exits_with_one_line()
             assert says in str(e) and "\n" not in str(e)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_ternary_levels_send_nothing_where_e_is_below_half_the_scale() -> None:
+    """At a union of four entries holding 4, -4, 0.9 and 0.5 (mean 2.35, scale 2): 1-bit levels
+    send +-2 everywhere; ternary levels send +2, -2 and nothing at the two small entries, which
+    stay in e, at log2(3) bits a level."""
+    one, tern = _layout(k=1), du.Tensor(torch.Size((64, 128)), 1, token=False, tern=1)
+    at = (torch.zeros(4, dtype=torch.long), torch.tensor([0, 1, 2, 3]))
+    sent = []
+    for t in (one, tern):
+        e, agg = torch.zeros(t.n, t.width), torch.zeros(t.n, t.width)
+        e[0, :4] = torch.tensor([4.0, -4.0, 0.9, 0.5])
+        du._send_at(e, t, at, agg)
+        assert torch.equal(e[0, :4] + agg[0, :4], torch.tensor([4.0, -4.0, 0.9, 0.5]))
+        sent.append(agg[0, :4].tolist())
+    assert sent == [[2.0, -2.0, 2.0, 2.0], [2.0, -2.0, 0.0, 0.0]]
+    assert one.level_bits == 1 and abs(tern.level_bits - 1.585) < 1e-3
