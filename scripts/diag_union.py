@@ -412,7 +412,8 @@ def main() -> int:
         ",olr=X (outer lr) ,b1=X (inner AdamW beta1) "
         ",cnt=1 (own: mean over the members that sent a coefficient) "
         ",fbs=1 (own: the shared update leaves every member's e, not its own picks) "
-        ",v=V (vote: levels where at least V members picked) ,tern=1 (union/vote: levels -s, 0, +s)",
+        ",v=V (vote: levels where at least V members picked) "
+        ",tern=1 (union, vote: levels -s, 0, +s)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
