@@ -91,7 +91,9 @@ def scales(v: torch.Tensor, groups: torch.Tensor, ngroups: int) -> torch.Tensor:
 class Tensor:
     """One parameter's chunk layout, k and scale groups."""
 
-    def __init__(self, shape: torch.Size, k: int, token: bool, bits: int = 1, tern=0) -> None:
+    def __init__(
+        self, shape: torch.Size, k: int, token: bool, bits: int = 1, tern: int = 0
+    ) -> None:
         self.shape, self.k, self.bits = shape, k, bits  # bits: levels at a union (1 or 2)
         self.tern = bool(tern)  # levels -s, 0, +s at a union instead of bits' levels
         self.n = dct.nchunks(shape)
