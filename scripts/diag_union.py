@@ -38,7 +38,7 @@ momentum e each sync, on a product model through bench_scaling's data, shards an
   of a token tensor) instead of k per chunk: as many picks as own's k index + level bits per
   chunk pay for at the group's wider index, the largest |e| of the group, so a quiet chunk
   sends nothing and a busy one more, at the group's one scale.
-- tern=1 (union, vote): a member's level at an entry is -s, 0 or +s (0 where |e| < s / 2,
+- tern=1 (union, vote, rand): a member's level at an entry is -s, 0 or +s (0 where |e| < s / 2,
   log2 3 bits), so at the other members' picks it can send nothing instead of noise.
 - every arm: b1=X sets the inner AdamW's beta1 (the recipe's by default).
 - own options: cnt=1 averages a coefficient over the members that sent it (not over N);
@@ -253,7 +253,7 @@ def sync(ms, e, shared, lay, arm: str, ks: dict, beta: float, prev: list, rng) -
                 _send_at(ei, t, at, agg)
         elif arm == "rand":
             at = drawn(t, rng)
-            bits += t.bits * len(at[0]) + 8 * t.ngroups
+            bits += t.level_bits * len(at[0]) + 8 * t.ngroups
             for ei in es:
                 _send_at(ei, t, at, agg)
         else:
@@ -361,8 +361,8 @@ def _send_at(ei: torch.Tensor, t: Tensor, at: tuple, agg: torch.Tensor) -> None:
 
 def drawn(t: Tensor, rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(chunk, coefficient) of m shared random coefficients per chunk, m paid for by own's
-    k index + level bits at t.bits per level."""
-    m = min(t.width, t.k * (math.ceil(math.log2(t.width)) + 1) // t.bits)
+    k index + level bits at t.level_bits per level."""
+    m = min(t.width, int(t.k * (math.ceil(math.log2(t.width)) + 1) // t.level_bits))
     idx = torch.rand(t.n, t.width, generator=rng).topk(m, dim=1).indices.sort(dim=1).values
     return torch.arange(t.n).repeat_interleave(m), idx.reshape(-1)
 
@@ -415,7 +415,7 @@ def main() -> int:
         ",cnt=1 (own: mean over the members that sent a coefficient) "
         ",fbs=1 (own: the shared update leaves every member's e, not its own picks) "
         ",v=V (vote: levels where at least V members picked) "
-        ",tern=1 (union, vote: levels -s, 0, +s)",
+        ",tern=1 (union, vote, rand: levels -s, 0, +s)",
     )
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
