@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 pragma solidity ^0.8.28;
 
-import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
-
 import {IDistributedTrainingBSMChallenges} from "./interfaces/IDistributedTrainingBSM.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 
@@ -24,31 +22,21 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         Challenge storage ch = _challenges[attempt];
         require(ch.challenger == address(0), AlreadyChallenged(jobId, epoch, ch.challenger));
         (ch.challenger, ch.openedAt, ch.transcript) = (msg.sender, uint64(block.timestamp), transcript);
+        // The draw's inputs are fixed now; its seed is the next block's hash, unknown now.
+        ch.seedBlock = uint64(block.number + 1);
+        ch.weightsAt = uint64(block.number);
+        ch.registrySize = uint32(_registry.length);
+        ch.maxWeight = uint128(_maxDrawWeight);
         // Held with the escrow until the challenge resolves (`accounting()` stays balanced).
         _totalEscrow += bond;
         emit Challenged(jobId, epoch, msg.sender, certified, transcript);
     }
 
     /// @inheritdoc IDistributedTrainingBSMChallenges
-    function applyReferee(uint256 jobId, uint256 epoch) external {
+    function drawReferees(uint256 jobId, uint256 epoch) external {
         (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
-        _inPhase(ch.openedAt, 0);
-        require(_operators[msg.sender].registered, NotRegistered(msg.sender));
-        require(
-            _membership[jobId][msg.sender] == Membership.None && msg.sender != ch.challenger
-                && _refereeSteps[attempt][msg.sender] == RefereeStep.None,
-            NotAnOutsider(jobId, msg.sender)
-        );
-        address[] storage applicants = _applicants[attempt];
-        require(applicants.length < _MAX_OPERATORS_CAP, TooManyApplicants(_MAX_OPERATORS_CAP));
-        // Bonded like a seat: the same stake cannot back a seat and a referee's verdict twice.
-        uint256 selfStake = _assetsOf(msg.sender, msg.sender);
-        uint256 needed = Math.max(_params.minStake, _bonded[msg.sender] + _params.challengeBond);
-        require(selfStake >= needed, InsufficientFreeStake(selfStake, needed));
-        _bonded[msg.sender] += _params.challengeBond;
-        _refereeSteps[attempt][msg.sender] = RefereeStep.Applied;
-        applicants.push(msg.sender);
-        emit RefereeApplied(jobId, epoch, msg.sender);
+        require(ch.seedBlock != 0, RefereesDrawnAlready(jobId, epoch));
+        _draw(jobId, epoch, attempt, ch);
     }
 
     /// @inheritdoc IDistributedTrainingBSMChallenges
@@ -63,7 +51,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
     function commitVerdict(uint256 jobId, uint256 epoch, bytes32 commitment) external {
         (Challenge storage ch, uint64 attempt) = _open(jobId, epoch);
         _inPhase(ch.openedAt, 1);
-        if (ch.drawn == 0) _draw(jobId, epoch, attempt, ch);
+        if (ch.seedBlock != 0) _draw(jobId, epoch, attempt, ch);
         require(_refereeSteps[attempt][msg.sender] == RefereeStep.Drawn, NotAReferee(jobId, msg.sender));
         require(commitment != bytes32(0), ZeroValue());
         _verdictCommitments[attempt][msg.sender] = commitment;
@@ -93,6 +81,9 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
             CommitmentMismatch(jobId, msg.sender)
         );
         require(checkpoint != bytes32(0), ZeroCheckpoint());
+        uint256 n = _members[jobId].length;
+        uint256 inRange = (1 << n) - 1;
+        require(findings & ~(inRange | inRange << _CAUGHT_SHIFT) == 0, FindingsOutOfRange(findings, n));
         bytes32 key = checkpoint == _UNWORKABLE ? _UNWORKABLE : _storeVote(jobId, attempt, checkpoint, participation);
         // The referees must agree on the vote and on their findings about the members.
         bytes32 verdict = keccak256(abi.encode(key, findings));
@@ -100,7 +91,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         _refereeSteps[attempt][msg.sender] = RefereeStep.Revealed;
         ch.revealed += 1;
         uint256 votes = ++_verdictCounts[attempt][verdict];
-        if (votes * 2 > ch.drawn) (ch.verdict, ch.findings) = (key, findings);
+        if (votes * 2 > ch.drawn && ch.drawn >= _minJury()) (ch.verdict, ch.findings) = (key, findings);
         emit VerdictRevealed(jobId, epoch, msg.sender, checkpoint, key, findings);
     }
 
@@ -111,21 +102,21 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
             uint256 ends = ch.openedAt + 3 * uint256(_params.challengeWindow);
             require(block.timestamp >= ends, NotInPhase(ends, type(uint64).max, block.timestamp));
         }
-        if (ch.drawn == 0 && _applicants[attempt].length > 0) _draw(jobId, epoch, attempt, ch);
         ch.resolved = true;
         bytes32 verdict = ch.verdict;
-        uint256 slashed = _settleReferees(jobId, epoch, attempt, verdict);
+        (uint256 slashed, uint256 fee) = _settleReferees(jobId, epoch, attempt, verdict);
         bool overturned = verdict != bytes32(0) && verdict != _tallies[attempt].leaderKey;
         uint256 bond = _params.challengeBond;
         _totalEscrow -= bond;
         // A challenge the referees upheld cost its challenger the bond, unless it proved a
         // member's packet false by replay, or the challenger is a voter of another vote whose
         // own transcript leads to that vote (it had to dispute to be judged on it); one they
-        // could not judge (no majority, no referee) costs it nothing.
+        // could not judge (no majority, too small a jury) costs it nothing. A verdict's
+        // referees are paid from the bond whatever they decided: their pay cannot bias them.
         address treasury = _params.treasury;
         bool excused = verdict == bytes32(0) || overturned || ch.findings >> _CAUGHT_SHIFT != 0
             || (_votesOf[attempt][ch.challenger] != verdict && _isConsistent(jobId, ch.challenger, ch.findings));
-        _credit(excused ? ch.challenger : treasury, bond);
+        _credit(excused ? ch.challenger : treasury, bond - fee);
         if (slashed > 0) _credit(treasury, slashed);
         emit ChallengeResolved(jobId, epoch, verdict, overturned);
     }
@@ -144,7 +135,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
             caught: ch.findings >> _CAUGHT_SHIFT,
             committed: ch.committed,
             revealed: ch.revealed,
-            applicants: _applicants[attempt],
+            seedBlock: ch.seedBlock,
             referees: _referees[attempt]
         });
     }
@@ -203,50 +194,64 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         require(block.timestamp >= opens && block.timestamp < closes, NotInPhase(opens, closes, block.timestamp));
     }
 
-    /// Draws `refereeCount` applicants (all of them if fewer apply) weighted by their
-    /// self-stake, without replacement, from the randomness of the drawing block; the bonds of
-    /// the applicants not drawn are released.
+    /// Draws up to `refereeCount` referees among the registered outsiders (see
+    /// `drawReferees`): each try picks a registry entry from the seed and accepts it with
+    /// probability (its weight when the challenge opened) / (the largest weight then); a try
+    /// that picks an insider, a referee already drawn or nobody is spent. A seed block out of
+    /// reach (older than 256 blocks) is replaced by the current one, whose hash nobody knows.
     function _draw(uint256 jobId, uint256 epoch, uint64 attempt, Challenge storage ch) private {
-        address[] memory a = _applicants[attempt];
-        uint256 n = a.length;
-        require(n > 0, NotAReferee(jobId, msg.sender));
-        uint256 want = Math.min(n, _params.refereeCount);
-        uint256[] memory w = new uint256[](n);
-        for (uint256 i; i < n; ++i) {
-            w[i] = _assetsOf(a[i], a[i]) + 1;
+        uint256 seedBlock = ch.seedBlock;
+        require(block.number > seedBlock, SeedNotMined(seedBlock, block.number));
+        uint256 seed = uint256(blockhash(seedBlock));
+        if (seed == 0) {
+            ch.seedBlock = uint64(block.number);
+            emit RefereeSeedRenewed(jobId, epoch, block.number);
+            return;
         }
-        _drawByWeight(w, want, uint256(keccak256(abi.encode(block.prevrandao, attempt))));
+        ch.seedBlock = 0;
+        uint256 want = _params.refereeCount;
+        uint256 size = ch.registrySize;
+        uint256 maxWeight = ch.maxWeight;
+        uint256 at = ch.weightsAt;
+        address caller = _jobs[jobId].caller;
         address[] storage drawn = _referees[attempt];
-        for (uint256 i; i < n; ++i) {
-            if (w[i] != 0) continue;
-            drawn.push(a[i]);
-            _refereeSteps[attempt][a[i]] = RefereeStep.Drawn;
+        for (uint256 k; k < want * _REFEREE_DRAW_TRIES && drawn.length < want && maxWeight > 0; ++k) {
+            uint256 r = uint256(keccak256(abi.encode(seed, attempt, k)));
+            address a = _registry[(r >> 128) % size];
+            if (
+                _membership[jobId][a] != Membership.None || a == caller || a == ch.challenger
+                    || _refereeSteps[attempt][a] != RefereeStep.None
+            ) continue;
+            if (uint128(r) % maxWeight >= _drawWeightAt(a, at)) continue;
+            drawn.push(a);
+            _refereeSteps[attempt][a] = RefereeStep.Drawn;
         }
-        uint256 bond = _params.challengeBond;
-        for (uint256 i; i < n; ++i) {
-            if (_refereeSteps[attempt][a[i]] == RefereeStep.Applied) _bonded[a[i]] -= bond;
-        }
-        ch.drawn = uint8(want);
+        ch.drawn = uint8(drawn.length);
         emit RefereesDrawn(jobId, epoch, drawn);
     }
 
-    /// Releases every drawn referee's bond; slashes those that revealed off the verdict or
-    /// withheld a committed one (fabrication rate) and those that never committed (dropout).
+    /// Slashes the drawn referees that committed and never revealed (fabrication rate) and,
+    /// with a verdict, those that revealed another (fabrication rate) or never committed
+    /// (dropout rate); credits the verdict's referees half the bond, shared (`fee`: what
+    /// they got). Without a verdict a referee that never committed is not slashed: the
+    /// files it needed may never have been served.
     function _settleReferees(uint256 jobId, uint256 epoch, uint64 attempt, bytes32 verdict)
         private
-        returns (uint256 slashed)
+        returns (uint256 slashed, uint256 fee)
     {
         address[] memory refs = _referees[attempt];
-        uint256 bond = _params.challengeBond;
         bytes32 agreed = keccak256(abi.encode(verdict, _challenges[attempt].findings));
+        uint256 share = verdict == bytes32(0) ? 0 : _params.challengeBond / 2 / _verdictCounts[attempt][agreed];
         for (uint256 i; i < refs.length; ++i) {
             address r = refs[i];
-            _bonded[r] -= bond;
             RefereeStep step = _refereeSteps[attempt][r];
-            if (step == RefereeStep.Drawn) {
-                slashed += _slash(r, _params.dropoutSlashBps, jobId, epoch, SlashReason.Dropout, msg.sender);
-            } else if (step == RefereeStep.Committed || (verdict != bytes32(0) && _verdictOf[attempt][r] != agreed)) {
+            if (step == RefereeStep.Committed || (verdict != bytes32(0) && step == RefereeStep.Revealed && _verdictOf[attempt][r] != agreed)) {
                 slashed += _slash(r, _params.fabricationSlashBps, jobId, epoch, SlashReason.WrongVerdict, msg.sender);
+            } else if (verdict != bytes32(0) && step == RefereeStep.Drawn) {
+                slashed += _slash(r, _params.dropoutSlashBps, jobId, epoch, SlashReason.Dropout, msg.sender);
+            } else if (share > 0 && step == RefereeStep.Revealed) {
+                _credit(r, share);
+                fee += share;
             }
         }
     }

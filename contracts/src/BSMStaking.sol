@@ -21,6 +21,7 @@ abstract contract BSMStaking is BSMStorage {
         o.registered = false;
         uint256 shares = _positions[operator][operator].shares;
         if (shares > 0) _unbondShares(operator, operator, shares);
+        _syncDrawWeight(operator);
         emit OperatorDeregistered(operator);
     }
 
@@ -49,6 +50,7 @@ abstract contract BSMStaking is BSMStorage {
         p.totalAssets += amount.toUint128();
         pos.shares += shares.toUint128();
         _totalStaked += amount;
+        if (account == operator) _syncDrawWeight(operator);
         if (_operators[operator].activeJobs == 0) {
             emit Staked(operator, account, amount, shares);
             return;
@@ -148,6 +150,7 @@ abstract contract BSMStaking is BSMStorage {
         p.totalShares -= shares.toUint128();
         p.totalAssets -= amount.toUint128();
         _totalStaked -= amount;
+        if (account == operator) _syncDrawWeight(operator);
         if (p.totalShares == 0 && p.totalAssets > 0) {
             uint256 dust = p.totalAssets;
             p.totalAssets = 0;
@@ -245,6 +248,7 @@ abstract contract BSMStakingActions is BSMStaking, IDistributedTrainingBSMStakin
         o.registered = true;
         _setNetwork(o, peerKey, multiaddrs, hardware, minPricePerEpoch);
         _mint(msg.sender, msg.sender, msg.value);
+        _enlist(msg.sender);
         emit OperatorRegistered(msg.sender, peerKey, msg.value);
     }
 

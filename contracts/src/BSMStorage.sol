@@ -349,6 +349,12 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         bytes32 transcript;
         bytes32 verdict; // vote key a majority of the drawn referees revealed
         uint256 findings; // that majority's: bit i member i consistent, bit 128 + i caught by replay
+        // The referee draw's inputs, frozen when the challenge opened: the block whose hash
+        // seeds it (0 once drawn), the registry's size and the largest draw weight then.
+        uint64 seedBlock;
+        uint64 weightsAt;
+        uint32 registrySize;
+        uint128 maxWeight;
     }
 
     /// Bit 128 + i of a verdict's findings: member i caught by replay.
@@ -357,14 +363,12 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     /// Where a referee stands in a challenge.
     enum RefereeStep {
         None,
-        Applied,
         Drawn,
         Committed,
         Revealed
     }
 
     mapping(uint64 attempt => Challenge) internal _challenges;
-    mapping(uint64 attempt => address[]) internal _applicants;
     mapping(uint64 attempt => address[]) internal _referees;
     mapping(uint64 attempt => mapping(address referee => RefereeStep)) internal _refereeSteps;
     mapping(uint64 attempt => mapping(address referee => bytes32)) internal _verdictCommitments;
@@ -456,5 +460,73 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         uint256 stored = _tokenAsks[operator][token];
         if (stored != 0) return (true, stored - 1);
         return (inEther == 0, 0);
+    }
+
+    // ---------------------------------------------------------------- referee registry
+    // Referees are drawn from every operator ever registered (the registry only grows, so
+    // a draw's index range is fixed by its size when the challenge opened), each accepted
+    // with probability (its draw weight at the challenge's block) / (the largest draw weight
+    // then): weights and membership are read as they were before the seed block existed.
+
+    /// Tries per referee seat before a draw gives up (a jury smaller than `_minJury` decides
+    /// nothing): bounds the draw's gas whatever the registry holds.
+    uint256 internal constant _REFEREE_DRAW_TRIES = 64;
+
+    address[] internal _registry;
+    mapping(address operator => uint256) internal _registryIndex; // index + 1; 0: never registered
+    /// A draw weight from block `fromBlock` on.
+    struct WeightPoint {
+        uint48 fromBlock;
+        uint208 weight;
+    }
+
+    /// Each operator's draw weight by block number, oldest first: its self-stake capped like a
+    /// seat weight, 0 while not registered.
+    mapping(address operator => WeightPoint[]) internal _drawWeights;
+    /// The largest draw weight any operator ever had (only grows).
+    uint256 internal _maxDrawWeight;
+
+    function _enlist(address op) internal {
+        if (_registryIndex[op] == 0) {
+            _registry.push(op);
+            _registryIndex[op] = _registry.length;
+        }
+        _syncDrawWeight(op);
+    }
+
+    /// Records `op`'s draw weight as of this block (after every change of its self-stake,
+    /// its pool's price or its registration).
+    function _syncDrawWeight(address op) internal {
+        if (_registryIndex[op] == 0) return;
+        uint256 w = _operators[op].registered ? _seatWeight(op) : 0;
+        WeightPoint[] storage points = _drawWeights[op];
+        uint256 n = points.length;
+        if (n > 0 && points[n - 1].weight == w) return;
+        if (n > 0 && points[n - 1].fromBlock == block.number) {
+            points[n - 1].weight = uint208(w);
+        } else {
+            points.push(WeightPoint(uint48(block.number), uint208(w)));
+        }
+        if (w > _maxDrawWeight) _maxDrawWeight = w;
+    }
+
+    /// `op`'s draw weight at the end of block `at` (0 before it registered).
+    function _drawWeightAt(address op, uint256 at) internal view returns (uint256) {
+        WeightPoint[] storage points = _drawWeights[op];
+        uint256 hi = points.length;
+        // Draws read recent blocks: the latest point usually answers at once.
+        if (hi > 0 && points[hi - 1].fromBlock <= at) return points[hi - 1].weight;
+        uint256 lo;
+        while (lo < hi) {
+            uint256 mid = (lo + hi) / 2;
+            if (points[mid].fromBlock <= at) lo = mid + 1;
+            else hi = mid;
+        }
+        return lo == 0 ? 0 : points[lo - 1].weight;
+    }
+
+    /// Least referees whose majority is a verdict: a majority of `refereeCount`.
+    function _minJury() internal view returns (uint256) {
+        return uint256(_params.refereeCount) / 2 + 1;
     }
 }

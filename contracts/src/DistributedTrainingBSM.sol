@@ -56,6 +56,12 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         uint256 span = uint256(p.startGrace) + p.minEpochDuration + p.revealWindow + 4 * uint256(p.challengeWindow);
         require(p.unbondingPeriod / 4 >= span, UnbondingTooShort(p.unbondingPeriod, 4 * span));
         require(p.treasury != address(0) && p.developer != address(0), ZeroAddress());
+        // Without a challenge window or a seat draw, a certified vote is final at once and the
+        // first joiners own the seats: only development chains may run so.
+        require(
+            (p.challengeWindow > 0 && p.seatDrawWindow > 0) || block.chainid == 31_337 || block.chainid == 1337,
+            TrustSwitchedOff(block.chainid, p.challengeWindow, p.seatDrawWindow)
+        );
         _params = p;
         _nextJobId = 1;
         _nextAttempt = 1;
@@ -602,6 +608,9 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         } else {
             j.status = JobStatus.Open;
             j.epochStart = uint64(block.timestamp); // waiting since: `openTimeout` runs from here
+            // A fresh attempt voids every JOIN signed before the job reopened (a signed call
+            // names the attempt it is for): a join that failed earlier cannot be replayed now.
+            j.attempt = _nextAttempt++;
         }
     }
 

@@ -48,6 +48,7 @@ contract DistributedTrainingBSMHooks is BSMStakingActions {
             abi.decode(registrationInputs, (bytes32, string[], string, uint256));
         o.registered = true;
         _setNetwork(o, peerKey, multiaddrs, hardware, price);
+        _enlist(operator);
         emit OperatorRegistered(operator, peerKey, 0);
     }
 
@@ -153,9 +154,15 @@ contract DistributedTrainingBSMHooks is BSMStakingActions {
     // The rest of tnt-core's IBlueprintServiceManager: the core calls these best effort (or reads
     // them with a fallback to its defaults); this blueprint keeps no state for them.
 
-    function onUpdatePreferences(address, bytes calldata) external payable {}
+    // Payable in the core's interface; this blueprint takes no ether through them (none could
+    // ever leave the BSM: it is not anyone's credit).
+    function onUpdatePreferences(address, bytes calldata) external payable {
+        require(msg.value == 0, EtherNotAccepted(msg.value));
+    }
 
-    function onApprove(address, uint64, uint8) external payable {}
+    function onApprove(address, uint64, uint8) external payable {
+        require(msg.value == 0, EtherNotAccepted(msg.value));
+    }
 
     function onReject(address, uint64) external {}
 

@@ -641,9 +641,11 @@ class BSM:
         f = self.contract.functions.postTranscript(job_id, epoch, _b32(transcript))
         return self._transact(f, gas=gas)
 
-    def apply_referee(self, job_id: int, epoch: int) -> Receipt:
-        """Applies to referee the challenge (bonds `challenge_bond` of free self-stake)."""
-        return self._transact(self.contract.functions.applyReferee(job_id, epoch))
+    def draw_referees(self, job_id: int, epoch: int, gas: int | None = None) -> Receipt:
+        """Draws the challenge's referees among every registered outsider, by capped
+        self-stake as it stood at the challenge, from the hash of the block after it; anyone
+        may, once that block is mined (`challenge_of(attempt).seed_block`)."""
+        return self._transact(self.contract.functions.drawReferees(job_id, epoch), gas=gas)
 
     def commit_verdict(
         self, job_id: int, epoch: int, commitment: bytes, gas: int | None = None

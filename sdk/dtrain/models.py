@@ -445,7 +445,6 @@ class Challenge(Decoded):
         "transcript": bytes,
         "certified_key": bytes,
         "verdict_key": bytes,
-        "applicants": tuple,
         "referees": tuple,
     }
 
@@ -459,7 +458,7 @@ class Challenge(Decoded):
     caught: int  # with the verdict: bit i set, member i's replayed packet is not the one it sent
     committed: int
     revealed: int
-    applicants: tuple[str, ...]
+    seed_block: int  # the block whose hash draws the referees; 0 once drawn
     referees: tuple[str, ...]  # empty until drawn
 
     @property

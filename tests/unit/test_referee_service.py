@@ -23,7 +23,7 @@ class Chain:
 
     def __init__(self, clock: list[float]) -> None:
         self.clock, self.sent, self.refused = clock, {}, []
-        self.ch = SimpleNamespace(resolved=False, applicants=[ME], opened_at=OPENED, referees=[ME])
+        self.ch = SimpleNamespace(resolved=False, seed_block=0, opened_at=OPENED, referees=[ME])
         self.ch.committed = self.ch.revealed = 0
 
     def challenge_of(self, attempt: int) -> SimpleNamespace:
@@ -99,3 +99,35 @@ def test_a_memo_does_each_piece_of_work_once() -> None:
         memo.once(b"g", lambda: int("x"), "files")
     assert memo.once(b"g", lambda: "led", "files") == "led"  # an exception was not kept
     assert (runs, memo.files, memo.unions) == ([1], 2, 1)
+
+
+class Draw:
+    """A challenge whose seed block is not mined yet: the first draw lands in it and reverts
+    (mining it), the next draws `drawn`."""
+
+    def __init__(self, drawn: list[str]) -> None:
+        self.ch = SimpleNamespace(resolved=False, seed_block=7, referees=())
+        self.drawn, self.tries = drawn, 0
+
+    def challenge_of(self, attempt: int) -> SimpleNamespace:
+        return self.ch
+
+    def draw_referees(self, job_id: int, epoch: int, gas: int) -> None:
+        self.tries += 1
+        if self.tries == 1:
+            raise TransactionFailed("transaction 0x.. reverted: SeedNotMined(7, 7)")
+        self.ch.seed_block, self.ch.referees = 0, tuple(self.drawn)
+
+
+@pytest.mark.parametrize(("drawn", "judges"), [([ME], True), (["0x" + "cd" * 20], False)])
+def test_a_referee_draws_once_the_seed_block_exists_and_judges_only_if_drawn(
+    drawn: list[str], judges: bool
+) -> None:
+    svc = RefereeService.__new__(RefereeService)
+    svc.bsm, svc.me = Draw(drawn), ME
+    svc.metrics = []
+    svc.metric = lambda kind, **kw: svc.metrics.append(kind)
+    case = Case(1, 0, 3, "0x" + "ef" * 20, b"\x00" * 32, (), b"\x00" * 32)
+    assert svc._drawn(case, threading.Event()) is judges
+    assert svc.bsm.tries == 2, "one try mined the seed block, the next drew"
+    assert svc.metrics == ["referee_drawn" if judges else "referee_not_drawn"]

@@ -68,8 +68,10 @@ interface IDistributedTrainingBSMTypes {
         uint8 maxOperators;
         /// Consecutive epochs without quorum after which a job fails.
         uint8 maxFailedEpochs;
-        /// Referees drawn (by stake, among the registered operators outside the job that apply)
-        /// to re-execute a challenged epoch; odd, so a majority always exists among them.
+        /// Referees drawn (by capped self-stake, among every registered operator outside the
+        /// job, its caller and the challenger) to re-execute a challenged epoch; odd, so a
+        /// majority always exists among them. A jury of fewer than `refereeCount / 2 + 1`
+        /// decides nothing.
         uint8 refereeCount;
         /// Must be at least 4 x (startGrace + minEpochDuration + revealWindow): an epoch with its
         /// reveal window spans at most a quarter of it (`maxEpochDuration`), so stake queued
@@ -170,7 +172,7 @@ interface IDistributedTrainingBSMTypes {
         uint256 caught; // with the verdict: bit i set, member i's replayed packet is not the one it sent
         uint256 committed;
         uint256 revealed;
-        address[] applicants;
+        uint256 seedBlock; // the block whose hash draws the referees; 0 once drawn
         address[] referees; // empty until drawn
     }
 
@@ -381,18 +383,25 @@ interface IDistributedTrainingBSMTypes {
     error AlreadyChallenged(uint256 jobId, uint256 epoch, address challenger);
     /// @notice epoch `epoch` of job `jobId` is not challenged
     error NotChallenged(uint256 jobId, uint256 epoch);
-    /// @notice `operator` is in job `jobId`, its challenger, or applied already: it cannot referee it
-    error NotAnOutsider(uint256 jobId, address operator);
     /// @notice `account` is not a drawn referee (or not in the step it tries) of job `jobId`'s challenge
     error NotAReferee(uint256 jobId, address account);
-    /// @notice a challenge takes at most `max` referee applications
-    error TooManyApplicants(uint256 max);
+    /// @notice the referees are drawn from the hash of block `seedBlock`, not mined yet (now `blockNumber`)
+    error SeedNotMined(uint256 seedBlock, uint256 blockNumber);
+    /// @notice the referees of epoch `epoch` of job `jobId` were drawn already
+    error RefereesDrawnAlready(uint256 jobId, uint256 epoch);
+    /// @notice a verdict's findings name member bits at or above the member count `members`
+    error FindingsOutOfRange(uint256 findings, uint256 members);
     /// @notice this step of the challenge runs from `opensAt` to `closesAt` (now `nowTs`)
     error NotInPhase(uint256 opensAt, uint256 closesAt, uint256 nowTs);
     /// @notice the challenge of epoch `epoch` of job `jobId` is resolved
     error ChallengeResolvedAlready(uint256 jobId, uint256 epoch);
     /// @notice a challenge game needs an odd `refereeCount` (1..31) and a `challengeBond`
     error InvalidChallengeParams(uint256 refereeCount, uint256 challengeBond);
+    /// @notice on chain `chainId` (not a development chain: 31337, 1337) the challenge window
+    /// (`challengeWindow`) and the seat draw (`seatDrawWindow`) must both be on
+    error TrustSwitchedOff(uint256 chainId, uint256 challengeWindow, uint256 seatDrawWindow);
+    /// @notice this hook takes no ether (sent `value`)
+    error EtherNotAccepted(uint256 value);
 
     // Seat draw
     /// @notice job `jobId`'s seats are drawn at `drawAt` (0: not scheduled, fewer than
@@ -545,10 +554,12 @@ interface IDistributedTrainingBSMTypes {
     /// @notice `member`, a voter of the challenged attempt, serves the transcript file with
     /// sha256 `transcript`: the referees re-execute the union of every posted transcript.
     event TranscriptPosted(uint256 indexed jobId, uint256 indexed epoch, address indexed member, bytes32 transcript);
-    /// @notice `referee` applied, bonding self-stake, to re-execute epoch `epoch` of job `jobId`.
-    event RefereeApplied(uint256 indexed jobId, uint256 indexed epoch, address indexed referee);
-    /// @notice `referees` were drawn by stake among the applicants of the challenge.
+    /// @notice `referees` were drawn by capped self-stake among the registered outsiders of
+    /// the challenged job, from the hash of the block after the challenge's.
     event RefereesDrawn(uint256 indexed jobId, uint256 indexed epoch, address[] referees);
+    /// @notice The seed block's hash was out of the chain's 256-block reach when the draw ran:
+    /// the draw uses block `seedBlock`'s hash instead (a block not yet mined then).
+    event RefereeSeedRenewed(uint256 indexed jobId, uint256 indexed epoch, uint256 seedBlock);
     /// @notice `referee` committed its hidden verdict.
     event VerdictCommitted(uint256 indexed jobId, uint256 indexed epoch, address indexed referee);
     /// @notice `referee` revealed the verdict `checkpoint` (vote key `voteKey`) it re-executed
@@ -884,14 +895,19 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     /// `challengeBond` wei; `transcript` is the sha256 of the transcript file the sender serves.
     function challenge(uint256 jobId, uint256 epoch, bytes32 transcript) external payable;
     /// @notice A member that voted in the challenged attempt names the transcript file it serves
-    /// (during the apply phase), so that a challenger cannot hide packets from the referees:
+    /// (during the first phase), so that a challenger cannot hide packets from the referees:
     /// they re-execute the union of the challenger's and every posted transcript's packets.
     function postTranscript(uint256 jobId, uint256 epoch, bytes32 transcript) external;
-    /// @notice Applies to referee the challenge, bonding `challengeBond` of the sender's free
-    /// self-stake until it is resolved. Registered operators outside the job only.
-    function applyReferee(uint256 jobId, uint256 epoch) external;
+    /// @notice Draws the challenge's `refereeCount` referees; anyone may call it once the block
+    /// after the challenge's is mined. Nobody applies and nobody chooses: each registered
+    /// operator outside the job (not a member, its caller or the challenger) is drawn with a
+    /// probability proportional to its self-stake capped at `SEAT_WEIGHT_CAP` x `minStake`,
+    /// both read as they stood at the challenge's block, from the hash of the next block
+    /// (unknown when the weights were fixed). The draw tries `64 x refereeCount` picks at
+    /// most; a jury below `refereeCount / 2 + 1` decides nothing (the certified vote stands).
+    function drawReferees(uint256 jobId, uint256 epoch) external;
     /// @notice A drawn referee commits `commitmentHash(jobId, epoch, referee, checkpoint,
-    /// participation, bytes32(findings), salt)`; the first commit draws the referees.
+    /// participation, bytes32(findings), salt)` (it draws the referees if nobody did).
     function commitVerdict(uint256 jobId, uint256 epoch, bytes32 commitment) external;
     /// @notice Reveals a committed verdict (`checkpoint` may be `UNWORKABLE()`) and the
     /// referee's `findings` on the members. Bit i set: member i's own transcript file (the one
@@ -910,7 +926,13 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
         bytes32 salt
     ) external;
     /// @notice Ends the challenge once every drawn referee revealed or the reveal phase closed:
-    /// settles the bonds and slashes referees off the majority. Anyone may call it. The
+    /// settles the bond and the referees. Anyone may call it. With a verdict, the referees
+    /// that revealed it share half the bond, paid from what the losing side forfeits (the
+    /// slashed stake when the verdict overturned the vote or caught a member, else the
+    /// challenger's bond); referees off the verdict or that committed and never revealed are
+    /// slashed at the fabrication rate, drawn referees that never committed at the dropout
+    /// rate. Without a verdict (no majority, or too small a jury) only a referee that
+    /// committed and never revealed is slashed. The
     /// challenger's bond comes back when the verdict overturns the certified vote, when there
     /// is no verdict, when the referees caught a member (a fraud claim proven by replay), or
     /// when the challenger voted another vote and the verdict finds it consistent (a voter of

@@ -639,6 +639,7 @@ contract Handler is Test {
         uint256 who = (r >> 15) & 1 == 1 ? _dissenter(id, m, key, (r >> 1) % m.length) : (r >> 1) % m.length;
         address challenger = r & 1 == 1 && (r >> 15) & 1 == 0 ? st.caller : m[who];
         uint256 bond = bsm.params().challengeBond;
+        _registerReferees();
         _fund(challenger, bond);
         vm.prank(challenger);
         bsm.challenge{value: bond}(id, st.epoch, bytes32(r));
@@ -649,11 +650,15 @@ contract Handler is Test {
         if (challenger != st.caller && (r >> 14) & 3 != 0) bits |= 1 << who;
         // a quarter of the verdicts catch members by replay (bits 16..19 of `r`)
         if ((r >> 20) & 3 == 3) bits |= ((r >> 16) & 0xf) << 128;
+        uint256 inRange = (1 << m.length) - 1;
+        bits &= inRange | inRange << 128;
         _referee(id, st.epoch, r, bits);
         _resolve(id, st.epoch, challenger, key);
     }
 
-    function _referee(uint256 id, uint256 epoch, uint256 r, uint256 bits) internal {
+    /// Registers the three outside referees (before a challenge: the draw reads the registry
+    /// and the weights as they stood when the challenge opened).
+    function _registerReferees() internal {
         for (uint256 i; i < referees.length; ++i) {
             address a = referees[i];
             if (!bsm.getOperator(a).registered) {
@@ -661,30 +666,43 @@ contract Handler is Test {
                 vm.prank(a);
                 bsm.registerOperator{value: 3 ether}(bytes32(uint256(uint160(a))), new string[](0), "cpu", 0);
             }
-            vm.prank(a);
-            bsm.applyReferee(id, epoch);
         }
+    }
+
+    /// What the drawn referees will be paid: half the bond, shared by those that reveal the
+    /// verdict (set by `_referee`).
+    uint256 internal _expectedFee;
+
+    function _referee(uint256 id, uint256 epoch, uint256 r, uint256 bits) internal {
+        vm.roll(block.number + 2);
+        bsm.drawReferees(id, epoch);
+        address[] memory refs = bsm.challengeOf(_attemptOf(id)).referees;
         vm.warp(block.timestamp + bsm.params().challengeWindow);
         uint32[] memory p = new uint32[](bsm.getMembers(id).length);
         for (uint256 i; i < p.length; ++i) {
             p[i] = 4;
         }
-        for (uint256 i; i < referees.length; ++i) {
-            if (i == 2 && (r >> 5) & 1 == 1) continue; // silent
-            bytes32 v = i == 1 && (r >> 4) & 1 == 1 ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
-            bytes32 c = bsm.commitmentHash(id, epoch, referees[i], v, p, bytes32(bits), bytes32(i));
-            vm.prank(referees[i]);
+        bool forged = (r >> 4) & 1 == 1 && refs.length > 1;
+        bool silent = (r >> 5) & 1 == 1 && refs.length > 2;
+        for (uint256 i; i < refs.length; ++i) {
+            if (i == 2 && silent) continue;
+            bytes32 v = i == 1 && forged ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
+            bytes32 c = bsm.commitmentHash(id, epoch, refs[i], v, p, bytes32(bits), bytes32(i));
+            vm.prank(refs[i]);
             bsm.commitVerdict(id, epoch, c);
         }
-        if ((r >> 5) & 1 == 1) vm.warp(block.timestamp + bsm.params().challengeWindow);
-        for (uint256 i; i < referees.length; ++i) {
-            if (i == 2 && (r >> 5) & 1 == 1) continue;
-            bytes32 v = i == 1 && (r >> 4) & 1 == 1 ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
-            vm.prank(referees[i]);
+        if (silent) vm.warp(block.timestamp + bsm.params().challengeWindow);
+        for (uint256 i; i < refs.length; ++i) {
+            if (i == 2 && silent) continue;
+            bytes32 v = i == 1 && forged ? keccak256("forged verdict") : keccak256(abi.encode(id, epoch));
+            vm.prank(refs[i]);
             bsm.revealVerdict(id, epoch, v, p, bits, bytes32(i));
         }
+        uint256 honest = refs.length - (forged ? 1 : 0) - (silent ? 1 : 0);
+        bool verdict = honest * 2 > refs.length && refs.length >= uint256(bsm.params().refereeCount) / 2 + 1;
+        _expectedFee = verdict ? bsm.params().challengeBond / 2 / honest * honest : 0;
         // resolvable once every referee revealed, else after the reveal phase
-        if ((r >> 5) & 1 == 1) vm.warp(block.timestamp + bsm.params().challengeWindow);
+        if (silent || refs.length == 0) vm.warp(block.timestamp + bsm.params().challengeWindow);
     }
 
     function _resolve(uint256 id, uint256 epoch, address challenger, bytes32 certified) internal {
@@ -697,11 +715,12 @@ contract Handler is Test {
         (bytes32 verdict, uint256 consistent, bool excused) = _judged(id, challenger);
         uint256 caught = bsm.challengeOf(_attemptOf(id)).caught;
         bool backToChallenger = verdict == bytes32(0) || verdict != certified || excused || caught != 0;
-        uint256 bond = bsm.params().challengeBond;
+        // the bond less what the verdict's referees are paid
+        uint256 kept = bsm.params().challengeBond - _expectedFee;
         uint256 toTreasury = bsm.creditOf(treasury) - t0;
-        if (challenger == treasury) toTreasury -= bond;
-        else if (bsm.creditOf(challenger) - c0 != (backToChallenger ? bond : 0)) ++ghostChallengeViolations;
-        if (toTreasury != slashed + (backToChallenger ? 0 : bond)) ++ghostChallengeViolations;
+        if (challenger == treasury) toTreasury -= kept;
+        else if (bsm.creditOf(challenger) - c0 != (backToChallenger ? kept : 0)) ++ghostChallengeViolations;
+        if (toTreasury != slashed + (backToChallenger ? 0 : kept)) ++ghostChallengeViolations;
         ghostSlashed += slashed;
         if (slashed > 0) ++ghostRefereesSlashed;
         if (verdict != bytes32(0)) ++ghostVerdicts;

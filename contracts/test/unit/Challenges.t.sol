@@ -56,11 +56,17 @@ abstract contract ChallengeBase is BaseTest {
         bsm.challenge{value: CHALLENGE_BOND}(jobId, 0, keccak256("transcript file"));
     }
 
-    function applyAll(uint256 jobId, uint256 count) internal {
-        for (uint256 i; i < count; ++i) {
-            vm.prank(outsiders[i]);
-            bsm.applyReferee(jobId, 0);
-        }
+    /// Mines the block whose hash seeds the draw and draws the referees.
+    function drawReferees(uint256 jobId) internal returns (address[] memory refs) {
+        vm.roll(block.number + 2);
+        bsm.drawReferees(jobId, 0);
+        refs = bsm.challengeOf(state(jobId).attempt).referees;
+    }
+
+    /// What an excused challenger gets back of its bond once the referees reached a verdict:
+    /// the verdict's referees are paid the other half.
+    function bondBack() internal pure returns (uint256) {
+        return CHALLENGE_BOND - CHALLENGE_BOND / 2 / 3 * 3; // three referees share it
     }
 
     /// Every drawn referee commits and reveals `verdict` (full participation).
@@ -81,12 +87,10 @@ abstract contract ChallengeBase is BaseTest {
     {
         I.ChallengeInfo memory c = bsm.challengeOf(state(jobId).attempt);
         vm.warp(c.openedAt + WINDOW);
-        address[] memory applicants = c.applicants;
-        // the first commit draws the referees: draw by committing as any drawn applicant
-        for (uint256 i; i < applicants.length; ++i) {
-            commitIfDrawn(jobId, applicants[i], verdict, p, consistent);
+        refs = c.seedBlock == 0 ? c.referees : drawReferees(jobId);
+        for (uint256 i; i < refs.length; ++i) {
+            commitIfDrawn(jobId, refs[i], verdict, p, consistent);
         }
-        refs = bsm.challengeOf(state(jobId).attempt).referees;
         for (uint256 i; i < refs.length; ++i) {
             vm.prank(refs[i]);
             bsm.revealVerdict(jobId, 0, verdict, p, consistent, saltOf(refs[i], verdict));
@@ -125,7 +129,7 @@ contract SybilPairChallengeTest is ChallengeBase {
         vm.expectRevert(); // certified is not final while the window is open
         finalizeNow(jobId);
         challengeAs(honest, jobId);
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         judge(jobId, trained());
         vm.prank(reporter);
         bsm.resolveChallenge(jobId, 0);
@@ -134,7 +138,7 @@ contract SybilPairChallengeTest is ChallengeBase {
         vm.assertEq(bsm.epochCheckpoint(jobId, 0), trained(), "the verdict is the epoch's checkpoint");
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Completed));
         vm.assertGe(worth(honest), before[2], "the honest member lost nothing");
-        vm.assertEq(bsm.creditOf(honest), PRICE * 40 / 100 + CHALLENGE_BOND, "paid, and its bond back");
+        vm.assertEq(bsm.creditOf(honest), PRICE * 40 / 100 + bondBack(), "paid, and its bond back");
         for (uint256 i; i < 2; ++i) {
             vm.assertLt(worth(ops[i]), before[i], "each sybil ends with less than it put in");
             vm.assertEq(bsm.creditOf(ops[i]), 0, "no sybil is paid");
@@ -160,7 +164,7 @@ contract SevenSeatCoalitionChallengeTest is ChallengeBase {
     function test_twoThirdsOfSevenSeats_fabricationOverturned() public {
         (uint256 jobId, address[] memory ops) = certify(5, 2, 10 ether, keccak256("fabricated"));
         challengeAs(ops[6], jobId);
-        applyAll(jobId, 5);
+        drawReferees(jobId);
         judge(jobId, trained());
         bsm.resolveChallenge(jobId, 0);
         finalizeNow(jobId);
@@ -183,11 +187,11 @@ contract CallerMajorityChallengeTest is ChallengeBase {
         (uint256 jobId, address[] memory ops) = certify(2, 1, MIN_STAKE, unworkable);
         uint256 callerBefore = bsm.creditOf(caller);
         challengeAs(ops[2], jobId);
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         judge(jobId, trained());
         bsm.resolveChallenge(jobId, 0);
         finalizeNow(jobId);
-        vm.assertEq(bsm.creditOf(ops[2]), PRICE * 40 / 100 + CHALLENGE_BOND);
+        vm.assertEq(bsm.creditOf(ops[2]), PRICE * 40 / 100 + bondBack());
         vm.assertEq(bsm.creditOf(ops[0]) + bsm.creditOf(ops[1]), 0, "no UNWORKABLE compensation");
         vm.assertEq(bsm.stakeOf(ops[0], ops[0]), MIN_STAKE - MIN_STAKE * 500 / 10000);
         // the caller gets back only the seats nobody earned
@@ -209,7 +213,7 @@ contract UnprovenUnworkableTest is ChallengeBase {
         finalizeNow(jobId);
         uint256 callerBefore = bsm.creditOf(caller);
         challengeAs(caller, jobId);
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         judgeWith(jobId, state(jobId).checkpoint, new uint32[](3));
         bsm.resolveChallenge(jobId, 0);
         finalizeNow(jobId);
@@ -217,7 +221,7 @@ contract UnprovenUnworkableTest is ChallengeBase {
             vm.assertEq(bsm.creditOf(ops[i]), 0, "no compensation");
             vm.assertEq(bsm.stakeOf(ops[i], ops[i]), MIN_STAKE - MIN_STAKE * 500 / 10000, "a dropout");
         }
-        vm.assertEq(bsm.creditOf(caller) - callerBefore, escrowOf(spec(3, 3, 1)) + CHALLENGE_BOND);
+        vm.assertEq(bsm.creditOf(caller) - callerBefore, escrowOf(spec(3, 3, 1)) + bondBack());
         assertConserved();
     }
 }
@@ -229,12 +233,12 @@ contract WrongChallengeTest is ChallengeBase {
         (uint256 jobId, address[] memory ops) = certify(1, 2, MIN_STAKE, keccak256("fabricated"));
         uint256 treasuryBefore = bsm.creditOf(treasury);
         challengeAs(ops[0], jobId); // the outvoted fabricator disputes the honest quorum
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         judge(jobId, trained());
         vm.expectEmit();
         emit I.ChallengeResolved(jobId, 0, keccak256(abi.encode(trained(), fullParticipation(jobId))), false);
         bsm.resolveChallenge(jobId, 0);
-        vm.assertEq(bsm.creditOf(treasury) - treasuryBefore, CHALLENGE_BOND);
+        vm.assertEq(bsm.creditOf(treasury) - treasuryBefore, bondBack(), "the bond less the referees' pay");
         finalizeNow(jobId);
         vm.assertEq(bsm.epochCheckpoint(jobId, 0), trained());
         vm.assertEq(bsm.creditOf(ops[0]), 0);
@@ -253,8 +257,9 @@ contract WrongChallengeTest is ChallengeBase {
     }
 }
 
-/// Referees: drawn by stake among outside applicants, bonded while the challenge is open,
-/// slashed off the majority (fabrication rate) or silent (dropout rate).
+/// Referees: drawn by capped self-stake among every registered outsider, from the hash of the
+/// block after the challenge's, with weights as they stood at the challenge: nobody applies,
+/// so nobody crowds the jury, and no stake moved once the seed is known re-rolls it.
 contract RefereeTest is ChallengeBase {
     uint256 internal jobId;
     address[] internal ops;
@@ -265,120 +270,278 @@ contract RefereeTest is ChallengeBase {
         challengeAs(ops[2], jobId);
     }
 
-    function test_refereesOffTheMajority_slashed() public {
-        applyAll(jobId, 3);
-        vm.warp(block.timestamp + WINDOW);
+    function commitAs(address r, bytes32 verdict, uint256 salt) internal {
+        bytes32 c = bsm.commitmentHash(jobId, 0, r, verdict, fullParticipation(jobId), bytes32(0), bytes32(salt));
+        vm.prank(r);
+        bsm.commitVerdict(jobId, 0, c);
+    }
+
+    function revealAs(address r, bytes32 verdict, uint256 salt) internal {
         uint32[] memory p = fullParticipation(jobId);
+        vm.prank(r);
+        bsm.revealVerdict(jobId, 0, verdict, p, 0, bytes32(salt));
+    }
+
+    function test_refereesOffTheMajority_slashed_theMajorityPaid() public {
+        address[] memory refs = drawReferees(jobId);
+        vm.warp(block.timestamp + WINDOW);
         bytes32[3] memory verdicts = [trained(), trained(), keccak256("fabricated")];
         for (uint256 i; i < 3; ++i) {
-            bytes32 c = bsm.commitmentHash(jobId, 0, outsiders[i], verdicts[i], p, bytes32(0), bytes32(i));
-            vm.prank(outsiders[i]);
-            bsm.commitVerdict(jobId, 0, c);
+            commitAs(refs[i], verdicts[i], i);
         }
         for (uint256 i; i < 3; ++i) {
-            vm.prank(outsiders[i]);
-            bsm.revealVerdict(jobId, 0, verdicts[i], p, 0, bytes32(i));
+            revealAs(refs[i], verdicts[i], i);
         }
         bsm.resolveChallenge(jobId, 0);
-        vm.assertEq(bsm.stakeOf(outsiders[0], outsiders[0]), 2 * MIN_STAKE);
-        vm.assertEq(bsm.stakeOf(outsiders[2], outsiders[2]), 2 * MIN_STAKE * 9 / 10, "wrong verdict");
-        for (uint256 i; i < 3; ++i) {
-            vm.assertEq(bsm.bondedOf(outsiders[i]), 0, "bond released");
-        }
+        vm.assertEq(bsm.stakeOf(refs[0], refs[0]), 2 * MIN_STAKE);
+        vm.assertEq(bsm.creditOf(refs[0]), CHALLENGE_BOND / 4, "half the bond, shared by the verdict's two");
+        vm.assertEq(bsm.creditOf(refs[1]), CHALLENGE_BOND / 4);
+        vm.assertEq(bsm.stakeOf(refs[2], refs[2]), 2 * MIN_STAKE * 9 / 10, "wrong verdict");
+        vm.assertEq(bsm.creditOf(refs[2]), 0);
         assertConserved();
     }
 
-    function test_silentReferee_slashedAsDropout_withheldAtFabricationRate() public {
-        applyAll(jobId, 3);
+    function test_withheldVerdict_slashedAtFabricationRate_silentOnesNotWithoutAVerdict() public {
+        address[] memory refs = drawReferees(jobId);
         vm.warp(block.timestamp + WINDOW);
-        uint32[] memory p = fullParticipation(jobId);
         for (uint256 i; i < 2; ++i) {
-            bytes32 c = bsm.commitmentHash(jobId, 0, outsiders[i], trained(), p, bytes32(0), bytes32(i));
-            vm.prank(outsiders[i]);
-            bsm.commitVerdict(jobId, 0, c);
+            commitAs(refs[i], trained(), i);
         }
         vm.warp(block.timestamp + WINDOW);
-        vm.prank(outsiders[0]);
-        bsm.revealVerdict(jobId, 0, trained(), p, 0, bytes32(0));
+        revealAs(refs[0], trained(), 0);
         vm.warp(block.timestamp + WINDOW);
         bsm.resolveChallenge(jobId, 0);
-        // 1 of 3 revealed: no majority, so no verdict; outsiders[1] withheld, outsiders[2] silent
-        vm.assertEq(bsm.stakeOf(outsiders[1], outsiders[1]), 2 * MIN_STAKE * 9 / 10);
-        vm.assertEq(bsm.stakeOf(outsiders[2], outsiders[2]), 2 * MIN_STAKE * 95 / 100);
+        // 1 of 3 revealed: no verdict; refs[1] withheld a verdict it committed to, refs[2]
+        // never committed (the files it needed may never have been served)
+        vm.assertEq(bsm.stakeOf(refs[1], refs[1]), 2 * MIN_STAKE * 9 / 10);
+        vm.assertEq(bsm.stakeOf(refs[2], refs[2]), 2 * MIN_STAKE, "absence is not guilt");
         vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND, "no verdict: the bond goes back");
         assertConserved();
     }
 
-    function test_draw_takesRefereeCountAndReleasesTheRest() public {
-        applyAll(jobId, 5);
-        for (uint256 i; i < 5; ++i) {
-            vm.assertEq(bsm.bondedOf(outsiders[i]), CHALLENGE_BOND);
+    function test_silentReferee_slashedAsDropout_whenTheOthersDelivered() public {
+        address[] memory refs = drawReferees(jobId);
+        vm.warp(block.timestamp + WINDOW);
+        for (uint256 i; i < 2; ++i) {
+            commitAs(refs[i], trained(), i);
         }
         vm.warp(block.timestamp + WINDOW);
-        for (uint256 i; i < 5; ++i) {
-            commitIfDrawn(jobId, outsiders[i], trained(), fullParticipation(jobId), 0);
+        for (uint256 i; i < 2; ++i) {
+            revealAs(refs[i], trained(), i);
         }
-        address[] memory refs = bsm.challengeOf(state(jobId).attempt).referees;
-        vm.assertEq(refs.length, 3);
-        uint256 released;
-        for (uint256 i; i < 5; ++i) {
-            if (bsm.bondedOf(outsiders[i]) == 0) ++released;
-        }
-        vm.assertEq(released, 2, "the two applicants not drawn are unbonded");
+        vm.warp(block.timestamp + WINDOW);
+        bsm.resolveChallenge(jobId, 0);
+        vm.assertEq(bsm.stakeOf(refs[2], refs[2]), 2 * MIN_STAKE * 95 / 100);
+        vm.assertEq(bsm.creditOf(refs[0]) + bsm.creditOf(refs[1]), CHALLENGE_BOND / 2);
+        assertConserved();
     }
 
-    function testFuzz_draw_distinctApplicants(uint256 randao, uint8 applicants) public {
-        applicants = uint8(bound(applicants, 1, 5));
-        applyAll(jobId, applicants);
-        vm.warp(block.timestamp + WINDOW);
-        vm.prevrandao(bytes32(randao));
-        for (uint256 i; i < applicants; ++i) {
-            commitIfDrawn(jobId, outsiders[i], trained(), fullParticipation(jobId), 0);
-        }
-        address[] memory refs = bsm.challengeOf(state(jobId).attempt).referees;
-        vm.assertEq(refs.length, applicants < 3 ? applicants : 3);
+    /// Attack: the caller withholds the job's files, so no drawn referee can judge. Nobody
+    /// commits: nobody is slashed, and the certified vote stands.
+    function test_noRefereeCommits_nobodySlashed() public {
+        address[] memory refs = drawReferees(jobId);
+        vm.warp(block.timestamp + 3 * WINDOW);
+        bsm.resolveChallenge(jobId, 0);
         for (uint256 i; i < refs.length; ++i) {
+            vm.assertEq(bsm.stakeOf(refs[i], refs[i]), 2 * MIN_STAKE);
+        }
+        vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND);
+        assertConserved();
+    }
+
+    function test_draw_refereeCountOutsiders() public {
+        address[] memory refs = drawReferees(jobId);
+        vm.assertEq(refs.length, 3);
+        for (uint256 i; i < refs.length; ++i) {
+            vm.assertEq(bsm.challengeOf(state(jobId).attempt).seedBlock, 0, "drawn once");
+            bool outsider;
+            for (uint256 k; k < outsiders.length; ++k) {
+                outsider = outsider || refs[i] == outsiders[k];
+            }
+            vm.assertTrue(outsider, "only registered operators outside the job");
+        }
+    }
+
+    /// Attack: the job's caller, its members and the challenger are registered operators and
+    /// would judge their own dispute. Whatever the seed, none of them is drawn.
+    /// A fresh BSM with the five outsiders registered again.
+    function redeploy() internal {
+        I.Params memory p = defaultParams();
+        p.challengeWindow = WINDOW;
+        bsm = deployBSM(p);
+        for (uint256 i; i < outsiders.length; ++i) {
+            register(outsiders[i], 2 * MIN_STAKE);
+        }
+    }
+
+    function testFuzz_draw_neverAnInsider(bytes32 seed) public {
+        redeploy();
+        register(caller, 10 * MIN_STAKE);
+        (uint256 other, address[] memory members) = certify(2, 1, 10 * MIN_STAKE, keccak256("fabricated"));
+        challengeAs(members[0], other);
+        vm.roll(block.number + 2);
+        vm.setBlockhash(block.number - 1, seed);
+        bsm.drawReferees(other, 0);
+        address[] memory refs = bsm.challengeOf(state(other).attempt).referees;
+        vm.assertGt(refs.length, 0);
+        for (uint256 i; i < refs.length; ++i) {
+            vm.assertNotEq(refs[i], caller);
+            for (uint256 k; k < members.length; ++k) {
+                vm.assertNotEq(refs[i], members[k]);
+            }
             for (uint256 k; k < i; ++k) {
                 vm.assertNotEq(refs[i], refs[k]);
             }
         }
     }
 
-    function test_revert_NotAnOutsider_memberOrChallenger() public {
-        vm.expectRevert(abi.encodeWithSelector(I.NotAnOutsider.selector, jobId, ops[0]));
-        vm.prank(ops[0]);
-        bsm.applyReferee(jobId, 0);
-        applyAll(jobId, 1);
-        vm.expectRevert(abi.encodeWithSelector(I.NotAnOutsider.selector, jobId, outsiders[0]));
-        vm.prank(outsiders[0]);
-        bsm.applyReferee(jobId, 0);
+    /// Attack (grinding): once the seed block is mined, an outsider adds 1 wei of stake,
+    /// registers fresh operators and re-stakes to re-roll a draw it dislikes. The draw reads
+    /// the registry and the weights as they stood at the challenge: the same jury.
+    function test_draw_cannotBeRerolledOnceTheSeedIsKnown() public {
+        uint256 snap = vm.snapshotState();
+        address[] memory expected = drawReferees(jobId);
+        vm.revertToState(snap);
+        vm.roll(block.number + 2);
+        for (uint256 i; i < outsiders.length; ++i) {
+            vm.deal(outsiders[i], 1);
+            vm.prank(outsiders[i]);
+            bsm.stake{value: 1}();
+        }
+        for (uint256 i; i < 8; ++i) {
+            register(makeAddr(string.concat("late", vm_toString(i))), 10 * MIN_STAKE);
+        }
+        vm.prank(outsiders[1]);
+        bsm.unstake(MIN_STAKE / 2);
+        bsm.drawReferees(jobId, 0);
+        address[] memory refs = bsm.challengeOf(state(jobId).attempt).referees;
+        vm.assertEq(refs.length, expected.length);
+        for (uint256 i; i < refs.length; ++i) {
+            vm.assertEq(refs[i], expected[i], "the same referees");
+        }
     }
 
-    function test_revert_InsufficientFreeStake_bondedStakeCannotReferee() public {
-        address thin = makeAddr("thin referee");
-        register(thin, MIN_STAKE + 0.4 ether);
-        uint256 other = createJob(spec(2, 3, 1));
-        vm.prank(thin);
-        bsm.joinJob(other); // bonds SEAT_BOND of its stake
-        uint256 needed = SEAT_BOND + CHALLENGE_BOND;
-        vm.expectRevert(abi.encodeWithSelector(I.InsufficientFreeStake.selector, MIN_STAKE + 0.4 ether, needed));
-        vm.prank(thin);
-        bsm.applyReferee(jobId, 0);
+    /// Attack (crowding): 20 sybils at the minimum stake against 5 honest outsiders at the
+    /// weight cap. Nobody applies, so the sybils cannot fill the jury; over 40 seeds they hold
+    /// a majority of it about as often as their share of the outside weight says (2/7 of it:
+    /// 21% expected), never every time.
+    function test_crowding_sybilsGetTheirShareOfJuries_notAllOfThem() public {
+        redeploy();
+        for (uint256 i; i < outsiders.length; ++i) {
+            vm.deal(outsiders[i], 8 * MIN_STAKE);
+            vm.prank(outsiders[i]);
+            bsm.stake{value: 8 * MIN_STAKE}();
+        }
+        address[] memory sybils = new address[](20);
+        for (uint256 i; i < sybils.length; ++i) {
+            sybils[i] = makeAddr(string.concat("sybil", vm_toString(i)));
+            register(sybils[i], MIN_STAKE);
+        }
+        (uint256 other,) = certify(1, 2, MIN_STAKE, keccak256("fabricated"));
+        challengeAs(sybils[0], other);
+        uint256 captured;
+        for (uint256 s; s < 40; ++s) {
+            uint256 snap = vm.snapshotState();
+            vm.roll(block.number + 2);
+            vm.setBlockhash(block.number - 1, keccak256(abi.encode("seed", s)));
+            bsm.drawReferees(other, 0);
+            address[] memory refs = bsm.challengeOf(state(other).attempt).referees;
+            vm.assertEq(refs.length, 3);
+            uint256 theirs;
+            for (uint256 i; i < refs.length; ++i) {
+                vm.assertNotEq(refs[i], sybils[0], "never the challenger");
+                for (uint256 k; k < sybils.length; ++k) {
+                    if (refs[i] == sybils[k]) ++theirs;
+                }
+            }
+            if (theirs * 2 > refs.length) ++captured;
+            vm.revertToState(snap);
+        }
+        vm.assertLt(captured, 16, "a sybil majority in under 40% of the draws");
     }
 
-    function test_revert_NotInPhase_lateApplication() public {
-        uint256 opened = block.timestamp;
-        vm.warp(opened + WINDOW);
-        vm.expectRevert(abi.encodeWithSelector(I.NotInPhase.selector, opened, opened + WINDOW, opened + WINDOW));
-        vm.prank(outsiders[0]);
-        bsm.applyReferee(jobId, 0);
+    /// Attack: the only registered outsider is the attacker's: a jury of one would be the
+    /// verdict. A jury below the minimum (a majority of `refereeCount`) decides nothing.
+    function test_juryBelowTheMinimum_decidesNothing() public {
+        I.Params memory p = defaultParams();
+        p.challengeWindow = WINDOW;
+        bsm = deployBSM(p);
+        address lone = makeAddr("lone outsider");
+        register(lone, MIN_STAKE);
+        (uint256 other, address[] memory members) = certify(1, 2, MIN_STAKE, keccak256("fabricated"));
+        challengeAs(members[0], other);
+        vm.roll(block.number + 2);
+        bsm.drawReferees(other, 0);
+        address[] memory refs = bsm.challengeOf(state(other).attempt).referees;
+        vm.assertEq(refs.length, 1);
+        vm.warp(block.timestamp + WINDOW);
+        uint32[] memory part = fullParticipation(other);
+        bytes32 c = bsm.commitmentHash(other, 0, lone, keccak256("fabricated"), part, bytes32(0), bytes32(0));
+        vm.prank(lone);
+        bsm.commitVerdict(other, 0, c);
+        vm.prank(lone);
+        bsm.revealVerdict(other, 0, keccak256("fabricated"), part, 0, bytes32(0));
+        bsm.resolveChallenge(other, 0);
+        vm.assertEq(bsm.challengeOf(state(other).attempt).verdictKey, bytes32(0), "no verdict");
+        vm.prank(reporter);
+        bsm.finalizeEpoch(other, 0);
+        vm.assertEq(bsm.epochCheckpoint(other, 0), trained(), "the certified vote stands");
+        assertConserved();
+    }
+
+    function test_revert_SeedNotMined() public {
+        vm.expectRevert(abi.encodeWithSelector(I.SeedNotMined.selector, block.number + 1, block.number));
+        bsm.drawReferees(jobId, 0);
+    }
+
+    function test_revert_RefereesDrawnAlready() public {
+        drawReferees(jobId);
+        vm.expectRevert(abi.encodeWithSelector(I.RefereesDrawnAlready.selector, jobId, 0));
+        bsm.drawReferees(jobId, 0);
+    }
+
+    /// A seed block out of the chain's reach is replaced by the block of the call.
+    function test_staleSeed_renewedFromTheCallsBlock() public {
+        uint256 opened = block.number;
+        vm.roll(block.number + 300);
+        vm.setBlockhash(opened + 1, bytes32(0));
+        vm.expectEmit();
+        emit I.RefereeSeedRenewed(jobId, 0, block.number);
+        bsm.drawReferees(jobId, 0);
+        vm.assertEq(bsm.challengeOf(state(jobId).attempt).referees.length, 0);
+        vm.roll(block.number + 2);
+        bsm.drawReferees(jobId, 0);
+        vm.assertEq(bsm.challengeOf(state(jobId).attempt).referees.length, 3);
+    }
+
+    /// Findings name members: a bit at or above the member count is refused.
+    function test_revert_FindingsOutOfRange() public {
+        address[] memory refs = drawReferees(jobId);
+        vm.warp(block.timestamp + WINDOW);
+        uint32[] memory part = fullParticipation(jobId);
+        uint256 bad = 1 << 3;
+        bytes32 c = bsm.commitmentHash(jobId, 0, refs[0], trained(), part, bytes32(bad), bytes32(0));
+        vm.prank(refs[0]);
+        bsm.commitVerdict(jobId, 0, c);
+        vm.warp(block.timestamp + WINDOW);
+        vm.expectRevert(abi.encodeWithSelector(I.FindingsOutOfRange.selector, bad, 3));
+        vm.prank(refs[0]);
+        bsm.revealVerdict(jobId, 0, trained(), part, bad, bytes32(0));
     }
 
     function test_revert_NotAReferee_undrawn() public {
-        applyAll(jobId, 1);
+        address[] memory refs = drawReferees(jobId);
         vm.warp(block.timestamp + WINDOW);
-        vm.expectRevert(abi.encodeWithSelector(I.NotAReferee.selector, jobId, outsiders[1]));
-        vm.prank(outsiders[1]);
+        address undrawn;
+        for (uint256 k; k < outsiders.length && undrawn == address(0); ++k) {
+            bool drawn;
+            for (uint256 i; i < refs.length; ++i) {
+                drawn = drawn || refs[i] == outsiders[k];
+            }
+            if (!drawn) undrawn = outsiders[k];
+        }
+        vm.expectRevert(abi.encodeWithSelector(I.NotAReferee.selector, jobId, undrawn));
+        vm.prank(undrawn);
         bsm.commitVerdict(jobId, 0, keccak256("c"));
     }
 
@@ -474,6 +637,25 @@ contract ChallengeTest is ChallengeBase {
         deployBSM(p);
     }
 
+    /// Attack: a deployment with the challenge window or the seat draw switched off (a vote
+    /// final at once, seats to the first joiners). Refused on any chain but a development one.
+    function test_revert_TrustSwitchedOff_outsideADevelopmentChain() public {
+        deployBSM(defaultParams()); // the extensions, deployed once
+        I.Params memory p = defaultParams();
+        p.challengeWindow = WINDOW;
+        p.seatDrawWindow = 60;
+        vm.chainId(1);
+        deployBSM(p);
+        p.seatDrawWindow = 0;
+        vm.expectRevert(abi.encodeWithSelector(I.TrustSwitchedOff.selector, 1, WINDOW, 0));
+        deployBSM(p);
+        (p.challengeWindow, p.seatDrawWindow) = (0, 60);
+        vm.expectRevert(abi.encodeWithSelector(I.TrustSwitchedOff.selector, 1, 0, 60));
+        deployBSM(p);
+        vm.chainId(31_337);
+        deployBSM(p);
+    }
+
     /// Without a window a certified vote is final at once, and nobody can challenge it.
     function test_noWindow_noChallenge() public {
         bsm = deployBSM(defaultParams());
@@ -519,14 +701,14 @@ contract CancelDuringChallengeTest is ChallengeBase {
         bsm.cancelJob(jobId);
         vm.expectRevert(abi.encodeWithSelector(I.ChallengeUnresolved.selector, jobId, 0));
         finalizeNow(jobId);
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         judge(jobId, trained());
         vm.prank(reporter);
         bsm.resolveChallenge(jobId, 0);
         finalizeNow(jobId);
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Cancelled));
         vm.assertEq(bsm.epochCheckpoint(jobId, 0), trained());
-        vm.assertEq(bsm.creditOf(ops[2]), PRICE * 40 / 100 + CHALLENGE_BOND, "paid, and its bond back");
+        vm.assertEq(bsm.creditOf(ops[2]), PRICE * 40 / 100 + bondBack(), "paid, and its bond back");
         vm.assertEq(bsm.creditOf(ops[0]), 0, "a fabricator is not paid");
         vm.assertEq(bsm.creditOf(caller), PRICE * 3 * 2 - PRICE, "all but the one paid operator-epoch");
         assertConserved();
@@ -542,7 +724,7 @@ contract ConsistentDissenterTest is ChallengeBase {
     function upheldCoalition(uint256 consistent) internal returns (uint256 jobId, address[] memory ops) {
         (jobId, ops) = certify(2, 1, 100 ether, keccak256("the coalition's own transcript"));
         challengeAs(ops[2], jobId);
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         judgeConsistent(jobId, keccak256("the coalition's own transcript"), fullParticipation(jobId), consistent);
         vm.prank(reporter);
         bsm.resolveChallenge(jobId, 0);
@@ -555,7 +737,7 @@ contract ConsistentDissenterTest is ChallengeBase {
         finalizeNow(jobId);
 
         vm.assertEq(bsm.epochCheckpoint(jobId, 0), keccak256("the coalition's own transcript"));
-        vm.assertEq(bsm.creditOf(honest), PRICE * 40 / 100 + CHALLENGE_BOND, "paid, and its bond back");
+        vm.assertEq(bsm.creditOf(honest), PRICE * 40 / 100 + bondBack(), "paid, and its bond back");
         vm.assertGe(worth(honest), before + PRICE * 40 / 100, "paid, not slashed");
         for (uint256 i; i < 2; ++i) {
             vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100, "a consistent majority is paid");
@@ -581,12 +763,12 @@ contract ConsistentDissenterTest is ChallengeBase {
     function test_consistentVoterOfTheVerdict_challengingLosesItsBond() public {
         (uint256 jobId, address[] memory ops) = certify(0, 3, MIN_STAKE, trained());
         challengeAs(ops[0], jobId);
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         judgeConsistent(jobId, trained(), fullParticipation(jobId), 7);
         uint256 treasury0 = bsm.creditOf(treasury);
         vm.prank(reporter);
         bsm.resolveChallenge(jobId, 0);
-        vm.assertEq(bsm.creditOf(treasury), treasury0 + CHALLENGE_BOND, "the bond to the treasury");
+        vm.assertEq(bsm.creditOf(treasury), treasury0 + bondBack(), "the bond, less the referees' pay, to the treasury");
         vm.assertEq(bsm.creditOf(ops[0]), 0, "no bond back");
         assertConserved();
     }
@@ -596,23 +778,23 @@ contract ConsistentDissenterTest is ChallengeBase {
     function test_refereeOffTheMajoritysBitmap_slashed() public {
         (uint256 jobId, address[] memory ops) = certify(2, 1, 100 ether, keccak256("x"));
         challengeAs(ops[2], jobId);
-        applyAll(jobId, 3);
+        address[] memory refs = drawReferees(jobId);
         uint32[] memory p = fullParticipation(jobId);
         uint256[3] memory bits = [uint256(7), 7, 3];
         vm.warp(bsm.challengeOf(state(jobId).attempt).openedAt + WINDOW);
+        vm.assertEq(refs.length, 3, "all three drawn");
         for (uint256 i; i < 3; ++i) {
-            commitIfDrawn(jobId, outsiders[i], keccak256("x"), p, bits[i]);
+            commitIfDrawn(jobId, refs[i], keccak256("x"), p, bits[i]);
         }
-        vm.assertEq(bsm.challengeOf(state(jobId).attempt).referees.length, 3, "all three drawn");
         for (uint256 i; i < 3; ++i) {
-            vm.prank(outsiders[i]);
-            bsm.revealVerdict(jobId, 0, keccak256("x"), p, bits[i], saltOf(outsiders[i], keccak256("x")));
+            vm.prank(refs[i]);
+            bsm.revealVerdict(jobId, 0, keccak256("x"), p, bits[i], saltOf(refs[i], keccak256("x")));
         }
         vm.prank(reporter);
         bsm.resolveChallenge(jobId, 0);
         vm.assertEq(bsm.challengeOf(state(jobId).attempt).consistent, 7, "the majority's bitmap");
-        vm.assertLt(worth(outsiders[2]), 2 * MIN_STAKE, "the referee off the bitmap is slashed");
-        vm.assertEq(worth(outsiders[0]), 2 * MIN_STAKE, "the majority is not");
+        vm.assertLt(worth(refs[2]), 2 * MIN_STAKE, "the referee off the bitmap is slashed");
+        vm.assertEq(bsm.stakeOf(refs[0], refs[0]), 2 * MIN_STAKE, "the majority is not");
         assertConserved();
     }
 }
@@ -629,7 +811,7 @@ contract FailedReplayTest is ChallengeBase {
         address rider = ops[3];
         uint256 before = worth(rider);
         challengeAs(ops[0], jobId);
-        applyAll(jobId, 3);
+        drawReferees(jobId);
         uint256 everyoneConsistent = 15;
         judgeConsistent(jobId, trained(), fullParticipation(jobId), everyoneConsistent | (1 << (128 + 3)));
         vm.prank(reporter);
@@ -644,7 +826,7 @@ contract FailedReplayTest is ChallengeBase {
         vm.assertEq(bsm.epochCheckpoint(jobId, 0), trained(), "the checkpoint stands");
         vm.assertEq(bsm.creditOf(rider), 0, "the free-rider is not paid");
         vm.assertEq(worth(rider), before - MIN_STAKE / 10, "and loses the fabrication rate");
-        vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100 + CHALLENGE_BOND, "the checker: paid, bond back");
+        vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100 + bondBack(), "the checker: paid, bond back");
         for (uint256 i = 1; i < 3; ++i) {
             vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100, "the honest members are paid");
         }

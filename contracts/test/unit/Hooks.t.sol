@@ -233,6 +233,20 @@ contract HooksTest is HooksBase {
         assertConserved();
     }
 
+    /// Attack: ether sent with a hook that keeps no state would be locked in the BSM forever
+    /// (nobody's credit). Refused.
+    function test_revert_EtherNotAccepted_noOpHooks() public {
+        IBlueprintServiceManager m = IBlueprintServiceManager(address(bsm));
+        vm.deal(core, 2);
+        vm.startPrank(core);
+        vm.expectRevert(abi.encodeWithSelector(I.EtherNotAccepted.selector, 1));
+        m.onUpdatePreferences{value: 1}(op(1), "");
+        vm.expectRevert(abi.encodeWithSelector(I.EtherNotAccepted.selector, 1));
+        m.onApprove{value: 1}(op(1), 1, 50);
+        vm.stopPrank();
+        assertConserved();
+    }
+
     /// Every hook of tnt-core's interface exists and succeeds when called as the core does.
     function test_everyHookExists() public {
         IBlueprintServiceManager m = IBlueprintServiceManager(address(bsm));
@@ -417,13 +431,16 @@ contract SignedCallReplayTest is HooksBase {
         vm.prank(ops[0]);
         bsm.leaveJob(jobId);
         submitAll(jobId, keccak256("c"));
-        finalize(jobId); // the job waits Open for a member, still at this attempt
+        finalize(jobId); // the job waits Open for a member: a fresh attempt voids older JOINs
         vm.assertEq(uint8(status(jobId)), uint8(I.JobStatus.Open));
+        // Attack: the JOIN that failed JobFull, replayed into the seat that just opened
+        vm.expectRevert(abi.encodeWithSelector(I.SignedCallStale.selector, late, jobId, attempt, attempt + 1));
+        tangle.submitJob(JOIN, call_);
         address other = op(4);
         register(other, MIN_STAKE);
         vm.prank(other);
-        bsm.joinJob(jobId); // attempt 2 starts
-        vm.expectRevert(abi.encodeWithSelector(I.SignedCallStale.selector, late, jobId, attempt, attempt + 1));
+        bsm.joinJob(jobId); // the next attempt starts
+        vm.expectRevert(abi.encodeWithSelector(I.SignedCallStale.selector, late, jobId, attempt, attempt + 2));
         tangle.submitJob(JOIN, call_);
         vm.assertEq(uint8(bsm.getOperator(late).activeJobs), 0, "seated by a replay");
     }

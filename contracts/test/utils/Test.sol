@@ -26,6 +26,12 @@ interface Vm {
     function assertEq(bytes32 left, bytes32 right, string calldata err) external pure;
     function assertNotEq(address left, address right) external pure;
     function prevrandao(bytes32 newPrevrandao) external;
+    function roll(uint256 newHeight) external;
+    function setBlockhash(uint256 blockNumber, bytes32 blockHash) external;
+    function assertGt(uint256 left, uint256 right) external pure;
+    function assertEq(address left, address right, string calldata err) external pure;
+    function assertNotEq(address left, address right, string calldata err) external pure;
+    function chainId(uint256 newChainId) external;
     function assertEq(bool left, bool right) external pure;
     function assertEq(bytes calldata left, bytes calldata right) external pure;
     function assertEq(string calldata left, string calldata right) external pure;

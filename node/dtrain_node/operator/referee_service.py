@@ -1,7 +1,9 @@
 """`dtrain node referee`: a registered operator outside a job re-executes its challenged epochs.
 
-For every `Challenged` event it sees, the referee applies (bonding `challenge_bond` of its free
-self-stake) and, once the apply phase ended, fetches the transcript files the challenger and
+Nobody applies to judge: when a challenge opens, the contract fixes every registered operator's
+weight, and the hash of the next block draws the referees among the outsiders
+(`drawReferees`, which any referee sends once that block exists). For every `Challenged`
+event it sees, the referee draws (or reads the draw) and, if drawn, fetches the transcript files the challenger and
 the attempt's voters named (each vote names the file it was made from, `CheckpointRevealed`;
 voters may name more, `TranscriptPosted`), from the challenger and the epoch's members over
 the same p2p file protocol that serves checkpoints, and, for an epoch after the first, its
@@ -13,9 +15,9 @@ commitment (a file that fails is left out) and re-executes by aggregation alone
 - the verdict: the certified vote when one of its voters is consistent, else the union of
   every file (`evidence.union`): a challenger that leaves packets out of its file is outvoted
   by the files of the members that saw them.
-If drawn, it commits the (checkpoint, participation, consistent voters) it got, reveals it
-once every referee committed or the commit phase ended, and resolves the challenge once every
-referee revealed or the reveal phase ended. A referee not drawn gets its bond back at the draw.
+It commits the (checkpoint, participation, consistent voters) it got, reveals it once every
+referee committed or the commit phase ended, and resolves the challenge once every referee
+revealed or the reveal phase ended. A referee not drawn does no work for the challenge.
 
 Every phase boundary is on the chain's clock; on a chain that mines only on transactions the
 latest block can be older than the wall clock, so phase transactions are sent without
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GAS = 3_000_000  # above the referees' draw at 32 applicants and a 31-referee resolve
+GAS = 5_000_000  # above a draw's 64 tries per seat at 31 referees and a 31-referee resolve
 POLL_S = 0.5
 SEND_TRIES = 10  # a phase's transaction, sent POLL_S apart: the chain's clock lags by a second
 FETCH_TIMEOUT_S = 60.0
@@ -140,18 +142,18 @@ class RefereeService:
 
     def judge(self, case: Case, stop: threading.Event) -> None:
         ch = self.bsm.challenge_of(case.attempt)
-        if ch.resolved or not self._apply(case, ch.applicants):
+        if ch.resolved or not self._drawn(case, stop):
             return
         opened, memo, began = ch.opened_at, Memo(), time.monotonic()
         fetch_by = opened + 1.5 * self.window  # the commit phase's second half re-executes
         # The votes' and the challenge's files are known now: fetched and re-executed while the
-        # apply phase runs, a slow machine has two windows for them, not one. Members may name
+        # first phase runs, a slow machine has two windows for them, not one. Members may name
         # more until the phase ends; after it, only those cost anything (`memo`).
         try:
             self._verdict(case, memo, fetch_by)
         except (DtrainError, NodeError) as exc:
             log.info(
-                "job %d: early re-execution failed, again after the apply phase: %s",
+                "job %d: early re-execution failed, again after the first phase: %s",
                 case.job_id,
                 exc,
             )
@@ -346,16 +348,26 @@ class RefereeService:
                 out[e.args["operator"]] = (key, sha)
         return out
 
-    def _apply(self, case: Case, applicants: Any) -> bool:
-        if self.me in applicants:
-            return True  # restarted: already applied
-        try:
-            self.bsm.apply_referee(case.job_id, case.epoch)
-        except (ContractError, TransactionFailed) as exc:
-            log.info("job %d: cannot referee attempt %d: %s", case.job_id, case.attempt, exc)
-            return False
-        self.metric("referee_applied", job=case.job_id, attempt=case.attempt)
-        return True
+    def _drawn(self, case: Case, stop: threading.Event) -> bool:
+        """Whether we are a referee of the challenge, drawing them first if nobody did. The
+        draw needs the block after the challenge's: sent without estimation, a try that lands
+        in that very block reverts and mines it (a chain that mines on transactions), and the
+        next one draws."""
+        for _ in range(SEND_TRIES):
+            ch = self.bsm.challenge_of(case.attempt)
+            if ch.seed_block == 0 or ch.resolved:
+                break
+            with contextlib.suppress(ContractError, TransactionFailed):  # too early, or drawn
+                self.bsm.draw_referees(case.job_id, case.epoch, gas=GAS)
+                continue
+            if stop.wait(POLL_S):
+                raise DtrainError("stopped while drawing referees")
+        ch = self.bsm.challenge_of(case.attempt)
+        drawn = self.me in ch.referees
+        self.metric(
+            "referee_drawn" if drawn else "referee_not_drawn", job=case.job_id, attempt=case.attempt
+        )
+        return drawn and not ch.resolved
 
     def _posted(self, case: Case) -> list[tuple[str, bytes]]:
         """(member, sha256) of every transcript file the attempt's voters posted."""
