@@ -5,6 +5,7 @@ libp2p and training)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,30 @@ from dtrain_node.p2p.files import sha256_file
 
 pytestmark = pytest.mark.slow
 
-WINDOW = 30  # seconds: each phase of a challenge (referees apply, commit, reveal)
+WINDOW = 30  # seconds: each phase of a challenge (referees drawn and re-execute, commit, reveal)
 
 
 def _worth(c: Cluster, address: str) -> int:
     """Ether `address` holds in the BSM: credit, self-stake and staking rewards."""
     b = c.bsm
     return b.credit_of(address) + b.stake_of(address, address) + b.pending_rewards(address, address)
+
+
+def _kept(c: Cluster, events: list) -> int:
+    """The challenge bond less the referees' pay: the referees that revealed the verdict
+    share half of it (none without a verdict)."""
+    bond = c.bsm.params().challenge_bond
+    (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+    key = bytes(resolved["verdictKey"])
+    if not any(key):
+        return bond
+    revealed = Counter(
+        (bytes(e.args["voteKey"]), e.args["findings"])
+        for e in events
+        if e.name == "VerdictRevealed"
+    )
+    n = max(count for (k, _), count in revealed.items() if k == key)
+    return bond - bond // 2 // n * n
 
 
 def _overturned(
@@ -76,7 +94,7 @@ def _overturned(
         assert _worth(c, c.ops[i].address) < ETH, "a coalition member ends with less"
     for i in honest:
         assert b.pool(c.ops[i].address).total_assets == ETH, "no honest member lost stake"
-    assert b.credit_of(challenged["challenger"]) >= b.params().challenge_bond, "bond back"
+    assert b.credit_of(challenged["challenger"]) >= _kept(c, events), "bond back, less the pay"
     assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 
@@ -98,7 +116,7 @@ def _cluster(tmp_path, operators: int, steps: int, window: int = WINDOW) -> Clus
 def test_two_sybils_certify_a_fabrication_and_one_honest_member_overturns_it(tmp_path) -> None:
     """Two colluding members of three (1 ETH each, the minimum) vote one fabricated checkpoint,
     a quorum. The honest member's node sees that the certified vote is not its own and
-    challenges; three referee nodes apply, fetch its transcript over p2p, re-execute it and
+    challenges; three referee nodes are drawn, fetch its transcript over p2p, re-execute it and
     reveal the honest member's vote; the epoch settles on it: the colluders are slashed for
     fabrication and unpaid, the honest member is paid and gets its bond back."""
     with _cluster(tmp_path, 3, 8) as c:
@@ -242,7 +260,7 @@ def test_the_caller_overturns_a_fabrication_by_every_member(tmp_path) -> None:
         assert slashed == sorted((o.address, SlashReason.FABRICATION) for o in c.ops)
         assert not [e for e in events if e.name == "OperatorPaid"]
         escrow = c.spec.price_per_operator_epoch * c.spec.max_operators * c.spec.total_epochs
-        assert b.credit_of(c.caller.address) == escrow + b.params().challenge_bond
+        assert b.credit_of(c.caller.address) == escrow + _kept(c, events)
         assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 
@@ -306,8 +324,8 @@ def test_a_coalition_voting_its_own_file_without_the_honest_packets_pays_the_dis
         assert paid == sorted(o.address for o in c.ops)
         for o in c.ops:
             assert b.pool(o.address).total_assets == ETH
-        price, bond = c.spec.price_per_operator_epoch, b.params().challenge_bond
-        assert b.credit_of(honest) == price * 40 // 100 + bond, "paid, and its bond back"
+        price = c.spec.price_per_operator_epoch
+        assert b.credit_of(honest) == price * 40 // 100 + _kept(c, events), "paid, bond back"
         assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 
@@ -343,8 +361,8 @@ def test_a_free_rider_caught_by_replay_is_slashed_through_a_challenge(
         assert slashed == [(rider, SlashReason.FAILED_REPLAY)]
         paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
         assert paid == honest and b.credit_of(rider) == 0
-        price, bond = c.spec.price_per_operator_epoch, b.params().challenge_bond
-        assert b.credit_of(challenged["challenger"]) == price * 40 // 100 + bond
+        price = c.spec.price_per_operator_epoch
+        assert b.credit_of(challenged["challenger"]) == price * 40 // 100 + _kept(c, events)
         for a in honest:
             assert b.pool(a).total_assets == ETH
         assert b.pool(rider).total_assets < ETH
@@ -389,8 +407,7 @@ def test_a_challenge_of_a_proven_unworkable_vote_loses_its_bond(tmp_path) -> Non
         assert verdicts and {v["checkpoint"] for v in verdicts} == {UNWORKABLE.hex()}
         assert [e for e in events if e.name == "JobAborted"]
         assert not [e for e in events if e.name == "Slashed"]
-        bond = b.params().challenge_bond
-        assert b.credit_of(c.treasury.address) >= treasury + bond, "the caller's bond"
+        assert b.credit_of(c.treasury.address) >= treasury + _kept(c, events), "the caller's bond"
         comp = c.spec.price_per_operator_epoch * b.params().unworkable_comp_bps // 10_000
         for o in c.ops:
             assert b.pool(o.address).total_assets == ETH, "nobody lost stake"

@@ -3,9 +3,10 @@
 Nobody applies to judge: when a challenge opens, the contract fixes every registered operator's
 weight, and the hash of the next block draws the referees among the outsiders
 (`drawReferees`, which any referee sends once that block exists). For every `Challenged`
-event it sees, the referee draws (or reads the draw) and, if drawn, fetches the transcript files the challenger and
-the attempt's voters named (each vote names the file it was made from, `CheckpointRevealed`;
-voters may name more, `TranscriptPosted`), from the challenger and the epoch's members over
+event it sees, the referee draws (or reads the draw) and, if drawn, fetches the transcript
+files the challenger and the attempt's voters named (each vote names the file it was made
+from, `CheckpointRevealed`; voters may name more, `TranscriptPosted`), from the challenger
+and the epoch's members over
 the same p2p file protocol that serves checkpoints, and, for an epoch after the first, its
 start checkpoint by hash; it checks every packet of every file against its sender's signed
 commitment (a file that fails is left out) and re-executes by aggregation alone
