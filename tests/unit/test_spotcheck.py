@@ -142,6 +142,21 @@ def test_rate_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- retention -------------------------------------------------------------------------------
 
 
+def test_the_ring_keeps_every_round_of_its_attempt_and_prunes_other_attempts(
+    tmp_path: Path,
+) -> None:
+    """A checker that fell rounds behind (or a referee after the epoch) still finds every state
+    a member committed to in its attempt: the protocol's ring keeps them all."""
+    served: dict[str, Path] = {}
+    old = spotcheck.StateRing(tmp_path, 2, lambda sha, p: served.__setitem__(sha, p))
+    old_sha = old.put(0, b"attempt 2")
+    ring = spotcheck.StateRing(tmp_path, 3, lambda sha, p: served.__setitem__(sha, p))
+    shas = [ring.put(r, f"state {r}".encode()) for r in range(12)]
+    assert [sha for _, sha, _ in ring.files()] == shas
+    assert all(served[sha].exists() for sha in shas)
+    assert not served[old_sha].exists(), "another attempt's states are gone"
+
+
 def test_the_ring_keeps_serves_and_prunes_the_last_rounds(tmp_path: Path) -> None:
     served: dict[str, Path] = {}
     old = spotcheck.StateRing(tmp_path, 2, lambda sha, p: served.__setitem__(sha, p), keep=2)
@@ -281,6 +296,7 @@ def test_only_failures_on_the_canonical_state_and_packet_stand() -> None:
     sha = hashlib.sha256(b"p").hexdigest()
     canonical = [[(MEMBERS[1], sha)]] * 4
     out = [_outcome(r, b"p", claims.MISMATCH) for r in range(4)] + [_outcome(0, b"p", None)]
+    out += [_outcome(1, b"p", claims.WITHHELD)]  # could not fetch: undecided, never a claim
     assert [o.check.round for o in replaycheck.confirmed(out, None, canonical)] == [0, 1, 2, 3]
     # rounds before round 3 differed live: its start state was not the canonical one
     assert [o.check.round for o in replaycheck.confirmed(out, 2, canonical)] == [0, 1, 2]
@@ -391,3 +407,23 @@ def test_a_referee_reruns_only_a_claim_on_the_packet_the_transcript_holds() -> N
     # a claim whose checker signature does not hold is never re-run
     forged = dataclasses.replace(c, replayed=b"\x00" * 32)
     assert not fraudcheck.applies(forged, _transcript(b"stale packet"))
+
+
+def test_a_claim_counts_only_if_its_checker_was_assigned_that_check() -> None:
+    """Attack: a member signs a claim (with the product's own claim code) about a member and a
+    round it was not assigned, to have an honest member judged. The referee recomputes the
+    round's assignment from the shared state after it and refuses the claim."""
+    members = [a.address for a in ACCOUNTS[:4]]
+    seed = hashlib.sha256(b"shared state after round 4").digest()
+    pairs = spotcheck.assign(seed, members, 4, 1.0)
+    checker_of = {m.lower(): c for c, m in pairs}
+    c = _claim()
+    real = checker_of[c.member.lower()]
+    honest = dataclasses.replace(c, checker=real)
+    assert fraudcheck.assigned(honest, seed, members, 1.0)
+    others = [a for a in members if a.lower() not in {real.lower(), c.member.lower()}]
+    for forger in others:
+        assert not fraudcheck.assigned(dataclasses.replace(c, checker=forger), seed, members, 1.0)
+    # another round, another seed or a rate under which nobody was checked: refused too
+    assert not fraudcheck.assigned(dataclasses.replace(honest, round=5), seed, members, 0.0)
+    assert not fraudcheck.assigned(honest, seed, members, 0.0)

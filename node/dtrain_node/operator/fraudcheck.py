@@ -6,22 +6,27 @@ M's signed commitment of round r, naming the packet the epoch's transcript holds
 round; the shared state at round r is the transcript's first r rounds applied to the epoch's
 start state (`DeMo.replay`); M's private state is fetched by the digest M signed (from M, the
 checker, or any member that kept it), checked, and M's round replayed as the trainer takes it
-(`inner.replay_round`, the job's recipe). M is caught when the replay gives another packet, or
-when nobody serves the state M committed to (the burden is on M: it signed the digest).
+(`inner.replay_round`, the job's recipe). M is caught when the replay gives another packet
+(or the state it hands over is not the one it committed to). A state nobody serves to the
+referee leaves the claim undecided: absence is not guilt.
+
+A claim counts only if its checker was assigned the check: the assignment is recomputed from
+the transcript (`spotcheck.assign` over the shared state after round r, at the protocol's
+check rate), so nobody can sign a claim about a member or a round it was not given.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from web3 import Web3
 
 from dtrain.models import Job
-from dtrain_node.operator import claims, evidence, replaycheck
+from dtrain_node.operator import claims, evidence, replaycheck, spotcheck
 from dtrain_node.operator.epoch import REFEREE, demo_config
 from dtrain_node.operator.sources import fetch_job
 from dtrain_node.optim.optimizer import DeMo
@@ -60,14 +65,27 @@ def caught(
     (None: the job's start model)."""
     tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
     packet = next(p.payload for p in t.rounds[c.round] if p.sender == c.member)
-    shared, reach = _shared_at(cfg, job, tj, t, start, c.round)
+    shared, reach, after = _shared_at(cfg, job, tj, t, start, c.round)
+    if not assigned(c, after, job.members, spotcheck.rate_from_env()):
+        log.info("claim on %s round %d refused: not %s's check", c.member, c.round, c.checker)
+        return False
     replica = replaycheck.demo_replica(
         _builder(job, tj, start), demo_config(cfg, job, tj.recipe), job.spec.sync_interval, reach
     )
     check = replaycheck.Check(c.round, c.member, packet, c.commitment, shared)
     o = replaycheck.run_check(check, replica, fetch, work)
+    if o.reason == claims.WITHHELD:
+        log.info("claim on %s round %d: undecided, its state was not served", c.member, c.round)
+        return False
     log.info("claim on %s round %d: %s", c.member, c.round, "caught" if o.reason else "honest")
     return o.reason is not None
+
+
+def assigned(c: claims.Claim, after: bytes, members: Sequence[str], rate: float) -> bool:
+    """Whether the claim's checker was assigned the check of its member in its round, from
+    `after`, the shared state's digest after that round."""
+    pairs = spotcheck.assign(after, members, c.round, rate)
+    return (c.checker.lower(), c.member.lower()) in {(a.lower(), b.lower()) for a, b in pairs}
 
 
 def _shared_at(
@@ -77,15 +95,18 @@ def _shared_at(
     t: evidence.EpochTranscript,
     start: dict[str, Any] | None,
     rnd: int,
-) -> tuple[list[Any], int]:
-    """The shared state before round `rnd`, and the rows the model's tokens reach."""
+) -> tuple[list[Any], int, bytes]:
+    """The shared state before round `rnd`, the rows the model's tokens reach, and the
+    digest of the shared state after round `rnd` (the seed of its checks)."""
     backend = make_backend(tj)
     if start is not None:
         backend.model.load_state_dict(start)
     reach = token_reach(backend)
     opt = DeMo.of_model(backend.model, demo_config(cfg, job, tj.recipe), REFEREE, reach)
     opt.replay([x.clone() for x in opt.theta_sync], t.packets()[:rnd])
-    return [x.clone() for x in opt.theta_sync], reach
+    before = [x.clone() for x in opt.theta_sync]
+    opt.replay([x.clone() for x in before], t.packets()[rnd : rnd + 1])
+    return before, reach, spotcheck.shared_digest(opt.theta_sync)
 
 
 def _builder(job: Job, tj: TrainJob, start: dict[str, Any] | None) -> Callable[[], Any]:

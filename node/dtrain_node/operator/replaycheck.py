@@ -201,7 +201,9 @@ def confirmed(
     out = []
     for o in outcomes:
         c = o.check
-        if o.reason is None or (first_diverged is not None and c.round > first_diverged):
+        if o.reason is None or o.reason == claims.WITHHELD:
+            continue  # a state we could not fetch proves nothing: undecided, never claimed
+        if first_diverged is not None and c.round > first_diverged:
             continue  # rounds before the checked one differed: not the canonical start
         held = dict(canonical[c.round]) if c.round < len(canonical) else {}
         if held.get(c.member) == _sha(c.packet).hex():

@@ -9,9 +9,10 @@ was revealed), and nobody sets it alone.
 
 **Retention.** Per round a member writes its private state at the round's start as a canonical
 file (`statefile`) whose sha256 it signs into its commitment, serves it by that sha256 over
-the p2p file protocol, and keeps the files of its last `keep` rounds of the attempt
-(`StateRing`): a check of round r is assigned when round r ends and fetched at once, so a few
-rounds are enough. A member that does not hand over the state it committed to fails the check.
+the p2p file protocol, and keeps every round's file of the attempt until its next attempt
+begins (`StateRing`), which is after the attempt's challenge window closed: a checker that
+fell behind, or a referee, still finds every state the member committed to. A state the
+checker could not fetch is never a claim (absence is not guilt): the check is undecided.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from eth_utils import to_checksum_address
 
 DEFAULT_RATE = 0.09  # docs/protocol.md 4.6: a 50-round cheater is caught w.p. 1 - 0.91^50
 RATE_ENV = "DTRAIN_SPOT_CHECK_RATE"
-KEEP_ROUNDS = 4  # private states a member keeps per attempt (the last rounds')
+KEEP_ROUNDS = None  # private states a member keeps per attempt: all of them (None)
 _DOMAIN = b"dtrain/spot-check/1"
 
 
@@ -74,17 +75,18 @@ _NAME = re.compile(r"^(\d+)-(\d+)-([0-9a-f]{64})\.dtps$")
 
 class StateRing:
     """The private-state files of one member's epoch attempt in `<job_dir>/states/`, named
-    `<attempt>-<round>-<sha256>.dtps`: the last `keep` rounds' are kept and served (`serve`:
-    sha256 hex, path), older ones and other attempts' deleted."""
+    `<attempt>-<round>-<sha256>.dtps`: kept and served (`serve`: sha256 hex, path), other
+    attempts' deleted; with `keep`, only the last `keep` rounds' (a bound for tools, not the
+    protocol's: members keep every round until the challenge window closed)."""
 
     def __init__(
         self,
         job_dir: Path,
         attempt: int,
         serve: Callable[[str, Path], None],
-        keep: int = KEEP_ROUNDS,
+        keep: int | None = KEEP_ROUNDS,
     ) -> None:
-        if keep < 1:
+        if keep is not None and keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.dir = Path(job_dir) / "states"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +122,9 @@ class StateRing:
         return sha
 
     def prune(self, rnd: int) -> None:
-        """Delete the files of rounds before the last `keep` up to `rnd`, and other attempts'."""
+        """Delete other attempts' files and, with `keep`, this attempt's before the last `keep`
+        rounds up to `rnd`."""
+        floor = -1 if self.keep is None else rnd - self.keep
         for r, _, path in self.files():
-            if r <= rnd - self.keep:
+            if r < 0 or r <= floor:
                 path.unlink(missing_ok=True)
