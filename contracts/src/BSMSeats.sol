@@ -20,17 +20,28 @@ abstract contract BSMSeats is BSMStorage, IDistributedTrainingBSMSeats {
         require(j.status == JobStatus.Open, JobNotOpen(jobId, j.status));
         uint256 drawAt = _seatDrawAt[jobId];
         require(drawAt != 0 && block.timestamp >= drawAt, SeatDrawNotDue(jobId, drawAt, block.timestamp));
+        uint256 seedBlock = _seatSeedBlock[jobId];
+        bytes32 hash = seedBlock == 0 ? bytes32(0) : blockhash(seedBlock);
+        if (hash == bytes32(0) && (seedBlock == 0 || block.number > seedBlock)) {
+            // Sealed (or resealed, a seed out of the chain's reach): weights as of this block,
+            // drawn by the next block's hash.
+            _seatSeedBlock[jobId] = uint64(block.number + 1);
+            emit SeatDrawSealed(jobId, j.epoch, block.number + 1);
+            return;
+        }
+        require(block.number > seedBlock, SeedNotMined(seedBlock, block.number));
         delete _seatDrawAt[jobId];
+        delete _seatSeedBlock[jobId];
         address[] storage list = _members[jobId];
         address[] memory a = list;
         uint256 n = a.length;
         uint256 want = Math.min(n, _specs[jobId].maxOperators);
         uint256[] memory w = new uint256[](n);
         for (uint256 i; i < n; ++i) {
-            w[i] = _seatWeight(a[i]) + 1;
+            w[i] = _drawWeightAt(a[i], seedBlock - 1) + 1;
         }
         // `_nextAttempt` is the attempt the draw opens: no two draws share a seed.
-        _drawByWeight(w, want, uint256(keccak256(abi.encode(block.prevrandao, jobId, _nextAttempt))));
+        _drawByWeight(w, want, uint256(keccak256(abi.encode(hash, jobId, _nextAttempt))));
         address[] memory seated = new address[](want);
         uint256 k;
         for (uint256 i; i < n; ++i) {

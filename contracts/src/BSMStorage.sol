@@ -525,6 +525,9 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         return lo == 0 ? 0 : points[lo - 1].weight;
     }
 
+    /// The block whose hash draws a sealed seat draw (0: not sealed).
+    mapping(uint256 jobId => uint64) internal _seatSeedBlock;
+
     /// Least referees whose majority is a verdict: a majority of `refereeCount`.
     function _minJury() internal view returns (uint256) {
         return uint256(_params.refereeCount) / 2 + 1;

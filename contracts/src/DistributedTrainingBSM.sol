@@ -216,8 +216,12 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         if (spec.teeRequired) _requireAttestation(jobId, operator);
         uint256 count = _members[jobId].length + _pending[jobId].length;
         bool drawing = j.status == JobStatus.Open && _params.seatDrawWindow > 0;
-        if (!drawing) require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
-        else if (count == _MAX_OPERATORS_CAP) _displaceLightest(jobId, j.epoch, operator);
+        if (!drawing) {
+            require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
+        } else {
+            _applicationsOpen(jobId);
+            if (count == _MAX_OPERATORS_CAP) _displaceLightest(jobId, j.epoch, operator);
+        }
 
         o.activeJobs += 1;
         _bonded[operator] += spec.seatBond;
@@ -239,6 +243,13 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
                 emit SeatDrawScheduled(jobId, j.epoch, drawAt);
             }
         }
+    }
+
+    /// Applicants come and go until the draw is due: after it, the set is what the draw's
+    /// seed (a block not mined yet) picks from, and nobody may change it.
+    function _applicationsOpen(uint256 jobId) internal view {
+        uint256 at = _seatDrawAt[jobId];
+        require(at == 0 || block.timestamp < at, SeatApplicationsClosed(jobId, at));
     }
 
     function _checkAsk(uint256 jobId, address operator, uint256 price) internal view {
@@ -287,6 +298,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             _membership[jobId][operator] = Membership.Leaving;
             emit LeaveRequested(jobId, operator, j.epoch + 1);
         } else {
+            _applicationsOpen(jobId);
             _removeFrom(_members[jobId], operator);
             _release(jobId, operator);
             // Too few applicants left to draw from: the next `minOperators`-th one reschedules.

@@ -692,9 +692,10 @@ class BSM:
     # ------------------------------------------------------------------ seat draw
 
     def draw_seats(self, job_id: int, gas: int | None = None) -> Receipt:
-        """Draws the seats of an `Open` job among its applicants (by capped self-stake) and
-        starts its epoch; anyone may, once `seat_draw_at(job_id)` has passed. `gas`: send
-        without estimation."""
+        """Seals the seat draw of an `Open` job (its applicants and their weights stand, the
+        next block's hash will draw), then, called again once that block is mined, draws the
+        seats among its applicants (by capped self-stake) and starts its epoch; anyone may,
+        once `seat_draw_at(job_id)` has passed. `gas`: send without estimation."""
         return self._transact(self.contract.functions.drawSeats(job_id), gas=gas)
 
     def seat_draw_at(self, job_id: int) -> int:

@@ -407,6 +407,8 @@ interface IDistributedTrainingBSMTypes {
     /// @notice job `jobId`'s seats are drawn at `drawAt` (0: not scheduled, fewer than
     /// `minOperators` applied), now `nowTs`
     error SeatDrawNotDue(uint256 jobId, uint256 drawAt, uint256 nowTs);
+    /// @notice job `jobId`'s seat applications closed at `drawAt`: its draw is due
+    error SeatApplicationsClosed(uint256 jobId, uint256 drawAt);
     /// @notice job `jobId` has 32 applicants and the lightest weighs
     /// `lightest`: an applicant weighing `weight` (capped self-stake) must weigh more
     error ApplicantsFull(uint256 jobId, uint256 lightest, uint256 weight);
@@ -582,6 +584,9 @@ interface IDistributedTrainingBSMTypes {
     /// @notice `minOperators` applied for epoch `epoch` of job `jobId`: its seats are drawn by
     /// stake at `drawAt` (`drawSeats`), and more operators may apply until then.
     event SeatDrawScheduled(uint256 indexed jobId, uint256 indexed epoch, uint256 drawAt);
+    /// @notice The seat draw of job `jobId` is sealed: the applicants and their weights stand
+    /// as of this block, and the hash of block `seedBlock` (not mined yet) draws the seats.
+    event SeatDrawSealed(uint256 indexed jobId, uint256 indexed epoch, uint256 seedBlock);
     /// @notice `seated` were drawn by stake among the applicants for epoch `epoch` of job `jobId`.
     event SeatsDrawn(uint256 indexed jobId, uint256 indexed epoch, address[] seated);
     /// @notice `operator` applied for epoch `epoch` of job `jobId` and holds no seat: it was not
@@ -951,14 +956,18 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
 /// @notice Seats by stake, not by speed: with `seatDrawWindow > 0`, joining an `Open` job is
 /// applying for a seat. Once `minOperators` applied, applications stay open `seatDrawWindow`
 /// seconds (up to 32 applicants; when full, a heavier applicant displaces the
-/// lightest); then anyone calls `drawSeats`, which draws `maxOperators` of them without
-/// replacement, each pick weighted by its self-stake capped at `SEAT_WEIGHT_CAP` x `minStake`,
-/// from the drawing block's randomness, releases the others and starts the epoch. Joins of a
-/// running job fill its free seats for the next epoch in order, as without a draw.
+/// lightest); then nobody joins or leaves, and anyone calls `drawSeats` twice: the first call
+/// seals the draw (the applicants' weights stand as of its block) and names the next block,
+/// whose hash nobody knows yet, as the seed; the second, once that block is mined, draws
+/// `maxOperators` of them without replacement, each pick weighted by its self-stake capped at
+/// `SEAT_WEIGHT_CAP` x `minStake` as of the sealing block, releases the others and starts the
+/// epoch. No stake moved and no transaction chosen after the seal changes the draw. Joins of
+/// a running job fill its free seats for the next epoch in order, as without a draw.
 /// Implemented in the views extension.
 interface IDistributedTrainingBSMSeats is IDistributedTrainingBSMTypes {
-    /// @notice Draws the seats of `Open` job `jobId` among its applicants and starts its epoch;
-    /// anyone may call it once `seatDrawAt(jobId)` has passed.
+    /// @notice Seals, then (called again once the seed block is mined) draws the seats of `Open`
+    /// job `jobId` among its applicants and starts its epoch; anyone may call it once
+    /// `seatDrawAt(jobId)` has passed.
     function drawSeats(uint256 jobId) external;
     /// @notice When the seats of job `jobId` are drawn (0: no draw scheduled).
     function seatDrawAt(uint256 jobId) external view returns (uint256);

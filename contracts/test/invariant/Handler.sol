@@ -451,7 +451,9 @@ contract Handler is Test {
         for (uint256 i; i < a.length; ++i) {
             bonded[i] = bsm.bondedOf(a[i]);
         }
-        vm.prevrandao(bytes32(r));
+        bsm.drawSeats(id); // sealed: the next block's hash draws
+        vm.roll(block.number + 2);
+        vm.setBlockhash(block.number - 1, keccak256(abi.encode(r)));
         bsm.drawSeats(id);
         ++ghostSeatDraws;
         uint256 want = a.length < s.maxOperators ? a.length : s.maxOperators;

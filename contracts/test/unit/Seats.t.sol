@@ -28,9 +28,12 @@ abstract contract SeatsBase is BaseTest {
         joinAll(jobId, ops);
     }
 
+    /// Seals the draw, mines the seed block with hash `randomness` and draws.
     function drawNow(uint256 jobId, uint256 randomness) internal {
         vm.warp(bsm.seatDrawAt(jobId));
-        vm.prevrandao(bytes32(randomness));
+        bsm.drawSeats(jobId);
+        vm.roll(block.number + 2);
+        vm.setBlockhash(block.number - 1, keccak256(abi.encode(randomness)));
         bsm.drawSeats(jobId);
     }
 
@@ -225,9 +228,11 @@ contract DrawSeatsTest is SeatsBase {
         returns (uint256 seats, uint256 twoThirds)
     {
         vm.warp(at);
+        bsm.drawSeats(jobId); // sealed
+        vm.roll(block.number + 2);
         uint256 snap = vm.snapshotState();
         for (uint256 r; r < runs; ++r) {
-            vm.prevrandao(bytes32(uint256(keccak256(abi.encode("draw", r)))));
+            vm.setBlockhash(block.number - 1, keccak256(abi.encode("draw", r)));
             bsm.drawSeats(jobId);
             uint256 k = seatsOf(jobId, group);
             uint256 n = bsm.getMembers(jobId).length;
@@ -240,5 +245,82 @@ contract DrawSeatsTest is SeatsBase {
     function single(address a) internal pure returns (address[] memory g) {
         g = new address[](1);
         g[0] = a;
+    }
+}
+
+/// Attack (grinding): once the seed is known, an applicant moves 1 wei of stake, joins with
+/// another address or leaves to re-roll the draw. Applications close when the draw is due,
+/// the weights stand as of the sealing block, and the seed is the next block's hash.
+contract SeatGrindingTest is SeatsBase {
+    function test_revert_SeatApplicationsClosed_joinAndLeaveOnceTheDrawIsDue() public {
+        uint256 jobId = createJob(spec(2, 2, 1));
+        address[] memory ops = applyN(jobId, "a", 3, MIN_STAKE);
+        uint256 at = bsm.seatDrawAt(jobId);
+        vm.warp(at);
+        address late = makeAddr("late");
+        register(late, MIN_STAKE);
+        vm.expectRevert(abi.encodeWithSelector(I.SeatApplicationsClosed.selector, jobId, at));
+        vm.prank(late);
+        bsm.joinJob(jobId);
+        vm.expectRevert(abi.encodeWithSelector(I.SeatApplicationsClosed.selector, jobId, at));
+        vm.prank(ops[0]);
+        bsm.leaveJob(jobId);
+    }
+
+    function test_sealThenDraw_theSeedBlockMustBeMined() public {
+        uint256 jobId = createJob(spec(2, 2, 1));
+        applyN(jobId, "a", 3, MIN_STAKE);
+        vm.warp(bsm.seatDrawAt(jobId));
+        vm.expectEmit();
+        emit I.SeatDrawSealed(jobId, 0, block.number + 1);
+        bsm.drawSeats(jobId);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Open), "sealed, not drawn");
+        vm.roll(block.number + 1);
+        vm.expectRevert(abi.encodeWithSelector(I.SeedNotMined.selector, block.number, block.number));
+        bsm.drawSeats(jobId);
+        vm.roll(block.number + 1);
+        bsm.drawSeats(jobId);
+        vm.assertEq(bsm.getMembers(jobId).length, 2);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Running));
+    }
+
+    function test_stakeMovedAfterTheSealChangesNothing() public {
+        uint256 jobId = createJob(spec(2, 2, 1));
+        address[] memory ops = applyN(jobId, "a", 5, MIN_STAKE);
+        vm.warp(bsm.seatDrawAt(jobId));
+        bsm.drawSeats(jobId);
+        vm.roll(block.number + 2);
+        uint256 snap = vm.snapshotState();
+        bsm.drawSeats(jobId);
+        address[] memory expected = bsm.getMembers(jobId);
+        vm.revertToState(snap);
+        for (uint256 i; i < ops.length; ++i) {
+            vm.deal(ops[i], 9 * MIN_STAKE);
+            vm.prank(ops[i]);
+            bsm.stake{value: i == 0 ? 1 : 9 * MIN_STAKE}();
+        }
+        bsm.drawSeats(jobId);
+        address[] memory seated = bsm.getMembers(jobId);
+        vm.assertEq(seated.length, expected.length);
+        for (uint256 i; i < seated.length; ++i) {
+            vm.assertEq(seated[i], expected[i], "the same seats");
+        }
+    }
+
+    /// A seed block out of the chain's reach reseals from the calling block.
+    function test_staleSeed_resealed() public {
+        uint256 jobId = createJob(spec(2, 2, 1));
+        applyN(jobId, "a", 3, MIN_STAKE);
+        vm.warp(bsm.seatDrawAt(jobId));
+        bsm.drawSeats(jobId);
+        uint256 seedBlock = block.number + 1;
+        vm.roll(block.number + 300);
+        vm.setBlockhash(seedBlock, bytes32(0));
+        vm.expectEmit();
+        emit I.SeatDrawSealed(jobId, 0, block.number + 1);
+        bsm.drawSeats(jobId);
+        vm.roll(block.number + 2);
+        bsm.drawSeats(jobId);
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Running));
     }
 }

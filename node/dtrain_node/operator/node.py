@@ -715,7 +715,9 @@ class Node:
 
     def _draw_if_due(self, job: Job) -> None:
         """Seats by stake: we applied to an Open job whose draw is scheduled; once it is due,
-        any applicant draws the seats (which starts the epoch)."""
+        any applicant seals the draw, and once the next block is mined draws the seats (which
+        starts the epoch): one call per poll, each sent with fixed gas (a call that lands in
+        the seed block itself reverts and mines it, on a chain that mines on transactions)."""
         if job.state.status != JobStatus.OPEN or self.me not in job.members:
             return
         self._applied = True
@@ -725,7 +727,8 @@ class Node:
         try:
             # fixed gas: an estimate against a block stamped before `at` would revert
             self.bsm.draw_seats(job.id, gas=DRAW_SEATS_GAS)
-            self._metric("seats_drawn", job=job.id)
+            drawn = self.bsm.job(job.id).state.status != JobStatus.OPEN
+            self._metric("seats_drawn" if drawn else "seat_draw_sealed", job=job.id)
         except (ContractError, TransactionFailed):
             pass  # drawn by another applicant, or the chain's clock is not there yet
 

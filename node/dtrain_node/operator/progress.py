@@ -221,6 +221,7 @@ EVENTS = {
     "left": lambda d: f"left job {d['job']}: seat and bond given back",
     "not_a_member": lambda d: f"no longer a member of job {d['job']}",
     "seats_drawn": lambda d: f"drew the seats of job {d['job']} among its applicants",
+    "seat_draw_sealed": lambda d: f"sealed the seat draw of job {d['job']}: the next block draws",
     "not_drawn": lambda d: f"not drawn for a seat of job {d['job']}: bond given back, nothing lost",
     "committed": lambda d: f"committed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
     "revealed": lambda d: f"revealed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
