@@ -556,7 +556,7 @@ contract RefereeTest is ChallengeBase {
         challengeAs(ops[1], jobId);
     }
 
-    function test_postTranscript_byAVoterInTheApplyPhase() public {
+    function test_postTranscript_byAVoterInTheFirstPhase() public {
         vm.expectEmit();
         emit I.TranscriptPosted(jobId, 0, ops[0], keccak256("its file"));
         vm.prank(ops[0]);
