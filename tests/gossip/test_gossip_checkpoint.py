@@ -113,3 +113,25 @@ def test_checkpoint_transfer_20mb_and_corruption_rejected(server: Any, tmp_path:
         assert not bad_dest.exists()
         assert sorted(p.name for p in dest.parent.iterdir()) == ["start.safetensors"]
         assert node.metrics()["dropped"]["file_rejected"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_file_larger_than_its_known_size_is_refused_before_download(
+    server: Any, tmp_path: Path
+) -> None:
+    """Attack: a member offers a far larger "state" than a state of the job has (its size is
+    known: the model and recipe fix it), to fill the checker's disk and time. The fetch names
+    the size it expects: the offer is refused from the peer's first reply, before a byte of
+    the file is read."""
+    f = tmp_path / "state.bin"
+    f.write_bytes(os.urandom(3 << 20))
+    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    peer = server({sha: f})
+    cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
+    with GossipNode(cfg, Account.create()) as node:
+        dest = tmp_path / "got.bin"
+        with pytest.raises(CheckpointUnavailable, match=r"bytes > limit"):
+            node.fetch_file(sha, [peer], dest, timeout_s=30.0, max_bytes=1 << 20)
+        assert not dest.exists()
+        assert [p.name for p in dest.parent.iterdir() if p.name.startswith(".")] == []
+        assert node.fetch_file(sha, [peer], dest, timeout_s=30.0, max_bytes=3 << 20) == dest

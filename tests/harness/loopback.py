@@ -161,10 +161,19 @@ class LoopbackTransport:
             raise ValueError(f"{path} does not have sha256 {sha256_hex}")
         self.hub.serve(sha256_hex, data)
 
-    def fetch_file(self, sha256_hex: str, peers: list[PeerSpec], dest: Path | str) -> Path:
+    def fetch_file(
+        self,
+        sha256_hex: str,
+        peers: list[PeerSpec],
+        dest: Path | str,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
+    ) -> Path:
         data = self.hub.fetch(sha256_hex)
         if data is None:
             raise CheckpointUnavailable(f"no node serves {sha256_hex}")
+        if max_bytes is not None and len(data) > max_bytes:
+            raise CheckpointUnavailable(f"{len(data)} bytes > limit {max_bytes}")
         dest = Path(dest)
         tmp = dest.with_suffix(dest.suffix + ".part")
         tmp.write_bytes(data)

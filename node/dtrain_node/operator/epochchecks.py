@@ -45,7 +45,7 @@ class CheckSetup:
     epoch_start_step: int  # the job's inner step at the epoch's start
     start: dict[str, torch.Tensor]  # the model's state at the attempt's start
     serve: Callable[[str, Path], None]  # (sha256 hex, path): serve a file to peers
-    fetch: replaycheck.Fetch
+    fetch: Callable[..., Path]  # (sha256 hex, member, dest, size or None): a member's state
     metric: Callable[..., Any]
 
 
@@ -55,7 +55,8 @@ class EpochChecks:
         self.ring = spotcheck.StateRing(s.job_dir, s.head.attempt, s.serve)
         self.claims: list[claims.Claim] = []
         replica = replaycheck.demo_replica(self._build, s.demo, s.demo.sync_interval, s.reach)
-        self.checker = replaycheck.Checker(replica, s.fetch, s.job_dir / "checks", self._report)
+        self.state_bytes: int | None = None  # every member's state file has our own's size
+        self.checker = replaycheck.Checker(replica, self._fetch, s.job_dir / "checks", self._report)
 
     def _build(self) -> tuple[Any, Callable[[Any, Sequence[Any]], None], Callable[[str], Any]]:
         """A second copy of the job's model and data (on the checker's thread)."""
@@ -76,7 +77,14 @@ class EpochChecks:
     def commit(self, rnd: int, opt: DeMo) -> bytes:
         """At round `rnd`'s start: our private state kept and served; its digest (to sign)."""
         data = statefile.encode(reproduce.private_state(opt))
+        self.state_bytes = len(data)
         return bytes.fromhex(self.ring.put(rnd, data))
+
+    def _fetch(self, sha: str, member: str, dest: Path) -> Path:
+        """A member's state, refused when it offers more bytes than a state of this job has,
+        and bounded by the time its size takes at the minimum bandwidth: a member that serves
+        it slowly holds up no later check."""
+        return self.s.fetch(sha, member, dest, self.state_bytes)
 
     def after_round(
         self,

@@ -124,6 +124,16 @@ def state_path(work: Path, c: Check, state: bytes) -> Path:
     return work / f"check-{c.round}-{c.member}-{state.hex()[:16]}.dtps"
 
 
+STATE_FETCH_BASE_S = 30.0  # a state fetch's time to connect and start, whatever its size
+STATE_MIN_BANDWIDTH = 1 << 20  # bytes/s a member must serve its committed state at
+
+
+def state_deadline(size: int) -> float:
+    """Seconds a member has to hand over a private state of `size` bytes (the size every
+    member's state has: the job's model and recipe fix it)."""
+    return STATE_FETCH_BASE_S + size / STATE_MIN_BANDWIDTH
+
+
 def _fetch(fetch: Fetch, sha: str, member: str, dest: Path) -> bytes | None:
     for attempt in range(FETCH_TRIES):
         try:

@@ -71,7 +71,14 @@ class Transport(Protocol):
 
     def serve_file(self, sha256_hex: str, path: Path | str) -> None: ...
 
-    def fetch_file(self, sha256_hex: str, peers: list[PeerSpec], dest: Path | str) -> Path: ...
+    def fetch_file(
+        self,
+        sha256_hex: str,
+        peers: list[PeerSpec],
+        dest: Path | str,
+        timeout_s: float | None = None,
+        max_bytes: int | None = None,
+    ) -> Path: ...
 
     def stop(self) -> None: ...
 

@@ -177,7 +177,9 @@ class FileService:
             f"no peer delivered {sha.hex()}: {'; '.join(errors) or 'no peers'}"
         )
 
-    async def race(self, sha: bytes, peers: list[PeerSpec], dest: Path) -> Path:
+    async def race(
+        self, sha: bytes, peers: list[PeerSpec], dest: Path, *, max_bytes: int | None = None
+    ) -> Path:
         """Ask every peer at once; the first intact copy wins and the other transfers stop (a
         peer that answers and then sends nothing holds up nobody)."""
         tries = [dest.with_name(f".{dest.name}.from-{i}") for i in range(len(peers))]
@@ -185,7 +187,7 @@ class FileService:
 
         async def one(peer: PeerSpec, path: Path, scope: trio.CancelScope) -> None:
             try:
-                won.append(await self.fetch(sha, [peer], path))
+                won.append(await self.fetch(sha, [peer], path, max_bytes=max_bytes))
             except CheckpointUnavailable:
                 return
             scope.cancel()

@@ -12,6 +12,7 @@ gossip is only the fast path: the sync protocol is what makes a round complete.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -282,16 +283,19 @@ class GossipNode(Looper):
         dest: Path | str,
         timeout_s: float | None = None,
         race: bool = False,
+        max_bytes: int | None = None,
     ) -> Path:
         """Fetch a file by sha256 from the first peer that delivers it intact: asking the
         peers in order, or all at once (`race`), all within `timeout_s` (None: each peer's own
-        timeouts).
+        timeouts). A peer offering more than `max_bytes` (None: the host's `max_file_bytes`)
+        is refused before a byte of the file is read.
 
         The bytes go to a temporary file next to dest, are hashed as they arrive and are
         renamed onto dest only if the sha256 matches. Raises CheckpointUnavailable otherwise.
         """
         sha = files.sha256_bytes(sha256_hex)
-        get = self._files.race if race else self._files.fetch
+        fetch = self._files.race if race else self._files.fetch
+        get = functools.partial(fetch, max_bytes=max_bytes)
         if timeout_s is None:
             return self._call(get, sha, peers, Path(dest))
 
