@@ -13,8 +13,10 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
     function challenge(uint256 jobId, uint256 epoch, bytes32 transcript) external payable {
         JobState storage j = _current(jobId, epoch);
         uint64 attempt = j.attempt;
+        // A vote without a quorum can be taken to the referees too: a minority that blocks the
+        // quorum gets its own files judged, not a free veto.
         (uint256 until, bytes32 certified) = _certified(jobId, attempt, j);
-        require(certified != bytes32(0), NothingToChallenge(jobId, epoch));
+        require(until != 0, NothingToChallenge(jobId, epoch));
         require(block.timestamp < until, ChallengeWindowClosed(until, block.timestamp));
         require(_operators[msg.sender].registered || msg.sender == j.caller, NotAChallenger(msg.sender));
         uint256 bond = _params.challengeBond;
@@ -24,9 +26,10 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         (ch.challenger, ch.openedAt, ch.transcript) = (msg.sender, uint64(block.timestamp), transcript);
         // The draw's inputs are fixed now; its seed is the next block's hash, unknown now.
         ch.seedBlock = uint64(block.number + 1);
-        ch.weightsAt = uint64(block.number);
+        ch.weightsAt = uint48(block.number);
         ch.registrySize = uint32(_registry.length);
-        ch.maxWeight = uint128(_maxDrawWeight);
+        ch.maxWeight = uint96(_maxDrawWeight);
+        ch.uncertified = certified == bytes32(0);
         // Held with the escrow until the challenge resolves (`accounting()` stays balanced).
         _totalEscrow += bond;
         emit Challenged(jobId, epoch, msg.sender, certified, transcript);
@@ -114,7 +117,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         // could not judge (no majority, too small a jury) costs it nothing. A verdict's
         // referees are paid from the bond whatever they decided: their pay cannot bias them.
         address treasury = _params.treasury;
-        bool excused = verdict == bytes32(0) || overturned || ch.findings >> _CAUGHT_SHIFT != 0
+        bool excused = verdict == bytes32(0) || overturned || ch.uncertified || ch.findings >> _CAUGHT_SHIFT != 0
             || (_votesOf[attempt][ch.challenger] != verdict && _isConsistent(jobId, ch.challenger, ch.findings));
         _credit(excused ? ch.challenger : treasury, bond - fee);
         if (slashed > 0) _credit(treasury, slashed);
@@ -129,7 +132,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
             openedAt: ch.openedAt,
             resolved: ch.resolved,
             transcript: ch.transcript,
-            certifiedKey: ch.challenger == address(0) ? bytes32(0) : _tallies[attempt].leaderKey,
+            certifiedKey: ch.challenger == address(0) || ch.uncertified ? bytes32(0) : _tallies[attempt].leaderKey,
             verdictKey: ch.verdict,
             consistent: ch.findings & type(uint128).max,
             caught: ch.findings >> _CAUGHT_SHIFT,

@@ -352,9 +352,10 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         // The referee draw's inputs, frozen when the challenge opened: the block whose hash
         // seeds it (0 once drawn), the registry's size and the largest draw weight then.
         uint64 seedBlock;
-        uint64 weightsAt;
+        uint48 weightsAt;
         uint32 registrySize;
-        uint128 maxWeight;
+        uint96 maxWeight;
+        bool uncertified; // the attempt had no quorum: the referees settle it, or it is retried
     }
 
     /// Bit 128 + i of a verdict's findings: member i caught by replay.

@@ -32,7 +32,7 @@ class StaleChain:
         return SimpleNamespace(vote_key=self.keys[MEMBERS.index(member)])
 
     def challenge_of(self, attempt: int) -> Challenge:
-        return Challenge(ZERO, 0, False, bytes(32), bytes(32), bytes(32), 0, 0, 0, 0, (), ())
+        return Challenge(ZERO, 0, False, bytes(32), bytes(32), bytes(32), 0, 0, 0, 0, 0, ())
 
     def latest_block_timestamp(self) -> int:
         return self.block_ts
@@ -79,3 +79,16 @@ def test_an_agreed_vote_finalizes_once_the_window_passed_on_the_wall_clock(tmp_p
     assert not c.ready(_job(reveal_deadline=now - 30), 5)  # the window runs until now + 30
     assert c.ready(_job(reveal_deadline=now - 61), 5)
     assert chain.sent == []
+
+
+def test_an_attempt_without_a_quorum_is_taken_to_the_referees(tmp_path) -> None:
+    """Two of three members reveal two other votes: nothing reaches 2/3. A member with a vote
+    of its own disputes the attempt instead of working it again unpaid (no free veto)."""
+    ours = _ours(tmp_path, b"\x11" * 32)
+    now = int(time.time())
+    chain = StaleChain([vote_key(b"\x22" * 32, [2, 2, 2]), ours, bytes(32)], block_ts=now - 100)
+    chain.keys[2] = vote_key(b"\x33" * 32, [2, 2, 2])
+    records = []
+    c = Challenger(chain, tmp_path, lambda kind, **d: records.append(kind), window=60)  # type: ignore[arg-type]
+    assert not c.ready(_job(reveal_deadline=now - 5), 5)
+    assert len(chain.sent) == 1 and records == ["challenged"]

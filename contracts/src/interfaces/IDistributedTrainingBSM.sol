@@ -366,8 +366,7 @@ interface IDistributedTrainingBSMTypes {
     error ZeroOwner();
 
     // Challenges
-    /// @notice epoch `epoch` of job `jobId` has no certified vote to challenge (no quorum, or
-    /// reveals still open)
+    /// @notice epoch `epoch` of job `jobId` has nothing to challenge yet (reveals still open)
     error NothingToChallenge(uint256 jobId, uint256 epoch);
     /// @notice the challenge window closed at `closedAt` (now `nowTs`)
     error ChallengeWindowClosed(uint256 closedAt, uint256 nowTs);
@@ -896,8 +895,11 @@ interface IDistributedTrainingBSMTokens is IDistributedTrainingBSMTypes {
 /// Each phase (apply, commit, reveal) lasts `challengeWindow`; the epoch cannot be finalized
 /// while its challenge is open. Implemented in the views extension.
 interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
-    /// @notice Disputes the certified vote of epoch `epoch` of job `jobId`, bonding exactly
-    /// `challengeBond` wei; `transcript` is the sha256 of the transcript file the sender serves.
+    /// @notice Disputes the certified vote of epoch `epoch` of job `jobId`, or takes an attempt
+    /// whose reveals closed without a quorum to the referees (no free veto: their verdict
+    /// settles it as a quorum would, and a member whose own file does not lead to its vote is
+    /// a fabricator), bonding exactly `challengeBond` wei; `transcript` is the sha256 of the
+    /// transcript file the sender serves.
     function challenge(uint256 jobId, uint256 epoch, bytes32 transcript) external payable;
     /// @notice A member that voted in the challenged attempt names the transcript file it serves
     /// (during the first phase), so that a challenger cannot hide packets from the referees:

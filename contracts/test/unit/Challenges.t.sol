@@ -843,3 +843,33 @@ contract FailedReplayTest is ChallengeBase {
         vm.assertEq(bsm.creditOf(ops[3]), PRICE * 40 / 100);
     }
 }
+
+/// Attack (free veto): 2 of 5 members reveal another vote, so that no vote reaches 2/3: with
+/// no quorum nobody is judged on mismatch, the epoch is retried and the honest members work it
+/// again unpaid, as often as the minority likes. An honest member takes the attempt to the
+/// referees: their verdict settles it as a quorum would, the minority (whose own files do not
+/// lead to its vote) is slashed as fabricators and the honest members are paid.
+contract MinorityVetoTest is ChallengeBase {
+    function test_minorityBlockingTheQuorum_isJudgedAndSlashed() public {
+        (uint256 jobId, address[] memory ops) = certify(2, 3, MIN_STAKE, keccak256("veto"));
+        vm.assertEq(bsm.challengeOf(state(jobId).attempt).challenger, address(0));
+        (bytes32 certified,) = bsm.certifiedVote(jobId);
+        vm.assertEq(certified, bytes32(0), "no quorum: 3 of 5");
+        challengeAs(ops[4], jobId);
+        vm.assertEq(bsm.challengeOf(state(jobId).attempt).certifiedKey, bytes32(0), "nothing was certified");
+        uint256 honestBits = (1 << 2) | (1 << 3) | (1 << 4);
+        judgeConsistent(jobId, trained(), fullParticipation(jobId), honestBits);
+        bsm.resolveChallenge(jobId, 0);
+        finalizeNow(jobId);
+        vm.assertEq(bsm.epochCheckpoint(jobId, 0), trained(), "settled on the verdict, not retried");
+        for (uint256 i; i < 2; ++i) {
+            vm.assertEq(bsm.stakeOf(ops[i], ops[i]), MIN_STAKE * 9 / 10, "the minority: fabricators");
+            vm.assertEq(bsm.creditOf(ops[i]), 0);
+        }
+        for (uint256 i = 2; i < 4; ++i) {
+            vm.assertEq(bsm.creditOf(ops[i]), PRICE * 40 / 100, "an honest member is paid");
+        }
+        vm.assertEq(bsm.creditOf(ops[4]), PRICE * 40 / 100 + bondBack(), "paid, bond back less the pay");
+        assertConserved();
+    }
+}

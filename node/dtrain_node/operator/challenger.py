@@ -8,7 +8,9 @@ referees). It then resolves the challenge once it is due (anyone may) and finali
 epoch settles on the referees' verdict. When someone else challenges, every member that voted
 names its own transcript file (`postTranscript`): the referees re-execute the union of the
 files, so a challenger cannot leave honest packets out. A member that voted UNWORKABLE, or has
-no vote on disk, has nothing to show and does not challenge.
+no vote on disk, has nothing to show and does not challenge. An attempt whose reveals closed
+without a quorum is taken to the referees the same way (a minority that blocks the quorum has
+its own files judged: no free veto).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Challenger:
         ch = self.bsm.challenge_of(attempt)
         now = max(self.bsm.latest_block_timestamp(), int(time.time()))
         if int(ch.challenger, 16) == 0:
-            if any(certified) and now < closes and self._disputes(certified, attempt):
+            # no quorum (`certified` zero) is disputed too: referees settle it, no free veto
+            if now < closes and self._disputes(certified, attempt):
                 self._challenge(job, attempt, certified)
                 return False
             return now >= closes
