@@ -397,6 +397,36 @@ def test_auto_skips_jobs_it_cannot_finish_or_bond(chain, bsm, accounts, dataset,
     assert node._pick_job() == fine
 
 
+def test_job_n_refuses_a_job_this_machine_cannot_finish_before_bonding_a_seat(
+    chain, bsm, accounts, dataset, tmp_path
+) -> None:
+    """A slow host is not a dropout: `--job N` (not only `--auto`) measures this machine on
+    the job before bonding a seat, and refuses an epoch it cannot finish before the commit
+    deadline with a one-line reason; nothing is bonded, and a job it can do is joined."""
+    caller = bsm.with_account(accounts[CALLER].key)
+    short = submit_tiny_job(caller, dataset, operators=2, steps=3000, epoch_s=60)
+    fine = submit_tiny_job(caller, dataset, operators=2, steps=4, epoch_s=600)
+    for job_id, joins in ((short, False), (fine, True)):
+        cfg = NodeConfig(
+            key=accounts[1].key,
+            rpc_url=chain.url,
+            contract=bsm.address,
+            data_dir=tmp_path / f"job{job_id}",
+            job_id=job_id,
+            stake=ETH,
+            step_s=0.0,  # the operator claims nothing: the measured time decides
+        )
+        node = Node(cfg, transport_factory=LoopbackHub().factory)
+        node.transport = node._transport_factory(cfg, bsm, job_id)
+        node.register()
+        why = node.join(job_id)
+        if joins:
+            assert why is None and bsm.bonded_of(accounts[1].address) > 0
+        else:
+            assert why is not None and why.startswith("too slow for this job: an epoch of 60 s")
+            assert "\n" not in why and bsm.bonded_of(accounts[1].address) == 0
+
+
 @pytest.mark.parametrize("broken", ["missing", "hash", "model", "recipe"])
 def test_preflight_never_joins_a_job_it_cannot_do(
     chain, bsm, accounts, dataset, tmp_path, broken

@@ -309,3 +309,36 @@ def test_faults_slow_and_equivocate() -> None:
             Faults.parse(bad)
     assert Faults.parse(["attack=flip=4"]).attack == Attack("flip", 4.0)
     assert Faults.parse(["attack=push=2"]).attack == Attack("push", 2.0)
+
+
+def test_a_job_is_refused_when_its_measured_step_time_misses_the_epoch(monkeypatch) -> None:
+    """The capacity check times forward and backward on the job's own batches (after one
+    warm-up batch) and refuses an epoch this machine cannot finish in time."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dtrain_node.operator import preflight
+
+    clock = iter([0.0, 5.0, 10.0, 13.0])  # warm-up 5 s, then 3 s a batch
+
+    class Backend:
+        model = torch.nn.Linear(2, 1)
+
+        def n_items(self) -> int:
+            return 100
+
+        def batches(self, idx, batch_size, seed):
+            while True:
+                yield torch.ones(batch_size, 2)
+
+        def loss(self, batch):
+            return self.model(batch).sum()
+
+    monkeypatch.setattr(preflight.time, "perf_counter", lambda: next(clock))
+    step_s = preflight.measure_step_s(Backend(), 4, grad_accum=2)
+    assert step_s == 6.0, "the second batch's 3 s, times two micro-batches"
+    spec = SimpleNamespace(steps_per_epoch=20, sync_interval=2, epoch_duration=120)
+    with pytest.raises(preflight.TooSlow, match="an epoch of 120 s needs 154 s here"):
+        preflight.fits(SimpleNamespace(spec=spec), step_s)
+    preflight.fits(SimpleNamespace(spec=spec), 1.0)  # 20 + 14 + 20 s: it fits

@@ -170,7 +170,7 @@ class Node:
         self._first_attempt: dict[int, int] = {}
         self._params_cache: Params | None = None  # the deployed parameters never change
         # can we do a job? (fetches its files, then builds it; once per job)
-        self._preflight = Preflight(cfg.batch_size, cfg.source_cache())
+        self._preflight = Preflight(cfg.batch_size, cfg.source_cache(), step_s=cfg.step_s)
         self.status = Status()  # where we are: the progress line and the signal messages
         self._entered_why = ""  # why we entered the current state (logged once)
         self.stop_signal: int | None = None  # the signal that stopped us now, if one did

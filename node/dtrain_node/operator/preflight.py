@@ -7,6 +7,9 @@ the job pins, and whose compression its members can sync (`epoch.check_compressi
 the node's cache, each verified against its hash: `operator.sources`), then builds the job's
 backend exactly as training will (reading the dataset checks its sha256) and compares the start
 model's pin with the job's `modelHash`. A job whose files cannot be had intact is never joined.
+It then times this machine on the job (`measure_step_s`: forward and backward of its batches,
+as an inner step takes them) and refuses a job whose epoch this machine cannot finish in time
+(`deadlines.epoch_seconds_needed`): a seat that would miss its commit deadline is a dropout.
 Results are kept per job, so `--auto` does not fetch or rebuild a job's model at every poll.
 """
 
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from dtrain_node.errors import (
     BackendUnavailable,
@@ -24,6 +29,7 @@ from dtrain_node.errors import (
     ModelUnavailable,
     RecipeInvalid,
 )
+from dtrain_node.operator.deadlines import epoch_seconds_needed
 from dtrain_node.operator.epoch import check_compression, check_mode
 from dtrain_node.operator.sources import Cache, LocalSources, fetch_job
 from dtrain_node.train.backend import TrainJob, make_backend, token_reach
@@ -53,17 +59,56 @@ PROVES_UNWORKABLE = (
 )
 
 
-def check(job: Job, batch_size: int, cache: Cache | None = None) -> str | None:
+TIMED_STEPS = 2  # inner steps timed before a seat is bonded (the first one warms up)
+
+
+class TooSlow(Exception):
+    """This machine cannot finish an epoch of the job before its commit deadline."""
+
+
+def check(job: Job, batch_size: int, cache: Cache | None = None, step_s: float = 0.0) -> str | None:
     """None when we can train `job`; else why not, in one line. With a cache, the job's remote
-    files are fetched into it first (else its references are read as they are)."""
+    files are fetched into it first (else its references are read as they are). `step_s`: our
+    seconds per inner step as the operator states them; the measured time counts when longer."""
     try:
-        build(job, batch_size, fetch_job(job, cache) if cache is not None else None)
+        backend, tj = build(job, batch_size, fetch_job(job, cache) if cache is not None else None)
+        accum = tj.recipe.grad_accum if tj.recipe is not None else 1
+        fits(job, max(step_s, measure_step_s(backend, batch_size, accum)))
     except CANNOT as exc:
         return f"{type(exc).__name__}: {exc}"
+    except TooSlow as exc:
+        return f"too slow for this job: {exc}"
     return None
 
 
-def build(job: Job, batch_size: int, local: LocalSources | None) -> None:
+def fits(job: Job, step_s: float) -> None:
+    """Raises TooSlow when an epoch at `step_s` seconds per inner step outlasts the job's."""
+    s = job.spec
+    need = epoch_seconds_needed(s.steps_per_epoch, s.sync_interval, step_s)
+    if s.epoch_duration < need:
+        raise TooSlow(
+            f"an epoch of {s.epoch_duration} s needs {need:.0f} s here "
+            f"({step_s:.2f} s per inner step, measured)"
+        )
+
+
+def measure_step_s(backend: Any, batch_size: int, grad_accum: int = 1) -> float:
+    """Seconds one inner step of `backend` takes here: the forward and backward of one batch,
+    timed after a warm-up batch, times the micro-batches a step accumulates."""
+    n = backend.n_items()
+    idx = torch.arange(min(n, batch_size * TIMED_STEPS))
+    times = []
+    for batch in backend.batches(idx, batch_size, seed=0):
+        t0 = time.perf_counter()
+        backend.loss(batch).backward()
+        times.append(time.perf_counter() - t0)
+        if len(times) == TIMED_STEPS:
+            break
+    backend.model.zero_grad(set_to_none=True)
+    return (times[-1] if times else 0.0) * grad_accum
+
+
+def build(job: Job, batch_size: int, local: LocalSources | None) -> tuple[Any, TrainJob]:
     """Builds `job`'s backend exactly as training will, from its fetched files `local`
     (reading the dataset checks its sha256), checks that its members can sync the model with
     the job's DeMo mode and compression and that the start model has the job's pin: raises
@@ -79,6 +124,7 @@ def build(job: Job, batch_size: int, local: LocalSources | None) -> None:
             f"the start model of {job.spec.model_uri!r} hashes to 0x{got.hex()}, "
             f"the job pins 0x{want.hex()}"
         )
+    return backend, tj
 
 
 class Preflight:
@@ -91,8 +137,9 @@ class Preflight:
         cache: Cache | None = None,
         retry_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        step_s: float = 0.0,
     ) -> None:
-        self.batch_size = batch_size
+        self.batch_size, self.step_s = batch_size, step_s
         self.cache = cache
         self.retry_s = retry_s
         self._clock = clock
@@ -102,5 +149,5 @@ class Preflight:
         now = self._clock()
         seen = self._seen.get(job.id)
         if seen is None or (seen[0] is not None and now - seen[1] >= self.retry_s):
-            self._seen[job.id] = (check(job, self.batch_size, self.cache), now)
+            self._seen[job.id] = (check(job, self.batch_size, self.cache, self.step_s), now)
         return self._seen[job.id][0]
