@@ -396,26 +396,33 @@ contract RefereeTest is ChallengeBase {
         }
     }
 
-    /// Attack (grinding): once the seed block is mined, an outsider adds 1 wei of stake,
-    /// registers fresh operators and re-stakes to re-roll a draw it dislikes. The draw reads
-    /// the registry and the weights as they stood at the challenge: the same jury.
+    /// Attack (grinding): once the seed block is mined, the outsiders see which of them the
+    /// seed would draw at which weight; they stake up to the cap, unstake and register fresh
+    /// operators to change who is drawn. The draw reads the registry and the weights as they
+    /// stood at the challenge: the same jury.
     function test_draw_cannotBeRerolledOnceTheSeedIsKnown() public {
-        uint256 snap = vm.snapshotState();
-        address[] memory expected = drawReferees(jobId);
-        vm.revertToState(snap);
+        redeploy();
+        address heavy = makeAddr("heavy outsider");
+        register(heavy, 10 * MIN_STAKE); // the others are accepted at 2/10 per pick
+        (uint256 other,) = certify(2, 1, MIN_STAKE, keccak256("fabricated"));
+        challengeAs(op(3), other);
         vm.roll(block.number + 2);
+        uint256 snap = vm.snapshotState();
+        bsm.drawReferees(other, 0);
+        address[] memory expected = bsm.challengeOf(state(other).attempt).referees;
+        vm.revertToState(snap);
         for (uint256 i; i < outsiders.length; ++i) {
-            vm.deal(outsiders[i], 1);
+            vm.deal(outsiders[i], 8 * MIN_STAKE);
             vm.prank(outsiders[i]);
-            bsm.stake{value: 1}();
+            bsm.stake{value: 8 * MIN_STAKE}(); // every pick of them now accepted
         }
+        vm.prank(heavy);
+        bsm.unstake(9 * MIN_STAKE);
         for (uint256 i; i < 8; ++i) {
             register(makeAddr(string.concat("late", vm_toString(i))), 10 * MIN_STAKE);
         }
-        vm.prank(outsiders[1]);
-        bsm.unstake(MIN_STAKE / 2);
-        bsm.drawReferees(jobId, 0);
-        address[] memory refs = bsm.challengeOf(state(jobId).attempt).referees;
+        bsm.drawReferees(other, 0);
+        address[] memory refs = bsm.challengeOf(state(other).attempt).referees;
         vm.assertEq(refs.length, expected.length);
         for (uint256 i; i < refs.length; ++i) {
             vm.assertEq(refs[i], expected[i], "the same referees");
