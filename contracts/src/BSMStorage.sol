@@ -82,6 +82,9 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         bytes32 leaderKey;
     }
 
+    /// Bit `_MISSED_SHIFT + i` of a vote's `syncFailures`: member i is absent from a round.
+    uint256 internal constant _MISSED_SHIFT = 128;
+
     /// A distinct (checkpoint, participation) vote; `syncFailures` has bit i set when the
     /// participation shows member i below the sync threshold.
     struct Vote {
@@ -236,6 +239,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
             uint256 r = participation[i];
             require(r <= rounds, ParticipationTooHigh(i, r, rounds));
             if (r < threshold) syncFailures |= 1 << i;
+            if (r < rounds) syncFailures |= 1 << (_MISSED_SHIFT + i);
         }
         key = keccak256(abi.encode(checkpoint, participation));
         Vote storage v = _voteData[attempt][key];

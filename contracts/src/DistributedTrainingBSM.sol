@@ -508,6 +508,11 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             // Committed, then kept its vote back once it could see the others': a losing vote
             // withheld must cost what a losing vote revealed costs.
             c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.WithheldReveal);
+        } else if (key == bytes32(0) && c.quorum && c.syncFailures & (1 << (_MISSED_SHIFT + i)) == 0) {
+            // Late, not absent: the quorum counted its packets in every round, so it was there
+            // to the end and only its vote missed the deadline: unpaid, but nothing proves it
+            // dropped out, so it keeps its stake.
+            return;
         } else if (key == bytes32(0) || (c.quorum && key == _UNWORKABLE)) {
             // Silent, or could not work while a quorum could: did no work, fabricated nothing.
             c.slashed += _slashMember(c, op, _params.dropoutSlashBps, SlashReason.Dropout);

@@ -285,6 +285,7 @@ contract FinalizeEpochTest is BaseTest {
 
     function test_dropoutSlashedAfterDeadline() public {
         uint32[] memory p = fullParticipation(jobId);
+        p[2] = 0; // the silent member's packets are in no round
         submit(jobId, ops[0], keccak256("c0"), p);
         submit(jobId, ops[1], keccak256("c0"), p);
         uint256 deadline = block.timestamp + GRACE + EPOCH;
@@ -301,6 +302,24 @@ contract FinalizeEpochTest is BaseTest {
         finalize(jobId);
         vm.assertEq(bsm.getPool(silent).totalAssets, before - before * 500 / 10000);
         vm.assertEq(state(jobId).epoch, 1); // 2 of 3 is a quorum
+        assertConserved();
+    }
+
+    /// Attack on an honest member: a slow host whose packets made every round but whose vote
+    /// missed the commit deadline used to be slashed as a dropout. The quorum's participation
+    /// proves it worked: it is not paid for the epoch and keeps its stake.
+    function test_lateVoterInTheTranscript_unpaidNotSlashed() public {
+        uint32[] memory p = fullParticipation(jobId);
+        submit(jobId, ops[0], keccak256("c0"), p);
+        submit(jobId, ops[1], keccak256("c0"), p);
+        vm.warp(block.timestamp + GRACE + EPOCH + 1);
+        reveal(jobId);
+        address late = ops[2];
+        uint256 before = bsm.getPool(late).totalAssets;
+        finalize(jobId);
+        vm.assertEq(bsm.getPool(late).totalAssets, before, "its stake is whole");
+        vm.assertEq(bsm.creditOf(late), 0, "and it is not paid");
+        vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100);
         assertConserved();
     }
 

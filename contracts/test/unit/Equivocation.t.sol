@@ -205,6 +205,7 @@ contract WithheldRevealTest is BaseTest {
     function test_neverCommitted_isADropout() public {
         (uint256 jobId, address[] memory ops) = runningJob(4, 2);
         uint32[] memory p = fullParticipation(jobId);
+        p[3] = 0; // absent from every round
         for (uint256 i; i < 3; ++i) {
             submit(jobId, ops[i], keccak256("quorum"), p);
         }

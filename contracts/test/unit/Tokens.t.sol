@@ -331,9 +331,10 @@ contract TokenSettlementTest is TokenBase {
     function test_slashStaysInEther() public {
         (uint256 jobId, address[] memory ops) = runningTokenJob(3, 2);
         uint32[] memory p = fullParticipation(jobId);
+        p[2] = 0;
         submit(jobId, ops[0], keccak256("c"), p);
         submit(jobId, ops[1], keccak256("c"), p);
-        finalize(jobId); // ops[2] silent: dropout
+        finalize(jobId); // ops[2] silent and in no round: dropout
         uint256 slashed = 1 ether * 500 / 10_000;
         vm.assertEq(bsm.creditOf(reporter), 0);
         vm.assertEq(bsm.creditOf(treasury), slashed);
