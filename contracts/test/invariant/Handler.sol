@@ -70,6 +70,8 @@ contract Handler is Test {
     uint256 public ghostChallenges; // certified votes disputed
     uint256 public ghostConsistentVerdicts; // verdicts that found some voter consistent
     uint256 public ghostCaughtVerdicts; // verdicts that caught a member by replay
+    uint256 public ghostUncertifiedChallenges; // attempts without a quorum taken to the referees
+    uint256 public ghostPaidVerdicts; // verdicts whose referees were paid from the bond
     uint256 public ghostVerdicts; // challenges the referees' majority decided
     uint256 public ghostOverturned; // ... against the certified vote
     uint256 public ghostRefereesSlashed; // referees off the majority, withheld or silent
@@ -636,7 +638,7 @@ contract Handler is Test {
         (, uint256 revealed) = bsm.voteCounts(id);
         if (revealed < m.length && block.timestamp <= bsm.revealDeadline(id)) vm.warp(bsm.revealDeadline(id) + 1);
         (bytes32 key, uint256 closes) = bsm.certifiedVote(id);
-        if (key == bytes32(0) || block.timestamp >= closes) return;
+        if (closes == 0 || block.timestamp >= closes) return; // no quorum is challenged too
         if (bsm.challengeOf(st.attempt).challenger != address(0)) return;
         uint256 who = (r >> 15) & 1 == 1 ? _dissenter(id, m, key, (r >> 1) % m.length) : (r >> 1) % m.length;
         address challenger = r & 1 == 1 && (r >> 15) & 1 == 0 ? st.caller : m[who];
@@ -646,6 +648,7 @@ contract Handler is Test {
         vm.prank(challenger);
         bsm.challenge{value: bond}(id, st.epoch, bytes32(r));
         ++ghostChallenges;
+        if (key == bytes32(0)) ++ghostUncertifiedChallenges;
         // bits 6..13 of `r`: the voters the referees find consistent with their own files; a
         // member challenger's own bit three times in four (bit 15: a dissenter challenges)
         uint256 bits = (r >> 6) & 0xff;
@@ -729,6 +732,7 @@ contract Handler is Test {
         if (verdict != bytes32(0) && verdict != certified) ++ghostOverturned;
         if (verdict != bytes32(0) && consistent != 0) ++ghostConsistentVerdicts;
         if (verdict != bytes32(0) && caught != 0) ++ghostCaughtVerdicts;
+        if (_expectedFee > 0) ++ghostPaidVerdicts;
     }
 
     function _attemptOf(uint256 id) internal view returns (uint64) {

@@ -142,6 +142,8 @@ contract ReachTest is BaseTest {
         _add("challenges with a referee slashed", handler.ghostRefereesSlashed());
         _add("verdicts with consistent voters", handler.ghostConsistentVerdicts());
         _add("verdicts that caught a member by replay", handler.ghostCaughtVerdicts());
+        _add("attempts without a quorum taken to the referees", handler.ghostUncertifiedChallenges());
+        _add("verdicts whose referees were paid", handler.ghostPaidVerdicts());
         _add("seat draws", handler.ghostSeatDraws());
         _add("applicants not drawn", handler.ghostSeatsNotDrawn());
         _add("running-job cancel requests", handler.ghostCancelRequests());
