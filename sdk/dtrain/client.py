@@ -6,6 +6,7 @@ and counter, so several threads can send from the same or different accounts at 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -42,6 +43,8 @@ from .errors import (
     WrongChain,
     decode_revert,
 )
+
+log = logging.getLogger(__name__)
 
 JOB_EVENTS = (
     "JobCreated",
@@ -83,9 +86,42 @@ def load_key(key: str) -> LocalAccount:
         raise InvalidKey(f"invalid private key: {exc}") from None
 
 
+RPC_TRIES = 6  # a request refused, dropped or timed out is sent again, this many times in all
+RPC_BACKOFF_S = 0.25  # doubling: 0.25, 0.5, 1, 2, 4 s between the tries (~8 s in all)
+_RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.HTTPError, ConnectionError)
+
+
+class RetryingHTTPProvider(Web3.HTTPProvider):
+    """An HTTP provider that sends a request again, with backoff, when the connection is
+    refused or dropped, times out or answers an HTTP error, and says so in one log line:
+    a long-running command (a node, a referee, `job watch`, `job submit --serve`) rides
+    out an RPC hiccup instead of exiting on it."""
+
+    def __init__(self, rpc_url: str, timeout: float) -> None:
+        super().__init__(
+            rpc_url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None
+        )
+
+    def _make_request(self, method: Any, request_data: bytes) -> bytes:
+        for tries in range(1, RPC_TRIES + 1):
+            try:
+                return super()._make_request(method, request_data)
+            except _RETRYABLE as exc:
+                if tries == RPC_TRIES:
+                    raise
+                wait = RPC_BACKOFF_S * 2 ** (tries - 1)
+                log.warning(
+                    "RPC %s: %s failed (%s), try %d of %d in %.2f s",
+                    self.endpoint_uri, method, type(exc).__name__, tries + 1, RPC_TRIES, wait,
+                )  # fmt: skip
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+
+
 def connect(rpc_url: str, expected_chain_id: int | None = None, timeout: float = 10.0) -> Web3:
-    """A Web3 on `rpc_url` that answered, optionally on the expected chain."""
-    w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}))
+    """A Web3 on `rpc_url` that answered, optionally on the expected chain (its requests are
+    retried: `RetryingHTTPProvider`)."""
+    w3 = Web3(RetryingHTTPProvider(rpc_url, timeout))
     try:
         chain_id = w3.eth.chain_id
     except (requests.exceptions.RequestException, OSError, Web3RPCError, ValueError) as exc:
