@@ -126,6 +126,7 @@ TIMES: dict[str, frozenset[str]] = {
     "ChallengeWindowOpen": frozenset({"closesAt"}),
     "NotInPhase": frozenset({"opensAt", "closesAt", "nowTs"}),
     "SeatDrawNotDue": frozenset({"drawAt", "nowTs"}),
+    "SeatApplicationsClosed": frozenset({"drawAt"}),
 }
 _STATUS = ["None", "Open", "Running", "Completed", "Failed", "Cancelled"]
 
