@@ -118,7 +118,8 @@ def node() -> None:
     type=click.FloatRange(min=0),
     default=0.5,
     show_default=True,
-    help="Our seconds per training step: --auto skips jobs whose epochs are too short for it.",
+    help="Our seconds per training step (the time measured on the job counts when longer): "
+    "jobs whose epochs are too short for it are refused.",
 )
 @click.option("--batch-size", default=8, show_default=True)
 @click.option(
