@@ -102,32 +102,63 @@ def test_a_memo_does_each_piece_of_work_once() -> None:
 
 
 class Draw:
-    """A challenge whose seed block is not mined yet: the first draw lands in it and reverts
-    (mining it), the next draws `drawn`."""
+    """A challenge whose seed block (7) is not mined yet, on a chain that mines only on
+    transactions (head 6): the first draw lands in the seed block and reverts (mining it), the
+    next draws `drawn`."""
 
     def __init__(self, drawn: list[str]) -> None:
         self.ch = SimpleNamespace(resolved=False, seed_block=7, referees=())
         self.drawn, self.tries = drawn, 0
+        self.w3 = SimpleNamespace(eth=SimpleNamespace(block_number=6))
 
     def challenge_of(self, attempt: int) -> SimpleNamespace:
         return self.ch
 
     def draw_referees(self, job_id: int, epoch: int, gas: int) -> None:
         self.tries += 1
-        if self.tries == 1:
+        self.w3.eth.block_number += 1  # every transaction mines a block
+        if self.w3.eth.block_number <= self.ch.seed_block:
             raise TransactionFailed("transaction 0x.. reverted: SeedNotMined(7, 7)")
         self.ch.seed_block, self.ch.referees = 0, tuple(self.drawn)
 
 
 @pytest.mark.parametrize(("drawn", "judges"), [([ME], True), (["0x" + "cd" * 20], False)])
 def test_a_referee_draws_once_the_seed_block_exists_and_judges_only_if_drawn(
-    drawn: list[str], judges: bool
+    drawn: list[str], judges: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from dtrain_node.operator import referee_service
+
+    monkeypatch.setattr(referee_service, "STALL_S", 0.0)  # the head never moves by itself
     svc = RefereeService.__new__(RefereeService)
-    svc.bsm, svc.me = Draw(drawn), ME
+    svc.bsm, svc.me, svc.window = Draw(drawn), ME, WINDOW
     svc.metrics = []
     svc.metric = lambda kind, **kw: svc.metrics.append(kind)
     case = Case(1, 0, 3, "0x" + "ef" * 20, b"\x00" * 32, (), b"\x00" * 32)
     assert svc._drawn(case, threading.Event()) is judges
     assert svc.bsm.tries == 2, "one try mined the seed block, the next drew"
     assert svc.metrics == ["referee_drawn" if judges else "referee_not_drawn"]
+
+
+def test_on_a_chain_that_mines_by_itself_the_draw_waits_for_the_seed_block() -> None:
+    """Head below the seed block and moving: no transaction is sent until the seed block is
+    the head (a try before it would only revert)."""
+    svc = RefereeService.__new__(RefereeService)
+    chain = Draw([ME])
+    heads = iter([6, 6, 7, 7])
+    seen: list[int] = []
+
+    class Eth:
+        @property
+        def block_number(self) -> int:
+            seen.append(next(heads, 8))
+            return seen[-1]
+
+    chain.w3 = SimpleNamespace(eth=Eth())
+    sent = []
+    chain.draw_referees = lambda *a, gas: (sent.append(seen[-1]), setattr(chain.ch, "seed_block", 0))
+    chain.ch.referees = (ME,)
+    svc.bsm, svc.me, svc.window = chain, ME, WINDOW
+    svc.metric = lambda kind, **kw: None
+    case = Case(1, 0, 3, "0x" + "ef" * 20, b"\x00" * 32, (), b"\x00" * 32)
+    assert svc._drawn(case, threading.Event())
+    assert sent == [7], "one transaction, once the seed block was the head"

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 GAS = 5_000_000  # above a draw's 64 tries per seat at 31 referees and a 31-referee resolve
 POLL_S = 0.5
+STALL_S = 2.0  # a head that has not moved this long: the chain mines only on transactions
 SEND_TRIES = 10  # a phase's transaction, sent POLL_S apart: the chain's clock lags by a second
 FETCH_TIMEOUT_S = 60.0
 FETCH_WORKERS = 16  # named files fetched at once, the votes' and the challenge's first
@@ -350,17 +351,24 @@ class RefereeService:
         return out
 
     def _drawn(self, case: Case, stop: threading.Event) -> bool:
-        """Whether we are a referee of the challenge, drawing them first if nobody did. The
-        draw needs the block after the challenge's: sent without estimation, a try that lands
-        in that very block reverts and mines it (a chain that mines on transactions), and the
-        next one draws."""
-        for _ in range(SEND_TRIES):
+        """Whether we are a referee of the challenge, drawing them first if nobody did, within
+        the first phase. The draw needs a block after the seed block (the one after the
+        challenge's): sent once the chain's head is the seed block, or when the head has not
+        moved for `STALL_S` (a chain that mines only on transactions: our try lands in the
+        seed block, reverts and mines it, and the next one draws)."""
+        ends = time.monotonic() + self.window
+        head, moved = -1, time.monotonic()
+        while time.monotonic() < ends:
             ch = self.bsm.challenge_of(case.attempt)
             if ch.seed_block == 0 or ch.resolved:
                 break
-            with contextlib.suppress(ContractError, TransactionFailed):  # too early, or drawn
-                self.bsm.draw_referees(case.job_id, case.epoch, gas=GAS)
-                continue
+            now_head = self.bsm.w3.eth.block_number
+            if now_head != head:
+                head, moved = now_head, time.monotonic()
+            if head >= ch.seed_block or time.monotonic() - moved >= STALL_S:
+                with contextlib.suppress(ContractError, TransactionFailed):  # too early, or drawn
+                    self.bsm.draw_referees(case.job_id, case.epoch, gas=GAS)
+                    continue
             if stop.wait(POLL_S):
                 raise DtrainError("stopped while drawing referees")
         ch = self.bsm.challenge_of(case.attempt)
