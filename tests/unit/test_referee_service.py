@@ -154,8 +154,13 @@ def test_on_a_chain_that_mines_by_itself_the_draw_waits_for_the_seed_block() -> 
             return seen[-1]
 
     chain.w3 = SimpleNamespace(eth=Eth())
-    sent = []
-    chain.draw_referees = lambda *a, gas: (sent.append(seen[-1]), setattr(chain.ch, "seed_block", 0))
+    sent: list[int] = []
+
+    def draw(*args: object, gas: int) -> None:
+        sent.append(seen[-1])
+        chain.ch.seed_block = 0
+
+    chain.draw_referees = draw
     chain.ch.referees = (ME,)
     svc.bsm, svc.me, svc.window = chain, ME, WINDOW
     svc.metric = lambda kind, **kw: None
