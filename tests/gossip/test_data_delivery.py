@@ -255,7 +255,7 @@ def test_preflight_retries_a_failed_check_after_a_while_and_never_a_passed_one(
     answers = iter(["DatasetError: dataset p2p:...: no peer delivered it", None])
     calls: list[int] = []
 
-    def check(job: Job, batch_size: int, cache: Any) -> str | None:
+    def check(job: Job, batch_size: int, cache: Any, step_s: float = 0.0) -> str | None:
         calls.append(job.id)
         return next(answers)
 
