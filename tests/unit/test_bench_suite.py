@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_suite", ROOT / "scripts" / "bench_suite.py")
-assert _spec is not None and _spec.loader is not None
-bench_suite = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_suite)
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_suite  # noqa: E402 (scripts/ is not a package)
 
 XML = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="3">
