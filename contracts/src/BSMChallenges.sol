@@ -248,7 +248,10 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         for (uint256 i; i < refs.length; ++i) {
             address r = refs[i];
             RefereeStep step = _refereeSteps[attempt][r];
-            if (step == RefereeStep.Committed || (verdict != bytes32(0) && step == RefereeStep.Revealed && _verdictOf[attempt][r] != agreed)) {
+            if (
+                step == RefereeStep.Committed
+                    || (verdict != bytes32(0) && step == RefereeStep.Revealed && _verdictOf[attempt][r] != agreed)
+            ) {
                 slashed += _slash(r, _params.fabricationSlashBps, jobId, epoch, SlashReason.WrongVerdict, msg.sender);
             } else if (verdict != bytes32(0) && step == RefereeStep.Drawn) {
                 slashed += _slash(r, _params.dropoutSlashBps, jobId, epoch, SlashReason.Dropout, msg.sender);

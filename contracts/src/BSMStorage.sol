@@ -479,6 +479,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
 
     address[] internal _registry;
     mapping(address operator => uint256) internal _registryIndex; // index + 1; 0: never registered
+
     /// A draw weight from block `fromBlock` on.
     struct WeightPoint {
         uint48 fromBlock;
