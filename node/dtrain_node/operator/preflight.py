@@ -88,7 +88,7 @@ def fits(job: Job, step_s: float) -> None:
     if s.epoch_duration < need:
         raise TooSlow(
             f"an epoch of {s.epoch_duration} s needs {need:.0f} s here "
-            f"({step_s:.2f} s per inner step, measured)"
+            f"at {step_s:.2f} s per inner step (the measured or the stated, the slower)"
         )
 
 
