@@ -20,6 +20,7 @@ from typing import Any
 from eth_account import Account
 from eth_utils import keccak
 
+from dtrain_node.devnet import forks
 from harness import harness_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def account(i: int) -> Any:
 @dataclass
 class Proc:
     index: int
-    popen: subprocess.Popen[str]
+    popen: subprocess.Popen[str] | forks.Forked
     result_path: Path
     lines: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -167,14 +168,9 @@ def _spawn(i: int, module: str, conf: dict[str, Any], workdir: Path, nice: int =
     cmd = [sys.executable, "-m", module, str(path)]
     if nice:
         cmd = ["nice", "-n", str(nice), *cmd]
-    p = subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=(workdir / f"stderr{i}.log").open("w"),
-        text=True,
-        env=harness_env(PYTHONUNBUFFERED="1"),
-    )
+    with (workdir / f"stderr{i}.log").open("w") as err:
+        env = harness_env(PYTHONUNBUFFERED="1")
+        p = forks.popen(cmd, env, subprocess.PIPE, subprocess.PIPE, err)
     proc = Proc(i, p, Path(conf["result"]))
     threading.Thread(target=_pump, args=(proc,), daemon=True).start()
     return proc

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import forks
 from .job import JobOptions, deploy_params, tiny_job
 from .plan import node_name
 
@@ -25,7 +26,7 @@ TEST_CORPUS_BYTES = 200_000
 class Proc:
     name: str
     address: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | forks.Forked
     data_dir: Path
     faults: list[str] = field(default_factory=list)
 
@@ -60,17 +61,11 @@ def spawn_node(
     """Starts `dtrain node run` for `account` (a dev account: address and key) in its own
     process group, its output in data_dir/stdout.log."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - lives as long as the process
+    out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - closed once the child has it
     # Several nodes share the machine's cores: one thread each avoids oversubscription.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    p = subprocess.Popen(
-        node_command(config, account.key, data_dir, faults),
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        env=env,
-    )
+    p = forks.popen(node_command(config, account.key, data_dir, faults), env, None, out, out)
+    out.close()
     return Proc(name, account.address, p, data_dir, faults)
 
 
@@ -191,16 +186,10 @@ class Cluster:
         cmd = [sys.executable, "-m", "dtrain.cli", "--rpc-url", self.chain.url]
         cmd += ["--contract", self.bsm.address, "--key", account.key, "--json", "node"]
         cmd += ["referee", "--data-dir", str(data_dir)]
-        out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - lives as long as the process
+        out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - closed once the child has it
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        popen = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
+        popen = forks.popen(cmd, env, None, out, out)
+        out.close()
         p = Proc(name, account.address, popen, data_dir)
         self.procs.append(p)
         return p
