@@ -9,7 +9,12 @@ FORGE := scripts/toolchain/node_modules/@foundry-rs/forge-linux-amd64/bin/forge
 setup:
 	@bash scripts/setup.sh
 
-test: setup test-contracts test-python
+# The contracts' tests run beside the Python suite, which is spread over PYTEST_WORKERS
+# processes (scripts/test.sh); `make test-contracts` and `make test-python` run one each.
+PYTEST_WORKERS ?= 3
+
+test: setup
+	@bash scripts/test.sh $(PYTEST_WORKERS)
 
 # The native forge binary: the npm wrapper exits 0 even when tests fail.
 test-contracts: setup

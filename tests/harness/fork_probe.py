@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -21,6 +22,7 @@ print(
             "draw": int(np.random.randint(0, 2**31)),
             "threads": torch.get_num_threads(),
             "nice": os.nice(0),
+            "sigpipe_ignored": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN,
         }
     ),
     flush=True,

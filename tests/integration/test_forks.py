@@ -32,6 +32,7 @@ def test_a_forked_child_is_its_own_session_with_its_own_env_args_and_randomness(
     assert (seen_a["probe"], seen_b["probe"]) == ("one", "two")
     assert seen_a["argv"] == ["an", "arg"] and seen_a["cwd"] == os.getcwd()
     assert seen_a["threads"] == 1
+    assert seen_a["sigpipe_ignored"], "a write to a closed socket must raise, not kill"
     assert seen_a["draw"] != seen_b["draw"], "numpy's global random state is not shared"
     for p, code in ((a, 3), (b, 0)):
         assert p.poll() is None

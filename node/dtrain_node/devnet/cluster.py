@@ -93,6 +93,12 @@ def read_metrics(data_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _said(p: Proc | None, kind: str, attempt: int) -> bool:
+    return p is not None and any(
+        m["kind"] == kind and m.get("attempt") == attempt for m in read_metrics(p.data_dir)
+    )
+
+
 def tail_logs(procs: list[Proc], lines: int = 15) -> str:
     out = []
     for p in procs:
@@ -121,6 +127,7 @@ class Cluster:
         self.tmp = tmp
         self.challenge_window = challenge_window
         self.seat_draw_window = seat_draw_window
+        self.skip_idle_phases = True  # see `skip_idle_phase`
         self.referee_count = referees  # registered operators outside the job (`spawn_referee`)
         options.setdefault("corpus_bytes", TEST_CORPUS_BYTES)
         self.options = JobOptions(operators, **options)
@@ -195,17 +202,52 @@ class Cluster:
         return p
 
     def wait(self, cond: Callable[[], bool], timeout: float, what: str) -> None:
+        """Until `cond()`, failing on a crashed node or at `timeout` (wall clock). Meanwhile
+        a challenge's first phase that only waits for its end is skipped (`skip_idle_phase`)."""
         t_end = time.monotonic() + timeout
         while time.monotonic() < t_end:
             if cond():
                 return
-            crashed = [p.name for p in self.procs if p.popen.poll() not in (None, 0, -9)]
+            if self.challenge_window and self.skip_idle_phases:
+                self.skip_idle_phase()
+            crashed = [
+                f"{p.name} (exit {p.popen.returncode})"
+                for p in self.procs
+                if p.popen.poll() not in (None, 0, -9)
+            ]
             if crashed:
                 raise AssertionError(
                     f"node(s) {crashed} failed while waiting for {what}: " + self.logs()
                 )
             time.sleep(0.5)
         raise AssertionError(f"timed out waiting for {what}: " + self.logs())
+
+    def skip_idle_phase(self) -> bool:
+        """Moves the chain's clock to the end of an open challenge's first phase once nothing
+        is left to happen in it: every live member node named its files (`files_named`) and
+        every drawn referee runs here and prepared its verdict (`verdict_prepared`). The
+        nodes read deadlines as max(chain clock, wall clock), so they go on at once; a node
+        that has not said so keeps the phase running to its end, as it would without this."""
+        job = self.bsm.job(self.job_id)
+        attempt = job.state.attempt
+        ch = self.bsm.challenge_of(attempt)
+        if not ch.open or not ch.referees:
+            return False
+        end = ch.opened_at + self.challenge_window
+        if self.bsm.latest_block_timestamp() >= end or time.time() >= end:
+            return False
+        by_address = {p.address: p for p in self.procs if p.popen.poll() is None}
+        members = [by_address[a] for a in job.members if a in by_address]
+        referees = [by_address.get(a) for a in ch.referees]
+        if not members or None in referees:
+            return False
+        said = [(p, "files_named") for p in members] + [(p, "verdict_prepared") for p in referees]
+        if not all(_said(p, kind, attempt) for p, kind in said):
+            return False
+        w3 = self.bsm.w3
+        w3.provider.make_request("evm_setNextBlockTimestamp", [end])
+        w3.provider.make_request("evm_mine", [])
+        return True
 
     def ended(self) -> bool:
         return self.bsm.job(self.job_id).state.status.is_ended

@@ -324,7 +324,9 @@ def _fork(
     if pid == 0:
         try:
             signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+            # as a fresh interpreter starts: SIGPIPE stays ignored (Python's own start-up
+            # ignores it, so a write to a closed socket raises instead of killing)
+            for sig in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             for s in (*closing, *children.values()):

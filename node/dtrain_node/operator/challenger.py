@@ -79,28 +79,32 @@ class Challenger:
             return False
         return True
 
-    def _post(self, job: Job, attempt: int, mine: bool, named: bytes) -> None:
+    def _post(self, job: Job, attempt: int, mine: bool, named_by_challenge: bytes) -> None:
         """Names our files to the referees of a challenge: our transcript, when someone else
         opened it, so that their re-execution holds every packet we saw (docs/contract.md,
         "Challenges"), and every replay claim of ours of the attempt that the challenge did
-        not name (`named`), so that they replay every round we caught."""
+        not name (`named_by_challenge`), so that they replay every round we caught."""
         if attempt in self.posted or vote.load(vote.path(self.job_dir, attempt)) is None:
             return
         self.posted.add(attempt)
         file = evidence.path(self.job_dir, attempt)
         files = [] if mine or not file.is_file() else [file]
+        named = 0
         for f in files + self._claims(attempt):
             sha = sha256_file(f)
-            if sha == named:
+            if sha == named_by_challenge:
                 continue
             try:
                 self.bsm.post_transcript(job.id, job.state.epoch, sha, gas=SETTLE_GAS)
             except (ContractError, TransactionFailed) as exc:
                 log.info("file not posted: %s", exc)
                 return
+            named += 1
             self.metric(
                 "transcript_posted", job=job.id, epoch=job.state.epoch, transcript=sha.hex()
             )
+        # every file we had for the referees is named: nothing of ours is left for this phase
+        self.metric("files_named", job=job.id, epoch=job.state.epoch, attempt=attempt, files=named)
 
     def _claims(self, attempt: int) -> list[Path]:
         """Our replay claims of `attempt` (docs/protocol.md 4.6), each served by its sha256."""

@@ -153,6 +153,12 @@ class RefereeService:
         # more until the phase ends; after it, only those cost anything (`memo`).
         try:
             self._verdict(case, memo, fetch_by)
+            self.metric(
+                "verdict_prepared",
+                job=case.job_id,
+                attempt=case.attempt,
+                judged_s=round(time.monotonic() - began, 3),
+            )
         except (DtrainError, NodeError) as exc:
             log.info(
                 "job %d: early re-execution failed, again after the first phase: %s",

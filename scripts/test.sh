@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# `make test`: the contracts' forge tests in the background (their output kept and shown at the
+# end) while pytest spreads the Python suite over WORKERS processes (pytest-xdist): most
+# end-to-end tests wait on their nodes and the chain, so their waits overlap. Fails when either
+# suite fails.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+workers="${1:-3}"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+make --no-print-directory test-contracts >"$log" 2>&1 &
+forge=$!
+.venv/bin/python -m pytest -q -n "$workers" --dist load
+py=$?
+wait "$forge"
+contracts=$?
+echo "---- contracts (forge test)"
+if [[ $contracts -eq 0 ]]; then
+  grep -E "^Ran [0-9]+ test suites|^Suite result: FAILED" "$log" || tail -n 5 "$log"
+else
+  cat "$log"
+fi
+echo "python suite exit $py, contracts exit $contracts"
+[[ $py -eq 0 && $contracts -eq 0 ]]
