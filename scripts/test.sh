@@ -5,7 +5,7 @@
 # suite fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-workers="${1:-3}"
+workers="${1:-2}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 make --no-print-directory test-contracts >"$log" 2>&1 &

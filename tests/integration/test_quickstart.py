@@ -408,6 +408,8 @@ def _read_jobs(terms: dict[str, Terminal]) -> dict[int, dict]:
     return jobs
 
 
+# The whole quickstart: about 6.5 minutes alone on 2 cores, up to 10 beside the rest of the suite.
+@pytest.mark.timeout(1200)
 def test_quickstart_runs_as_written(tmp_path: Path) -> None:
     terms, on_chain = run_document(DOC.read_text(), tmp_path)
     check_journey(terms)

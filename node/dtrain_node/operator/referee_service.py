@@ -148,23 +148,7 @@ class RefereeService:
             return
         opened, memo, began = ch.opened_at, Memo(), time.monotonic()
         fetch_by = opened + 1.5 * self.window  # the commit phase's second half re-executes
-        # The votes' and the challenge's files are known now: fetched and re-executed while the
-        # first phase runs, a slow machine has two windows for them, not one. Members may name
-        # more until the phase ends; after it, only those cost anything (`memo`).
-        try:
-            self._verdict(case, memo, fetch_by)
-            self.metric(
-                "verdict_prepared",
-                job=case.job_id,
-                attempt=case.attempt,
-                judged_s=round(time.monotonic() - began, 3),
-            )
-        except (DtrainError, NodeError) as exc:
-            log.info(
-                "job %d: early re-execution failed, again after the first phase: %s",
-                case.job_id,
-                exc,
-            )
+        self._prepare(case, memo, fetch_by, began)
         self._until(stop, lambda: self._now() >= opened + self.window)
         checkpoint, participation, consistent, caught = self._verdict(case, memo, fetch_by)
         judged = findings(consistent, caught)
@@ -203,6 +187,21 @@ class RefereeService:
         self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
         with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
             self.bsm.resolve_challenge(case.job_id, case.epoch, gas=GAS)
+
+    def _prepare(self, case: Case, memo: Memo, fetch_by: float, began: float) -> None:
+        """The votes' and the challenge's files are known when we are drawn: fetched and
+        re-executed while the first phase runs, a slow machine has two windows for them, not
+        one. Members may name more until the phase ends; after it, only those cost anything
+        (`memo`)."""
+        try:
+            self._verdict(case, memo, fetch_by)
+        except (DtrainError, NodeError) as exc:
+            log.info(
+                "job %d: early re-execution failed, again after the phase: %s", case.job_id, exc
+            )
+            return
+        judged_s = round(time.monotonic() - began, 3)
+        self.metric("verdict_prepared", job=case.job_id, attempt=case.attempt, judged_s=judged_s)
 
     def _sent(
         self, stop: threading.Event, case: Case, send: Callable[[], Any], closes: float
