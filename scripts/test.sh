@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: the contracts' forge tests in the background (their output kept and shown at the
 # end) while pytest spreads the Python suite over WORKERS processes (pytest-xdist): most
-# end-to-end tests wait on their nodes and the chain, so their waits overlap. Work stealing: a
-# worker out of tests takes queued ones from the other (tests/conftest.py orders them longest
-# first). Fails when either suite fails.
+# end-to-end tests wait on their nodes and the chain, so their waits overlap. Fails when either
+# suite fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 workers="${1:-2}"
@@ -11,7 +10,7 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 make --no-print-directory test-contracts >"$log" 2>&1 &
 forge=$!
-.venv/bin/python -m pytest -q -n "$workers" --dist worksteal
+.venv/bin/python -m pytest -q -n "$workers" --dist load
 py=$?
 wait "$forge"
 contracts=$?
