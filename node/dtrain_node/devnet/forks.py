@@ -275,21 +275,22 @@ def _fresh_state(env: Mapping[str, str]) -> None:
         torch.set_num_threads(int(threads))
 
 
-def _flush_and_exit(code: int) -> None:
+def _wind_down() -> None:
+    """What a fresh interpreter does before it exits: atexit handlers, then flushed streams."""
     with contextlib.suppress(BaseException):
         atexit._run_exitfuncs()
     for s in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             s.flush()
+
+
+def _flush_and_exit(code: int) -> None:
+    _wind_down()
     os._exit(code & 0xFF)
 
 
 def _flush_and_exit_by(sig: int) -> None:
-    with contextlib.suppress(BaseException):
-        atexit._run_exitfuncs()
-    for s in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
-            s.flush()
+    _wind_down()
     signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
     os._exit(128 + sig)
