@@ -10,12 +10,16 @@ ever excluded (false exclusions, over every run), and the time the rule adds per
     python scripts/bench_robust.py --quick          # CI: ~2 minutes on 2 cores
     python scripts/bench_robust.py --jobs 2         # full run (docs/benchmarks.md)
     python scripts/bench_robust.py --coalitions     # f colluding members of n (see below)
+    python scripts/bench_robust.py --shaped --model builtin:tiny   # attacks shaped to the rule
 
 Writes DIR/robust.json and DIR/robust.md; DIR is docs/bench (full) or docs/bench/quick
 (--quick) unless --out is given. With --coalitions: f = 1 .. (n - 1) // 2 colluding members
 for n in 4, 5, 7, 8, 10 (the last f), every one sending the same kind of attack packet
 (COALITION_ATTACKS; push: all of them one direction; /alt: every other round), into
-DIR/coalitions.json and .md.
+DIR/coalitions.json and .md. With --shaped: the largest f < n/3 at n = 7, 10, 16 sending
+attacks shaped to the rule (SHAPED_ATTACKS: amplified, orthogonal, edge-of-band, adaptive,
+ALIE-like), 2 of 5 beyond the bound (BEYOND), and the honest runs with the bound switched off
+(what it costs), into DIR/shaped.json and .md.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ COALITION_ATTACKS = (
     "stale",
 )
 COALITION_SIZES = (4, 5, 7, 8, 10)
+# push=1: one shared adverse direction at the honest norm, inside the honest spread (ALIE-like)
+SHAPED_ATTACKS = ("scale=8", "orth=8", "edge=8", "adapt", "push=1", "flip=4")
+SHAPED_SIZES = (7, 10, 16)
+BEYOND = ((5, 2, "push=4"), (5, 2, "push=8"))  # a coalition between a third and a half
 
 
 class ByteLM(torch.nn.Module):
@@ -113,9 +121,12 @@ def evaluate(m: torch.nn.Module, ev) -> float:
     return out
 
 
-def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int = 1) -> dict:
+def run(
+    setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int = 1, clip: bool = True
+) -> dict:
     """One training run; attack None: all honest, "absent": the last member sends nothing;
-    otherwise the last f members collude, each sending `attack`."""
+    otherwise the last f members collude, each sending `attack`. clip=False: the rule without
+    its bound on kept senders."""
     torch.set_num_threads(1)
     train, held = corpus.stdlib_corpus(max_train=setup.max_train)
     ctx = 127 if setup.uri else setup.model.ctx  # the builtin models' 128 positions
@@ -132,7 +143,7 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int 
         lr=1.0,
         inner_lr=setup.inner_lr,
         compress=CompressConfig(k2d=setup.k, k1d=1, bits=setup.bits),
-        robust=RobustConfig(enabled=rule),
+        robust=RobustConfig(enabled=rule, clip=RobustConfig.clip if clip else 0.0),
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
     bad = tuple(range(n - f, n))
@@ -140,7 +151,7 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int 
     kind = attack.removesuffix("/alt") if attack else attack
     atk = Coalition(Attack.parse(kind), bad) if kind not in (None, "absent") else None
     rec = dict(excluded_rounds=0, rounds=0, false_exclusions=0, reasons={}, screen_s=[], agg_s=[])
-    rec["attacker_exclusions"] = 0
+    rec.update(attacker_exclusions=0, clipped_colluders=0, clipped_honest=0)
     for t in range(1, setup.steps + 1):
         for w, m in enumerate(models):
             m(*corpus.batch(shards[w], setup.bsz, ctx, gens[w])).backward()
@@ -160,12 +171,15 @@ def run(setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int 
         rec["excluded_rounds"] += n - 1 in st.excluded
         rec["attacker_exclusions"] += sum(s in bad for s in st.excluded)
         rec["false_exclusions"] += sum(s not in bad for s in st.excluded)
+        rec["clipped_colluders"] += sum(s in bad for s in st.clipped)
+        rec["clipped_honest"] += sum(s not in bad for s in st.clipped)
         for r in st.excluded.values():
             rec["reasons"][r.split(":")[0]] = rec["reasons"].get(r.split(":")[0], 0) + 1
         rec["screen_s"].append(st.screen_s)
         rec["agg_s"].append(st.aggregate_s)
     loss = evaluate(models[0], ev)
-    return dict(n=n, f=f, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
+    out = dict(n=n, f=f, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
+    return dict(out, clip=clip)
 
 
 def _job(args):
@@ -175,7 +189,8 @@ def _job(args):
         f"  N={r['n']} f={r['f']} {r['attack']:10s} rule={'on ' if r['rule'] else 'off'} "
         f"seed {r['seed']}: "
         f"loss {r['loss']:.4f}, attacker excluded {r['excluded_rounds']}/{r['rounds']}, "
-        f"false {r['false_exclusions']} ({time.time() - t0:.0f}s)",
+        f"false {r['false_exclusions']}{'' if r['clip'] else ', no bound'} "
+        f"({time.time() - t0:.0f}s)",
         flush=True,
     )
     return r
@@ -198,6 +213,89 @@ def coalition_jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
             for f in range(1, (n - 1) // 2 + 1):
                 out += [(setup, n, a, True, s, f) for a in COALITION_ATTACKS]
     return out
+
+
+def shaped_jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
+    out = []
+    for s in seeds:
+        for n in SHAPED_SIZES:
+            f = (n - 1) // 3
+            out += [(setup, n, None, True, s), (setup, n, None, True, s, 1, False)]
+            out += [(setup, n, a, True, s, f) for a in SHAPED_ATTACKS]
+            out += [(setup, n, a, True, s, f, False) for a in ("scale=8", "adapt")]
+        for n in sorted({b[0] for b in BEYOND}):
+            out += [(setup, n, None, True, s), (setup, n, None, True, s, 1, False)]
+        out += [(setup, n, a, True, s, f, c) for n, f, a in BEYOND for c in (True, False)]
+    return out
+
+
+def shaped_rows(results: list[dict]) -> list[dict]:
+    """Per (n, f, attack, bound): damage against the honest run with the bound, paired by seed."""
+
+    def key(r: dict) -> tuple:
+        return r["n"], r["f"], r["attack"], r["clip"]
+
+    honest = {(r["n"], r["seed"]): r["loss"] for r in results if key(r)[2:] == ("honest", True)}
+    rows = []
+    for n, f, attack, clip in sorted({key(r) for r in results}, key=lambda k: (*k[:3], not k[3])):
+        rs = [r for r in results if key(r) == (n, f, attack, clip)]
+        base = [honest[(n, r["seed"])] for r in rs]
+        rows.append(
+            dict(
+                members=n,
+                colluders=0 if attack == "honest" else f,
+                attack=attack,
+                bound=clip,
+                loss=_mean(rs, "loss"),
+                damage_pct=statistics.mean(
+                    100 * (r["loss"] - b) / b for r, b in zip(rs, base, strict=True)
+                ),
+                honest_exclusions=sum(r["false_exclusions"] for r in rs),
+                attacker_exclusions=sum(r["attacker_exclusions"] for r in rs),
+                attacker_rounds=sum(r["rounds"] * f for r in rs) if attack != "honest" else 0,
+                clipped_colluders=sum(r["clipped_colluders"] for r in rs),
+                clipped_honest=sum(r["clipped_honest"] for r in rs),
+                screen_ms=1e3 * statistics.mean(x for r in rs for x in r["screen_s"]),
+            )
+        )
+    return rows
+
+
+def shaped_table(rows: list[dict]) -> str:
+    head = (
+        "| n | f | attack | bound | held-out loss | vs honest | honest excluded "
+        "| colluders excluded | colluders clipped | honest clipped | rule ms/round |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    return head + "".join(
+        f"| {r['members']} | {r['colluders']} | {r['attack']} | {'on' if r['bound'] else 'off'} "
+        f"| {r['loss']:.4f} | {_pct(r['damage_pct'])} | {r['honest_exclusions']} "
+        f"| {r['attacker_exclusions']}/{r['attacker_rounds']} | {r['clipped_colluders']} "
+        f"| {r['clipped_honest']} | {r['screen_ms']:.2f} |\n"
+        for r in rows
+    )
+
+
+def shaped_verdict(rows: list[dict]) -> str:
+    on = [r for r in rows if r["bound"]]
+    below = [r for r in on if r["attack"] != "honest" and 3 * r["colluders"] < r["members"]]
+    worst = max(below, key=lambda r: r["damage_pct"])
+    false = sum(r["honest_exclusions"] for r in below)
+    beyond = [r for r in on if r["attack"] != "honest" and 3 * r["colluders"] >= r["members"]]
+    ratio = max((1 + r["damage_pct"] / 100 for r in beyond), default=0.0)
+    cost = [r["damage_pct"] for r in rows if r["attack"] == "honest" and not r["bound"]]
+    return (
+        f"- f < n/3, bound on: worst {worst['damage_pct']:+.2f}% ({worst['attack']}, "
+        f"n={worst['members']}; {'met' if worst['damage_pct'] < 5 else 'MISSED'} < 5%), honest "
+        f"exclusions {false} ({'met' if false == 0 else 'MISSED'})\n"
+        f"- beyond the bound, bound on: worst loss {ratio:.2f}x the honest run's "
+        f"({'met' if ratio <= 2 else 'MISSED'} <= 2x)\n"
+        f"- what the bound costs honest runs (loss with it against without, per n): "
+        + ", ".join(f"{-c:+.2f}%" for c in cost)
+        + " (<= 1%: "
+        + ("met" if all(-c <= 1 for c in cost) else "MISSED")
+        + ")\n"
+    )
 
 
 def coalition_rows(results: list[dict]) -> list[dict]:
@@ -437,6 +535,7 @@ OPTIONS = (
     ("--out", dict(type=Path, default=None, help="default docs/bench (quick: docs/bench/quick)")),
     ("--coalitions", dict(action="store_true", help="f colluding members of n, f up to n/2")),
     ("--model", dict(default=None, help="a job's model URI (builtin:tiny) for the runs")),
+    ("--shaped", dict(action="store_true", help="attacks shaped to the rule, n = 7, 10, 16")),
 )
 
 
@@ -455,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
+    if a.shaped:
+        return shaped(setup, seeds, a, P, t0)
     todo = jobs(setup, seeds)
     print(f"bench_robust: {P:,} params, N in {setup.members}, {len(todo)} runs", flush=True)
     recs = summarize(setup, run_all(todo, a.jobs))
@@ -489,6 +590,29 @@ def coalitions(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0
     (a.out / "coalitions.md").write_text(md)
     doc = dict(setup=_meta(setup, P), rows=rows)
     (a.out / "coalitions.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(md)
+    return 0
+
+
+def shaped(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: float) -> int:
+    todo = shaped_jobs(setup, seeds)
+    print(f"bench_robust --shaped: {P:,} params, {len(todo)} runs", flush=True)
+    results = run_all(todo, a.jobs)
+    rows = shaped_rows(results)
+    c = setup.model
+    md = (
+        f"Model: {setup.uri or f'byte-level GPT d={c.d} layers={c.n_layer} ctx={c.ctx}'}, "
+        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}, {setup.bits}-bit; {setup.steps} "
+        f"steps; seeds {len(seeds)}; the last f members collude every round; RobustConfig "
+        f"defaults (bound off: clip=0); held-out loss; wall {time.time() - t0:.0f}s.\n\n"
+        + shaped_table(rows)
+        + "\n"
+        + shaped_verdict(rows)
+    )
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "shaped.md").write_text(md)
+    doc = dict(setup=_meta(setup, P), rows=rows, runs=results)
+    (a.out / "shaped.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(md)
     return 0
 

@@ -161,9 +161,14 @@ def test_two_nodes_train_finalize_and_get_paid(
     assert fin.args["epoch"] == 0 and fin.args["paidMembers"] == 2
     assert {e.args["operator"] for e in events(bsm, job_id, "OperatorPaid")} == ops
     assert not events(bsm, job_id, "Slashed")
+    clips = []
     for i in OPERATORS[:2]:  # every round applied both packets
         rounds = [m for m in metrics(tmp_path / f"op{i}") if m["kind"] == "round"]
         assert [(m["round"], m["applied"], m["missing"]) for m in rounds] == [(0, 2, 0), (1, 2, 0)]
+        clips.append([m["clipped"] for m in rounds])
+    # the bound scaled the louder member down (two members: to the quieter one's norm), the
+    # same way in both processes, and both still revealed one checkpoint (checked above)
+    assert clips[0] == clips[1] and any(clips[0]), clips
     for r in results:  # both hold and export the final checkpoint
         out = Path(r["export"])
         assert (out / "CHECKPOINT_SHA256").read_text().strip() == job.state.checkpoint.hex()

@@ -164,7 +164,9 @@ def test_faults_parse_attacks() -> None:
     )
     for kind in ("signflip", "noise", "stale", "copy"):
         assert Faults.parse([f"attack={kind}"]).attack == Attack(kind)
-    for bad in ("attack", "attack=", "attack=explode", "attack=scale", "attack=scale=x"):
+    assert Faults.parse(["attack=orth=8"]).attack == Attack("orth", 8.0)
+    bad_ones = ("attack", "attack=", "attack=explode", "attack=scale", "attack=scale=x")
+    for bad in (*bad_ones, "attack=adapt", "attack=edge"):
         with pytest.raises(ValueError, match=r"attack|unknown fault") as err:
             Faults.parse([bad])
         assert "\n" not in str(err.value)

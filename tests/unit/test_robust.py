@@ -10,11 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtrain_node.optim import codec
-from dtrain_node.optim.attacks import KINDS, Attack, Attacker
+from dtrain_node.optim.aggregate import aggregate
+from dtrain_node.optim.attacks import _SCALED, KINDS, Attack, Attacker
 from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse, compress
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
-from dtrain_node.optim.robust import RobustConfig, _cmp, below, gram, screen
+from dtrain_node.optim.robust import RobustConfig, _cmp, below, gram, screen, screen_clipped
 
 SHAPES = {"w": (128, 96), "v": (70,), "m": (64, 64)}
 CFG = DeMoConfig(mode="local", sync_interval=4, lr=1.0, inner_lr=0.01)
@@ -189,8 +190,8 @@ def test_attacks_return_valid_packets(bits):
     pk = [o.prepare() for o in opts]
     spec = opts[0].spec
     honest = codec.decode(spec, pk[0])
-    for kind in KINDS:
-        a = Attack.parse(f"{kind}=100" if kind in ("scale", "flip", "push") else kind)
+    for kind in (k for k in KINDS if k != "adapt"):  # adapt: a coalition's (test_robust_attacks)
+        a = Attack.parse(f"{kind}=100" if kind in _SCALED else kind)
         out = a(spec, pk[0], prev=pk[1], other=pk[2], seed=7)
         got = codec.decode(spec, out)
         assert codec.encode(spec, got) == out
@@ -204,8 +205,14 @@ def test_attacks_return_valid_packets(bits):
             base = honest if kind == "flip" else codec.decode(spec, pk[2])
             for s, h in zip(got, base, strict=True):
                 assert torch.equal(s.lvl, -h.lvl) and s.exp == min(EXP_MAX, h.exp + 7)
-        elif kind == "noise":
+        elif kind in ("noise", "orth"):
             assert out != pk[0] and out == a(spec, pk[0], seed=7)
+            if kind == "orth":
+                assert [s.exp for s in got] == [min(EXP_MAX, h.exp + 7) for h in honest]
+        elif kind == "edge":
+            flipped = [int((s.lvl != h.lvl).sum()) for s, h in zip(got, honest, strict=True)]
+            assert 0 < sum(flipped) < sum(h.lvl.numel() for h in honest)
+            assert [s.exp for s in got] == [min(EXP_MAX, h.exp + 7) for h in honest]
         else:
             assert out == (pk[1] if kind == "stale" else pk[2])
             assert a(spec, pk[0]) == pk[0]  # no context: the honest packet
@@ -314,3 +321,70 @@ def test_one_blown_up_small_tensor_is_caught():
     v = spec.names.index("v")
     pk[1][1][v] = Sparse(pk[1][1][v].idx, pk[1][1][v].lvl, pk[1][1][v].exp + 5)  # 32x
     assert screen(spec, pk, RobustConfig())[1] == {1: "norm_high:v"}
+
+
+def norms2(spec, pk):
+    """Per sender, per tensor: |v|^2 in the Gram's integer units."""
+    G = gram(spec, pk)
+    return [[g[a][a] for g in G] for a in range(len(pk))]
+
+
+def test_the_bound_scales_a_loud_sender_down_to_the_median_by_a_power_of_two():
+    opts = members(5)
+    train(opts, 4, 2)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[4] = swap(spec, pk[4], "scale=64")  # 64x: out of the norm band, excluded
+    pk[3] = swap(spec, pk[3], "scale=8")  # 8x: inside the band, kept and scaled down
+    cfg = RobustConfig(cos_echo=1.0)  # no near copies: the clip alone
+    kept, out, clipped = screen_clipped(spec, pk, cfg)
+    assert set(out) == {4}
+    assert [s for s, _ in kept] == [0, 1, 2, 3] and clipped[3] >= 3
+    before, after = norms2(spec, pk[:4]), norms2(spec, kept)
+    for t in range(len(spec.names)):
+        m = sorted(n[t] for n in before)[1]  # the lower median of the 4 kept senders
+        for a in range(4):
+            s = before[a][t] // max(after[a][t], 1)  # 4^shift exactly: a power of two scaling
+            assert after[a][t] <= m or before[a][t] <= m, (a, t)
+            assert after[a][t] == before[a][t] or 4 * after[a][t] > m  # the least shift
+            assert after[a][t] == before[a][t] or s & (s - 1) == 0
+    # the same rule without the bound keeps the packets as they came
+    raw, _, none = screen_clipped(spec, pk, RobustConfig(clip=0, cos_echo=1.0))
+    assert none == {} and norms2(spec, raw) == before
+
+
+def test_near_copies_share_one_senders_weight():
+    opts = members(7)
+    train(opts, 4, 4)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[6] = (6, pk[5][1])  # 6 sends 5's update: two votes for one update
+    kept, out, clipped = screen_clipped(spec, pk, RobustConfig())
+    assert out == {} and clipped[5] >= 1 and clipped[6] >= 1
+    agg = aggregate(spec, kept)
+    alone = aggregate(spec, [*kept[:5], (5, lowered_by(spec, kept[5][1], -1))])
+    # together the two copies sum to one of them at its clipped size, exactly
+    assert agg.senders == (0, 1, 2, 3, 4, 5, 6) and alone.senders == (0, 1, 2, 3, 4, 5)
+    for i in range(len(spec.names)):
+        a = agg.sums[i] * 2.0 ** agg.exps[i]
+        b = alone.sums[i] * 2.0 ** alone.exps[i]
+        assert torch.equal(a, b), spec.names[i]
+
+
+def lowered_by(spec, packet, s):
+    from dtrain_node.optim.robust import lowered
+
+    return lowered(spec, packet, [s] * len(spec.names))
+
+
+def test_the_bound_is_bitwise_the_same_whatever_the_order():
+    opts = members(6)
+    train(opts, 4, 5)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[2] = swap(spec, pk[2], "scale=8")
+    ref = aggregate(spec, screen_clipped(spec, pk, RobustConfig())[0]).digest()
+    for seed in range(4):
+        p = list(pk)
+        random.Random(seed).shuffle(p)
+        assert aggregate(spec, screen_clipped(spec, p, RobustConfig())[0]).digest() == ref

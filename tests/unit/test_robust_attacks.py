@@ -130,3 +130,26 @@ def test_coalitions_under_a_third_never_exclude_an_honest_member(n, f, attack):
     assert all(set(ex) == bad for ex in excluded), excluded
     assert all(set(ap) == set(range(n - f)) for ap in applied)
     assert loss < honest(n) * 1.05, (loss, honest(n))
+
+
+@cache
+def honest_long(n):
+    return run(n, rounds=40)[0]
+
+
+@pytest.mark.parametrize(("n", "f", "attack"), [(7, 2, "scale=8"), (7, 2, "adapt")])
+def test_coalitions_shaped_to_the_rule_move_the_model_little(n, f, attack):
+    """f < n/3 colluders sending what the rule keeps: their own update amplified inside the
+    norm band, or, round by round, the most damaging packet the rule would keep for all of
+    them. The bound on kept senders leaves the model within 5% of the honest run."""
+    loss, excluded, _ = run(n, attack, f=f, rounds=40)
+    assert all(set(ex) <= set(range(n - f, n)) for ex in excluded), excluded
+    assert loss < honest_long(n) * 1.05, (loss, honest_long(n))
+
+
+@pytest.mark.parametrize("attack", ["push=4", "push=8"])
+def test_a_coalition_beyond_a_third_degrades_the_model_instead_of_wrecking_it(attack):
+    """2 of 5 sending one adverse direction at 4x and 8x: beyond what the rule can exclude,
+    but bounded and counted as one sender, they cost at most twice the honest loss."""
+    loss, _, _ = run(5, attack, f=2, rounds=40)
+    assert loss < 2 * honest_long(5), (loss, honest_long(5))

@@ -369,6 +369,7 @@ class EpochTrainer:
             bytes_out=len(packet),
             applied=len(stats.applied),
             excluded=sorted(str(s) for s in stats.excluded),
+            clipped={str(s): x for s, x in sorted(stats.clipped.items(), key=str)},
             missing=len(res.missing),
             latency_s=round(res.latency_s, 3),
             bytes_gossip_out=res.bytes_out,

@@ -121,10 +121,14 @@ class RoundContext:
 
 
 def _attack(value: str) -> Attack:
+    kinds = ", ".join(k for k in KINDS if k != "adapt")
     try:
-        return Attack.parse(value)
+        attack = Attack.parse(value)
     except ValueError as exc:
-        raise ValueError(f"bad attack {value!r}: {exc}; use one of {', '.join(KINDS)}") from None
+        raise ValueError(f"bad attack {value!r}: {exc}; use one of {kinds}") from None
+    if attack.kind == "adapt":  # it needs every packet of the round before sending its own
+        raise ValueError(f"bad attack {value!r}: a benchmark coalition's; use one of {kinds}")
+    return attack
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,13 @@ scripts/bench_robust.py and the operator's fault option.
                honest update so, one direction f times (the node's fault: another member's
                packet of the previous round)
     noise      a random valid packet: random indices, levels and exponents in [EXP_MIN, EXP_MAX]
+    orth=X     a random direction at X times the honest update's scales (random indices and
+               levels, the honest exponents shifted by round(log2 X))
+    edge=X     the honest update times X with a seeded half of its signs flipped: the honest
+               support and scale, about no honest direction
+    adapt      (Coalition only) per round, the most damaging of flip, edge and push at x16,
+               x8, x4, x2 and x1 that the robust rule, run on this round's packets, keeps for
+               every colluder: an attacker that knows the rule and sees the honest packets
     stale      last round's packet re-sent (the honest one if there is none)
     copy       another member's packet of this round (the honest one if there is none)
 """
@@ -28,9 +35,22 @@ from dtrain_node.optim import codec
 from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, Sparse
 from dtrain_node.optim.optimizer import DeMo, SyncStats
+from dtrain_node.optim.robust import RobustConfig, screen
 
-KINDS = ("poison", "scale", "signflip", "flip", "push", "noise", "stale", "copy")
-_SCALED = ("scale", "flip", "push")  # kinds that take a factor
+KINDS = (
+    "poison",
+    "scale",
+    "signflip",
+    "flip",
+    "push",
+    "noise",
+    "orth",
+    "edge",
+    "adapt",
+    "stale",
+    "copy",
+)
+_SCALED = ("scale", "flip", "push", "orth", "edge")  # kinds that take a factor
 
 
 def _map(spec: Spec, pkt: bytes, fn) -> bytes:
@@ -61,6 +81,30 @@ def noise(spec: Spec, pkt: bytes, seed: int = 0) -> bytes:
         return Sparse(idx, lvl, int(torch.randint(EXP_MIN, EXP_MAX + 1, (), generator=g)))
 
     return _map(spec, pkt, rand)
+
+
+def orth(spec: Spec, pkt: bytes, x: float, seed: int = 0) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+    levels = torch.tensor(LEVELS[spec.cfg.bits], dtype=torch.int8)
+    d = round(math.log2(x))
+
+    def rand(i: int, s: Sparse) -> Sparse:
+        nc, ce, k, _, _ = spec.layout[i]
+        idx = torch.rand(nc, ce, generator=g).topk(k, dim=1).indices.sort(dim=1).values
+        lvl = levels[torch.randint(len(levels), (nc, k), generator=g)]
+        return Sparse(idx, lvl, min(EXP_MAX, max(EXP_MIN, s.exp + d)))
+
+    return _map(spec, pkt, rand)
+
+
+def edge(spec: Spec, pkt: bytes, x: float, seed: int = 0) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+
+    def half(i: int, s: Sparse) -> Sparse:
+        flip = torch.rand(s.lvl.shape, generator=g) < 0.5
+        return replace(s, lvl=torch.where(flip, -s.lvl, s.lvl))
+
+    return scale(spec, _map(spec, pkt, half), x)
 
 
 @dataclass(frozen=True)
@@ -112,6 +156,12 @@ class Attack:
             return scale(spec, signflip(spec, other if other is not None else pkt), self.x)
         if self.kind == "noise":
             return noise(spec, pkt, seed)
+        if self.kind == "orth":
+            return orth(spec, pkt, self.x, seed)
+        if self.kind == "edge":
+            return edge(spec, pkt, self.x, seed)
+        if self.kind == "adapt":
+            raise ValueError("adapt is a coalition's attack: it needs every packet of the round")
         if self.kind == "stale":
             return prev if prev is not None else pkt
         return other if other is not None else pkt
@@ -157,6 +207,8 @@ class Coalition:
 
     def packets(self, packets: list[tuple[Hashable, bytes]], spec: Spec) -> list:
         """This round's packets with every coalition member's replaced."""
+        if self.attack.kind == "adapt":
+            return self._adapt(packets, spec)
         out = list(packets)
         leader = packets[self.who[0]][1]
         honest = next((p for w, (_, p) in enumerate(packets) if w not in self.who), leader)
@@ -168,3 +220,20 @@ class Coalition:
             self.prev[w] = mine
         self.round += 1
         return out
+
+    def _adapt(self, packets: list[tuple[Hashable, bytes]], spec: Spec) -> list:
+        """The first candidate, most damaging first (factor times how far it points away from
+        the colluders' own honest updates), that the rule keeps for every colluder."""
+        cands = [(k, x) for x in (16, 8, 4, 2, 1) for k in ("flip", "push", "edge")]
+        cands.sort(key=lambda c: -c[1] * (0.5 if c[0] == "edge" else 1.0))
+        bad = {packets[w][0] for w in self.who}
+        cfg = RobustConfig()
+        self.round += 1
+        for kind, x in cands:
+            out = Coalition(Attack(kind, float(x)), self.who, round=self.round).packets(
+                packets, spec
+            )
+            decoded = [(s, codec.decode(spec, p)) for s, p in out]
+            if not bad & set(screen(spec, decoded, cfg)[1]):
+                return out
+        return list(packets)

@@ -30,7 +30,7 @@ from dtrain_node.optim.aggregate import Aggregate, aggregate
 from dtrain_node.optim.codec import PacketError
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.feedback import Feedback
-from dtrain_node.optim.robust import RobustConfig, screen
+from dtrain_node.optim.robust import RobustConfig, screen_clipped
 
 Gather = Callable[[bytes], Sequence[tuple[Hashable, bytes]]]
 
@@ -82,12 +82,15 @@ class SyncStats:
     """What one sync did. `applied` are the senders whose packets made up the update (canonical
     order); `rejected` maps a sender to the reason its packet was dropped as malformed;
     `excluded` maps a sender whose valid packet the robust rule left out to the rule's reason
-    (robust.py). Neither rejected nor excluded senders are in `applied`."""
+    (robust.py). Neither rejected nor excluded senders are in `applied`. `clipped` maps an
+    applied sender whose update the rule's bound scaled down to the largest power of two it
+    was divided by (a member far above the others' norm, honest or not)."""
 
     bytes_sent: int = 0
     applied: tuple[Hashable, ...] = ()
     rejected: dict[Hashable, str] = field(default_factory=dict)
     excluded: dict[Hashable, str] = field(default_factory=dict)
+    clipped: dict[Hashable, int] = field(default_factory=dict)
     compress_s: float = 0.0
     aggregate_s: float = 0.0
     screen_s: float = 0.0
@@ -229,7 +232,7 @@ class DeMo:
         t0 = time.perf_counter()
         good, rejected = self.decode_all(packets)
         t1 = time.perf_counter()
-        good, excluded = screen(self.spec, good, self.cfg.robust)
+        good, excluded, clipped = screen_clipped(self.spec, good, self.cfg.robust)
         t2 = time.perf_counter()
         agg = (
             aggregate(
@@ -243,6 +246,7 @@ class DeMo:
         )
         dt = time.perf_counter() - t2 + t1 - t0
         st = SyncStats(rejected=rejected, excluded=excluded, aggregate_s=dt, screen_s=t2 - t1)
+        st.clipped = clipped
         st.compress_s = self._compress_s
         st.bytes_sent = self.spec.packet_bytes
         before = [th.clone() for th in self.theta_sync] if self._sent is not None else None

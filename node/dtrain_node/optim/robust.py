@@ -25,6 +25,14 @@ Rules, in order:
 With one sender nothing can be compared and it is kept; with two, the lower median is the
 smaller norm, so only the larger can be excluded (when > hi times the smaller) and the
 direction rule (symmetric for two senders: it cannot tell who is wrong) does not run.
+
+Bound (`screen_clipped`, what the optimizer aggregates): the rules above decide who is left
+out, the bound decides how much each kept sender can move the shared state. Every kept
+sender's parameter whose norm is above `clip` times the kept senders' lower median norm is
+scaled down by the smallest power of two 2^-s that brings it to at most that (its exponents
+lowered by s: exact, the same integers on every node). So f kept senders of n move the
+shared state by at most f * clip * median per parameter, whatever they send, against the
+honest senders' sum; scaling their own update up buys them nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cmp_to_key
 
@@ -41,7 +49,7 @@ import numpy as np
 import torch
 
 from dtrain_node.optim import aggregate, packed
-from dtrain_node.optim.codec import Spec, readable
+from dtrain_node.optim.codec import Decoded, Spec, readable
 from dtrain_node.optim.compress import EXP_MIN, Sparse
 
 Packets = Sequence[tuple[Hashable, Sequence[Sparse]]]
@@ -62,6 +70,8 @@ class RobustConfig:
     (colluders sending one direction) and is left out of the sum that sender is judged against;
     honest updates stay far below it (pairwise cosines measured in docs/demo-optimizer.md).
     min_direction: fewest senders (after the norm rule) for the direction rule to run.
+    clip: a kept sender's parameter is scaled down by powers of two to at most this multiple
+    of the kept senders' lower median norm (it ends in (clip / 2, clip] times it); 0: never.
     theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
     set of packets can make the shared state non-finite. enabled=False aggregates everything.
     """
@@ -72,6 +82,7 @@ class RobustConfig:
     cos_min: float = -0.05
     cos_echo: float = 0.5
     min_direction: int = 3
+    clip: float = 1.0
     theta_max: float = 2.0**16
 
     def __post_init__(self) -> None:
@@ -85,6 +96,8 @@ class RobustConfig:
             raise ValueError(f"cos_echo must be in [0, 1], got {self.cos_echo}")
         if self.min_direction < 3:
             raise ValueError(f"min_direction must be >= 3, got {self.min_direction}")
+        if not (math.isfinite(self.clip) and (self.clip == 0 or self.clip >= 1)):
+            raise ValueError(f"clip must be 0 (off) or finite and >= 1, got {self.clip}")
         if not (math.isfinite(self.theta_max) and self.theta_max > 0):
             raise ValueError(f"theta_max must be finite and > 0, got {self.theta_max}")
 
@@ -233,16 +246,40 @@ def _echo(dots: list[list[int]], a: int, b: int, e: float) -> bool:
     return d > 0 and d * d * f.denominator**2 > f.numerator**2 * dots[a][a] * dots[b][b]
 
 
-def _direction(G: list[list[list[int]]], keep: list[int], cfg: RobustConfig) -> list[int]:
+def echo_pairs(dots: list[list[int]], keep: list[int], e: float) -> set[tuple[int, int]]:
+    """(a, b) for senders in keep whose updates have a cosine above e (near copies)."""
+    return {(a, b) for a in keep for b in keep if a != b and _echo(dots, a, b, e)}
+
+
+def crowds(keep: list[int], echo: set[tuple[int, int]]) -> dict[int, int]:
+    """Per sender in keep: itself and its echoes in keep, when they are fewer than half of
+    keep (then they could all be colluders), else 1 (agreeing with most is the honest case)."""
+    n = Counter(a for a, b in echo if a in keep and b in keep)
+    return {a: 1 + n[a] if 2 * (1 + n[a]) < len(keep) else 1 for a in keep}
+
+
+def crowded(dots: list[list[int]], keep: list[int], echo: set[tuple[int, int]]) -> list[list[int]]:
+    """The Gram matrix with each sender's update divided by its crowd (itself and its echoes
+    in keep, in fixed point): near copies count together as one sender."""
+    crowd = crowds(keep, echo)
+    w = {a: (1 << CLIP_BITS) // crowd[a] for a in keep}
+    return [
+        [dots[a][b] * w[a] * w[b] if a in w and b in w else 0 for b in range(len(dots))]
+        for a in range(len(dots))
+    ]
+
+
+def _direction(
+    dots: list[list[int]], echo: set[tuple[int, int]], keep: list[int], cfg: RobustConfig
+) -> list[int]:
     """Senders in `keep` dropped for direction: repeatedly the one with the lowest cosine to
-    the sum of the other remaining senders (updates clipped to the median norm; senders whose
-    cosine with it exceeds cos_echo left out of its sum when they are, with it, at most a
-    third of the senders), while it is below cos_min and at
-    least min_direction senders remain. One at a time, so that a bad sender does not drag the
-    reference of the honest ones down when they are judged."""
+    the sum of the other remaining senders (updates clipped to the median norm, near copies
+    counted together as one; senders whose cosine with it exceeds cos_echo left out of its
+    sum when they are, with it, at most a third of the senders), while it is below cos_min
+    and at least min_direction senders remain. One at a time, so that a bad sender does not
+    drag the reference of the honest ones down when they are judged."""
     c = Fraction(cfg.cos_min)
-    dots = clipped(G, keep)
-    echo = {(a, b) for a in keep for b in keep if a != b and _echo(dots, a, b, cfg.cos_echo)}
+    dots = crowded(dots, keep, echo)
     # echoes are left out only for senders whose echoes could all be colluders (fewer than a
     # third of the senders with it): many agreeing senders are the honest majority
     few = (len(keep) - 1) // 3
@@ -277,8 +314,67 @@ def screen(spec: Spec, packets: Packets, cfg: RobustConfig) -> tuple[list, dict[
     The result does not depend on the order of `packets` (decisions are per sender and every
     statistic is symmetric in the senders).
     """
+    kept, out, _ = _judged(spec, packets, cfg)
+    return kept, out
+
+
+def screen_clipped(
+    spec: Spec, packets: Packets, cfg: RobustConfig
+) -> tuple[list, dict[Hashable, str], dict[Hashable, int]]:
+    """`screen`, with every kept packet bounded (the module's Bound): (kept, excluded,
+    {sender: the largest power of two its parameters were scaled down by, when any})."""
+    kept, out, judged = _judged(spec, packets, cfg)
+    if judged is None or not judged[1] or not cfg.clip:
+        return kept, out, {}
+    G, keep, echo = judged
+    shifts = clip_shifts(G, keep, Fraction(cfg.clip) ** 2)
+    crowd = crowds(keep, echo)
+    for a in keep:  # near copies share one sender's weight: 2^-ceil(log2 crowd) each
+        shifts[a] = [x + (crowd[a] - 1).bit_length() for x in shifts[a]]
+    bounded, clipped = [], {}
+    for a, p in zip(keep, kept, strict=True):
+        s = shifts[a]
+        if any(s):
+            per_tensor = [0] * len(spec.names)
+            for t, x in zip(spec.groups, s, strict=True):
+                for i in t:
+                    per_tensor[i] = x
+            p = (p[0], lowered(spec, p[1], per_tensor))
+            clipped[p[0]] = max(s)
+        bounded.append(p)
+    return bounded, out, clipped
+
+
+def clip_shifts(G: list[list[list[int]]], keep: list[int], c2: Fraction) -> dict[int, list[int]]:
+    """Per kept sender, per parameter: the least s >= 0 with |v|^2 <= c2 * m * 4^s, m the kept
+    senders' lower median |v|^2 (exact integers; s = 0 where m = 0: nothing to scale to)."""
+    out = {a: [0] * len(G) for a in keep}
+    for t, g in enumerate(G):
+        sq = sorted(g[b][b] for b in keep)
+        m = sq[(len(sq) - 1) // 2] * c2.numerator
+        if not m:
+            continue
+        for a in keep:
+            n, s = g[a][a] * c2.denominator, 0
+            while n > m << (2 * s):
+                s += 1
+            out[a][t] = s
+    return out
+
+
+def lowered(spec: Spec, packet: Sequence[Sparse], shifts: Sequence[int]) -> Sequence[Sparse]:
+    """The packet with tensor i's exponent lowered by shifts[i] (its update times 2^-shift)."""
+    if readable(spec, packet):
+        d = packet  # type: ignore[assignment]
+        exps = d.exps - np.asarray(shifts, dtype=d.exps.dtype)  # type: ignore[attr-defined]
+        return Decoded(spec, d.values, d.levels, exps)  # type: ignore[attr-defined]
+    return [replace(t, exp=t.exp - s) for t, s in zip(packet, shifts, strict=True)]
+
+
+def _judged(spec: Spec, packets: Packets, cfg: RobustConfig):
+    """(kept, excluded, (parameter Gram matrices, kept positions) or None when not judged)."""
     if not cfg.enabled or len(packets) < 2:
-        return list(packets), {}
+        return list(packets), {}, None
     order = aggregate.by_sender(packets)
     G, names = by_parameter(spec, gram(spec, order))
     out: dict[Hashable, str] = {}
@@ -289,10 +385,14 @@ def screen(spec: Spec, packets: Packets, cfg: RobustConfig) -> tuple[list, dict[
             keep.append(a)
         else:
             out[p[0]] = r
+    echo: set[tuple[int, int]] = set()
     if len(keep) >= cfg.min_direction:
-        for a in _direction(G, keep, cfg):
+        dots = clipped(G, keep)
+        echo = echo_pairs(dots, keep, cfg.cos_echo)
+        for a in _direction(dots, echo, keep, cfg):
             out[order[a][0]] = "direction"
-    return [p for p in order if p[0] not in out], out
+            keep.remove(a)
+    return [order[a] for a in keep], out, (G, keep, echo)
 
 
 def stats(spec: Spec, packets: Packets) -> dict[Hashable, tuple[float, list[float]]]:
