@@ -103,6 +103,7 @@ class Setup:
     eval_windows: int
     max_train: int
     uri: str | None = None  # a job's model (builtin:tiny) instead of the harness GPT
+    clip: float = RobustConfig.clip  # the rule's bound (RobustConfig.clip) when it is on
 
 
 def setups(quick: bool) -> Setup:
@@ -143,7 +144,7 @@ def run(
         lr=1.0,
         inner_lr=setup.inner_lr,
         compress=CompressConfig(k2d=setup.k, k1d=1, bits=setup.bits),
-        robust=RobustConfig(enabled=rule, clip=RobustConfig.clip if clip else 0.0),
+        robust=RobustConfig(enabled=rule, clip=setup.clip if clip else 0.0),
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
     bad = tuple(range(n - f, n))
@@ -536,6 +537,7 @@ OPTIONS = (
     ("--coalitions", dict(action="store_true", help="f colluding members of n, f up to n/2")),
     ("--model", dict(default=None, help="a job's model URI (builtin:tiny) for the runs")),
     ("--shaped", dict(action="store_true", help="attacks shaped to the rule, n = 7, 10, 16")),
+    ("--clip", dict(type=float, default=None, help="the bound's multiple of the median norm")),
 )
 
 
@@ -551,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     if a.model:
         setup = replace(setup, uri=a.model)
+    if a.clip is not None:
+        setup = replace(setup, clip=a.clip)
     P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
@@ -604,10 +608,8 @@ def shaped(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: fl
         f"Model: {setup.uri or f'byte-level GPT d={c.d} layers={c.n_layer} ctx={c.ctx}'}, "
         f"{P:,} params; DeMo local K={setup.K}, k={setup.k}, {setup.bits}-bit; {setup.steps} "
         f"steps; seeds {len(seeds)}; the last f members collude every round; RobustConfig "
-        f"defaults (bound off: clip=0); held-out loss; wall {time.time() - t0:.0f}s.\n\n"
-        + shaped_table(rows)
-        + "\n"
-        + shaped_verdict(rows)
+        f"defaults but clip={setup.clip:g} (bound off: clip=0); held-out loss; "
+        f"wall {time.time() - t0:.0f}s.\n\n" + shaped_table(rows) + "\n" + shaped_verdict(rows)
     )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "shaped.md").write_text(md)
@@ -627,7 +629,7 @@ def _meta(setup: Setup, P: int) -> dict:
         bits=setup.bits,
         steps=setup.steps,
         bsz=setup.bsz,
-        robust=RobustConfig().__dict__,
+        robust=RobustConfig(clip=setup.clip).__dict__,
     )
 
 

@@ -313,9 +313,8 @@ def _epoch_of(body: dict[str, Any]) -> tuple[int, int]:
 def summary(counts: dict[str, dict[str, int]]) -> str:
     """ "6 signed progress notes (4 by gossip, 2 asked of members), 1 dropped (not_member)"."""
     got, dropped = counts.get("received", {}), counts.get("dropped", {})
-    how = ", ".join(
-        f"{n} {'by gossip' if k == 'gossip' else 'asked of members'}" for k, n in got.items()
-    )
+    ways = {"gossip": "by gossip", "asked": "asked of members", "held": "held for a new member"}
+    how = ", ".join(f"{n} {ways.get(k, k)}" for k, n in got.items())
     out = f"{sum(got.values())} signed progress notes" + (f" ({how})" if how else "")
     if dropped:
         out += f", {sum(dropped.values())} dropped ({', '.join(sorted(dropped))})"

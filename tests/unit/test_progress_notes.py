@@ -11,7 +11,7 @@ import pytest
 from eth_account import Account
 
 import dtrain.progress
-from dtrain.progress import ProgressFeed, Refusal, RoundBook, refusal_summary
+from dtrain.progress import ProgressFeed, Refusal, RoundBook, refusal_summary, summary
 from dtrain_node.errors import NoteError
 from dtrain_node.operator.progress import note_body
 from dtrain_node.p2p import notes
@@ -115,6 +115,25 @@ def test_the_watcher_hands_on_only_member_notes_once() -> None:
         peer._accept(data)
     assert [n.sender for n in got] == [MEMBER.address]
     assert peer.dropped == {"bad_signature": 1, "not_member": 1}
+
+
+def test_a_note_that_outruns_its_senders_membership_is_handed_on_when_it_is_known() -> None:
+    """A new epoch's member's first note can come before the watcher read the new members:
+    it is held, checked again when the members change, and handed on once."""
+    got: list[notes.Note] = []
+    peer = WatchPeer(CHAIN, CONTRACT, JOB, got.append)
+    early, outsider = progress(), progress(account=OUTSIDER)
+    assert not peer._accept(early) and not peer._accept(outsider)
+    assert peer.dropped == {"not_member": 2} and got == []
+    peer._set_members(frozenset({MEMBER.address}))
+    assert [n.sender for n in got] == [MEMBER.address]
+    assert peer.dropped == {"not_member": 1} and peer.received == {"held": 1}
+    peer._accept(early)  # the same note again (asked of the member): not handed on twice
+    peer._set_members(frozenset({MEMBER.address}))  # the outsider's stays held, counted once
+    assert len(got) == 1 and peer.dropped == {"not_member": 1}
+    assert summary({"received": dict(peer.received), "dropped": dict(peer.dropped)}) == (
+        "1 signed progress notes (1 held for a new member), 1 dropped (not_member)"
+    )
 
 
 def test_a_non_finite_loss_cannot_be_signed_or_decoded() -> None:

@@ -16,9 +16,9 @@ scripts/bench_robust.py and the operator's fault option.
                levels, the honest exponents shifted by round(log2 X))
     edge=X     the honest update times X with a seeded half of its signs flipped: the honest
                support and scale, about no honest direction
-    adapt      (Coalition only) per round, the most damaging of flip, edge and push at x16,
-               x8, x4, x2 and x1 that the robust rule, run on this round's packets, keeps for
-               every colluder: an attacker that knows the rule and sees the honest packets
+    adapt      (Coalition only) per round, the first of flip, push and edge at x16, x8, x4,
+               x2 and x1 that the robust rule would have kept for every colluder on the
+               previous round's revealed packets: an attacker that knows the rule
     stale      last round's packet re-sent (the honest one if there is none)
     copy       another member's packet of this round (the honest one if there is none)
 """
@@ -51,6 +51,7 @@ KINDS = (
     "copy",
 )
 _SCALED = ("scale", "flip", "push", "orth", "edge")  # kinds that take a factor
+ADAPT_CANDIDATES = tuple((k, x) for k in ("flip", "push", "edge") for x in (16, 8, 4, 2, 1))
 
 
 def _map(spec: Spec, pkt: bytes, fn) -> bytes:
@@ -204,6 +205,7 @@ class Coalition:
     who: tuple[int, ...]
     prev: dict[int, bytes] = field(default_factory=dict)
     round: int = 0
+    last: list[tuple[Hashable, bytes]] | None = None  # adapt: the previous round's packets
 
     def packets(self, packets: list[tuple[Hashable, bytes]], spec: Spec) -> list:
         """This round's packets with every coalition member's replaced."""
@@ -222,18 +224,18 @@ class Coalition:
         return out
 
     def _adapt(self, packets: list[tuple[Hashable, bytes]], spec: Spec) -> list:
-        """The first candidate, most damaging first (factor times how far it points away from
-        the colluders' own honest updates), that the rule keeps for every colluder."""
-        cands = [(k, x) for x in (16, 8, 4, 2, 1) for k in ("flip", "push", "edge")]
-        cands.sort(key=lambda c: -c[1] * (0.5 if c[0] == "edge" else 1.0))
-        bad = {packets[w][0] for w in self.who}
-        cfg = RobustConfig()
+        """The first candidate (flip, then push, then edge; the largest factor first) that the
+        rule would have kept for every colluder on the previous round's revealed packets: the
+        round's own packets are committed before any is revealed (docs/protocol.md 4.2)."""
+        last, self.last = self.last, list(packets)
         self.round += 1
-        for kind, x in cands:
-            out = Coalition(Attack(kind, float(x)), self.who, round=self.round).packets(
-                packets, spec
-            )
-            decoded = [(s, codec.decode(spec, p)) for s, p in out]
-            if not bad & set(screen(spec, decoded, cfg)[1]):
-                return out
+        if last is None:
+            return list(packets)
+        bad = {packets[w][0] for w in self.who}
+        for kind, x in ADAPT_CANDIDATES:
+            then = Coalition(Attack(kind, float(x)), self.who, round=self.round).packets(last, spec)
+            decoded = [(s, codec.decode(spec, p)) for s, p in then]
+            if not bad & set(screen(spec, decoded, RobustConfig())[1]):
+                atk = Coalition(Attack(kind, float(x)), self.who, prev=self.prev, round=self.round)
+                return atk.packets(packets, spec)
         return list(packets)

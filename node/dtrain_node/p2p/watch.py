@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 Peer = tuple[bytes, list[str]]  # (on-chain peer key, multiaddrs)
 MAX_SEEN = 4096
+# notes whose sender the watcher did not know as a member yet, checked again when it learns the
+# members: a new epoch's member's first note can outrun the watcher's read of the chain
+MAX_UNKNOWN = 512
 
 
 class WatchPeer(Looper):
@@ -58,6 +61,7 @@ class WatchPeer(Looper):
         self.dropped: Counter[str] = Counter()
         self.received: Counter[str] = Counter()  # new notes by how they came: gossip, asked
         self._seen: dict[bytes, None] = {}
+        self._unknown: dict[bytes, bytes] = {}  # sha256 -> note, oldest first
         self._host: Any = None
         self._pubsub: SafePubsub | None = None
 
@@ -88,10 +92,14 @@ class WatchPeer(Looper):
 
     def _accept(self, data: bytes, via: str = "gossip") -> bool:
         """Check one progress note; hand it on once. False: dropped (and counted)."""
+        if via == "held":  # counted as not_member when it came: counted again below
+            self._undrop("not_member")
         try:
             note = notes.decode(data, self._ours)
         except NoteError as e:
             self.dropped[e.reason] += 1
+            if e.reason == "not_member":
+                self._hold(data)
             return False
         key = hashlib.sha256(data).digest()
         if key not in self._seen:
@@ -101,6 +109,28 @@ class WatchPeer(Looper):
             self.received[via] += 1
             self.on_note(note)
         return True
+
+    def _hold(self, data: bytes) -> None:
+        key = hashlib.sha256(data).digest()
+        if key in self._seen:
+            return
+        self._unknown.pop(key, None)
+        self._unknown[key] = data
+        if len(self._unknown) > MAX_UNKNOWN:
+            self._unknown.pop(next(iter(self._unknown)))
+
+    def _undrop(self, reason: str) -> None:
+        self.dropped[reason] -= 1
+        if self.dropped[reason] <= 0:
+            del self.dropped[reason]
+
+    def _set_members(self, members: frozenset[str]) -> None:
+        """New members; the notes held for an unknown sender are checked again (those of
+        senders still unknown stay held, and counted dropped, until they are evicted)."""
+        self.members = members
+        held, self._unknown = self._unknown, {}
+        for data in held.values():
+            self._accept(data, "held")
 
     def _ours(self, note: notes.Note) -> None:
         notes.check_about(note, self.chain_id, self.contract, self.job_id, notes.PROGRESS)
@@ -119,7 +149,7 @@ class WatchPeer(Looper):
 
     def set_members(self, members: Iterable[str]) -> None:
         checked = frozenset(to_checksum_address(m) for m in members)
-        self._call_sync(setattr, self, "members", checked)
+        self._call_sync(self._set_members, checked)
 
     def follow(self, peers: list[Peer], timeout: float = 10.0) -> int:
         """Dial these members and read what progress they hold (a late watcher's backlog);
