@@ -314,7 +314,8 @@ def summary(counts: dict[str, dict[str, int]]) -> str:
     """ "6 signed progress notes (4 by gossip, 2 asked of members), 1 dropped (not_member)"."""
     got, dropped = counts.get("received", {}), counts.get("dropped", {})
     ways = {"gossip": "by gossip", "asked": "asked of members", "held": "held for a new member"}
-    how = ", ".join(f"{n} {ways.get(k, k)}" for k, n in got.items())
+    order = [*ways, *sorted(set(got) - set(ways))]
+    how = ", ".join(f"{got[k]} {ways.get(k, k)}" for k in order if got.get(k))
     out = f"{sum(got.values())} signed progress notes" + (f" ({how})" if how else "")
     if dropped:
         out += f", {sum(dropped.values())} dropped ({', '.join(sorted(dropped))})"
