@@ -409,6 +409,16 @@ def test_a_referee_reruns_only_a_claim_on_the_packet_the_transcript_holds() -> N
     assert not fraudcheck.applies(forged, _transcript(b"stale packet"))
 
 
+def test_a_withheld_claim_is_refused_before_anything_is_re_run() -> None:
+    """Attack: a member signs, with the product's own claim code, a "withheld" claim about an
+    honest member's round (a state it never asked for, or asked for too late). Well signed, on
+    the transcript's packet, and still refused: a state not served proves nothing."""
+    withheld = _claim(claims.WITHHELD)
+    claims.verify(withheld)  # the signatures hold
+    assert not fraudcheck.applies(withheld, _transcript(b"stale packet"))
+    assert fraudcheck.applies(_claim(claims.MISMATCH), _transcript(b"stale packet"))
+
+
 def test_a_claim_counts_only_if_its_checker_was_assigned_that_check() -> None:
     """Attack: a member signs a claim (with the product's own claim code) about a member and a
     round it was not assigned, to have an honest member judged. The referee recomputes the

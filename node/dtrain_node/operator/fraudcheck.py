@@ -37,12 +37,17 @@ log = logging.getLogger(__name__)
 
 
 def applies(c: claims.Claim, t: evidence.EpochTranscript) -> bool:
-    """The claim is signed by its checker, its commitment is the member's for its round, and it
-    is about the packet the transcript holds for the member in that round."""
+    """The claim is signed by its checker, its commitment is the member's for its round, it
+    is about the packet the transcript holds for the member in that round, and it says more
+    than that a state was not served (a withheld claim proves nothing: absence is not guilt,
+    so it is refused here, before anything is re-run)."""
     try:
         claims.verify(c)
     except claims.ClaimInvalid as exc:
         log.info("claim left out: %s", exc)
+        return False
+    if c.reason == claims.WITHHELD:
+        log.info("claim on %s round %d left out: withheld proves nothing", c.member, c.round)
         return False
     head = (c.chain_id, c.contract, c.job_id, c.attempt)
     if head != (t.chain_id, t.contract, t.job_id, t.attempt) or c.round >= len(t.rounds):
