@@ -415,6 +415,54 @@ def test_a_challenge_of_a_proven_unworkable_vote_loses_its_bond(tmp_path) -> Non
         assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 
+@pytest.mark.timeout(1200)
+def test_a_minority_that_withholds_its_votes_to_block_the_quorum_is_judged_and_slashed(
+    tmp_path,
+) -> None:
+    """Two of five members train, commit their votes and never reveal them (`no-reveal`): the
+    three honest reveals are under the 2/3 quorum, so nothing is certified. Without a challenge
+    the attempt would fail and be retried, every member unpaid: a veto for the price of the
+    withheld-reveal slash. An honest member takes the attempt to the referees, who re-execute
+    the epoch; the epoch settles on their verdict (the honest vote), the two are slashed and
+    unpaid, the three honest members are paid and keep their stake, the wei add up."""
+    with _cluster(tmp_path, 5, 8) as c:
+        b = c.bsm
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        for i in (3, 4):
+            c.spawn(i, ["no-reveal"])
+        c.wait(c.ended, 1100, "the job to end")
+        honest, vetoers = c.ops[:3], c.ops[3:]
+        assert b.job(c.job_id).state.status.name == "COMPLETED"
+        events = b.events(job_id=c.job_id)
+        revealed = {e.args["operator"] for e in events if e.name == "CheckpointRevealed"}
+        assert revealed == {o.address for o in honest}, "3 of 5 reveals: no quorum"
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] in {o.address for o in honest}
+        assert [e.name for e in events].count("ChallengeResolved") == 1
+        votes = {
+            m["checkpoint"] for i in range(3) for m in c.metrics(i) if m["kind"] == "epoch_trained"
+        }
+        (finalized,) = [e.args for e in events if e.name == "EpochFinalized"]
+        assert {bytes(finalized["checkpoint"]).hex()} == votes, "settled on the honest vote"
+        assert "EpochFailed" not in [e.name for e in events], "not retried"
+        slashed = sorted(
+            (e.args["operator"], SlashReason(e.args["reason"]))
+            for e in events
+            if e.name == "Slashed"
+        )
+        assert [a for a, _ in slashed] == sorted(o.address for o in vetoers), slashed
+        paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
+        assert paid == sorted(o.address for o in honest)
+        for o in honest:
+            assert b.pool(o.address).total_assets == ETH, "no honest member lost stake"
+        for o in vetoers:
+            assert b.pool(o.address).total_assets < ETH and b.credit_of(o.address) == 0
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
 def _referee_metrics(c: Cluster, r: int) -> list[dict]:
     from dtrain_node.devnet.cluster import read_metrics
 
