@@ -3,11 +3,16 @@ libp2p and training)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import statistics
+import threading
 
 import pytest
 
 from dtrain_node.devnet import ETH, Cluster
+from dtrain_node.operator import spotcheck
 
 pytestmark = pytest.mark.slow
 
@@ -42,3 +47,75 @@ def test_a_member_three_times_slower_is_waited_for_and_nobody_is_slashed(tmp_pat
                 if m["kind"] == "epoch_trained":
                     votes.setdefault(m["epoch"], set()).add(m["checkpoint"])
         assert sorted(votes) == [0] and all(len(v) == 1 for v in votes.values()), votes
+
+
+class Starved:
+    """Freezes a node's process group for `frozen` of every `period` seconds (SIGSTOP, then
+    SIGCONT) on a thread of the test: a host that gets a fraction of a core, as under nice 19
+    beside a busy loop, whatever the test machine's load. Always left running at exit."""
+
+    def __init__(self, pid: int, frozen: float = 0.75, period: float = 0.4) -> None:
+        self.pid, self.frozen, self.period = pid, frozen, period
+        self.cycles = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Starved:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGSTOP)
+                self._stop.wait(self.frozen * self.period)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGCONT)
+                self.cycles += 1
+                self._stop.wait((1 - self.frozen) * self.period)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGCONT)
+
+
+@pytest.mark.timeout(1200)
+def test_a_starved_checker_at_check_rate_1_gets_nobody_slashed(tmp_path, monkeypatch) -> None:
+    """All four members honest; every member checks another's round every round (rate 1); op3
+    runs a quarter of the time for the whole job (frozen 75% of every 0.4 s), so it trains,
+    fetches and replays late, rounds behind the others. It finds every state it was assigned
+    (members keep every round's state of the attempt), so every check it runs matches; a
+    check it could not run would be undecided, never a claim. Nobody challenges, nobody is
+    slashed, all four are paid and keep their stake."""
+    monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes
+    rounds = 12
+    opts = {"epochs": 1, "steps": 2 * rounds, "sync": 2, "round_deadline": 4.0}
+    with Cluster(tmp_path, operators=4, epoch_duration=600, **opts) as c:
+        for i in range(3):
+            c.spawn(i)
+        starved = c.spawn(3)
+        with Starved(starved.popen.pid) as s:
+            c.wait(c.ended, 1100, "the job to end")
+        assert s.cycles > 10, "op3 was frozen most of the time while the job ran"
+        b = c.bsm
+        assert b.job(c.job_id).state.status.name == "COMPLETED"
+        names = [e.name for e in b.events(job_id=c.job_id)]
+        assert "Slashed" not in names and "Challenged" not in names, names
+        assert names.count("OperatorPaid") == 4
+        for o in c.ops:
+            assert b.pool(o.address).total_assets == ETH
+        checks = {i: [m for m in c.metrics(i) if m["kind"] == "replay_checked"] for i in range(4)}
+        assert sum(len(v) for v in checks.values()) == 4 * rounds  # rate 1: every member-round
+        assert all(m["match"] for v in checks.values() for m in v), checks
+        assert not [m for i in range(4) for m in c.metrics(i) if m["kind"] == "replay_claim"]
+
+        def took(ms: list[dict]) -> float:
+            return statistics.median(m["fetch_s"] + m["replay_s"] for m in ms)
+
+        # the starved member's checks ran, and ran slow: its fetches and replays took longer
+        others = [m for i in range(3) for m in checks[i]]
+        assert checks[3] and took(checks[3]) > 1.5 * took(others), (checks[3], others)
