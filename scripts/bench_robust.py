@@ -284,7 +284,12 @@ def shaped_verdict(rows: list[dict]) -> str:
     false = sum(r["honest_exclusions"] for r in below)
     beyond = [r for r in on if r["attack"] != "honest" and 3 * r["colluders"] >= r["members"]]
     ratio = max((1 + r["damage_pct"] / 100 for r in beyond), default=0.0)
-    cost = [r["damage_pct"] for r in rows if r["attack"] == "honest" and not r["bound"]]
+    # each honest run without the bound against with it (damage_pct), as with against without
+    cost = [
+        -100 * r["damage_pct"] / (100 + r["damage_pct"])
+        for r in rows
+        if r["attack"] == "honest" and not r["bound"]
+    ]
     return (
         f"- f < n/3, bound on: worst {worst['damage_pct']:+.2f}% ({worst['attack']}, "
         f"n={worst['members']}; {'met' if worst['damage_pct'] < 5 else 'MISSED'} < 5%), honest "
@@ -292,9 +297,9 @@ def shaped_verdict(rows: list[dict]) -> str:
         f"- beyond the bound, bound on: worst loss {ratio:.2f}x the honest run's "
         f"({'met' if ratio <= 2 else 'MISSED'} <= 2x)\n"
         f"- what the bound costs honest runs (loss with it against without, per n): "
-        + ", ".join(f"{-c:+.2f}%" for c in cost)
+        + ", ".join(f"{c:+.2f}%" for c in cost)
         + " (<= 1%: "
-        + ("met" if all(-c <= 1 for c in cost) else "MISSED")
+        + ("met" if all(c <= 1 for c in cost) else "MISSED")
         + ")\n"
     )
 
@@ -532,12 +537,14 @@ OPTIONS = (
     ("--quick", dict(action="store_true", help="tiny model, 1 seed: CI smoke run")),
     ("--seeds", dict(type=int, default=None, help="default 2 (quick: 1)")),
     ("--steps", dict(type=int, default=None, help="training steps per run")),
+    ("--first-seed", dict(type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")),
     ("--jobs", dict(type=int, default=1, help="parallel processes, 1 thread each")),
     ("--out", dict(type=Path, default=None, help="default docs/bench (quick: docs/bench/quick)")),
     ("--coalitions", dict(action="store_true", help="f colluding members of n, f up to n/2")),
     ("--model", dict(default=None, help="a job's model URI (builtin:tiny) for the runs")),
     ("--shaped", dict(action="store_true", help="attacks shaped to the rule, n = 7, 10, 16")),
     ("--clip", dict(type=float, default=None, help="the bound's multiple of the median norm")),
+    ("--from-runs", dict(type=Path, nargs="+", help="--shaped: report these shaped.json runs")),
 )
 
 
@@ -549,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out = a.out or Path("docs/bench/quick" if a.quick else "docs/bench")
     setup = setups(a.quick)
     setup = replace(setup, steps=a.steps) if a.steps else setup
-    seeds = list(range(a.seeds if a.seeds else (1 if a.quick else 2)))
+    seeds = list(range(a.first_seed, a.first_seed + (a.seeds or (1 if a.quick else 2))))
     t0 = time.time()
     if a.model:
         setup = replace(setup, uri=a.model)
@@ -599,9 +606,13 @@ def coalitions(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0
 
 
 def shaped(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: float) -> int:
-    todo = shaped_jobs(setup, seeds)
-    print(f"bench_robust --shaped: {P:,} params, {len(todo)} runs", flush=True)
-    results = run_all(todo, a.jobs)
+    if a.from_runs:  # runs of several invocations (one seed each, say) in one report
+        results = [r for f in a.from_runs for r in json.loads(f.read_text())["runs"]]
+        seeds = sorted({r["seed"] for r in results})
+    else:
+        todo = shaped_jobs(setup, seeds)
+        print(f"bench_robust --shaped: {P:,} params, {len(todo)} runs", flush=True)
+        results = run_all(todo, a.jobs)
     rows = shaped_rows(results)
     c = setup.model
     md = (

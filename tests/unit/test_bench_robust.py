@@ -1,0 +1,46 @@
+"""bench_robust --shaped: the report pairs each attack with the honest run of its seed and
+checks the targets on the numbers (a missed target says MISSED)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_robust  # noqa: E402 (scripts/ is not a package)
+
+
+def _run(n, f, attack, loss, seed=0, clip=True, false=0):
+    return dict(
+        n=n, f=f, attack=attack, clip=clip, seed=seed, loss=loss, rounds=10,
+        false_exclusions=false, attacker_exclusions=0, clipped_colluders=3, clipped_honest=1,
+        screen_s=[0.001], agg_s=[0.001],
+    )  # fmt: skip
+
+
+def test_shaped_rows_pair_each_seed_and_the_verdict_reads_the_targets() -> None:
+    runs = [
+        _run(7, 1, "honest", 3.0, seed=0),
+        _run(7, 1, "honest", 2.0, seed=1),
+        _run(7, 1, "honest", 2.97, seed=0, clip=False),  # the bound costs 1.01% here
+        _run(7, 1, "honest", 1.98, seed=1, clip=False),
+        _run(7, 2, "orth=8", 3.06, seed=0),  # +2% and +4%: +3% on the mean
+        _run(7, 2, "orth=8", 2.08, seed=1),
+        _run(5, 1, "honest", 3.0),
+        _run(5, 1, "honest", 2.9, clip=False),
+        _run(5, 2, "push=4", 5.7),  # 1.9x the honest run
+    ]
+    rows = bench_robust.shaped_rows(runs)
+    orth = next(r for r in rows if r["attack"] == "orth=8")
+    assert abs(orth["damage_pct"] - 3.0) < 1e-9 and orth["attacker_rounds"] == 40
+    verdict = bench_robust.shaped_verdict(rows)
+    assert "worst +3.00% (orth=8, n=7; met < 5%), honest exclusions 0 (met)" in verdict
+    assert "worst loss 1.90x the honest run's (met <= 2x)" in verdict
+    assert "+3.45%, +1.01% (<= 1%: MISSED)" in verdict
+    table = bench_robust.shaped_table(rows)
+    assert table.count("\n") == len(rows) + 2 and "| 7 | 2 | orth=8 | on |" in table
+    runs.append(_run(7, 2, "edge=8", 3.3, false=1))  # +10%, one honest member excluded
+    verdict = bench_robust.shaped_verdict(bench_robust.shaped_rows(runs))
+    assert "worst +10.00% (edge=8, n=7; MISSED < 5%), honest exclusions 1 (MISSED)" in verdict
