@@ -65,6 +65,7 @@ COALITION_SIZES = (4, 5, 7, 8, 10)
 # push=1: one shared adverse direction at the honest norm, inside the honest spread (ALIE-like)
 SHAPED_ATTACKS = ("scale=8", "orth=8", "edge=8", "adapt", "push=1", "flip=4")
 SHAPED_SIZES = (7, 10, 16)
+RUNS_LOG = "BENCH_ROBUST_RUNS"  # env: a jsonl file each finished run is appended to
 BEYOND = ((5, 2, "push=4"), (5, 2, "push=8"))  # a coalition between a third and a half
 
 
@@ -186,6 +187,9 @@ def run(
 def _job(args):
     t0 = time.time()
     r = run(*args)
+    if os.environ.get(RUNS_LOG):  # every finished run, for a report of a run stopped early
+        with open(os.environ[RUNS_LOG], "a") as f:
+            f.write(json.dumps(r) + "\n")
     print(
         f"  N={r['n']} f={r['f']} {r['attack']:10s} rule={'on ' if r['rule'] else 'off'} "
         f"seed {r['seed']}: "
@@ -216,17 +220,18 @@ def coalition_jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
     return out
 
 
-def shaped_jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
+def shaped_jobs(setup: Setup, seeds: list[int], sizes: tuple[int, ...] = SHAPED_SIZES) -> list:
     out = []
     for s in seeds:
-        for n in SHAPED_SIZES:
+        for n in sizes:
             f = (n - 1) // 3
             out += [(setup, n, None, True, s), (setup, n, None, True, s, 1, False)]
             out += [(setup, n, a, True, s, f) for a in SHAPED_ATTACKS]
             out += [(setup, n, a, True, s, f, False) for a in ("scale=8", "adapt")]
-        for n in sorted({b[0] for b in BEYOND}):
+        beyond = [b for b in BEYOND if b[0] in sizes or sizes == SHAPED_SIZES]
+        for n in sorted({b[0] for b in beyond}):
             out += [(setup, n, None, True, s), (setup, n, None, True, s, 1, False)]
-        out += [(setup, n, a, True, s, f, c) for n, f, a in BEYOND for c in (True, False)]
+        out += [(setup, n, a, True, s, f, c) for n, f, a in beyond for c in (True, False)]
     return out
 
 
@@ -544,7 +549,8 @@ OPTIONS = (
     ("--model", dict(default=None, help="a job's model URI (builtin:tiny) for the runs")),
     ("--shaped", dict(action="store_true", help="attacks shaped to the rule, n = 7, 10, 16")),
     ("--clip", dict(type=float, default=None, help="the bound's multiple of the median norm")),
-    ("--from-runs", dict(type=Path, nargs="+", help="--shaped: report these shaped.json runs")),
+    ("--from-runs", dict(type=Path, nargs="+", help="--shaped: report these runs (json, jsonl)")),
+    ("--sizes", dict(type=int, nargs="+", default=None, help="--shaped: these n only")),
 )
 
 
@@ -607,10 +613,10 @@ def coalitions(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0
 
 def shaped(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: float) -> int:
     if a.from_runs:  # runs of several invocations (one seed each, say) in one report
-        results = [r for f in a.from_runs for r in json.loads(f.read_text())["runs"]]
+        results = [r for f in a.from_runs for r in _runs(f)]
         seeds = sorted({r["seed"] for r in results})
     else:
-        todo = shaped_jobs(setup, seeds)
+        todo = shaped_jobs(setup, seeds, tuple(a.sizes or SHAPED_SIZES))
         print(f"bench_robust --shaped: {P:,} params, {len(todo)} runs", flush=True)
         results = run_all(todo, a.jobs)
     rows = shaped_rows(results)
@@ -628,6 +634,14 @@ def shaped(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: fl
     (a.out / "shaped.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(md)
     return 0
+
+
+def _runs(path: Path) -> list[dict]:
+    """The runs of a shaped.json report, or of a BENCH_ROBUST_RUNS jsonl file."""
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)["runs"]
 
 
 def _meta(setup: Setup, P: int) -> dict:
