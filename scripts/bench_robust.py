@@ -285,28 +285,35 @@ def shaped_table(rows: list[dict]) -> str:
 def shaped_verdict(rows: list[dict]) -> str:
     on = [r for r in rows if r["bound"]]
     below = [r for r in on if r["attack"] != "honest" and 3 * r["colluders"] < r["members"]]
+    if not below:
+        return "- no attack under a third was run\n"
     worst = max(below, key=lambda r: r["damage_pct"])
     false = sum(r["honest_exclusions"] for r in below)
     beyond = [r for r in on if r["attack"] != "honest" and 3 * r["colluders"] >= r["members"]]
-    ratio = max((1 + r["damage_pct"] / 100 for r in beyond), default=0.0)
+    ratio = max((1 + r["damage_pct"] / 100 for r in beyond), default=None)
     # each honest run without the bound against with it (damage_pct), as with against without
     cost = [
         -100 * r["damage_pct"] / (100 + r["damage_pct"])
         for r in rows
         if r["attack"] == "honest" and not r["bound"]
     ]
-    return (
+    first = (
         f"- f < n/3, bound on: worst {worst['damage_pct']:+.2f}% ({worst['attack']}, "
         f"n={worst['members']}; {'met' if worst['damage_pct'] < 5 else 'MISSED'} < 5%), honest "
         f"exclusions {false} ({'met' if false == 0 else 'MISSED'})\n"
-        f"- beyond the bound, bound on: worst loss {ratio:.2f}x the honest run's "
-        f"({'met' if ratio <= 2 else 'MISSED'} <= 2x)\n"
-        f"- what the bound costs honest runs (loss with it against without, per n): "
-        + ", ".join(f"{c:+.2f}%" for c in cost)
-        + " (<= 1%: "
-        + ("met" if all(c <= 1 for c in cost) else "MISSED")
-        + ")\n"
     )
+    second = (
+        "- beyond the bound: not run\n"
+        if ratio is None
+        else f"- beyond the bound, bound on: worst loss {ratio:.2f}x the honest run's "
+        f"({'met' if ratio <= 2 else 'MISSED'} <= 2x)\n"
+    )
+    third = (
+        "- what the bound costs honest runs (loss with it against without, per n): "
+        + ", ".join(f"{c:+.2f}%" for c in cost)
+        + f" (<= 1%: {'met' if all(c <= 1 for c in cost) else 'MISSED'})\n"
+    )
+    return first + second + third
 
 
 def coalition_rows(results: list[dict]) -> list[dict]:

@@ -44,3 +44,14 @@ def test_shaped_rows_pair_each_seed_and_the_verdict_reads_the_targets() -> None:
     runs.append(_run(7, 2, "edge=8", 3.3, false=1))  # +10%, one honest member excluded
     verdict = bench_robust.shaped_verdict(bench_robust.shaped_rows(runs))
     assert "worst +10.00% (edge=8, n=7; MISSED < 5%), honest exclusions 1 (MISSED)" in verdict
+
+
+def test_a_report_without_runs_beyond_a_third_says_so() -> None:
+    runs = [_run(7, 1, "honest", 3.0), _run(7, 1, "honest", 3.0, clip=False)]
+    runs.append(_run(7, 2, "orth=8", 3.03))
+    assert "- beyond the bound: not run\n" in bench_robust.shaped_verdict(
+        bench_robust.shaped_rows(runs)
+    )
+    assert bench_robust.shaped_verdict(bench_robust.shaped_rows(runs[:2])) == (
+        "- no attack under a third was run\n"
+    )
