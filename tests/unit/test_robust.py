@@ -168,6 +168,10 @@ def test_config_validation():
         dict(min_direction=2),
         dict(theta_max=float("inf")),
         dict(hi=float("nan")),
+        dict(clip=0.5),
+        dict(clip=float("inf")),
+        dict(cos_copy=0.4),
+        dict(cos_copy=1.5),
     ):
         with pytest.raises(ValueError):
             RobustConfig(**bad)
@@ -336,7 +340,7 @@ def test_the_bound_scales_a_loud_sender_down_to_the_median_by_a_power_of_two():
     pk = decoded(opts)
     pk[4] = swap(spec, pk[4], "scale=64")  # 64x: out of the norm band, excluded
     pk[3] = swap(spec, pk[3], "scale=8")  # 8x: inside the band, kept and scaled down
-    cfg = RobustConfig(cos_echo=1.0)  # no near copies: the clip alone
+    cfg = RobustConfig(cos_echo=1.0, cos_copy=1.0)  # no near copies: the clip alone
     kept, out, clipped = screen_clipped(spec, pk, cfg)
     assert set(out) == {4}
     assert [s for s, _ in kept] == [0, 1, 2, 3] and clipped[3] >= 3
@@ -349,7 +353,7 @@ def test_the_bound_scales_a_loud_sender_down_to_the_median_by_a_power_of_two():
             assert after[a][t] == before[a][t] or 4 * after[a][t] > m  # the least shift
             assert after[a][t] == before[a][t] or s & (s - 1) == 0
     # the same rule without the bound keeps the packets as they came
-    raw, _, none = screen_clipped(spec, pk, RobustConfig(clip=0, cos_echo=1.0))
+    raw, _, none = screen_clipped(spec, pk, RobustConfig(clip=0, cos_echo=1.0, cos_copy=1.0))
     assert none == {} and norms2(spec, raw) == before
 
 

@@ -69,6 +69,8 @@ class RobustConfig:
     cos_echo: another sender whose update has a cosine above this with a sender's is its echo
     (colluders sending one direction) and is left out of the sum that sender is judged against;
     honest updates stay far below it (pairwise cosines measured in docs/demo-optimizer.md).
+    cos_copy: senders whose updates have a cosine above this are near copies of each other:
+    fewer than half of the kept senders together, they share one sender's weight (the bound).
     min_direction: fewest senders (after the norm rule) for the direction rule to run.
     clip: a kept sender's parameter is scaled down by powers of two to at most this multiple
     of the kept senders' lower median norm (it ends in (clip / 2, clip] times it); 0: never.
@@ -81,6 +83,7 @@ class RobustConfig:
     lo: float = 1 / 32
     cos_min: float = -0.05
     cos_echo: float = 0.5
+    cos_copy: float = 0.9
     min_direction: int = 3
     clip: float = 1.0
     theta_max: float = 2.0**16
@@ -94,6 +97,8 @@ class RobustConfig:
             raise ValueError(f"cos_min must be in [-1, 1), got {self.cos_min}")
         if not 0 <= self.cos_echo <= 1:
             raise ValueError(f"cos_echo must be in [0, 1], got {self.cos_echo}")
+        if not self.cos_echo <= self.cos_copy <= 1:
+            raise ValueError(f"cos_copy must be in [cos_echo, 1], got {self.cos_copy}")
         if self.min_direction < 3:
             raise ValueError(f"min_direction must be >= 3, got {self.min_direction}")
         if not (math.isfinite(self.clip) and (self.clip == 0 or self.clip >= 1)):
@@ -251,17 +256,19 @@ def echo_pairs(dots: list[list[int]], keep: list[int], e: float) -> set[tuple[in
     return {(a, b) for a in keep for b in keep if a != b and _echo(dots, a, b, e)}
 
 
-def crowds(keep: list[int], echo: set[tuple[int, int]]) -> dict[int, int]:
-    """Per sender in keep: itself and its echoes in keep, when they are fewer than half of
-    keep (then they could all be colluders), else 1 (agreeing with most is the honest case)."""
-    n = Counter(a for a, b in echo if a in keep and b in keep)
+def crowds(keep: list[int], copies: set[tuple[int, int]]) -> dict[int, int]:
+    """Per sender in keep: itself and its near copies in keep, when they are fewer than half
+    of keep (then they could all be colluders), else 1 (agreeing with most is honest)."""
+    n = Counter(a for a, b in copies if a in keep and b in keep)
     return {a: 1 + n[a] if 2 * (1 + n[a]) < len(keep) else 1 for a in keep}
 
 
-def crowded(dots: list[list[int]], keep: list[int], echo: set[tuple[int, int]]) -> list[list[int]]:
-    """The Gram matrix with each sender's update divided by its crowd (itself and its echoes
-    in keep, in fixed point): near copies count together as one sender."""
-    crowd = crowds(keep, echo)
+def crowded(
+    dots: list[list[int]], keep: list[int], copies: set[tuple[int, int]]
+) -> list[list[int]]:
+    """The Gram matrix with each sender's update divided by its crowd (itself and its near
+    copies in keep, in fixed point): near copies count together as one sender."""
+    crowd = crowds(keep, copies)
     w = {a: (1 << CLIP_BITS) // crowd[a] for a in keep}
     return [
         [dots[a][b] * w[a] * w[b] if a in w and b in w else 0 for b in range(len(dots))]
@@ -270,7 +277,11 @@ def crowded(dots: list[list[int]], keep: list[int], echo: set[tuple[int, int]]) 
 
 
 def _direction(
-    dots: list[list[int]], echo: set[tuple[int, int]], keep: list[int], cfg: RobustConfig
+    dots: list[list[int]],
+    echo: set[tuple[int, int]],
+    copies: set[tuple[int, int]],
+    keep: list[int],
+    cfg: RobustConfig,
 ) -> list[int]:
     """Senders in `keep` dropped for direction: repeatedly the one with the lowest cosine to
     the sum of the other remaining senders (updates clipped to the median norm, near copies
@@ -279,7 +290,7 @@ def _direction(
     and at least min_direction senders remain. One at a time, so that a bad sender does not
     drag the reference of the honest ones down when they are judged."""
     c = Fraction(cfg.cos_min)
-    dots = crowded(dots, keep, echo)
+    dots = crowded(dots, keep, copies)
     # echoes are left out only for senders whose echoes could all be colluders (fewer than a
     # third of the senders with it): many agreeing senders are the honest majority
     few = (len(keep) - 1) // 3
@@ -326,9 +337,9 @@ def screen_clipped(
     kept, out, judged = _judged(spec, packets, cfg)
     if judged is None or not judged[1] or not cfg.clip:
         return kept, out, {}
-    G, keep, echo = judged
+    G, keep, copies = judged
     shifts = clip_shifts(G, keep, Fraction(cfg.clip) ** 2)
-    crowd = crowds(keep, echo)
+    crowd = crowds(keep, copies)
     for a in keep:  # near copies share one sender's weight: 2^-ceil(log2 crowd) each
         shifts[a] = [x + (crowd[a] - 1).bit_length() for x in shifts[a]]
     bounded, clipped = [], {}
@@ -385,14 +396,15 @@ def _judged(spec: Spec, packets: Packets, cfg: RobustConfig):
             keep.append(a)
         else:
             out[p[0]] = r
-    echo: set[tuple[int, int]] = set()
+    copies: set[tuple[int, int]] = set()
     if len(keep) >= cfg.min_direction:
         dots = clipped(G, keep)
         echo = echo_pairs(dots, keep, cfg.cos_echo)
-        for a in _direction(dots, echo, keep, cfg):
+        copies = {(a, b) for a, b in echo if _echo(dots, a, b, cfg.cos_copy)}
+        for a in _direction(dots, echo, copies, keep, cfg):
             out[order[a][0]] = "direction"
             keep.remove(a)
-    return [order[a] for a in keep], out, (G, keep, echo)
+    return [order[a] for a in keep], out, (G, keep, copies)
 
 
 def stats(spec: Spec, packets: Packets) -> dict[Hashable, tuple[float, list[float]]]:
