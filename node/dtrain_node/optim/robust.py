@@ -30,9 +30,12 @@ Bound (`screen_clipped`, what the optimizer aggregates): the rules above decide 
 out, the bound decides how much each kept sender can move the shared state. Every kept
 sender's parameter whose norm is above `clip` times the kept senders' lower median norm is
 scaled down by the smallest power of two 2^-s that brings it to at most that (its exponents
-lowered by s: exact, the same integers on every node). So f kept senders of n move the
-shared state by at most f * clip * median per parameter, whatever they send, against the
-honest senders' sum; scaling their own update up buys them nothing.
+lowered by s: exact, the same integers on every node). Near copies (senders above cos_copy
+to each other, together fewer than half of the kept senders) share one sender's weight: each
+is lowered by a further ceil(log2 c) for c copies, and they count as one in the direction
+rule's sums. So f kept senders of n move the shared state by at most f * clip * median per
+parameter, whatever they send, against the honest senders' sum; scaling their own update up,
+or sending it f times, buys them nothing.
 """
 
 from __future__ import annotations
@@ -252,7 +255,7 @@ def _echo(dots: list[list[int]], a: int, b: int, e: float) -> bool:
 
 
 def echo_pairs(dots: list[list[int]], keep: list[int], e: float) -> set[tuple[int, int]]:
-    """(a, b) for senders in keep whose updates have a cosine above e (near copies)."""
+    """(a, b) for senders in keep whose updates have a cosine above e (exactly)."""
     return {(a, b) for a in keep for b in keep if a != b and _echo(dots, a, b, e)}
 
 
@@ -382,8 +385,11 @@ def lowered(spec: Spec, packet: Sequence[Sparse], shifts: Sequence[int]) -> Sequ
     return [replace(t, exp=t.exp - s) for t, s in zip(packet, shifts, strict=True)]
 
 
-def _judged(spec: Spec, packets: Packets, cfg: RobustConfig):
-    """(kept, excluded, (parameter Gram matrices, kept positions) or None when not judged)."""
+def _judged(
+    spec: Spec, packets: Packets, cfg: RobustConfig
+) -> tuple[list, dict[Hashable, str], tuple[list, list[int], set[tuple[int, int]]] | None]:
+    """(kept, excluded, (parameter Gram matrices, kept positions, near-copy pairs), or None
+    when nothing was judged)."""
     if not cfg.enabled or len(packets) < 2:
         return list(packets), {}, None
     order = aggregate.by_sender(packets)
