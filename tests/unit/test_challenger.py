@@ -92,3 +92,14 @@ def test_an_attempt_without_a_quorum_is_taken_to_the_referees(tmp_path) -> None:
     c = Challenger(chain, tmp_path, lambda kind, **d: records.append(kind), window=60)  # type: ignore[arg-type]
     assert not c.ready(_job(reveal_deadline=now - 5), 5)
     assert len(chain.sent) == 1 and records == ["challenged"]
+
+
+def test_a_member_that_withholds_its_vote_opens_no_challenge(tmp_path) -> None:
+    """The `no-reveal` fault: a vetoer wants no verdict, so it leaves the attempt without a
+    quorum undisputed (an honest member takes it to the referees) and waits out the window."""
+    _ours(tmp_path, b"\x11" * 32)
+    now = int(time.time())
+    chain = StaleChain([bytes(32), bytes(32), bytes(32)], block_ts=now - 100)
+    c = Challenger(chain, tmp_path, lambda *a, **d: None, window=60, quiet=True)  # type: ignore[arg-type]
+    assert not c.ready(_job(reveal_deadline=now - 5), 5)
+    assert chain.sent == []

@@ -45,12 +45,15 @@ class Challenger:
         window: int,
         serve: Callable[[str, Path], None] | None = None,
         tamper: str = "",
+        quiet: bool = False,
     ) -> None:
         self.bsm, self.job_dir, self.metric, self.window = bsm, job_dir, metric, window
         self.serve = serve  # (sha256 hex, path): serves a file to the referees
         # fault (docs/node.md): challenge with a tampered file, `doctor` (our own packets only)
         # or `inject` (one of our packets replaced by one signed after the epoch)
         self.tamper = tamper
+        # fault (`no-reveal`): a member that withholds its vote opens no challenge either
+        self.quiet = quiet
         self.posted: set[int] = set()  # attempts whose challenge we named our transcript for
 
     def ready(self, job: Job, attempt: int) -> bool:
@@ -68,7 +71,7 @@ class Challenger:
         now = max(self.bsm.latest_block_timestamp(), int(time.time()))
         if int(ch.challenger, 16) == 0:
             # no quorum (`certified` zero) is disputed too: referees settle it, no free veto
-            if now < closes and self._disputes(certified, attempt):
+            if now < closes and not self.quiet and self._disputes(certified, attempt):
                 self._challenge(job, attempt, certified)
                 return False
             return now >= closes

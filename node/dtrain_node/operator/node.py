@@ -746,7 +746,13 @@ class Node:
         tamper = "doctor" if f.doctor else "inject" if f.inject else ""
         serve = self.transport.serve_file if self.transport is not None else None
         challenger = Challenger(
-            self.bsm, self.job_dir(job_id), self._metric, self._window(), serve, tamper
+            self.bsm,
+            self.job_dir(job_id),
+            self._metric,
+            self._window(),
+            serve,
+            tamper,
+            quiet=not f.reveals,
         )
         mine = False  # we sent the settlement: its line is logged from our receipt
         while True:
