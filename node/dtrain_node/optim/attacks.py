@@ -26,7 +26,7 @@ scripts/bench_robust.py and the operator's fault option.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -62,16 +62,21 @@ def poison(spec: Spec, pkt: bytes) -> bytes:
     return _map(spec, pkt, lambda _, s: replace(s, exp=EXP_MAX))
 
 
+def _shifted(exp: int, d: int) -> int:
+    return min(EXP_MAX, max(EXP_MIN, exp + d))
+
+
 def scale(spec: Spec, pkt: bytes, x: float) -> bytes:
     d = round(math.log2(x))
-    return _map(spec, pkt, lambda _, s: replace(s, exp=min(EXP_MAX, max(EXP_MIN, s.exp + d))))
+    return _map(spec, pkt, lambda _, s: replace(s, exp=_shifted(s.exp, d)))
 
 
 def signflip(spec: Spec, pkt: bytes) -> bytes:
     return _map(spec, pkt, lambda _, s: replace(s, lvl=-s.lvl))
 
 
-def noise(spec: Spec, pkt: bytes, seed: int = 0) -> bytes:
+def _random(spec: Spec, pkt: bytes, seed: int, exp: Callable[[Sparse, torch.Generator], int]):
+    """Random indices and levels in every tensor, each tensor's exponent from `exp`."""
     g = torch.Generator().manual_seed(seed)
     levels = torch.tensor(LEVELS[spec.cfg.bits], dtype=torch.int8)
 
@@ -79,23 +84,20 @@ def noise(spec: Spec, pkt: bytes, seed: int = 0) -> bytes:
         nc, ce, k, _, _ = spec.layout[i]
         idx = torch.rand(nc, ce, generator=g).topk(k, dim=1).indices.sort(dim=1).values
         lvl = levels[torch.randint(len(levels), (nc, k), generator=g)]
-        return Sparse(idx, lvl, int(torch.randint(EXP_MIN, EXP_MAX + 1, (), generator=g)))
+        return Sparse(idx, lvl, exp(s, g))
 
     return _map(spec, pkt, rand)
+
+
+def noise(spec: Spec, pkt: bytes, seed: int = 0) -> bytes:
+    return _random(
+        spec, pkt, seed, lambda _, g: int(torch.randint(EXP_MIN, EXP_MAX + 1, (), generator=g))
+    )
 
 
 def orth(spec: Spec, pkt: bytes, x: float, seed: int = 0) -> bytes:
-    g = torch.Generator().manual_seed(seed)
-    levels = torch.tensor(LEVELS[spec.cfg.bits], dtype=torch.int8)
     d = round(math.log2(x))
-
-    def rand(i: int, s: Sparse) -> Sparse:
-        nc, ce, k, _, _ = spec.layout[i]
-        idx = torch.rand(nc, ce, generator=g).topk(k, dim=1).indices.sort(dim=1).values
-        lvl = levels[torch.randint(len(levels), (nc, k), generator=g)]
-        return Sparse(idx, lvl, min(EXP_MAX, max(EXP_MIN, s.exp + d)))
-
-    return _map(spec, pkt, rand)
+    return _random(spec, pkt, seed, lambda s, _: _shifted(s.exp, d))
 
 
 def edge(spec: Spec, pkt: bytes, x: float, seed: int = 0) -> bytes:
