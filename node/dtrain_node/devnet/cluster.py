@@ -208,6 +208,8 @@ class Cluster:
         while time.monotonic() < t_end:
             if cond():
                 return
+            if self.skip_idle_phases:
+                self.skip_idle_reveal()
             if self.challenge_window and self.skip_idle_phases:
                 self.skip_idle_phase()
             crashed = [
@@ -221,6 +223,27 @@ class Cluster:
                 )
             time.sleep(0.5)
         raise AssertionError(f"timed out waiting for {what}: " + self.logs())
+
+    def skip_idle_reveal(self) -> bool:
+        """Moves the chain's clock past the reveal deadline once every member committed and
+        each member yet to reveal runs here and said it never will (`fault_no_reveal`): the
+        others would only wait for that deadline, with nothing left to happen before it."""
+        job = self.bsm.job(self.job_id)
+        n, attempt = len(job.members), job.state.attempt
+        if job.state.status.is_ended or not n or job.committed < n or job.revealed == n:
+            return False
+        if max(self.bsm.latest_block_timestamp(), time.time()) > job.reveal_deadline:
+            return False
+        by_address = {p.address: p for p in self.procs if p.popen.poll() is None}
+        pending = [
+            a for a in job.members if not any(self.bsm.submission_of(self.job_id, a).checkpoint)
+        ]
+        if not all(_said(by_address.get(a), "fault_no_reveal", attempt) for a in pending):
+            return False
+        w3 = self.bsm.w3
+        w3.provider.make_request("evm_setNextBlockTimestamp", [job.reveal_deadline + 1])
+        w3.provider.make_request("evm_mine", [])
+        return True
 
     def skip_idle_phase(self) -> bool:
         """Moves the chain's clock to the end of an open challenge's first phase once nothing

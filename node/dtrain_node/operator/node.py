@@ -612,7 +612,7 @@ class Node:
         revealed already (restart)."""
         st = job.state
         if not self._faults(st).reveals:
-            self._metric("fault_no_reveal", job=job.id, epoch=st.epoch)
+            self._metric("fault_no_reveal", job=job.id, epoch=st.epoch, attempt=st.attempt)
             return
         mine = vote.load(vote.path(self.job_dir(job.id), st.attempt))
         self._serve_transcript(job, mine)
