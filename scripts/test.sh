@@ -2,7 +2,9 @@
 # `make test`: the contracts' forge tests in the background (their output kept and shown at the
 # end) while pytest spreads the Python suite over WORKERS processes (pytest-xdist): most
 # end-to-end tests wait on their nodes and the chain, so their waits overlap. Fails when either
-# suite fails.
+# suite fails. `--maxschedchunk 1`: a worker is handed one test at a time (plus the one queued
+# behind it), longest first (tests/conftest.py); xdist's default first hands each worker a
+# quarter of the suite in one consecutive block, which gave one worker every long test.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 workers="${1:-2}"
@@ -10,7 +12,7 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 make --no-print-directory test-contracts >"$log" 2>&1 &
 forge=$!
-.venv/bin/python -m pytest -q -n "$workers" --dist load
+.venv/bin/python -m pytest -q -n "$workers" --dist load --maxschedchunk 1
 py=$?
 wait "$forge"
 contracts=$?

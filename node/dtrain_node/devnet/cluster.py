@@ -99,6 +99,47 @@ def _said(p: Proc | None, kind: str, attempt: int) -> bool:
     )
 
 
+def skip_idle_deadline(bsm: Any, job_id: int, procs: list[Proc]) -> int:
+    """Moves a devnet chain's clock past the epoch's commit or reveal deadline once nothing is
+    left to happen before it: each member yet to commit ran here and went offline for good
+    (said `fault_offline` and exited), and, once reveals are open, each member that committed
+    but has not revealed runs here and said it never will (`fault_no_reveal`). The nodes read
+    deadlines as max(chain clock, wall clock), so the others go on at once instead of waiting
+    for a deadline nobody can act before. The chain time it moved to, or 0 when it left the
+    clock alone."""
+    from dtrain.models import JobStatus
+
+    job = bsm.job(job_id)
+    n, attempt = len(job.members), job.state.attempt
+    if job.state.status != JobStatus.RUNNING or not n or job.revealed == n:
+        return 0
+    now = max(bsm.latest_block_timestamp(), int(time.time()))
+    if now > job.reveal_deadline:
+        return 0
+    ran = {p.address: p for p in procs}  # the latest process of each address
+    live = {p.address for p in procs if p.popen.poll() is None}
+    subs = {a: bsm.submission_of(job_id, a) for a in job.members}
+    silent = [a for a, s in subs.items() if not any(s.commitment)]
+    unrevealed = [a for a, s in subs.items() if any(s.commitment) and not any(s.checkpoint)]
+    if not silent and not unrevealed:  # every vote is in: the epoch settles now
+        return 0
+    if any(a in live or not _said_ever(ran.get(a), "fault_offline") for a in silent):
+        return 0
+    if silent and now <= job.deadline:
+        to = job.deadline + 1  # reveals open after it
+    else:
+        if not all(a in live and _said(ran[a], "fault_no_reveal", attempt) for a in unrevealed):
+            return 0
+        to = job.reveal_deadline + 1
+    bsm.w3.provider.make_request("evm_setNextBlockTimestamp", [to])
+    bsm.w3.provider.make_request("evm_mine", [])
+    return to
+
+
+def _said_ever(p: Proc | None, kind: str) -> bool:
+    return p is not None and any(m["kind"] == kind for m in read_metrics(p.data_dir))
+
+
 def tail_logs(procs: list[Proc], lines: int = 15) -> str:
     out = []
     for p in procs:
@@ -209,7 +250,7 @@ class Cluster:
             if cond():
                 return
             if self.skip_idle_phases:
-                self.skip_idle_reveal()
+                self.skip_idle_deadline()
             if self.challenge_window and self.skip_idle_phases:
                 self.skip_idle_phase()
             crashed = [
@@ -224,26 +265,9 @@ class Cluster:
             time.sleep(0.5)
         raise AssertionError(f"timed out waiting for {what}: " + self.logs())
 
-    def skip_idle_reveal(self) -> bool:
-        """Moves the chain's clock past the reveal deadline once every member committed and
-        each member yet to reveal runs here and said it never will (`fault_no_reveal`): the
-        others would only wait for that deadline, with nothing left to happen before it."""
-        job = self.bsm.job(self.job_id)
-        n, attempt = len(job.members), job.state.attempt
-        if job.state.status.is_ended or not n or job.committed < n or job.revealed == n:
-            return False
-        if max(self.bsm.latest_block_timestamp(), time.time()) > job.reveal_deadline:
-            return False
-        by_address = {p.address: p for p in self.procs if p.popen.poll() is None}
-        pending = [
-            a for a in job.members if not any(self.bsm.submission_of(self.job_id, a).checkpoint)
-        ]
-        if not all(_said(by_address.get(a), "fault_no_reveal", attempt) for a in pending):
-            return False
-        w3 = self.bsm.w3
-        w3.provider.make_request("evm_setNextBlockTimestamp", [job.reveal_deadline + 1])
-        w3.provider.make_request("evm_mine", [])
-        return True
+    def skip_idle_deadline(self) -> bool:
+        """See `skip_idle_deadline` (the module's)."""
+        return skip_idle_deadline(self.bsm, self.job_id, self.procs) > 0
 
     def skip_idle_phase(self) -> bool:
         """Moves the chain's clock to the end of an open challenge's first phase once nothing
