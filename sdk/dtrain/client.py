@@ -24,6 +24,7 @@ from web3.exceptions import (
     ContractLogicError,
     ContractPanicError,
     TimeExhausted,
+    TransactionNotFound,
     Web3RPCError,
 )
 from web3.types import TxReceipt
@@ -292,13 +293,16 @@ class BSM:
             tx["nonce"] = NONCES.take(
                 key, lambda: self.w3.eth.get_transaction_count(sender, "pending")
             )
+            signed = None
             try:
                 built = fn.build_transaction(tx)
                 signed = self.account.sign_transaction(built)  # type: ignore[union-attr]
                 tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
             except Web3RPCError as exc:
-                NONCES.forget(key)
-                raise self._rpc_error(exc, value) from None
+                if not self._landed(signed):
+                    NONCES.forget(key)
+                    raise self._rpc_error(exc, value) from None
+                tx_hash = signed.hash  # type: ignore[union-attr]
             except (ContractCustomError, ContractLogicError, ContractPanicError) as exc:
                 NONCES.forget(key)
                 raise self._revert_error(exc) from None
@@ -314,6 +318,18 @@ class BSM:
         if rc["status"] != 1:
             raise TransactionFailed(f"transaction {tx_hash.hex()} reverted")
         return rc
+
+    def _landed(self, signed: Any) -> bool:
+        """Did the chain get `signed` after all? A send whose answer was lost is sent again,
+        and the node then refuses the copy ("already known", "nonce too low"): the
+        transaction itself is in, under the hash it was signed with."""
+        if signed is None:
+            return False
+        try:
+            self.w3.eth.get_transaction(signed.hash)
+        except (TransactionNotFound, Web3RPCError, requests.exceptions.RequestException, OSError):
+            return False
+        return True
 
     def _revert_error(self, exc: Exception) -> DtrainError:
         data = getattr(exc, "data", None)
