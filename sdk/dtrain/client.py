@@ -27,7 +27,7 @@ from web3.exceptions import (
     TransactionNotFound,
     Web3RPCError,
 )
-from web3.types import TxReceipt
+from web3.types import RPCEndpoint, TxReceipt
 
 from . import artifacts
 from . import models as m
@@ -99,8 +99,13 @@ class RetryingHTTPProvider(Web3.HTTPProvider):
     out an RPC hiccup instead of exiting on it."""
 
     def __init__(self, rpc_url: str, timeout: float) -> None:
+        # web3 asks for the chain id before every call; it never changes under one endpoint
         super().__init__(
-            rpc_url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None
+            rpc_url,
+            request_kwargs={"timeout": timeout},
+            exception_retry_configuration=None,
+            cache_allowed_requests=True,
+            cacheable_requests={RPCEndpoint("eth_chainId")},
         )
 
     def _make_request(self, method: Any, request_data: bytes) -> bytes:

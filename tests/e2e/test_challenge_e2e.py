@@ -5,10 +5,15 @@ libp2p and training)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from harness.flaky_rpc import FAULTS, flaky_rpc
+from test_caller_files import RECIPE, Output, sft_chat
 
 from dtrain import UNWORKABLE, vote_key
 from dtrain.models import SlashReason
@@ -16,6 +21,7 @@ from dtrain_node.devnet import ETH, Cluster
 from dtrain_node.devnet.plan import node_name
 from dtrain_node.operator import spotcheck
 from dtrain_node.p2p.files import sha256_file
+from dtrain_node.train.toy_models import save
 
 pytestmark = pytest.mark.slow
 
@@ -146,6 +152,63 @@ def test_two_sybils_that_name_files_nobody_has_and_stall_every_fetch_are_still_o
         c.spawn(2)
         c.wait(c.ended, 1000, "the job to end")
         _overturned(c, [2], [0, 1], SlashReason.FABRICATION, phantoms=2)
+
+
+@pytest.mark.timeout(1200)
+def test_a_challenged_job_goes_through_an_rpc_that_spoils_one_request_in_five(tmp_path) -> None:
+    """Every RPC request of the caller (`job submit --serve`, `job watch`), the members and the
+    referees goes through a proxy that spoils one in five, in turn dropped, its answer lost
+    (a transaction sent is in, its sender never hears so) or answered 2 s late. Two colluders
+    of three seats certify a fabrication of the caller's own SFT job: the honest member still
+    challenges, the referees still judge, the caller's files are still served until the job
+    ends, and everything settles as on a clean RPC, each retry said in one line."""
+    model, data = save("gpt2", tmp_path / "my-model"), sft_chat(tmp_path / "sft.jsonl")
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE)
+    env = {**os.environ, "HOME": str(tmp_path / "caller-home")}
+    cluster = Cluster(
+        tmp_path, 3, create_job=False, challenge_window=WINDOW, referees=3, round_deadline=8.0
+    )
+    with cluster as c, flaky_rpc(c.chain.url, 5, FAULTS) as (url, counts):
+        c.node_rpc = url
+        base = [sys.executable, "-m", "dtrain.cli", "--rpc-url", url]
+        base += ["--contract", c.bsm.address, "--key", c.caller.key]
+        args = ["job", "submit", "--method", "sft", "--model-uri", str(model)]
+        args += ["--dataset-uri", str(data), "--recipe", str(recipe), "--serve"]
+        args += ["--serve-port", "0", "--operators", "3:3", "--steps", "6", "--sync", "2"]
+        args += ["--price", "0.01ether", "--epoch-duration", "4m"]
+        spawned = []
+        try:
+            submit = _popen([*base, *args], env)
+            spawned.append(submit)
+            c.job_id = int(Output(submit).wait_for(r"job (\d+) created", 300).group(1))
+            watch = _popen([*base, "job", "watch", str(c.job_id)], env)
+            spawned.append(watch)
+            watched = Output(watch)
+            for r in range(3):
+                c.spawn_referee(r)
+            c.spawn(0, ["collude"])
+            c.spawn(1, ["collude"])
+            c.spawn(2)
+            c.wait(c.ended, 1000, "the job to end")
+            assert submit.wait(timeout=120) == 0, "the caller stops serving once the job ended"
+            assert watch.wait(timeout=120) == 0, "\n".join(watched.lines)
+        finally:
+            for p in spawned:
+                if p.poll() is None:
+                    p.kill()
+        _overturned(c, [2], [0, 1], SlashReason.FABRICATION)
+        assert any("COMPLETED" in line.upper() for line in watched.lines), watched.lines
+    assert min(counts[k] for k in FAULTS) >= 10, counts
+    retried = [p.name for p in c.procs if "failed (" in (p.data_dir / "stdout.log").read_text()]
+    assert len(retried) >= 4, retried  # members and referees said so, and went on
+
+
+def _popen(cmd: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
 
 
 @pytest.mark.timeout(1200)

@@ -175,6 +175,11 @@ class Cluster:
         self.create_job = create_job  # False: the test submits the job itself (set job_id)
         self.procs: list[Proc] = []
         self.job_id = 0
+        self.node_rpc = ""  # the RPC the nodes and referees use, when not the chain's own
+
+    @property
+    def rpc(self) -> str:
+        return self.node_rpc or self.chain.url
 
     def __enter__(self) -> Cluster:
         from dtrain import BSM, LocalChain
@@ -216,9 +221,7 @@ class Cluster:
         self, name: str, account: Any, faults: list[str], linger: float, keep: float = 0.0
     ) -> Proc:
         o = self.options
-        config = NodeConfig(
-            self.chain.url, self.bsm.address, self.job_id, o.round_deadline, linger, keep
-        )
+        config = NodeConfig(self.rpc, self.bsm.address, self.job_id, o.round_deadline, linger, keep)
         p = spawn_node(name, account, self.tmp / name, config, faults)
         self.procs.append(p)
         return p
@@ -231,7 +234,7 @@ class Cluster:
         name = f"referee{i + 1}"
         data_dir = self.tmp / name
         data_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "dtrain.cli", "--rpc-url", self.chain.url]
+        cmd = [sys.executable, "-m", "dtrain.cli", "--rpc-url", self.rpc]
         cmd += ["--contract", self.bsm.address, "--key", account.key, "--json", "node"]
         cmd += ["referee", "--data-dir", str(data_dir)]
         out = open(data_dir / "stdout.log", "w")  # noqa: SIM115 - closed once the child has it

@@ -486,7 +486,8 @@ def node_referee(ctx: Ctx, data_dir: Path | None, from_block: int) -> None:
         with open(data_dir / "metrics.jsonl", "a") as f:
             f.write(_json.dumps(rec) + "\n")
 
-    logging.basicConfig(level=logging.INFO, format=PLAIN_FORMAT, datefmt=DATE_FORMAT)
+    # force: an import that logged first left a handler (in a forked node, the server's stderr)
+    logging.basicConfig(level=logging.INFO, format=PLAIN_FORMAT, datefmt=DATE_FORMAT, force=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
