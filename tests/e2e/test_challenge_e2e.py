@@ -104,7 +104,9 @@ def _overturned(
     assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 
-def _cluster(tmp_path, operators: int, steps: int, window: int = WINDOW) -> Cluster:
+def _cluster(
+    tmp_path, operators: int, steps: int, window: int = WINDOW, epoch_duration: int = 240
+) -> Cluster:
     return Cluster(
         tmp_path,
         operators=operators,
@@ -112,7 +114,7 @@ def _cluster(tmp_path, operators: int, steps: int, window: int = WINDOW) -> Clus
         steps=steps,
         sync=2,
         round_deadline=4.0,
-        epoch_duration=240,
+        epoch_duration=epoch_duration,
         challenge_window=window,
         referees=3,
     )
@@ -143,8 +145,10 @@ def test_two_sybils_that_name_files_nobody_has_and_stall_every_fetch_are_still_o
     request "found" and then send nothing, so that each file and colluder costs a referee the
     fetch's idle timeout (a minute: four of them, past the commit phase). The referees fetch
     every file at once, each from its namers first, all within half a window: they still
-    commit in time and the honest member's vote stands."""
-    with _cluster(tmp_path, 3, 8) as c:
+    commit in time and the honest member's vote stands. The epoch is the shortest the chain
+    allows: the honest member's spot check of a colluder's state, stalled the same way (three
+    tries of 30 s), would outlast its commit deadline; it drops the check and votes in time."""
+    with _cluster(tmp_path, 3, 8, epoch_duration=60) as c:
         for r in range(3):
             c.spawn_referee(r)
         c.spawn(0, ["collude", "stall"])
@@ -152,6 +156,8 @@ def test_two_sybils_that_name_files_nobody_has_and_stall_every_fetch_are_still_o
         c.spawn(2)
         c.wait(c.ended, 1000, "the job to end")
         _overturned(c, [2], [0, 1], SlashReason.FABRICATION, phantoms=2)
+        (cut,) = [m for m in c.metrics(2) if m["kind"] == "replay_claims_dropped"]
+        assert not cut["drained"], "a stalled check was still running when the vote went in"
 
 
 @pytest.mark.timeout(1200)

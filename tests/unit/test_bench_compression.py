@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(600)
 def test_bench_compression_quick_runs_through(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "scripts/bench_compression.py"), "--quick"]
-    cmd += ["--steps", "48", "--out", str(tmp_path)]
+    cmd += ["--steps", "16", "--out", str(tmp_path)]  # every local arm syncs at least once
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=570)
     assert done.returncode == 0, done.stderr[-2000:]
     recs = json.loads((tmp_path / "compression.json").read_text())

@@ -36,7 +36,12 @@ from dtrain_node.errors import (
 )
 from dtrain_node.operator import evidence, replaycheck, roundstate, spotcheck
 from dtrain_node.operator.checkpoints import Checkpoints
-from dtrain_node.operator.deadlines import reconcile_deadline, round_deadline, round_patience
+from dtrain_node.operator.deadlines import (
+    VOTE_MARGIN_S,
+    reconcile_deadline,
+    round_deadline,
+    round_patience,
+)
 from dtrain_node.operator.epochchecks import CheckSetup, EpochChecks
 from dtrain_node.operator.faults import AHEAD_WAIT_S, Faults, RoundContext
 from dtrain_node.operator.replaycheck import ClaimHead
@@ -217,7 +222,10 @@ class EpochTrainer:
             self._round(r)
         self._reconcile()
         if self.checks is not None:
-            self.checks.finish(self.first_diverged, self.canonical)
+            # Checks never cost us the vote: a member that stalls its state holds us up
+            # only until what the vote itself needs before the commit deadline.
+            left = self.job.deadline - time.time() - VOTE_MARGIN_S
+            self.checks.finish(self.first_diverged, self.canonical, max(0.0, left))
         return self._finish()
 
     def _build(self) -> None:

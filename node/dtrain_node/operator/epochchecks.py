@@ -125,12 +125,16 @@ class EpochChecks:
         )
 
     def finish(
-        self, first_diverged: int | None, canonical: Sequence[Sequence[tuple[str, str]]]
+        self,
+        first_diverged: int | None,
+        canonical: Sequence[Sequence[tuple[str, str]]],
+        budget_s: float = DRAIN_S,
     ) -> list[claims.Claim]:
-        """Wait for the queued checks (up to DRAIN_S), then sign, save and serve the claims
-        that stand (`replaycheck.confirmed`); report each (`replay_claim`)."""
+        """Wait for the queued checks (up to DRAIN_S, and `budget_s`: the time the vote can
+        spare), then sign, save and serve the claims that stand (`replaycheck.confirmed`);
+        report each (`replay_claim`). A check still running is dropped, never claimed."""
         s = self.s
-        drained = self.checker.drain(DRAIN_S)
+        drained = self.checker.drain(min(DRAIN_S, budget_s))
         self.checker.stop()
         account = Account.from_key(s.key)
         failed = [o for o in self.checker.outcomes if o.reason is not None]
