@@ -12,7 +12,10 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 make --no-print-directory test-contracts >"$log" 2>&1 &
 forge=$!
-.venv/bin/python -m pytest -q -n "$workers" --dist load --maxschedchunk 1
+# One thread per torch in each worker and in what it starts: the workers already fill the
+# cores, and more threads only spin against each other (tests that want more ask for them).
+OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+  .venv/bin/python -m pytest -q -n "$workers" --dist load --maxschedchunk 1
 py=$?
 wait "$forge"
 contracts=$?
