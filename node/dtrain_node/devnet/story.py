@@ -87,7 +87,6 @@ class Story:
             },
         )
         self.procs: list[Proc] = []
-        self.members_by_epoch: dict[int, list[str]] = {}
         self.usd: Any = None  # TestUSD, with --x402 or --serve
         self.market: Any = None  # paid.Market, with --x402 or --serve
         self.purchase: dict = {}
@@ -147,19 +146,17 @@ class Story:
         return p
 
     def watch(self) -> None:
-        """Until the job ends, a node fails or the timeout: records each epoch's members and
-        starts the late joiner once the job runs (it joins at the next epoch boundary)."""
+        """Until the job ends, a node fails or the timeout; starts the late joiner once the
+        job runs (it joins at the next epoch boundary)."""
         from dtrain.models import JobStatus
 
         late = self.plan.late
         t_end = time.monotonic() + self.args.timeout
         while time.monotonic() < t_end:
             j = self.bsm.job(self.job_id)
-            if j.state.status == JobStatus.RUNNING:
-                self.members_by_epoch[j.state.epoch] = list(j.members)
-                if late is not None:
-                    self.spawn(late)
-                    late = None
+            if j.state.status == JobStatus.RUNNING and late is not None:
+                self.spawn(late)
+                late = None
             if j.state.status.is_ended:
                 break
             self.skip_idle_deadline(j.state.epoch)
@@ -179,6 +176,12 @@ class Story:
                 f"epoch {epoch}: nothing can happen before the next deadline but the deadline"
                 f" itself; the devnet's clock moves {to - now:.0f} s ahead to it"
             )
+
+    def members_by_epoch(self, events: list) -> dict[int, list[str]]:
+        """Each epoch's members, read from the chain at the block where its last attempt
+        started (a poll while it runs could straddle the boundary's promotion of joiners)."""
+        starts = {e.args["epoch"]: e.block for e in events if e.name == "EpochStarted"}
+        return {ep: list(self.bsm.job(self.job_id, b).members) for ep, b in starts.items()}
 
     def block_times(self, events: list) -> dict[int, int]:
         """Timestamps of the blocks where an epoch started or was finalized."""
@@ -231,7 +234,7 @@ class Story:
             escrow=self.spec.escrow,
             total_epochs=self.spec.total_epochs,
             events=events,
-            members_by_epoch=self.members_by_epoch,
+            members_by_epoch=self.members_by_epoch(events),
             credited=credited,
             wallets_before=self.wallets_before,
             bytes_out=bytes_out,
