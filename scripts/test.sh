@@ -3,8 +3,8 @@
 # end) while pytest spreads the Python suite over WORKERS processes (pytest-xdist): most
 # end-to-end tests wait on their nodes and the chain, so their waits overlap. Fails when either
 # suite fails. (`--maxschedchunk 1`, one test at a time, balances the workers: 33 min instead
-# of 40, docs/benchmarks.md; it is off until an x402 payment test that failed in 2 of 3 such
-# runs, and never in whole blocks, is understood.)
+# of 40, docs/benchmarks.md; it is off until an x402 payment test that failed in 2 of its 3
+# runs, and in no run with the default hand-out, is understood.)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 workers="${1:-2}"
