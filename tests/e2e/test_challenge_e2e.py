@@ -104,6 +104,17 @@ def _overturned(
     assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 
+def _two_colluders_and_referees(c: Cluster, *faults: str) -> None:
+    """Three referees, members 0 and 1 colluding (with `faults` too), member 2 honest; until
+    the job ends."""
+    for r in range(3):
+        c.spawn_referee(r)
+    c.spawn(0, ["collude", *faults])
+    c.spawn(1, ["collude", *faults])
+    c.spawn(2)
+    c.wait(c.ended, 1000, "the job to end")
+
+
 def _cluster(
     tmp_path, operators: int, steps: int, window: int = WINDOW, epoch_duration: int = 240
 ) -> Cluster:
@@ -128,12 +139,7 @@ def test_two_sybils_certify_a_fabrication_and_one_honest_member_overturns_it(tmp
     reveal the honest member's vote; the epoch settles on it: the colluders are slashed for
     fabrication and unpaid, the honest member is paid and gets its bond back."""
     with _cluster(tmp_path, 3, 8) as c:
-        for r in range(3):
-            c.spawn_referee(r)
-        c.spawn(0, ["collude"])
-        c.spawn(1, ["collude"])
-        c.spawn(2)
-        c.wait(c.ended, 1000, "the job to end")
+        _two_colluders_and_referees(c)
         _overturned(c, [2], [0, 1], SlashReason.FABRICATION)
 
 
@@ -149,12 +155,7 @@ def test_two_sybils_that_name_files_nobody_has_and_stall_every_fetch_are_still_o
     allows: the honest member's spot check of a colluder's state, stalled the same way (three
     tries of 30 s), would outlast its commit deadline; it drops the check and votes in time."""
     with _cluster(tmp_path, 3, 8, epoch_duration=60) as c:
-        for r in range(3):
-            c.spawn_referee(r)
-        c.spawn(0, ["collude", "stall"])
-        c.spawn(1, ["collude", "stall"])
-        c.spawn(2)
-        c.wait(c.ended, 1000, "the job to end")
+        _two_colluders_and_referees(c, "stall")
         _overturned(c, [2], [0, 1], SlashReason.FABRICATION, phantoms=2)
         (cut,) = [m for m in c.metrics(2) if m["kind"] == "replay_claims_dropped"]
         assert not cut["drained"], "a stalled check was still running when the vote went in"
@@ -191,12 +192,7 @@ def test_a_challenged_job_goes_through_an_rpc_that_spoils_one_request_in_five(tm
             watch = _popen([*base, "job", "watch", str(c.job_id)], env)
             spawned.append(watch)
             watched = Output(watch)
-            for r in range(3):
-                c.spawn_referee(r)
-            c.spawn(0, ["collude"])
-            c.spawn(1, ["collude"])
-            c.spawn(2)
-            c.wait(c.ended, 1000, "the job to end")
+            _two_colluders_and_referees(c)
             assert submit.wait(timeout=120) == 0, "the caller stops serving once the job ended"
             assert watch.wait(timeout=120) == 0, "\n".join(watched.lines)
         finally:
