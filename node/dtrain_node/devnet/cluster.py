@@ -131,9 +131,14 @@ def skip_idle_deadline(bsm: Any, job_id: int, procs: list[Proc]) -> int:
         if not all(a in live and _said(ran[a], "fault_no_reveal", attempt) for a in unrevealed):
             return 0
         to = job.reveal_deadline + 1
-    bsm.w3.provider.make_request("evm_setNextBlockTimestamp", [to])
-    bsm.w3.provider.make_request("evm_mine", [])
+    _mine_at(bsm.w3, to)
     return to
+
+
+def _mine_at(w3: Any, timestamp: int) -> None:
+    """Mines a block dated `timestamp`: the chain's clock moves there."""
+    w3.provider.make_request("evm_setNextBlockTimestamp", [timestamp])
+    w3.provider.make_request("evm_mine", [])
 
 
 def _said_ever(p: Proc | None, kind: str) -> bool:
@@ -294,9 +299,7 @@ class Cluster:
         said = [(p, "files_named") for p in members] + [(p, "verdict_prepared") for p in referees]
         if not all(_said(p, kind, attempt) for p, kind in said):
             return False
-        w3 = self.bsm.w3
-        w3.provider.make_request("evm_setNextBlockTimestamp", [end])
-        w3.provider.make_request("evm_mine", [])
+        _mine_at(self.bsm.w3, end)
         return True
 
     def ended(self) -> bool:
