@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # `make test`: the contracts' forge tests in the background (their output kept and shown at the
 # end) while pytest spreads the Python suite over WORKERS processes (pytest-xdist): most
-# end-to-end tests wait on their nodes and the chain, so their waits overlap. Fails when either
-# suite fails. (`--maxschedchunk 1`, one test at a time, balances the workers: 33 min instead
-# of 40, docs/benchmarks.md; it is off until an x402 payment test that failed in 2 of its 3
-# runs, and in no run with the default hand-out, is understood.)
+# end-to-end tests wait on their nodes and the chain, so their waits overlap. Each worker holds
+# one running test and one queued (`--maxschedchunk 1`), handed out longest first (tests/conftest.py),
+# so both workers stay busy to the end. Fails when either suite fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 workers="${1:-2}"
@@ -15,7 +14,7 @@ forge=$!
 # One thread per torch in each worker and in what it starts: the workers already fill the
 # cores, and more threads only spin against each other (tests that want more ask for them).
 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-  .venv/bin/python -m pytest -q -n "$workers" --dist load
+  .venv/bin/python -m pytest -q -n "$workers" --dist load --maxschedchunk 1
 py=$?
 wait "$forge"
 contracts=$?

@@ -25,3 +25,15 @@ def test_a_revert_puts_the_chain_clock_back_on_the_wall_clock(bsm) -> None:
     revert(w3, snap)
     before = int(time.time())
     assert _mined(w3) >= before
+
+
+def test_a_revert_keeps_to_the_system_clock_while_a_test_patches_time(bsm, monkeypatch) -> None:
+    """A test that moves `time.time` on for the code under test (an hour, as the CLI's
+    finalize test does) and leaves the patch to its teardown does not start the next test's
+    chain an hour ahead: an x402 payment signed for the next 5 minutes would be expired."""
+    w3 = bsm.w3
+    snap = w3.provider.make_request("evm_snapshot", [])["result"]
+    real = time.time()
+    monkeypatch.setattr("time.time", lambda: real + 3600)
+    revert(w3, snap)
+    assert _mined(w3) < real + 600

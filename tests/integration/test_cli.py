@@ -620,12 +620,17 @@ def test_finalize_on_an_idle_chain_past_the_deadline(run, bsm, accounts, monkeyp
         "reveals are open until "
     )
     assert err.rstrip().endswith("; run this again after that") and " (in " in err
-    monkeypatch.setattr("dtrain.cli.job.time.time", lambda: float(late))  # the wall clock moved on
     bsm.w3.provider.make_request("evm_setNextBlockTimestamp", [late])  # the next block is now
     assert bsm.latest_block_timestamp() <= job.reveal_deadline  # ...the latest one is stale
     with pytest.raises(errors.EpochNotFinalizable):  # what an estimate says
         bsm.finalize_epoch(job_id, 0)
-    code, out, err = run("job", "finalize", str(job_id), key=accounts[6].key)
+    # The wall clock moved on, for the CLI only and only here: `time.time` is the time module's
+    # own attribute, and a patch left to the test's teardown would still hold when the chain
+    # fixture puts the chain's clock back on the wall clock (the next test's chain would start
+    # an hour ahead, and an x402 payment signed for the next 5 minutes would be expired).
+    with monkeypatch.context() as wall:
+        wall.setattr("dtrain.cli.job.time.time", lambda: float(late))
+        code, out, err = run("job", "finalize", str(job_id), key=accounts[6].key)
     assert code == 0, err
     assert out.startswith(f"epoch 1/1 of job {job_id} settled\n")
     assert "  Slashed: " in out and "reason dropout" in out
