@@ -28,6 +28,7 @@ def read(junit: Path) -> list[dict[str, object]]:
             if case.find(tag) is not None:
                 outcome = tag
         module = case.get("classname", "").split(".")
+        cpu = case.find("properties/property[@name='cpu_s']")
         # pytest's classname: tests.e2e.test_x (or tests.e2e.test_x.Class)
         path = "/".join(p for p in module if not p[:1].isupper()) + ".py"
         out.append(
@@ -35,6 +36,7 @@ def read(junit: Path) -> list[dict[str, object]]:
                 "module": path,
                 "test": case.get("name", ""),
                 "seconds": round(float(case.get("time", "0") or 0), 2),
+                "cpu_s": round(float(cpu.get("value", "0")), 2) if cpu is not None else None,
                 "outcome": outcome,
             }
         )
@@ -44,19 +46,24 @@ def read(junit: Path) -> list[dict[str, object]]:
 def summarize(cases: list[dict[str, object]], top: int = 15) -> dict[str, object]:
     by_module: dict[str, float] = defaultdict(float)
     by_dir: dict[str, float] = defaultdict(float)
+    cpu_by_dir: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     for c in cases:
         m, s = str(c["module"]), float(c["seconds"])  # type: ignore[arg-type]
         by_module[m] += s
         d = "/".join(m.split("/")[:2])
         by_dir[d] += s
+        cpu_by_dir[d] += float(c.get("cpu_s") or 0)  # type: ignore[arg-type]
         count[d] += 1
     slowest = sorted(cases, key=lambda c: -float(c["seconds"]))[:top]  # type: ignore[arg-type]
     modules = sorted(((m, round(s, 1)) for m, s in by_module.items()), key=lambda kv: -kv[1])
     return {
         "tests": len(cases),
         "seconds": round(sum(by_dir.values()), 1),
-        "by_dir": {d: {"tests": count[d], "seconds": round(s, 1)} for d, s in by_dir.items()},
+        "by_dir": {
+            d: {"tests": count[d], "seconds": round(s, 1), "cpu_s": round(cpu_by_dir[d], 1)}
+            for d, s in by_dir.items()
+        },
         "by_module": dict(modules),
         "slowest": slowest,
     }
@@ -68,14 +75,15 @@ def table(s: dict[str, object], wall: float | None) -> str:
         lines.append(f"`make test` from a fresh clone: {wall / 60:.1f} min wall in all.\n")
     lines += [
         f"pytest: {s['tests']} tests, {float(s['seconds']) / 60:.1f} min of test time.\n",  # type: ignore[arg-type]
-        "| directory | tests | minutes |",
-        "|---|---:|---:|",
+        "| directory | tests | minutes | CPU minutes |",
+        "|---|---:|---:|---:|",
     ]
     for d, v in sorted(s["by_dir"].items(), key=lambda kv: -kv[1]["seconds"]):  # type: ignore[union-attr]
-        lines.append(f"| {d} | {v['tests']} | {v['seconds'] / 60:.1f} |")
-    lines += ["", "| slowest tests | s |", "|---|---:|"]
+        lines.append(f"| {d} | {v['tests']} | {v['seconds'] / 60:.1f} | {v['cpu_s'] / 60:.1f} |")
+    lines += ["", "| slowest tests | s | CPU s |", "|---|---:|---:|"]
     for c in s["slowest"]:  # type: ignore[union-attr]
-        lines.append(f"| {c['module']}::{c['test']} | {c['seconds']:.0f} |")
+        cpu = "" if c.get("cpu_s") is None else f"{c['cpu_s']:.0f}"
+        lines.append(f"| {c['module']}::{c['test']} | {c['seconds']:.0f} | {cpu} |")
     return "\n".join(lines)
 
 
