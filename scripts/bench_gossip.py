@@ -8,15 +8,22 @@ node (start of the round, i.e. publishing its commitment, to "all members' packe
 lost rounds and memory.
 
     python scripts/bench_gossip.py [--quick] [--out DIR]
+    python scripts/bench_gossip.py --withhold-stall [--busy 2] [--out DIR]
 
 Writes DIR/gossip.json (list of records) and DIR/gossip.md (table); DIR is docs/bench (full) or
 docs/bench/quick (--quick) unless --out is given. Run it under `nice` on a shared machine.
+
+--withhold-stall: one member of 4 commits every round, never reveals and holds every sync
+request open until the asker's timeout, at D = 4 s and settle = 2 s, beside BUSY CPU-bound
+loops (default 2); the honest members' round times against D + settle go to
+DIR/gossip_stall.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -84,6 +91,70 @@ def run_one(nodes: int, params: int, rounds: int, deadline_s: float) -> dict[str
     }
 
 
+STALL_GOSSIP = {"round_deadline_s": 4.0, "settle_s": 2.0}
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def run_stall(nodes: int, rounds: int, busy: int) -> dict[str, Any]:
+    """The honest members' round times while the last member withholds and stalls sync."""
+    loops = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(busy)]
+    for p in loops:
+        p.start()
+    staller = {"withhold_rounds": list(range(rounds)), "stall_sync": True}
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-stall-") as tmp:
+            c = Cluster(
+                Path(tmp),
+                nodes,
+                rounds=rounds,
+                params=1_000_000,
+                gossip=STALL_GOSSIP,
+                per_node={nodes - 1: staller},
+                distinct_packets=4,
+            )
+            try:
+                c.spawn()
+                c.start(timeout=180)
+                results = c.wait_done(list(range(nodes - 1)), timeout=rounds * 30 + 120)
+            finally:
+                c.close()
+    finally:
+        for p in loops:
+            p.kill()
+    lat = sorted(r["latency_s"] for res in results for r in res["rounds"])
+    bound = STALL_GOSSIP["round_deadline_s"] + STALL_GOSSIP["settle_s"]
+    return {
+        "nodes": nodes,
+        "rounds": rounds,
+        "busy_loops": busy,
+        "bound_s": bound,
+        "median_round_s": statistics.median(lat),
+        "p95_round_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+        "max_round_s": lat[-1],
+        "rounds_over_bound_plus_1s": sum(x > bound + 1.0 for x in lat),
+        "round_samples": len(lat),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def stall_table(records: list[dict[str, Any]]) -> str:
+    head = (
+        "| nodes (1 staller) | rounds | busy loops | D + settle | median round | p95 | max "
+        "| rounds > D + settle + 1 s |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    rows = [
+        f"| {r['nodes']} | {r['rounds']} | {r['busy_loops']} | {r['bound_s']:.0f} s "
+        f"| {r['median_round_s']:.2f} s | {r['p95_round_s']:.2f} s | {r['max_round_s']:.2f} s "
+        f"| {r['rounds_over_bound_plus_1s']} of {r['round_samples']} |"
+        for r in records
+    ]
+    return head + "\n".join(rows) + "\n"
+
+
 def table(records: list[dict[str, Any]]) -> str:
     head = (
         "| nodes | params | packet | rounds | lost | median round | p95 round | rounds/s "
@@ -108,7 +179,11 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, nargs="*", default=None)
     ap.add_argument("--params", type=int, nargs="*", default=None)
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--withhold-stall", action="store_true", help="the staller's rounds")
+    ap.add_argument("--busy", type=int, default=2, help="CPU-bound loops beside the stall run")
     args = ap.parse_args()
+    if args.withhold_stall:
+        return stall_main(args)
     if args.quick:
         nodes, params, rounds = [2, 4], [10_000_000, 100_000_000], 20
     else:
@@ -127,6 +202,17 @@ def main() -> int:
             (out / "gossip.json").write_text(json.dumps(records, indent=1) + "\n")
     md = table(records)
     (out / "gossip.md").write_text(md)
+    print(md)
+    return 0
+
+
+def stall_main(args: argparse.Namespace) -> int:
+    out = args.out or ROOT / "docs" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    records = [run_stall(n, args.rounds or 12, args.busy) for n in (args.nodes or [4])]
+    (out / "gossip_stall.json").write_text(json.dumps(records, indent=1) + "\n")
+    md = stall_table(records)
+    (out / "gossip_stall.md").write_text(md)
     print(md)
     return 0
 

@@ -114,11 +114,13 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         // A challenge the referees upheld cost its challenger the bond, unless it proved a
         // member's packet false by replay, or the challenger is a voter of another vote whose
         // own transcript leads to that vote (it had to dispute to be judged on it); one they
-        // could not judge (no majority, too small a jury) costs it nothing. A verdict's
-        // referees are paid from the bond whatever they decided: their pay cannot bias them.
+        // could not judge (no majority, too small a jury) changed nothing but delayed every
+        // member's pay, and costs it a quarter of the bond. A verdict's referees are paid from
+        // the bond whatever they decided: their pay cannot bias them.
         address treasury = _params.treasury;
         bool excused = verdict == bytes32(0) || overturned || ch.uncertified || ch.findings >> _CAUGHT_SHIFT != 0
             || (_votesOf[attempt][ch.challenger] != verdict && _isConsistent(jobId, ch.challenger, ch.findings));
+        if (verdict == bytes32(0)) (fee, slashed) = (bond / 4, slashed + bond / 4); // to the treasury
         _credit(excused ? ch.challenger : treasury, bond - fee);
         if (slashed > 0) _credit(treasury, slashed);
         emit ChallengeResolved(jobId, epoch, verdict, overturned);

@@ -7,7 +7,7 @@ import {IDistributedTrainingBSMSeats} from "./interfaces/IDistributedTrainingBSM
 import {BSMStorage} from "./BSMStorage.sol";
 
 /// @title BSMSeats
-/// @notice The seat draw of IDistributedTrainingBSMSeats, part of the views extension: it runs
+/// @notice The seat draw of IDistributedTrainingBSMSeats, part of the hooks extension: it runs
 /// on the BSM's storage, among the applicants the BSM's `_join` recorded as members of the
 /// `Open` job.
 abstract contract BSMSeats is BSMStorage, IDistributedTrainingBSMSeats {

@@ -382,7 +382,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     mapping(uint64 attempt => mapping(bytes32 verdict => uint8)) internal _verdictCounts;
 
     // ---------------------------------------------------------------- seat draw
-    // Scheduled by the BSM's `_join`, drawn by the views extension (BSMSeats).
+    // Scheduled by the BSM's `_join`, drawn by the hooks extension (BSMSeats).
 
     /// An applicant's weight in a seat draw is its self-stake up to this many `minStake`.
     uint256 internal constant _SEAT_WEIGHT_CAP = 10;

@@ -6,6 +6,7 @@ import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
 import {IDistributedTrainingBSMActions} from "./interfaces/IDistributedTrainingBSM.sol";
 import {TangleTypes} from "./interfaces/IBlueprintServiceManager.sol";
 import {BSMStakingActions} from "./BSMStaking.sol";
+import {BSMSeats} from "./BSMSeats.sol";
 
 /// @title DistributedTrainingBSMHooks
 /// @notice tnt-core's IBlueprintServiceManager (see the interface for the pinned commit and how
@@ -14,7 +15,8 @@ import {BSMStakingActions} from "./BSMStaking.sol";
 /// 500k gas cap at 32 members, and operator identity comes only from an `operator` argument
 /// the core vouches for or an EIP-712 signature by the operator. What changes state runs in the
 /// BSM itself through `hookAction` (a call to this same address, which only the BSM may make).
-contract DistributedTrainingBSMHooks is BSMStakingActions {
+/// It also holds the seat draw (BSMSeats), reached the same way.
+contract DistributedTrainingBSMHooks is BSMStakingActions, BSMSeats {
     /// Job ids of `onJobCall` / `onJobResult` (0 is reserved: jobs are created with `createJob`).
     uint8 public constant JOIN = _JOIN;
     uint8 public constant LEAVE = _LEAVE;

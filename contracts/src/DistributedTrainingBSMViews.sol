@@ -6,7 +6,6 @@ import {IAttestationVerifier} from "./interfaces/IAttestationVerifier.sol";
 import {BSMStorage} from "./BSMStorage.sol";
 import {BSMTokenPayments} from "./BSMTokenPayments.sol";
 import {BSMChallenges} from "./BSMChallenges.sol";
-import {BSMSeats} from "./BSMSeats.sol";
 import {GossipEnvelope} from "./libraries/GossipEnvelope.sol";
 
 /// @title DistributedTrainingBSMViews
@@ -15,14 +14,8 @@ import {GossipEnvelope} from "./libraries/GossipEnvelope.sol";
 /// on the BSM's storage; called directly, it reads its own empty state. What it does not
 /// implement either (the Tangle hooks) it delegates on to the hooks extension. It also holds
 /// the entry points of jobs paid in ERC-20 tokens (BSMTokenPayments) and the challenge game
-/// (BSMChallenges) and the seat draw (BSMSeats).
-contract DistributedTrainingBSMViews is
-    BSMStorage,
-    BSMTokenPayments,
-    BSMChallenges,
-    BSMSeats,
-    IDistributedTrainingBSMViews
-{
+/// (BSMChallenges); the seat draw (BSMSeats) is in the hooks extension.
+contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, BSMChallenges, IDistributedTrainingBSMViews {
     address private immutable _HOOKS;
 
     constructor(address hooks) {

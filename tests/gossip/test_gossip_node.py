@@ -125,10 +125,11 @@ def test_member_committing_after_the_others_closed_withdraws_and_all_agree(tmp_p
     """A member that begins round 0 after the others closed their commit phase, while they still
     wait in step 3 for it to close its own: its commitment is late at both, so it withdraws
     (does not reveal) and all three apply the round without it; round 1 has all three."""
-    # rounds: C = 0.75 s; the others hold in step 3 until the late member closes (or C + 4 s)
-    cfg = {"round_deadline_s": 1.0, "settle_s": 4.0, "request_timeout_s": 1.0}
-    # 2 s late: the others' commit deadline (0.75 s in) is long past
-    members, results, metrics = _three_with_a_late_member(tmp_path, cfg, 2.0, rounds=2)
+    # rounds: C = 1.5 s; the others hold in step 3 until the late member closes (or C + 4 s).
+    # (At C = 0.75 s a loaded machine began round 1 at one node more than C after the others.)
+    cfg = {"round_deadline_s": 2.0, "settle_s": 4.0, "request_timeout_s": 1.0}
+    # 3 s late: the others' commit deadline (1.5 s in) is long past
+    members, results, metrics = _three_with_a_late_member(tmp_path, cfg, 3.0, rounds=2)
     first = [[s for s, _ in results[i][0].packets] for i in range(3)]
     assert first == [sorted(members[:2])] * 3, first
     assert metrics[2]["withdrawn"] == 1 and metrics[2]["commit_timeouts"] == 0

@@ -890,8 +890,9 @@ interface IDistributedTrainingBSMTokens is IDistributedTrainingBSMTypes {
 /// only: the result is one bit string) and commit, then reveal, the (checkpoint,
 /// participation) vote they get. The referees' majority is the verdict: the epoch settles on
 /// it as if a quorum had voted it (members that voted otherwise are slashed for fabrication),
-/// the challenger gets its bond back if the verdict overturns the certified vote (or there is
-/// none) and loses it to the treasury if it upholds it; referees off the majority are slashed.
+/// the challenger gets its bond back if the verdict overturns the certified vote, three
+/// quarters of it if there is none (a dispute that changed nothing delayed every member's pay),
+/// and loses it to the treasury if it upholds it; referees off the majority are slashed.
 /// Each phase (apply, commit, reveal) lasts `challengeWindow`; the epoch cannot be finalized
 /// while its challenge is open. Implemented in the views extension.
 interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
@@ -940,10 +941,11 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     /// slashed at the fabrication rate, drawn referees that never committed at the dropout
     /// rate. Without a verdict (no majority, or too small a jury) only a referee that
     /// committed and never revealed is slashed. The
-    /// challenger's bond comes back when the verdict overturns the certified vote, when there
-    /// is no verdict, when the referees caught a member (a fraud claim proven by replay), or
-    /// when the challenger voted another vote and the verdict finds it consistent (a voter of
-    /// the verdict disputing it pays like anyone).
+    /// challenger's bond comes back when the verdict overturns the certified vote, when the
+    /// referees caught a member (a fraud claim proven by replay), or when the challenger voted
+    /// another vote and the verdict finds it consistent (a voter of the verdict disputing it
+    /// pays like anyone); without a verdict three quarters of it come back and a quarter goes
+    /// to the treasury.
     function resolveChallenge(uint256 jobId, uint256 epoch) external;
     /// @notice The challenge of epoch attempt `attempt` (see `JobState.attempt`).
     function challengeOf(uint64 attempt) external view returns (ChallengeInfo memory);
@@ -965,7 +967,7 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
 /// `SEAT_WEIGHT_CAP` x `minStake` as of the sealing block, releases the others and starts the
 /// epoch. No stake moved and no transaction chosen after the seal changes the draw. Joins of
 /// a running job fill its free seats for the next epoch in order, as without a draw.
-/// Implemented in the views extension.
+/// Implemented in the hooks extension.
 interface IDistributedTrainingBSMSeats is IDistributedTrainingBSMTypes {
     /// @notice Seals, then (called again once the seed block is mined) draws the seats of `Open`
     /// job `jobId` among its applicants and starts its epoch; anyone may call it once

@@ -720,12 +720,7 @@ contract Handler is Test {
         (bytes32 verdict, uint256 consistent, bool excused) = _judged(id, challenger);
         uint256 caught = bsm.challengeOf(_attemptOf(id)).caught;
         bool backToChallenger = verdict == bytes32(0) || verdict != certified || excused || caught != 0;
-        // the bond less what the verdict's referees are paid
-        uint256 kept = bsm.params().challengeBond - _expectedFee;
-        uint256 toTreasury = bsm.creditOf(treasury) - t0;
-        if (challenger == treasury) toTreasury -= kept;
-        else if (bsm.creditOf(challenger) - c0 != (backToChallenger ? kept : 0)) ++ghostChallengeViolations;
-        if (toTreasury != slashed + (backToChallenger ? 0 : kept)) ++ghostChallengeViolations;
+        _checkBond(challenger, t0, c0, slashed, verdict == bytes32(0), backToChallenger);
         ghostSlashed += slashed;
         if (slashed > 0) ++ghostRefereesSlashed;
         if (verdict != bytes32(0)) ++ghostVerdicts;
@@ -733,6 +728,20 @@ contract Handler is Test {
         if (verdict != bytes32(0) && consistent != 0) ++ghostConsistentVerdicts;
         if (verdict != bytes32(0) && caught != 0) ++ghostCaughtVerdicts;
         if (_expectedFee > 0) ++ghostPaidVerdicts;
+    }
+
+    /// The bond less what the verdict's referees are paid (and less a quarter, to the
+    /// treasury, without a verdict) went to the challenger or to the treasury; every referee
+    /// slash to the treasury.
+    function _checkBond(address challenger, uint256 t0, uint256 c0, uint256 slashed, bool noVerdict, bool back)
+        internal
+    {
+        uint256 cost = noVerdict ? bsm.params().challengeBond / 4 : 0;
+        uint256 kept = bsm.params().challengeBond - _expectedFee - cost;
+        uint256 toTreasury = bsm.creditOf(treasury) - t0;
+        if (challenger == treasury) toTreasury -= kept;
+        else if (bsm.creditOf(challenger) - c0 != (back ? kept : 0)) ++ghostChallengeViolations;
+        if (toTreasury != slashed + cost + (back ? 0 : kept)) ++ghostChallengeViolations;
     }
 
     function _attemptOf(uint256 id) internal view returns (uint64) {

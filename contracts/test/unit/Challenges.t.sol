@@ -245,12 +245,17 @@ contract WrongChallengeTest is ChallengeBase {
         assertConserved();
     }
 
-    function test_unrefereedChallenge_bondBack_certifiedStands() public {
+    /// A dispute nobody could judge changed nothing and held every member's pay for three
+    /// windows: it is not free (a quarter of the bond to the treasury), or a member could
+    /// delay every epoch's pay at no cost.
+    function test_unrefereedChallenge_costsAQuarterOfTheBond_certifiedStands() public {
         (uint256 jobId, address[] memory ops) = certify(2, 1, MIN_STAKE, keccak256("fabricated"));
         challengeAs(ops[2], jobId);
         vm.warp(block.timestamp + 3 * WINDOW);
+        uint256 treasury0 = bsm.creditOf(treasury);
         bsm.resolveChallenge(jobId, 0);
-        vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND);
+        vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND * 3 / 4);
+        vm.assertEq(bsm.creditOf(treasury) - treasury0, CHALLENGE_BOND / 4);
         finalizeNow(jobId);
         vm.assertEq(bsm.epochCheckpoint(jobId, 0), keccak256("fabricated"));
         assertConserved();
@@ -315,7 +320,8 @@ contract RefereeTest is ChallengeBase {
         // never committed (the files it needed may never have been served)
         vm.assertEq(bsm.stakeOf(refs[1], refs[1]), 2 * MIN_STAKE * 9 / 10);
         vm.assertEq(bsm.stakeOf(refs[2], refs[2]), 2 * MIN_STAKE, "absence is not guilt");
-        vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND, "no verdict: the bond goes back");
+        // a dispute that changed nothing delayed everyone's pay: a quarter of the bond
+        vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND * 3 / 4, "no verdict: three quarters back");
         assertConserved();
     }
 
@@ -345,7 +351,7 @@ contract RefereeTest is ChallengeBase {
         for (uint256 i; i < refs.length; ++i) {
             vm.assertEq(bsm.stakeOf(refs[i], refs[i]), 2 * MIN_STAKE);
         }
-        vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND);
+        vm.assertEq(bsm.creditOf(ops[2]), CHALLENGE_BOND * 3 / 4, "no verdict: a quarter of the bond");
         assertConserved();
     }
 

@@ -145,7 +145,7 @@ class RoundCollector:
         connection) is not."""
         st = self._state
         while pending() and time.monotonic() < patient:
-            views = await self._sync.ask_all(rnd)
+            views = await self._sync.ask_all(rnd, by=patient)
             behind = [v for v in views.values() if v is None or v.phase == Phase.NOT_STARTED]
             if not any(v is None or v.reachable for v in behind) or not pending():
                 return
@@ -161,7 +161,7 @@ class RoundCollector:
         st = self._state
         ours = (st.account.address, digest)
         while True:
-            views = list((await self._sync.ask_all(rnd)).values())
+            views = list((await self._sync.ask_all(rnd, by=hard)).values())
             live = [v for v in views if v is None or v.reachable]
             if not live:
                 return True  # nobody left to disagree with
@@ -215,7 +215,7 @@ class RoundCollector:
         next_pull = t0 + interval
         while pending() and time.monotonic() < deadline:
             if time.monotonic() >= next_pull:
-                await self._sync.ask_all(rnd)
+                await self._sync.ask_all(rnd, by=deadline)
                 next_pull = time.monotonic() + interval
                 interval = min(interval * 2, base * 8)
                 continue
@@ -254,7 +254,7 @@ class RoundCollector:
     ) -> bool:
         st = self._state
         while True:
-            views = await self._sync.ask_all(rnd)
+            views = await self._sync.ask_all(rnd, by=hard)
             if not pending():
                 return True
             live = [v for v in views.values() if v is None or v.reachable]

@@ -27,6 +27,7 @@ class Metrics:
     recovered: int = 0  # envelopes we got from sync replies
     re_requests: int = 0
     rate_limited: int = 0
+    stalled_sync: int = 0  # fault `stall_sync`: sync requests held open and never answered
     settle_timeouts: int = 0
     commit_timeouts: int = 0  # rounds revealed before the peers agreed on the commitments
     waited_for_behind: int = 0  # pulls past the commit deadline for a member not begun yet
@@ -59,6 +60,7 @@ class Metrics:
             "recovered": self.recovered,
             "re_requests": self.re_requests,
             "rate_limited": self.rate_limited,
+            "stalled_sync": self.stalled_sync,
             "settle_timeouts": self.settle_timeouts,
             "commit_timeouts": self.commit_timeouts,
             "reconcile_timeouts": self.reconcile_timeouts,

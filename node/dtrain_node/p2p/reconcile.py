@@ -81,7 +81,7 @@ class Reconciler:
                 }
                 if not ask:
                     continue
-                views = await self._sync.ask_all(r, ask)
+                views = await self._sync.ask_all(r, ask, by=end)
                 for pid in ask:
                     v = views.get(pid)
                     if v is None:

@@ -60,7 +60,9 @@ class SyncClient:
         self._accept = accept
         self._inflight: set[ID] = set()
 
-    async def ask_all(self, rnd: int, only: set[ID] | None = None) -> dict[ID, PeerView | None]:
+    async def ask_all(
+        self, rnd: int, only: set[ID] | None = None, by: float | None = None
+    ) -> dict[ID, PeerView | None]:
         """One sync request to every known peer, concurrently. None: no answer in time.
 
         The requests run in the host's long-lived nursery and we wait at most
@@ -68,6 +70,9 @@ class SyncClient:
         scope, which can hang on a half-dead connection where no timeout of ours reaches it.
         A peer whose previous request is still stuck is not asked again until it returns.
         only: ask these peers only (the answer still names every known peer).
+        by: never wait past this time.monotonic(), however long the request timeout: a peer
+        that holds our request open (slow or stalling on purpose) cannot stretch a round past
+        its own deadline; its request goes on and its answer counts when it comes.
         """
         st = self._state
         out: dict[ID, PeerView | None] = {}
@@ -89,7 +94,10 @@ class SyncClient:
         for pid in list(pending):
             st.nursery.start_soon(one, pid)
         if pending:
-            with trio.move_on_after(st.config.request_timeout_s + 0.5):
+            wait = st.config.request_timeout_s + 0.5
+            if by is not None:
+                wait = min(wait, max(0.0, by - time.monotonic()))
+            with trio.move_on_after(wait):
                 await done.wait()
         return {pid: out.get(pid) for pid in st.peers}
 
@@ -191,6 +199,10 @@ class SyncServer:
         if req.job_id != st.config.job_id or req.epoch != store.epoch:
             reply = wire.SyncReply(wire.SYNC_WRONG_JOB, 0, (), 0)
             await wire.write_frame(stream, self._signed(reply, req))
+            return
+        if st.config.stall_sync:  # fault: hold the request open, answer nothing
+            st.metrics.stalled_sync += 1
+            await trio.sleep(st.config.request_timeout_s * 0.95)  # the asker's timeout, about
             return
         rnd = req.round
         envs = store.commits_for(rnd, set(req.commits)) + store.envelopes_for(rnd, set(req.have))
