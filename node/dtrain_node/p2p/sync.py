@@ -70,9 +70,11 @@ class SyncClient:
         scope, which can hang on a half-dead connection where no timeout of ours reaches it.
         A peer whose previous request is still stuck is not asked again until it returns.
         only: ask these peers only (the answer still names every known peer).
-        by: never wait past this time.monotonic(), however long the request timeout: a peer
-        that holds our request open (slow or stalling on purpose) cannot stretch a round past
-        its own deadline; its request goes on and its answer counts when it comes.
+        by: wait only until this time.monotonic() (or one re-request interval, when it is
+        that close or past: a step's last look still hears the peers that answer at once),
+        however long the request timeout: a peer that holds our request open (slow or
+        stalling on purpose) cannot stretch a round past its own deadline; its request goes
+        on and its answer counts when it comes.
         """
         st = self._state
         out: dict[ID, PeerView | None] = {}
@@ -96,7 +98,7 @@ class SyncClient:
         if pending:
             wait = st.config.request_timeout_s + 0.5
             if by is not None:
-                wait = min(wait, max(0.0, by - time.monotonic()))
+                wait = min(wait, max(by - time.monotonic(), st.config.re_request_s))
             with trio.move_on_after(wait):
                 await done.wait()
         return {pid: out.get(pid) for pid in st.peers}
