@@ -36,12 +36,12 @@ def _worth(c: Cluster, address: str) -> int:
 
 def _kept(c: Cluster, events: list) -> int:
     """The challenge bond less the referees' pay: the referees that revealed the verdict
-    share half of it (none without a verdict)."""
+    share half of it; without a verdict a quarter goes to the treasury instead."""
     bond = c.bsm.params().challenge_bond
     (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
     key = bytes(resolved["verdictKey"])
     if not any(key):
-        return bond
+        return bond - bond // 4
     revealed = Counter(
         (bytes(e.args["voteKey"]), e.args["findings"])
         for e in events

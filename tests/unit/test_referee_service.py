@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dtrain.errors import TransactionFailed
+from dtrain.errors import RpcUnavailable, TransactionFailed
 from dtrain_node.operator.referee_service import Case, Memo, RefereeService
 
 WINDOW, OPENED, WORK_S = 30, 1_000, 40  # one pass of re-execution outlasts the apply phase
@@ -167,3 +167,32 @@ def test_on_a_chain_that_mines_by_itself_the_draw_waits_for_the_seed_block() -> 
     case = Case(1, 0, 3, "0x" + "ef" * 20, b"\x00" * 32, (), b"\x00" * 32)
     assert svc._drawn(case, threading.Event())
     assert sent == [7], "one transaction, once the seed block was the head"
+
+
+def test_an_rpc_that_stops_answering_for_a_while_does_not_end_the_referee() -> None:
+    """A referee that exits when its RPC stops answering for a few seconds misses the commit
+    of a challenge it was drawn for and is slashed for dropout: it polls again instead, and
+    still takes up the challenge that opened meanwhile."""
+    stop, judged, polls = threading.Event(), [], []
+
+    class Eth:
+        @property
+        def block_number(self) -> int:
+            polls.append(1)
+            if len(polls) <= 3:
+                raise RpcUnavailable("RPC unreachable: ConnectionError")
+            return 10
+
+    svc = RefereeService.__new__(RefereeService)
+    svc.bsm = SimpleNamespace(w3=SimpleNamespace(eth=Eth()))
+    svc.done = set()
+    svc._challenged = lambda first, last: [SimpleNamespace(first=first, last=last)]
+    svc._case = lambda e: Case(7, 0, 1, ME, b"", (), b"")
+
+    def judge(case: Case, stop_: threading.Event) -> None:
+        judged.append(case.job_id)
+        stop.set()
+
+    svc._judge_safely = judge
+    svc.run(stop)
+    assert len(polls) == 4 and judged == [7]

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from eth_account import Account
 
 from dtrain import UNWORKABLE, commitment_hash, findings, new_salt, vote_key
-from dtrain.errors import ContractError, DtrainError, TransactionFailed
+from dtrain.errors import ContractError, DtrainError, RpcUnavailable, TransactionFailed
 from dtrain_node.errors import CheckpointUnavailable, NodeError, TranscriptInvalid
 from dtrain_node.operator import claims, evidence, fraudcheck, referee
 from dtrain_node.operator.transport import peer_specs
@@ -106,10 +106,15 @@ class RefereeService:
         of its own (a challenge's phases take three windows; another may open meanwhile)."""
         threads: list[threading.Thread] = []
         while not stop.is_set():
-            head = self.bsm.w3.eth.block_number
-            new = [] if head < from_block else self._challenged(from_block, head)
-            for e in new:
-                case = self._case(e)
+            try:
+                head = self.bsm.w3.eth.block_number
+                new = [] if head < from_block else self._challenged(from_block, head)
+                cases = [self._case(e) for e in new]
+            except RpcUnavailable as exc:  # a drawn referee that exits is slashed for dropout
+                log.warning("%s: polling the chain again in %.1f s", exc, POLL_S)
+                stop.wait(POLL_S)
+                continue
+            for case in cases:
                 if (case.job_id, case.attempt) not in self.done:
                     self.done.add((case.job_id, case.attempt))
                     t = threading.Thread(target=self._judge_safely, args=(case, stop), daemon=True)
