@@ -44,6 +44,7 @@ from .errors import (
     WrongChain,
     decode_revert,
 )
+from .views import Views
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,9 @@ class BSM:
         self.address = Web3.to_checksum_address(address)
         self.account = account
         self.receipt_timeout = receipt_timeout
-        self.contract: Contract = w3.eth.contract(address=self.address, abi=artifacts.load().abi)
+        abi = artifacts.load().abi
+        self.contract: Contract = w3.eth.contract(address=self.address, abi=abi)
+        self._views = Views(w3, self.address, abi)
         self.chain_id = w3.eth.chain_id
 
     # ------------------------------------------------------------------ construction
@@ -377,12 +380,18 @@ class BSM:
         except (requests.exceptions.RequestException, OSError) as exc:
             raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
 
+    def _view(self, name: str, *args: Any, block: int | str = "latest") -> Any:
+        """A view of this contract by ABI name, as web3's call returns it (`views.Views`)."""
+        try:
+            return self._views.call(name, *args, block=block)
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
+
     def _read(self, name: str, *args: Any, block: int | str = "latest") -> Any:
         """A view's result by ABI name: one output as its value, several as a dict by output
         name; structs become dicts by component name (see `_named`)."""
-        fn = getattr(self.contract.functions, name)(*args)
-        result = self._call(fn, block)
-        outputs = fn.abi["outputs"]
+        result = self._view(name, *args, block=block)
+        outputs = self._views.abi(name)["outputs"]
         if len(outputs) == 1:
             return _named(outputs[0], result)
         return {o["name"]: _named(o, v) for o, v in zip(outputs, result, strict=True)}
@@ -553,27 +562,24 @@ class BSM:
         return self._transact(self.contract.functions.withdrawToken(_addr(token)))
 
     def token_credit_of(self, token: str, account: str) -> int:
-        return int(self._call(self.contract.functions.tokenCreditOf(_addr(token), _addr(account))))
+        return int(self._view("tokenCreditOf", _addr(token), _addr(account)))
 
     def pending_token_rewards(self, token: str, operator: str, account: str) -> int:
-        f = self.contract.functions.pendingTokenRewards(
-            _addr(token), _addr(operator), _addr(account)
-        )
-        return int(self._call(f))
+        return int(self._view("pendingTokenRewards", _addr(token), _addr(operator), _addr(account)))
 
     def token_accounting(self, token: str) -> m.TokenAccounting:
         return m.TokenAccounting.from_struct(self._read("tokenAccounting", _addr(token)))
 
     def job_token(self, job_id: int) -> str | None:
         """The token job `job_id` is priced in; None for ether."""
-        a = str(self._call(self.contract.functions.jobToken(job_id)))
+        a = str(self._view("jobToken", job_id))
         return None if int(a, 16) == 0 else a
 
     def is_payment_token(self, token: str) -> bool:
-        return bool(self._call(self.contract.functions.isPaymentToken(_addr(token))))
+        return bool(self._view("isPaymentToken", _addr(token)))
 
     def payment_tokens(self) -> list[str]:
-        return [str(a) for a in self._call(self.contract.functions.paymentTokens())]
+        return [str(a) for a in self._view("paymentTokens")]
 
     # ------------------------------------------------------------------ asks per unit
 
@@ -589,7 +595,7 @@ class BSM:
     def ask_in(self, operator: str, token: str | None = None) -> int | None:
         """`operator`'s ask in `token` (None: ether); None when it takes no job priced in that
         token (it set no ask there and asks something in ether)."""
-        takes, ask = self._call(self.contract.functions.askIn(_addr(operator), _unit(token)))
+        takes, ask = self._view("askIn", _addr(operator), _unit(token))
         return int(ask) if takes else None
 
     def asks(self, operator: str) -> dict[str | None, int | None]:
@@ -620,7 +626,7 @@ class BSM:
 
     def cancel_requested(self, job_id: int) -> bool:
         """Whether the job's caller asked it to end at its current epoch's boundary."""
-        return bool(self.contract.functions.cancelRequested(job_id).call())
+        return bool(self._view("cancelRequested", job_id))
 
     def join_job(self, job_id: int) -> Receipt:
         return self._transact(self.contract.functions.joinJob(job_id))
@@ -794,7 +800,7 @@ class BSM:
         return int(self._read("operatorNonce", _addr(operator)))
 
     def next_job_id(self) -> int:
-        return int(self._call(self.contract.functions.nextJobId()))
+        return int(self._view("nextJobId"))
 
     def operator(self, address: str) -> m.Operator:
         a = _addr(address)
@@ -863,11 +869,10 @@ class BSM:
         return final_holders(self, job_id)
 
     def pending_rewards(self, operator: str, account: str) -> int:
-        f = self.contract.functions.pendingRewards(_addr(operator), _addr(account))
-        return int(self._call(f))
+        return int(self._view("pendingRewards", _addr(operator), _addr(account)))
 
     def credit_of(self, account: str) -> int:
-        return int(self._call(self.contract.functions.creditOf(_addr(account))))
+        return int(self._view("creditOf", _addr(account)))
 
     def balances(self, account: str, operators: Iterable[str] = ()) -> m.Balances:
         a = _addr(account)
@@ -881,7 +886,6 @@ class BSM:
     def job(self, job_id: int, block: int | None = None) -> m.Job:
         """A consistent snapshot: every read at one block (the latest, or `block`), so state
         and members cannot come from the two sides of an epoch boundary."""
-        f = self.contract.functions
         at = self.w3.eth.block_number if block is None else block
         got = self._read("getJob", job_id, block=at)
         state = m.JobState.from_struct(got["state"])
@@ -892,11 +896,11 @@ class BSM:
             id=job_id,
             spec=m.JobSpec.from_struct(got["spec"]),
             state=state,
-            members=tuple(self._call(f.getMembers(job_id), at)),
-            pending_joins=tuple(self._call(f.getPendingJoins(job_id), at)),
+            members=tuple(self._view("getMembers", job_id, block=at)),
+            pending_joins=tuple(self._view("getPendingJoins", job_id, block=at)),
             committed=committed,
             revealed=revealed,
-            deadline=int(self._call(f.epochDeadline(job_id), at)),
+            deadline=int(self._view("epochDeadline", job_id, block=at)),
             reveal_deadline=self.reveal_deadline(job_id, at),
             block=at,
         )
@@ -921,13 +925,13 @@ class BSM:
 
     def members(self, job_id: int, block: int | str = "latest") -> list[str]:
         """The members of the epoch in progress at `block` (none once the job ended)."""
-        return list(self._call(self.contract.functions.getMembers(job_id), block))
+        return list(self._view("getMembers", job_id, block=block))
 
     def is_leaving(self, job_id: int, operator: str) -> bool:
-        return bool(self._call(self.contract.functions.isLeaving(job_id, _addr(operator))))
+        return bool(self._view("isLeaving", job_id, _addr(operator)))
 
     def epoch_checkpoint(self, job_id: int, epoch: int) -> bytes:
-        return bytes(self._call(self.contract.functions.epochCheckpoint(job_id, epoch)))
+        return bytes(self._view("epochCheckpoint", job_id, epoch))
 
     def submission_of(
         self, job_id: int, operator: str, block: int | str = "latest"

@@ -353,18 +353,22 @@ def run_document(text: str, tmp_path: Path) -> tuple[dict[str, Terminal], dict[i
                 t.run(cmd)
         return terms[name]
 
+    timings = []  # where the document's minutes go, for the suite's timing table
     try:
         for s in steps:
             if s.terminal == EVERY:
                 continue
             if s.kind == "interrupt" and s.terminal == "chain":
                 on_chain.update(_read_jobs(terms))
+            began = time.monotonic()
             _do(terminal(s.terminal), s)
+            timings.append(f"{time.monotonic() - began:8.2f}  {s.line:4d}  {s.kind:9s} {s.command}")
         for t in terms.values():
             t.settle()
     finally:
         for t in terms.values():
             t.stop()
+        (logs / "steps.txt").write_text("\n".join(timings) + "\n")
     return terms, on_chain
 
 
