@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -344,6 +345,11 @@ def _fork(
 def serve(path: str, preload: Sequence[str]) -> None:
     for m in preload:
         importlib.import_module(m)
+    # What was preloaded lives as long as every child: out of the collector's reach, a child's
+    # full collection no longer walks (and so copies, page by page) the whole shared heap,
+    # which cost ~0.4 s of CPU each time it ran in each child.
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
