@@ -53,12 +53,22 @@ fi
 # python venv
 py_key="$(cat pyproject.toml | sha256sum | cut -c1-16)"
 if ! stamp_ok .setup-stamp-py "$py_key" || [[ ! -x .venv/bin/python ]]; then
-  echo "setup: creating .venv and installing the project (torch CPU pinned first)"
+  echo "setup: creating .venv and installing the project (with uv; torch pinned)"
   [[ -x .venv/bin/python ]] || python3 -m venv .venv
-  .venv/bin/pip install --quiet --upgrade pip
-  # Pinned before the project: an open range would make pip pick a multi-GB CUDA build.
-  .venv/bin/pip install --quiet "torch==2.13.0"
-  .venv/bin/pip install --quiet -e ".[dev]"
+  # uv installs what pip would (the same versions) in seconds instead of minutes; it reads no
+  # pip configuration, so it gets pip's find-links (where a CPU torch wheel may lie). torch is
+  # pinned: an open range would pick a multi-GB CUDA build. pip is the fallback.
+  links="$(.venv/bin/pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}"
+  uv_links=()
+  for l in $links; do [[ -d "$l" ]] && uv_links+=(--find-links "$l"); done
+  if ! { .venv/bin/pip install --quiet uv \
+      && .venv/bin/uv pip install --quiet --python .venv/bin/python "${uv_links[@]}" \
+        "torch==2.13.0" -e ".[dev]"; }; then
+    echo "setup: uv failed; installing with pip"
+    .venv/bin/pip install --quiet --upgrade pip
+    .venv/bin/pip install --quiet "torch==2.13.0"
+    .venv/bin/pip install --quiet -e ".[dev]"
+  fi
   echo "$py_key" > .setup-stamp-py
 fi
 echo "setup: ok"
