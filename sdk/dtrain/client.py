@@ -109,6 +109,18 @@ class RetryingHTTPProvider(Web3.HTTPProvider):
             cacheable_requests={RPCEndpoint("eth_chainId")},
         )
 
+    def send_batch(self, requests: Sequence[tuple[RPCEndpoint, Any]]) -> list[Any]:
+        """The answers to `requests`, sent as one JSON-RPC batch and retried as one request;
+        in the order asked. An RPC that refuses batches is asked one request at a time."""
+        data = self.encode_batch_rpc_request(list(requests))
+        raw = self._make_request(RPCEndpoint("batch"), data)
+        answer = self.decode_rpc_response(raw)
+        if not isinstance(answer, list):  # one error object: batches are not served here
+            return [self.make_request(method, params) for method, params in requests]
+        if len(answer) != len(requests) or any(not isinstance(a, dict) for a in answer):
+            raise RpcUnavailable(f"RPC answered a batch of {len(requests)} with {len(answer)}")
+        return sorted(answer, key=lambda a: a.get("id") or 0)
+
     def _make_request(self, method: Any, request_data: bytes) -> bytes:
         for tries in range(1, RPC_TRIES + 1):
             try:
@@ -390,7 +402,17 @@ class BSM:
     def _read(self, name: str, *args: Any, block: int | str = "latest") -> Any:
         """A view's result by ABI name: one output as its value, several as a dict by output
         name; structs become dicts by component name (see `_named`)."""
-        result = self._view(name, *args, block=block)
+        return self._by_name(name, self._view(name, *args, block=block))
+
+    def _reads(self, calls: Sequence[tuple[str, Sequence[Any]]], block: int | str) -> list[Any]:
+        """`_read` of several views at one block, in one batch (`Views.calls`)."""
+        try:
+            results = self._views.calls(calls, block=block)
+        except (requests.exceptions.RequestException, OSError) as exc:
+            raise RpcUnavailable(f"RPC unreachable: {type(exc).__name__}") from None
+        return [self._by_name(name, r) for (name, _), r in zip(calls, results, strict=True)]
+
+    def _by_name(self, name: str, result: Any) -> Any:
         outputs = self._views.abi(name)["outputs"]
         if len(outputs) == 1:
             return _named(outputs[0], result)
@@ -887,21 +909,23 @@ class BSM:
         """A consistent snapshot: every read at one block (the latest, or `block`), so state
         and members cannot come from the two sides of an epoch boundary."""
         at = self.w3.eth.block_number if block is None else block
-        got = self._read("getJob", job_id, block=at)
+        names = ("getJob", "voteCounts", "getMembers", "getPendingJoins", "epochDeadline")
+        got, votes, members, joins, deadline, reveal = self._reads(
+            [(n, (job_id,)) for n in (*names, "revealDeadline")], block=at
+        )
         state = m.JobState.from_struct(got["state"])
         if state.status == m.JobStatus.NONE:
             raise CONTRACT_ERRORS["UnknownJob"](job_id)
-        committed, revealed = self.vote_counts(job_id, at)
         return m.Job(
             id=job_id,
             spec=m.JobSpec.from_struct(got["spec"]),
             state=state,
-            members=tuple(self._view("getMembers", job_id, block=at)),
-            pending_joins=tuple(self._view("getPendingJoins", job_id, block=at)),
-            committed=committed,
-            revealed=revealed,
-            deadline=int(self._view("epochDeadline", job_id, block=at)),
-            reveal_deadline=self.reveal_deadline(job_id, at),
+            members=tuple(members),
+            pending_joins=tuple(joins),
+            committed=int(votes["committed"]),
+            revealed=int(votes["revealed"]),
+            deadline=int(deadline),
+            reveal_deadline=int(reveal),
             block=at,
         )
 

@@ -81,18 +81,38 @@ class Views:
             raise ValueError(f"the contract has no function {name!r}") from None
 
     def call(self, name: str, *args: Any, block: Block = "latest") -> Any:
+        request = self._request(name, args, block)
+        return self._result(name, self._w3.provider.make_request(*request))
+
+    def calls(self, calls: Sequence[tuple[str, Sequence[Any]]], block: Block = "latest") -> list:
+        """Several calls at one block, in one JSON-RPC batch where the provider sends batches
+        (`send_batch`): one round trip, and one chance for a lossy RPC to spoil it, not one per
+        call. One by one where it cannot."""
+        requests = [self._request(name, args, block) for name, args in calls]
+        send_batch = getattr(self._w3.provider, "send_batch", None)
+        if send_batch is None or len(requests) < 2:
+            answers = [self._w3.provider.make_request(*r) for r in requests]
+        else:
+            answers = send_batch(requests)
+        return [self._result(name, a) for (name, _), a in zip(calls, answers, strict=True)]
+
+    def _request(self, name: str, args: Sequence[Any], block: Block) -> tuple[RPCEndpoint, list]:
         fn = self._function(name)
         if len(args) != len(fn.inputs):
             raise TypeError(f"{name} takes {len(fn.inputs)} arguments, got {len(args)}")
         data = fn.selector + encode(list(fn.inputs), list(args))
         at = hex(block) if isinstance(block, int) else block
-        tx = {"to": self._to, "data": "0x" + data.hex()}
-        answer = self._w3.provider.make_request(RPCEndpoint("eth_call"), [tx, at])
+        return RPCEndpoint("eth_call"), [{"to": self._to, "data": "0x" + data.hex()}, at]
+
+    def _result(self, name: str, answer: Any) -> Any:
+        if not isinstance(answer, dict):
+            raise RpcUnavailable(f"RPC answered eth_call of {name} with {type(answer).__name__}")
         if "error" in answer:
             raise _failure(name, answer["error"])
         result = answer.get("result")
         if not isinstance(result, str):
             raise RpcUnavailable(f"RPC answered eth_call of {name} without a result")
+        fn = self._fns[name]
         try:
             values = decode(list(fn.outputs), bytes.fromhex(result.removeprefix("0x")))
         except Exception:  # a short or garbled answer: what a broken RPC returns
