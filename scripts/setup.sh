@@ -57,7 +57,9 @@ if ! stamp_ok .setup-stamp-py "$py_key" || [[ ! -x .venv/bin/python ]]; then
   [[ -x .venv/bin/python ]] || python3 -m venv .venv
   # uv installs what pip would (the same versions) in seconds instead of minutes; it reads no
   # pip configuration, so it gets pip's find-links (where a CPU torch wheel may lie). torch is
-  # pinned: an open range would pick a multi-GB CUDA build. pip is the fallback.
+  # pinned: an open range would pick a multi-GB CUDA build. pip is the fallback. Unlike pip,
+  # uv compiles no bytecode at install: Python writes it on first import (`make test` makes
+  # sure it may, scripts/test.sh).
   links="$(.venv/bin/pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}"
   uv_links=()
   for l in $links; do [[ -d "$l" ]] && uv_links+=(--find-links "$l"); done

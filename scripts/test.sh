@@ -7,6 +7,10 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 workers="${1:-2}"
+# The suite starts hundreds of interpreters: each must find torch's and transformers' bytecode
+# written by the first (with PYTHONDONTWRITEBYTECODE set, each compiled them again: ~7 s of
+# CPU per `dtrain` command).
+unset PYTHONDONTWRITEBYTECODE
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 make --no-print-directory test-contracts >"$log" 2>&1 &
