@@ -4,12 +4,15 @@
 - "lost": it forwards the request and closes the connection without the answer (a sent
   transaction is in, its sender never hears so);
 - "delay": it answers `delay_s` late.
-For `lossy_s` seconds after it starts (None: as long as it runs), then it forwards everything."""
+For `lossy_s` seconds after it starts (None: as long as it runs), then it forwards everything.
+With `batches=False` it answers every JSON-RPC batch with one error object, as RPCs that serve
+no batches do (counted as "refused_batches", never forwarded)."""
 
 from __future__ import annotations
 
 import http.server
 import itertools
+import json
 import threading
 import time
 import urllib.request
@@ -26,11 +29,13 @@ def flaky_rpc(
     faults: Sequence[str] = ("drop",),
     delay_s: float = 2.0,
     lossy_s: float | None = None,
+    batches: bool = True,
 ) -> Iterator[tuple[str, dict[str, int]]]:
-    """Yields (proxy url, counts {"seen", "forwarded", and one per fault kind})."""
+    """Yields (proxy url, counts {"seen", "forwarded", "refused_batches", and one per fault
+    kind})."""
     if not faults or set(faults) - set(FAULTS):
         raise ValueError(f"faults must be some of {FAULTS}, got {faults!r}")
-    counts = {"seen": 0, "forwarded": 0, **dict.fromkeys(FAULTS, 0)}
+    counts = {"seen": 0, "forwarded": 0, "refused_batches": 0, **dict.fromkeys(FAULTS, 0)}
     lock = threading.Lock()
     kinds = itertools.cycle(faults)
     until = None if lossy_s is None else time.monotonic() + lossy_s
@@ -46,6 +51,12 @@ def flaky_rpc(
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if not batches and body.lstrip().startswith(b"["):
+                with lock:
+                    counts["refused_batches"] += 1
+                refused = {"code": -32600, "message": "batch requests are not served"}
+                self._answer(json.dumps({"jsonrpc": "2.0", "id": None, "error": refused}).encode())
+                return
             kind = pick()
             if kind == "drop":
                 self.close_connection = True
@@ -60,6 +71,9 @@ def flaky_rpc(
             if kind == "lost":
                 self.close_connection = True
                 return
+            self._answer(data)
+
+        def _answer(self, data: bytes) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

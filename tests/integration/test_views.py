@@ -3,12 +3,6 @@ every view of the BSM, on a chain with a running job, and fail the same way."""
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -149,48 +143,12 @@ def test_a_job_is_read_in_one_batched_request_with_the_same_result(bsm: BSM, as_
     assert got.members == (ops[0].sender,) and got == bsm.job(job, block=at)
 
 
-@contextmanager
-def _no_batches(upstream: str) -> Iterator[tuple[str, list[int]]]:
-    """An RPC in front of `upstream` that answers a batch with one error object, as RPCs that
-    serve no batches do; yields its URL and the sizes of the requests it forwarded."""
-    forwarded: list[int] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if body.lstrip().startswith(b"["):
-                refused = {"code": -32600, "message": "batch requests are not served"}
-                data = json.dumps({"jsonrpc": "2.0", "id": None, "error": refused}).encode()
-            else:
-                forwarded.append(len(body))
-                req = urllib.request.Request(
-                    upstream, data=body, headers={"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(req, timeout=30) as r:
-                    data = r.read()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", forwarded
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_an_rpc_that_serves_no_batches_is_asked_one_request_at_a_time(bsm: BSM) -> None:
     job = bsm.create_job(spec())
-    with _no_batches(bsm.w3.provider.endpoint_uri) as (url, forwarded):
+    with flaky_rpc(bsm.w3.provider.endpoint_uri, drop_every=10**9, batches=False) as (url, n):
         via = BSM.attach(url, bsm.address)
-        before = len(forwarded)
+        before = n["forwarded"]
         got = via.job(job)
-        assert len(forwarded) - before == 7  # the block number and six views
+        assert n["forwarded"] - before == 7  # the block number and six views
+        assert n["refused_batches"] == 1
     assert got == bsm.job(job, block=got.block)
