@@ -26,6 +26,9 @@ from dtrain_node.train.toy_models import save
 pytestmark = pytest.mark.slow
 
 WINDOW = 30  # seconds: each phase of a challenge (referees drawn and re-execute, commit, reveal)
+# a phase the deadline of the tiny model's state fits in: 30 s + 4.9 MB at 1 MiB/s, 34.7 s
+DA_WINDOW = 40
+ROUNDS = 4
 
 
 def _worth(c: Cluster, address: str) -> int:
@@ -431,6 +434,55 @@ def test_a_free_rider_caught_by_replay_is_slashed_through_a_challenge(
         for a in honest:
             assert b.pool(a).total_assets == ETH
         assert b.pool(rider).total_assets < ETH
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+@pytest.mark.timeout(1200)
+def test_a_member_serving_its_state_a_byte_a_minute_is_caught_by_the_referees_own_request(
+    tmp_path, monkeypatch
+) -> None:
+    """op4 of 4 trains honestly but serves each private state a checker asks for at one byte
+    per 55 s (`drip`): never idle long enough for a fetch's idle timeout, never done. Its
+    checker gives up at the state's deadline (the most bytes a state of the job has, at the
+    documented minimum bandwidth), claims "withheld" and runs every later check; the claim is
+    a request in the open: the challenge names it, and each drawn referee asks for the state
+    itself within the same deadline. Nobody serves it: op4 is caught (`FailedReplay`) and
+    unpaid, the checkpoint stands, the honest members are paid, the checker gets its bond
+    back, the wei add up."""
+    monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes
+    with _cluster(tmp_path, 4, 2 * ROUNDS, window=DA_WINDOW) as c:
+        b = c.bsm
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        c.spawn(3, ["drip"])
+        c.wait(c.ended, 1000, "the job to end")
+        drip, honest = c.ops[3].address, {o.address for o in c.ops[:3]}
+        checked = [m for i in range(4) for m in c.metrics(i) if m["kind"] == "replay_checked"]
+        # every honest member's every round was checked and matched: none waited on op4
+        fair = sorted((m["member"], m["round"]) for m in checked if m["member"] != drip)
+        assert fair == sorted((a, r) for a in honest for r in range(ROUNDS))
+        assert all(m["match"] and m["bytes"] > 0 for m in checked if m["member"] != drip)
+        asked = [m for m in checked if m["member"] == drip]
+        assert asked and all(m["reason"] == "withheld" for m in asked), asked
+        made = [m for i in range(3) for m in c.metrics(i) if m["kind"] == "replay_claim"]
+        assert made and {(m["member"], m["reason"]) for m in made} == {(drip, "withheld")}
+        events = b.events(job_id=c.job_id)
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] in honest
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert not resolved["overturned"], "the checkpoint stands"
+        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+        assert verdicts and all(v["caught"] == [drip] for v in verdicts)
+        slashed = [(e.args["operator"], e.args["reason"]) for e in events if e.name == "Slashed"]
+        assert slashed == [(drip, SlashReason.FAILED_REPLAY)]
+        paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
+        assert paid == honest and b.credit_of(drip) == 0
+        price = c.spec.price_per_operator_epoch
+        assert b.credit_of(challenged["challenger"]) == price * 40 // 100 + _kept(c, events)
+        for a in honest:
+            assert b.pool(a).total_assets == ETH
         assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 

@@ -88,9 +88,9 @@ def test_a_starved_checker_at_check_rate_1_gets_nobody_slashed(tmp_path, monkeyp
     """All four members honest; every member checks another's round every round (rate 1); op3
     runs a quarter of the time for the whole job (frozen 75% of every 0.4 s), so it trains,
     fetches and replays late, rounds behind the others. It finds every state it was assigned
-    (members keep every round's state of the attempt), so every check it runs matches; a
-    check it could not run would be undecided, never a claim. Nobody challenges, nobody is
-    slashed, all four are paid and keep their stake."""
+    (members keep every round's state of the attempt, and serve it well within its deadline
+    to a checker running a quarter of the time), so every check it runs matches. Nobody
+    challenges, nobody is slashed, all four are paid and keep their stake."""
     monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes
     rounds = 12
     opts = {"epochs": 1, "steps": 2 * rounds, "sync": 2, "round_deadline": 4.0}

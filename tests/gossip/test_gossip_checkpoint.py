@@ -25,11 +25,14 @@ from dtrain_node.p2p.host import GossipConfig, GossipNode
 def server(tmp_path: Path) -> Iterator[Any]:
     procs: list[subprocess.Popen[str]] = []
 
-    def start(files: dict[str, Path], stall: bool = False) -> tuple[bytes, list[str]]:
+    def start(
+        files: dict[str, Path], stall: bool = False, drip: bool = False
+    ) -> tuple[bytes, list[str]]:
         conf = tmp_path / f"server{len(procs)}.json"
         served = {k: str(v) for k, v in files.items()}
         data_dir = str(tmp_path / f"srv{len(procs)}")
-        conf.write_text(json.dumps({"data_dir": data_dir, "files": served, "stall": stall}))
+        faults = {"stall": stall, "drip": drip}
+        conf.write_text(json.dumps({"data_dir": data_dir, "files": served, **faults}))
         p = subprocess.Popen(
             [sys.executable, "-m", "harness.file_server", str(conf)],
             stdin=subprocess.PIPE,
@@ -116,22 +119,54 @@ def test_checkpoint_transfer_20mb_and_corruption_rejected(server: Any, tmp_path:
 
 
 @pytest.mark.timeout(120)
-def test_a_file_larger_than_its_known_size_is_refused_before_download(
+def test_a_state_offer_larger_than_its_known_size_is_refused_before_download(
     server: Any, tmp_path: Path
 ) -> None:
-    """Attack: a member offers a far larger "state" than a state of the job has (its size is
-    known: the model and recipe fix it), to fill the checker's disk and time. The fetch names
-    the size it expects: the offer is refused from the peer's first reply, before a byte of
-    the file is read."""
-    f = tmp_path / "state.bin"
-    f.write_bytes(os.urandom(3 << 20))
-    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    """Attack: a member offers a 512 MiB "state", far more than a state of the job has (its
+    size is bounded by the model and recipe: `statefile.size_bound`), to fill the checker's
+    disk, memory and time. The fetch names the most it takes: the offer is refused from the
+    peer's first reply, before a byte of the file is read."""
+    f = tmp_path / "state.dtps"
+    with f.open("wb") as out:
+        out.truncate(512 << 20)  # sparse: 512 MiB of zeros
+    sha = _sha256_of(f)
     peer = server({sha: f})
     cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
     with GossipNode(cfg, Account.create()) as node:
-        dest = tmp_path / "got.bin"
-        with pytest.raises(CheckpointUnavailable, match=r"bytes > limit"):
+        dest = tmp_path / "got.dtps"
+        with pytest.raises(CheckpointUnavailable, match=r"536870912 bytes > limit 1048576"):
             node.fetch_file(sha, [peer], dest, timeout_s=30.0, max_bytes=1 << 20)
         assert not dest.exists()
         assert [p.name for p in dest.parent.iterdir() if p.name.startswith(".")] == []
-        assert node.fetch_file(sha, [peer], dest, timeout_s=30.0, max_bytes=3 << 20) == dest
+        assert node.metrics()["bytes_in_total"] < 1 << 16
+
+
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+@pytest.mark.timeout(120)
+def test_a_state_served_a_byte_a_minute_is_given_up_at_its_deadline(
+    server: Any, tmp_path: Path
+) -> None:
+    """Attack: a member serves its state at one byte per 55 s (fault `drip`): the fetch's idle
+    timeout (a minute) never fires and the transfer never ends. A fetch bounded by the state's
+    deadline gives up at it, and a file the same peer serves at full speed still comes."""
+    state, other = tmp_path / "state.dtps", tmp_path / "transcript.bin"
+    state.write_bytes(os.urandom(10_000))
+    other.write_bytes(os.urandom(10_000))
+    sha, sha_other = _sha256_of(state), _sha256_of(other)
+    peer = server({sha: state, sha_other: other}, drip=True)
+    cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
+    with GossipNode(cfg, Account.create()) as node:
+        dest = tmp_path / "got.dtps"
+        with pytest.raises(CheckpointUnavailable, match=r"in 3 s"):
+            node.fetch_file(sha, [peer], dest, timeout_s=3.0, max_bytes=10_000)
+        assert not dest.exists()
+        assert node.metrics()["bytes_in_total"] < 1_000  # a byte, not the state
+        got = node.fetch_file(sha_other, [peer], tmp_path / "got.bin", timeout_s=30.0)
+        assert got.read_bytes() == other.read_bytes()

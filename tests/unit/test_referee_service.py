@@ -52,6 +52,7 @@ class Chain:
 def referee(clock: list[float], passes: list[float]) -> RefereeService:
     svc = RefereeService.__new__(RefereeService)
     svc.bsm, svc.me, svc.window = Chain(clock), ME, WINDOW
+    svc._sealed, svc._committed, svc._memos = {}, set(), {}
     svc.metrics = []
     svc.metric = lambda kind, **kw: svc.metrics.append((kind, kw))
 
@@ -196,3 +197,39 @@ def test_an_rpc_that_stops_answering_for_a_while_does_not_end_the_referee() -> N
     svc._judge_safely = judge
     svc.run(stop)
     assert len(polls) == 4 and judged == [7]
+
+
+def test_an_rpc_failure_mid_case_reveals_the_verdict_committed_before_it() -> None:
+    """A drawn referee whose RPC fails after it committed must still reveal (else it is slashed
+    as a no-show): it takes the case up again, keeps the work done, does not commit a second
+    time (the contract refuses that), and reveals the verdict and salt it committed to."""
+    from dtrain import commitment_hash
+
+    clock, passes = [OPENED + 1.0], []
+    svc = referee(clock, passes)
+    chain, commits, reveals = svc.bsm, [], []
+    chain.refused = ["commit", "reveal"]  # the chain's clock is in step here
+    failed = []
+
+    def commit_verdict(job_id: int, epoch: int, c: bytes, gas: int) -> None:
+        if commits:
+            raise TransactionFailed("reverted: AlreadyCommitted")
+        commits.append(c)
+        chain.ch.committed = 1
+
+    def reveal_verdict(*args, gas: int) -> None:
+        if not failed:
+            failed.append(1)
+            raise RpcUnavailable("RPC unreachable: ConnectionError")
+        reveals.append(args)
+        chain.ch.revealed = 1
+
+    chain.commit_verdict, chain.reveal_verdict = commit_verdict, reveal_verdict
+    case = Case(1, 0, 3, "challenger", b"\x02" * 32, ("a", "b"), b"\x00" * 32)
+    svc._judge_safely(case, threading.Event())
+    assert failed and len(commits) == 1 and len(reveals) == 1
+    job_id, epoch, checkpoint, participation, judged, salt = reveals[0]
+    bits = judged.to_bytes(32, "big")
+    assert commits[0] == commitment_hash(job_id, epoch, ME, checkpoint, participation, bits, salt)
+    assert len(passes) == 4 and [kw for kind, kw in svc.metrics if kind == "verdict"]
+    assert not [m for m in svc.metrics if m[0] in ("referee_failed", "referee_not_drawn")]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -253,7 +255,7 @@ def test_the_checker_matches_honest_rounds_and_catches_each_failure(rounds, tmp_
     junk = b"not a state"
     files[hashlib.sha256(junk).hexdigest()] = junk
 
-    def fetch(sha: str, member: str, dest: Path) -> Path:
+    def fetch(sha: str, member: str, dest: Path, within_s: float) -> Path:
         if sha not in files:
             raise RuntimeError("not found")
         dest.write_bytes(files[sha])
@@ -265,7 +267,7 @@ def test_the_checker_matches_honest_rounds_and_catches_each_failure(rounds, tmp_
     def check(r: int, packet: bytes, state: bytes | None) -> replaycheck.Outcome:
         commit = _commit(acct, r, packet, b"" if state is None else state).encode()
         c = replaycheck.Check(r, "m", packet, commit, rounds[r][0])
-        return replaycheck.run_check(c, replay, fetch, tmp_path)
+        return replaycheck.run_check(c, replay, fetch, tmp_path, 30.0)
 
     digest = [hashlib.sha256(d).digest() for _, d, _ in rounds]
     for r in range(3):
@@ -296,10 +298,10 @@ def test_only_failures_on_the_canonical_state_and_packet_stand() -> None:
     sha = hashlib.sha256(b"p").hexdigest()
     canonical = [[(MEMBERS[1], sha)]] * 4
     out = [_outcome(r, b"p", claims.MISMATCH) for r in range(4)] + [_outcome(0, b"p", None)]
-    out += [_outcome(1, b"p", claims.WITHHELD)]  # could not fetch: undecided, never a claim
-    assert [o.check.round for o in replaycheck.confirmed(out, None, canonical)] == [0, 1, 2, 3]
+    out += [_outcome(1, b"p", claims.WITHHELD)]  # not served: the referees ask again
+    assert [o.check.round for o in replaycheck.confirmed(out, None, canonical)] == [0, 1, 2, 3, 1]
     # rounds before round 3 differed live: its start state was not the canonical one
-    assert [o.check.round for o in replaycheck.confirmed(out, 2, canonical)] == [0, 1, 2]
+    assert [o.check.round for o in replaycheck.confirmed(out, 2, canonical)] == [0, 1, 2, 1]
     other = [[(MEMBERS[1], hashlib.sha256(b"q").hexdigest())]] * 4
     assert replaycheck.confirmed(out, None, other) == []
 
@@ -409,14 +411,85 @@ def test_a_referee_reruns_only_a_claim_on_the_packet_the_transcript_holds() -> N
     assert not fraudcheck.applies(forged, _transcript(b"stale packet"))
 
 
-def test_a_withheld_claim_is_refused_before_anything_is_re_run() -> None:
-    """Attack: a member signs, with the product's own claim code, a "withheld" claim about an
-    honest member's round (a state it never asked for, or asked for too late). Well signed, on
-    the transcript's packet, and still refused: a state not served proves nothing."""
+def test_a_withheld_claim_is_a_request_only_about_a_round_the_transcript_holds() -> None:
+    """A "withheld" claim is no verdict: it asks the referees to request the state themselves
+    (`fraudcheck.caught`), so it is taken up like any claim on the transcript's packet. Attack:
+    a member signs one, with the product's own claim code, about a round the attempt never had
+    (a state nobody keeps) or a packet the transcript does not hold: refused before anything
+    is fetched or re-run. One about a round it was not assigned is refused too (below)."""
     withheld = _claim(claims.WITHHELD)
     claims.verify(withheld)  # the signatures hold
-    assert not fraudcheck.applies(withheld, _transcript(b"stale packet"))
-    assert fraudcheck.applies(_claim(claims.MISMATCH), _transcript(b"stale packet"))
+    assert fraudcheck.applies(withheld, _transcript(b"stale packet"))
+    assert not fraudcheck.applies(withheld, _transcript(b"another packet"))
+    short = _transcript(b"stale packet")
+    assert not fraudcheck.applies(withheld, dataclasses.replace(short, rounds=short.rounds[:4]))
+
+
+def test_the_state_bound_is_the_size_of_a_full_state_and_no_state_exceeds_it(rounds) -> None:
+    """Every node computes the same cap on a member's state (and the deadline to serve it)
+    from the model and recipe alone: exactly the size of a state with its inner moments, and
+    round 0's, before any inner step, is smaller."""
+    _, opt = _member()
+    bound = statefile.size_bound(opt)
+    sizes = [len(data) for _, data, _ in rounds]
+    assert sizes[1] == sizes[2] == bound
+    assert sizes[0] < bound
+    assert replaycheck.state_deadline(bound) == pytest.approx(
+        replaycheck.STATE_FETCH_BASE_S + bound / replaycheck.STATE_MIN_BANDWIDTH
+    )
+
+
+def test_a_check_asks_again_within_one_deadline_for_all_its_tries(rounds, tmp_path) -> None:
+    """Attack: a member serves its state slowly, so that every try takes the whole time a
+    fetch allows. The tries share one deadline: each is given only what is left of it."""
+    asked: list[float] = []
+
+    def slow(sha: str, member: str, dest: Path, within_s: float) -> Path:
+        asked.append(within_s)
+        time.sleep(0.1)  # the try takes its time: what is left for the next is less
+        raise RuntimeError("gave up")
+
+    replaycheck.FETCH_BACKOFF_S, saved = 0.0, replaycheck.FETCH_BACKOFF_S
+    try:
+        commit = _commit(ACCOUNTS[0], 1, rounds[1][2], hashlib.sha256(rounds[1][1]).digest())
+        c = replaycheck.Check(1, "m", rounds[1][2], commit.encode(), rounds[1][0])
+        o = replaycheck.run_check(c, _replica(*_member()), slow, tmp_path, 5.0)
+    finally:
+        replaycheck.FETCH_BACKOFF_S = saved
+    assert o.reason == claims.WITHHELD
+    assert len(asked) == replaycheck.FETCH_TRIES
+    assert asked[-1] > 0 and asked[0] <= 5.0
+    assert all(later <= earlier - 0.1 for earlier, later in itertools.pairwise(asked)), asked
+
+
+def test_a_member_that_withheld_once_holds_up_no_later_check(tmp_path) -> None:
+    """After one withheld state, the checker does not fetch that member again in the attempt:
+    the checks of the others queued behind it run, and the one claim stands for it."""
+    fetched: list[str] = []
+
+    def fetch(sha: str, member: str, dest: Path, within_s: float) -> Path:
+        fetched.append(member)
+        if member == "slow":
+            raise RuntimeError("not served in time")
+        dest.write_bytes(b"state")
+        return dest
+
+    outcomes: list[replaycheck.Outcome] = []
+    replaycheck.FETCH_BACKOFF_S, saved = 0.0, replaycheck.FETCH_BACKOFF_S
+    try:
+        checker = replaycheck.Checker(
+            lambda *a: b"p", fetch, tmp_path, outcomes.append, within=lambda: 1.0
+        )
+        for rnd, member in enumerate(["slow", "other", "slow", "third"]):
+            commit = _commit(ACCOUNTS[0], rnd, b"p", hashlib.sha256(b"state").digest())
+            checker.submit(replaycheck.Check(rnd, member, b"p", commit.encode(), []))
+        assert checker.drain(30.0)
+        checker.stop()
+    finally:
+        replaycheck.FETCH_BACKOFF_S = saved
+    withheld = [(o.check.member, o.reason == claims.WITHHELD) for o in outcomes]
+    assert withheld == [("slow", True), ("other", False), ("third", False)]
+    assert fetched == ["slow"] * replaycheck.FETCH_TRIES + ["other", "third"]
 
 
 def test_a_claim_counts_only_if_its_checker_was_assigned_that_check() -> None:

@@ -34,7 +34,7 @@ from dtrain_node.errors import (
     ModelUnavailable,
     RecipeInvalid,
 )
-from dtrain_node.operator import evidence, replaycheck, roundstate, spotcheck
+from dtrain_node.operator import evidence, roundstate, spotcheck
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import (
     VOTE_MARGIN_S,
@@ -290,11 +290,10 @@ class EpochTrainer:
         contract = Web3.to_checksum_address(env.cfg.contract)
         peers = env.checkpoints.peers
 
-        def fetch(sha: str, member: str, dest: Path, size: int | None = None) -> Path:
-            """A member's state: with its known `size`, capped at it and bounded in time."""
-            deadline = None if size is None else replaycheck.state_deadline(size)
+        def fetch(sha: str, member: str, dest: Path, size: int, within_s: float) -> Path:
+            """A member's state: capped at the most bytes a state has, within `within_s`."""
             return env.transport.fetch_file(
-                sha, peers([member]), dest, timeout_s=deadline, max_bytes=size
+                sha, peers([member]), dest, timeout_s=within_s, max_bytes=size
             )
 
         model = self.backend.model

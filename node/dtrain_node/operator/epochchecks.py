@@ -45,7 +45,7 @@ class CheckSetup:
     epoch_start_step: int  # the job's inner step at the epoch's start
     start: dict[str, torch.Tensor]  # the model's state at the attempt's start
     serve: Callable[[str, Path], None]  # (sha256 hex, path): serve a file to peers
-    fetch: Callable[..., Path]  # (sha256 hex, member, dest, size or None): a member's state
+    fetch: Callable[..., Path]  # (sha256 hex, member, dest, most bytes, seconds): a state
     metric: Callable[..., Any]
 
 
@@ -55,8 +55,10 @@ class EpochChecks:
         self.ring = spotcheck.StateRing(s.job_dir, s.head.attempt, s.serve)
         self.claims: list[claims.Claim] = []
         replica = replaycheck.demo_replica(self._build, s.demo, s.demo.sync_interval, s.reach)
-        self.state_bytes: int | None = None  # every member's state file has our own's size
-        self.checker = replaycheck.Checker(replica, self._fetch, s.job_dir / "checks", self._report)
+        self.state_bound: int | None = None  # the most bytes a member's state file may have
+        self.checker = replaycheck.Checker(
+            replica, self._fetch, s.job_dir / "checks", self._report, self._within
+        )
 
     def _build(self) -> tuple[Any, Callable[[Any, Sequence[Any]], None], Callable[[str], Any]]:
         """A second copy of the job's model and data (on the checker's thread)."""
@@ -77,14 +79,19 @@ class EpochChecks:
     def commit(self, rnd: int, opt: DeMo) -> bytes:
         """At round `rnd`'s start: our private state kept and served; its digest (to sign)."""
         data = statefile.encode(reproduce.private_state(opt))
-        self.state_bytes = len(data)
+        if self.state_bound is None:
+            self.state_bound = statefile.size_bound(opt)
         return bytes.fromhex(self.ring.put(rnd, data))
 
-    def _fetch(self, sha: str, member: str, dest: Path) -> Path:
-        """A member's state, refused when it offers more bytes than a state of this job has,
-        and bounded by the time its size takes at the minimum bandwidth: a member that serves
-        it slowly holds up no later check."""
-        return self.s.fetch(sha, member, dest, self.state_bytes)
+    def _within(self) -> float:
+        """The time a member has to hand over its state (the referees give it the same)."""
+        assert self.state_bound is not None  # checks follow our first commitment
+        return replaycheck.state_deadline(self.state_bound)
+
+    def _fetch(self, sha: str, member: str, dest: Path, within_s: float) -> Path:
+        """A member's state, refused when it offers more bytes than a state of this job may
+        have, within `within_s`: a member that serves it slowly holds up no later check."""
+        return self.s.fetch(sha, member, dest, self.state_bound, within_s)
 
     def after_round(
         self,

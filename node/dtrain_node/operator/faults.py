@@ -63,6 +63,10 @@ for: it answers that it has it and then sends nothing (each such file costs whoe
 the fetch's idle timeout). With `collude`, a coalition that tries to run a challenge's referees
 out of time (they fetch with one deadline for all files, asking a file's namers first).
 
+`drip` serves each private state a checker or a referee asks for (docs/protocol.md 4.6) at one
+byte per 55 s: never idle long enough for a fetch's idle timeout, and never done. The checker
+and the referees ask within the state's deadline; the referees catch it as withholding.
+
 `slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
 steps take X times as long). The chain must not punish it.
 """
@@ -84,7 +88,7 @@ from dtrain_node.optim.codec import Spec
 USAGE = (
     "fabricate, collude, unworkable, doctor, inject, no-reveal, garbage, stop-sync=N, offline=N, "
     "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, stale, slow=X, "
-    "equivocate=N, withhold=N, late=N, shun=ADDR, stall, epoch=E, once"
+    "equivocate=N, withhold=N, late=N, shun=ADDR, stall, drip, epoch=E, once"
 )
 
 # `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
@@ -155,6 +159,7 @@ class Faults:
     stale: bool = False  # no inner steps after the first round: its first packet every round
     shun: str | None = None  # vote what our transcript leads to without this member's packets
     stall: bool = False  # name a file nobody has; answer file requests and send nothing
+    drip: bool = False  # serve our private states one byte per 55 s
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.slow <= 100.0:
@@ -199,6 +204,8 @@ class Faults:
                 kw["stale"] = True
             elif name == "stall" and not value:
                 kw["stall"] = True
+            elif name == "drip" and not value:
+                kw["drip"] = True
             elif name == "once" and not value:
                 kw["first_attempt_only"] = True
             elif name == "equivocate" and value.isdigit():

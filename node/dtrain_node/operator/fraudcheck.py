@@ -7,8 +7,15 @@ round; the shared state at round r is the transcript's first r rounds applied to
 start state (`DeMo.replay`); M's private state is fetched by the digest M signed (from M, the
 checker, or any member that kept it), checked, and M's round replayed as the trainer takes it
 (`inner.replay_round`, the job's recipe). M is caught when the replay gives another packet
-(or the state it hands over is not the one it committed to). A state nobody serves to the
-referee leaves the claim undecided: absence is not guilt.
+(or the state it hands over is not the one it committed to).
+
+Every claim, "withheld" included, is a public request for the state: the challenge that names
+it is on-chain, and each referee asks for the state itself, capped at the most bytes a state of
+the job has (`statefile.size_bound`) and within the deadline that size takes at the documented
+minimum bandwidth (`replaycheck.state_deadline`), asking again while the deadline runs. M is
+caught as withholding only when nobody served the referee its committed state within that
+deadline, and only when the deadline fits in the referees' phase (else the claim is
+undecided): what one checker could not fetch is a reason to ask again, never guilt by itself.
 
 A claim counts only if its checker was assigned the check: the assignment is recomputed from
 the transcript (`spotcheck.assign` over the shared state after round r, at the protocol's
@@ -29,25 +36,26 @@ from dtrain.models import Job
 from dtrain_node.operator import claims, evidence, replaycheck, spotcheck
 from dtrain_node.operator.epoch import REFEREE, demo_config
 from dtrain_node.operator.sources import fetch_job
+from dtrain_node.optim import statefile
 from dtrain_node.optim.optimizer import DeMo
 from dtrain_node.train import devices, inner, shard
 from dtrain_node.train.backend import TrainJob, make_backend, token_reach
 
 log = logging.getLogger(__name__)
 
+# (sha256 hex, member, destination, seconds, most bytes) -> the verified file; raises when
+# nobody serves it in that time
+StateFetch = Callable[[str, str, Path, float, int], Path]
+
 
 def applies(c: claims.Claim, t: evidence.EpochTranscript) -> bool:
-    """The claim is signed by its checker, its commitment is the member's for its round, it
-    is about the packet the transcript holds for the member in that round, and it says more
-    than that a state was not served (a withheld claim proves nothing: absence is not guilt,
-    so it is refused here, before anything is re-run)."""
+    """The claim is signed by its checker, its commitment is the member's for its round, and
+    it is about the packet the transcript holds for the member in that round (a round of the
+    attempt: members keep every round's state until the challenge window closes)."""
     try:
         claims.verify(c)
     except claims.ClaimInvalid as exc:
         log.info("claim left out: %s", exc)
-        return False
-    if c.reason == claims.WITHHELD:
-        log.info("claim on %s round %d left out: withheld proves nothing", c.member, c.round)
         return False
     head = (c.chain_id, c.contract, c.job_id, c.attempt)
     if head != (t.chain_id, t.contract, t.job_id, t.attempt) or c.round >= len(t.rounds):
@@ -62,15 +70,17 @@ def caught(
     c: claims.Claim,
     t: evidence.EpochTranscript,
     start: dict[str, Any] | None,
-    fetch: replaycheck.Fetch,
+    fetch: StateFetch,
     work: Path,
+    phase_s: float,
 ) -> bool:
     """Whether member `c.member` fails the replay of round `c.round` (see the module doc).
     `job`: as the attempt began (its members and epoch); `start`: the epoch's start tensors
-    (None: the job's start model)."""
+    (None: the job's start model); `phase_s`: the referees' phase, which the state's deadline
+    must fit in for a state not served to decide anything."""
     tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
     packet = next(p.payload for p in t.rounds[c.round] if p.sender == c.member)
-    shared, reach, after = _shared_at(cfg, job, tj, t, start, c.round)
+    shared, reach, after, bound = _shared_at(cfg, job, tj, t, start, c.round)
     if not assigned(c, after, job.members, spotcheck.rate_from_env()):
         log.info("claim on %s round %d refused: not %s's check", c.member, c.round, c.checker)
         return False
@@ -78,11 +88,17 @@ def caught(
         _builder(job, tj, start), demo_config(cfg, job, tj.recipe), job.spec.sync_interval, reach
     )
     check = replaycheck.Check(c.round, c.member, packet, c.commitment, shared)
-    o = replaycheck.run_check(check, replica, fetch, work)
-    if o.reason == claims.WITHHELD:
-        log.info("claim on %s round %d: undecided, its state was not served", c.member, c.round)
+    within = replaycheck.state_deadline(bound)
+
+    def capped(sha: str, member: str, dest: Path, left: float) -> Path:
+        return fetch(sha, member, dest, left, bound)
+
+    o = replaycheck.run_check(check, replica, capped, work, min(within, phase_s))
+    if o.reason == claims.WITHHELD and within > phase_s:
+        log.info("claim on %s round %d: undecided, %.0f s > the phase", c.member, c.round, within)
         return False
-    log.info("claim on %s round %d: %s", c.member, c.round, "caught" if o.reason else "honest")
+    found = "honest" if o.reason is None else f"caught ({claims.REASONS[o.reason]})"
+    log.info("claim on %s round %d: %s", c.member, c.round, found)
     return o.reason is not None
 
 
@@ -100,9 +116,10 @@ def _shared_at(
     t: evidence.EpochTranscript,
     start: dict[str, Any] | None,
     rnd: int,
-) -> tuple[list[Any], int, bytes]:
-    """The shared state before round `rnd`, the rows the model's tokens reach, and the
-    digest of the shared state after round `rnd` (the seed of its checks)."""
+) -> tuple[list[Any], int, bytes, int]:
+    """The shared state before round `rnd`, the rows the model's tokens reach, the digest of
+    the shared state after round `rnd` (the seed of its checks) and the most bytes a member's
+    private state may have."""
     backend = make_backend(tj)
     if start is not None:
         backend.model.load_state_dict(start)
@@ -111,7 +128,7 @@ def _shared_at(
     opt.replay([x.clone() for x in opt.theta_sync], t.packets()[:rnd])
     before = [x.clone() for x in opt.theta_sync]
     opt.replay([x.clone() for x in before], t.packets()[rnd : rnd + 1])
-    return before, reach, spotcheck.shared_digest(opt.theta_sync)
+    return before, reach, spotcheck.shared_digest(opt.theta_sync), statefile.size_bound(opt)
 
 
 def _builder(job: Job, tj: TrainJob, start: dict[str, Any] | None) -> Callable[[], Any]:

@@ -100,6 +100,10 @@ class RefereeService:
         self.me = bsm.sender
         self.window = bsm.params().challenge_window
         self.done: set[tuple[int, int]] = set()
+        # (job, attempt) -> (checkpoint, participation, findings, salt) we commit to; committed
+        self._sealed: dict[tuple[int, int], tuple[bytes, tuple[int, ...], int, bytes]] = {}
+        self._committed: set[tuple[int, int]] = set()
+        self._memos: dict[tuple[int, int], Memo] = {}
 
     def run(self, stop: threading.Event, from_block: int = 0) -> None:
         """Referees every challenge from `from_block` on until `stop` is set, each in a thread
@@ -141,17 +145,29 @@ class RefereeService:
         )
 
     def _judge_safely(self, case: Case, stop: threading.Event) -> None:
-        try:
-            self.judge(case, stop)
-        except (DtrainError, NodeError) as exc:  # unreadable file, unavailable data, refused tx
-            log.warning("job %d attempt %d: not refereed: %s", case.job_id, case.attempt, exc)
-            self.metric("referee_failed", job=case.job_id, attempt=case.attempt, error=str(exc))
+        """`judge`, taken up again when the RPC fails on the way (a drawn referee that gives
+        up is slashed as a no-show): the verdict it committed to is revealed as committed."""
+        while True:
+            try:
+                self.judge(case, stop)
+                return
+            except RpcUnavailable as exc:
+                log.warning("job %d attempt %d: %s; judging on", case.job_id, case.attempt, exc)
+                if stop.wait(POLL_S):
+                    return
+            except (DtrainError, NodeError) as exc:  # unreadable file, unavailable data
+                log.warning("job %d attempt %d: not refereed: %s", case.job_id, case.attempt, exc)
+                self.metric("referee_failed", job=case.job_id, attempt=case.attempt, error=str(exc))
+                return
 
     def judge(self, case: Case, stop: threading.Event) -> None:
         ch = self.bsm.challenge_of(case.attempt)
         if ch.resolved or not self._drawn(case, stop):
             return
-        opened, memo, began = ch.opened_at, Memo(), time.monotonic()
+        key = (case.job_id, case.attempt)
+        # taken up again after an RPC failure: the work done is kept, and we reveal what we
+        # committed to
+        opened, memo, began = ch.opened_at, self._memos.setdefault(key, Memo()), time.monotonic()
         fetch_by = opened + 1.5 * self.window  # the commit phase's second half re-executes
         self._prepare(case, memo, fetch_by, began)
         self._until(stop, lambda: self._now() >= opened + self.window)
@@ -160,13 +176,16 @@ class RefereeService:
         judged_s = round(time.monotonic() - began, 3)
         if self._now() >= opened + 2 * self.window:
             self.metric("referee_late", job=case.job_id, attempt=case.attempt, judged_s=judged_s)
-        salt = new_salt()
-        bits = judged.to_bytes(32, "big")
-        c = commitment_hash(case.job_id, case.epoch, self.me, checkpoint, participation, bits, salt)
-        commit = functools.partial(self.bsm.commit_verdict, case.job_id, case.epoch, c, gas=GAS)
-        if not self._sent(stop, case, commit, opened + 2 * self.window):
-            self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
-            return
+        sealed = self._sealed.setdefault(key, (checkpoint, participation, judged, new_salt()))
+        checkpoint, participation, judged, salt = sealed
+        if key not in self._committed:
+            bits = judged.to_bytes(32, "big")
+            c = commitment_hash(*(case.job_id, case.epoch, self.me), *sealed[:2], bits, salt)
+            commit = functools.partial(self.bsm.commit_verdict, *key[:1], case.epoch, c, gas=GAS)
+            if not self._sent(stop, case, commit, opened + 2 * self.window):
+                self.metric("referee_not_drawn", job=case.job_id, attempt=case.attempt)
+                return
+            self._committed.add(key)
         self._until(stop, lambda: self._phase_done(case, opened, "committed", 2))
         reveal = functools.partial(
             self.bsm.reveal_verdict,
@@ -318,12 +337,16 @@ class RefereeService:
     ) -> list[int]:
         """Indices of the members a named claim proves false, re-run on a file that leads to
         the verdict (the shared state the members trained from), each (claim, file) once.
-        The member's private state is fetched with no regard to `fetch_by`: a state the
-        referee ran out of time for would count as withheld."""
+        The member's private state is fetched within its own deadline (`fraudcheck`), with no
+        regard to `fetch_by`: a state the referee ran out of time for would count as
+        withheld."""
         fetch, work = host
         out: set[int] = set()
         tensors = None if start is None else referee.start_tensors(start, case.start)
-        state = functools.partial(fetch, bounded=False)
+
+        def state(sha: str, who: str, dest: Path, within_s: float, most: int) -> Path:
+            return fetch(sha, who, dest, within_s=within_s, max_bytes=most)
+
         for c in found:
             key, t = next(((k, t) for k, t in agreed if fraudcheck.applies(c, t)), (None, None))
             if t is None or c.member not in case.members:
@@ -331,7 +354,9 @@ class RefereeService:
             i = case.members.index(c.member)
             if i not in out and memo.once(
                 (c, key),
-                lambda c=c, t=t: fraudcheck.caught(self.cfg, job, c, t, tensors, state, work),
+                lambda c=c, t=t: fraudcheck.caught(
+                    self.cfg, job, c, t, tensors, state, work, self.window
+                ),
             ):
                 out.add(i)
         return sorted(out)
@@ -398,14 +423,12 @@ class RefereeService:
         ]
 
     @contextlib.contextmanager
-    def _host(
-        self, case: Case, fetch_by: float
-    ) -> Iterator[tuple[Callable[[str, str, Path], Path], Path]]:
+    def _host(self, case: Case, fetch_by: float) -> Iterator[tuple[Callable[..., Path], Path]]:
         """A p2p host of our own for the challenge's files: yields fetch(sha256 hex, who,
-        dest, bounded=True), which asks the challenger and the members at once (the first
-        intact copy wins: a member that answers and then sends nothing holds up nobody), within
-        half a window and, `bounded`, by chain time `fetch_by`; and the challenge's work
-        folder."""
+        dest, within_s=None, max_bytes=None), which asks the challenger and the members at once
+        (the first intact copy wins: a member that answers and then sends nothing holds up
+        nobody) within `within_s`, else within half a window and by chain time `fetch_by`; and
+        the challenge's work folder."""
         from dtrain_node.p2p.host import GossipConfig, GossipNode
 
         work = self.cfg.data_dir / "referee" / f"job-{case.job_id}" / f"attempt-{case.attempt}"
@@ -414,9 +437,15 @@ class RefereeService:
         peers = [p for p in peer_specs(self.bsm, holders) if p[1]]
         end = time.monotonic() + (fetch_by - self._now())  # the chain read once, not per file
 
-        def fetch(sha: str, _who: str, dest: Path, bounded: bool = True) -> Path:
-            left = min(self.window / 2, end - time.monotonic()) if bounded else self.window / 2
-            return g.fetch_file(sha, peers, dest, left, race=True)
+        def fetch(
+            sha: str,
+            _who: str,
+            dest: Path,
+            within_s: float | None = None,
+            max_bytes: int | None = None,
+        ) -> Path:
+            left = min(self.window / 2, end - time.monotonic()) if within_s is None else within_s
+            return g.fetch_file(sha, peers, dest, left, race=True, max_bytes=max_bytes)
 
         g = GossipNode(
             GossipConfig(

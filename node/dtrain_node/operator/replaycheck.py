@@ -43,8 +43,9 @@ FETCH_BACKOFF_S = 1.0
 # (member, round, shared state at the round's start, the member's decoded private state) ->
 # the packet the member should have sent
 Replay = Callable[[str, int, Sequence[torch.Tensor], reproduce.PrivateState], bytes]
-# (sha256 hex, member, destination) -> the verified file; raises when the member does not serve it
-Fetch = Callable[[str, str, Path], Path]
+# (sha256 hex, member, destination, seconds it may take) -> the verified file; raises when the
+# member does not serve it in that time
+Fetch = Callable[[str, str, Path, float], Path]
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,9 @@ def _sha(b: bytes) -> bytes:
     return hashlib.sha256(b).digest()
 
 
-def run_check(c: Check, replay: Replay, fetch: Fetch, work: Path) -> Outcome:
-    """One check: the committed state fetched from the member, verified, replayed, compared."""
+def run_check(c: Check, replay: Replay, fetch: Fetch, work: Path, within_s: float) -> Outcome:
+    """One check: the committed state fetched from the member (asked for again until
+    `within_s` has passed), verified, replayed, compared."""
     zero = bytes(32)
     try:
         state = envmod.decode(c.commitment).state_digest
@@ -100,7 +102,7 @@ def run_check(c: Check, replay: Replay, fetch: Fetch, work: Path) -> Outcome:
         return Outcome(c, claims.NO_STATE, zero, zero, 0, 0.0, 0.0)
     t0 = time.perf_counter()
     dest = state_path(work, c, state)
-    data = _fetch(fetch, state.hex(), c.member, dest)
+    data = _fetch(fetch, state.hex(), c.member, dest, within_s)
     fetch_s = time.perf_counter() - t0
     if data is None:
         return Outcome(c, claims.WITHHELD, state, zero, 0, fetch_s, 0.0)
@@ -134,24 +136,39 @@ def state_deadline(size: int) -> float:
     return STATE_FETCH_BASE_S + size / STATE_MIN_BANDWIDTH
 
 
-def _fetch(fetch: Fetch, sha: str, member: str, dest: Path) -> bytes | None:
+def _fetch(fetch: Fetch, sha: str, member: str, dest: Path, within_s: float) -> bytes | None:
+    """The state, asked for again (the member may be restarting) until `within_s` has passed:
+    one deadline for every try, so a member that serves slowly holds up no later check."""
+    end = time.monotonic() + within_s
     for attempt in range(FETCH_TRIES):
+        left = end - time.monotonic()
+        if left <= 0:
+            break
         try:
-            return fetch(sha, member, dest).read_bytes()
+            return fetch(sha, member, dest, left).read_bytes()
         except Exception as e:  # CheckpointUnavailable, a dead peer, a closed host
             log.info("state %s.. of %s not fetched (try %d): %s", sha[:16], member, attempt, e)
-            if attempt + 1 < FETCH_TRIES:
-                time.sleep(FETCH_BACKOFF_S * 2**attempt)  # the member may be restarting
+            pause = min(FETCH_BACKOFF_S * 2**attempt, end - time.monotonic())
+            if attempt + 1 < FETCH_TRIES and pause > 0:
+                time.sleep(pause)
     return None
 
 
 class Checker:
-    """Runs checks one at a time on its own thread; `drain` waits for the queue to empty."""
+    """Runs checks one at a time on its own thread; `drain` waits for the queue to empty. Each
+    fetch may take `within()` seconds. A member that withheld a state once is not asked again
+    in the attempt: one withheld state is the claim, and later checks of others run at once."""
 
     def __init__(
-        self, replay: Replay, fetch: Fetch, work: Path, report: Callable[[Outcome], None]
+        self,
+        replay: Replay,
+        fetch: Fetch,
+        work: Path,
+        report: Callable[[Outcome], None],
+        within: Callable[[], float],
     ) -> None:
-        self._replay, self._fetch, self._report = replay, fetch, report
+        self._replay, self._fetch, self._report, self._within = replay, fetch, report, within
+        self.withheld: set[str] = set()
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self.outcomes: list[Outcome] = []
@@ -177,7 +194,12 @@ class Checker:
     def _loop(self) -> None:
         while (c := self._q.get()) is not None:
             try:
-                out = run_check(c, self._replay, self._fetch, self.work)
+                if c.member in self.withheld:
+                    log.info("round %d of %s not checked: it withheld a state", c.round, c.member)
+                    continue
+                out = run_check(c, self._replay, self._fetch, self.work, self._within())
+                if out.reason == claims.WITHHELD:
+                    self.withheld.add(c.member)
                 self.outcomes.append(out)
                 self._report(out)
             except Exception:  # a bug of ours is no evidence against the member
@@ -211,8 +233,8 @@ def confirmed(
     out = []
     for o in outcomes:
         c = o.check
-        if o.reason is None or o.reason == claims.WITHHELD:
-            continue  # a state we could not fetch proves nothing: undecided, never claimed
+        if o.reason is None:
+            continue
         if first_diverged is not None and c.round > first_diverged:
             continue  # rounds before the checked one differed: not the canonical start
         held = dict(canonical[c.round]) if c.round < len(canonical) else {}

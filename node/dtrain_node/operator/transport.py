@@ -108,6 +108,7 @@ def gossip_transport(cfg: NodeConfig, bsm: BSM, job_id: int) -> Transport:
         withhold_rounds=cfg.faults.withhold_rounds,
         reveal_to_one_rounds=cfg.faults.late_rounds,
         stall_files=cfg.faults.stall,
+        drip_states=cfg.faults.drip,
     )
     if cfg.faults.ahead:  # closes each round at once, agreed or not
         gcfg = dataclasses.replace(gcfg, settle_s=AHEAD_WAIT_S)

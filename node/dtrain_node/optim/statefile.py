@@ -72,6 +72,31 @@ def encode(state: reproduce.PrivateState) -> bytes:
     return b"".join(out)
 
 
+def _entry_bytes(name: str, shape: Sequence[int], dtype: torch.dtype) -> int:
+    numel = 1
+    for d in shape:
+        numel *= d
+    return 1 + len(name) + 2 + 4 * len(shape) + numel * torch.empty((), dtype=dtype).element_size()
+
+
+def size_bound(opt: DeMo) -> int:
+    """The most bytes a private state of `opt`'s model and recipe encodes to: its error
+    feedback, and a full inner AdamW state (every parameter's moments and step count). Every
+    node of a job computes the same bound, the cap on a state fetch and the size its deadline
+    is sized from (`replaycheck.state_deadline`)."""
+    e = opt.feedback.state()
+    size = _HEAD.size + len(str(e["layout"]).encode("ascii")) + 4
+    size += sum(_entry_bytes(f"e.{k}", e[k].shape, e[k].dtype) for k in ("mat", "vec"))
+    if opt.inner is None:
+        return size
+    params = [p for group in opt.inner.param_groups for p in group["params"]]
+    for i, p in enumerate(params):
+        for key in ("exp_avg", "exp_avg_sq"):
+            size += _entry_bytes(f"inner.{i:08d}.{key}", p.shape, p.dtype)
+        size += _entry_bytes(f"inner.{i:08d}.step", (), torch.float32)
+    return size
+
+
 def commitment(data: bytes) -> bytes:
     """What a member signs per round: the sha256 of its private-state file."""
     return hashlib.sha256(data).digest()

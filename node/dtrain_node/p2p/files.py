@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes on disk, of total); called on the host's thread
 IDLE_TIMEOUT_S = 60.0  # a fetch gives up on a peer that sends nothing for this long
+DRIP_S = 55.0  # fault `drip`: one byte of a private state per this many seconds
+STATE_SUFFIX = ".dtps"  # a private-state file (spotcheck.StateRing)
 
 
 class FileHostState(Protocol):
@@ -99,6 +101,9 @@ class FileService:
                 )
                 return
             with path.open("rb") as f:
+                if path.suffix == STATE_SUFFIX and getattr(self._state.config, "drip_states", 0):
+                    await self._drip(stream, f, offset, version)
+                    return
                 await self._send(stream, f, offset, version, peer)
         except Exception as e:
             log.debug("serving a file to %s failed: %r", peer, e)
@@ -110,6 +115,17 @@ class FileService:
         await wire.write_frame(stream, wire.encode_ckpt_reply(wire.CKPT_OK, 1 << 20, version))
         with trio.move_on_after(self._state.config.file_timeout_s):
             await trio.sleep_forever()
+
+    async def _drip(self, stream: Any, f: BinaryIO, offset: int, version: int) -> None:
+        """Fault `drip`: the file's true size, then one byte per DRIP_S, until the serving
+        timeout."""
+        size = os.fstat(f.fileno()).st_size
+        await wire.write_frame(stream, wire.encode_ckpt_reply(wire.CKPT_OK, size, version))
+        f.seek(offset)
+        with trio.move_on_after(self._state.config.file_timeout_s):
+            while block := f.read(1):
+                await wire.write_frame(stream, block)
+                await trio.sleep(DRIP_S)
 
     async def _send(self, stream: Any, f: BinaryIO, offset: int, version: int, peer: str) -> None:
         size = os.fstat(f.fileno()).st_size

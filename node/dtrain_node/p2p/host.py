@@ -93,6 +93,7 @@ class GossipConfig:
     # passed, to the first peer that asks
     reveal_to_one_rounds: tuple[int, ...] = ()
     stall_files: bool = False  # fault: answer every file request "found", then send nothing
+    drip_states: bool = False  # fault: serve private-state files one byte per `files.DRIP_S`
     stall_sync: bool = False  # fault: read every sync request, hold it open, answer nothing
     fault_seed: int = 0
 
