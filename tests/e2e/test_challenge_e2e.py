@@ -26,8 +26,6 @@ from dtrain_node.train.toy_models import save
 pytestmark = pytest.mark.slow
 
 WINDOW = 30  # seconds: each phase of a challenge (referees drawn and re-execute, commit, reveal)
-# a phase the deadline of the tiny model's state fits in: 30 s + 4.9 MB at 1 MiB/s, 34.7 s
-DA_WINDOW = 40
 ROUNDS = 4
 
 
@@ -450,7 +448,7 @@ def test_a_member_serving_its_state_a_byte_a_minute_is_caught_by_the_referees_ow
     unpaid, the checkpoint stands, the honest members are paid, the checker gets its bond
     back, the wei add up."""
     monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes
-    with _cluster(tmp_path, 4, 2 * ROUNDS, window=DA_WINDOW) as c:
+    with _cluster(tmp_path, 4, 2 * ROUNDS) as c:  # the state's deadline (14.7 s) fits a phase
         b = c.bsm
         for r in range(3):
             c.spawn_referee(r)

@@ -126,7 +126,7 @@ def state_path(work: Path, c: Check, state: bytes) -> Path:
     return work / f"check-{c.round}-{c.member}-{state.hex()[:16]}.dtps"
 
 
-STATE_FETCH_BASE_S = 30.0  # a state fetch's time to connect and start, whatever its size
+STATE_FETCH_BASE_S = 10.0  # a state fetch's time to connect and start, whatever its size
 STATE_MIN_BANDWIDTH = 1 << 20  # bytes/s a member must serve its committed state at
 
 
