@@ -485,6 +485,46 @@ def test_a_member_serving_its_state_a_byte_a_minute_is_caught_by_the_referees_ow
 
 
 @pytest.mark.timeout(1200)
+def test_a_forged_withheld_claim_about_a_check_not_its_own_is_refused_and_costs_its_bond(
+    tmp_path,
+) -> None:
+    """Attack: op4 of 4 trains honestly, then signs with the product's own claim code a
+    "withheld" claim about another member's round whose check was not its own (`forge-claim`)
+    and challenges the certified vote with it, to have an honest member judged. Each referee
+    recomputes the round's assignment from the transcript and refuses the claim before it
+    fetches or re-runs anything: nobody is caught or slashed, the checkpoint stands, all four
+    (the forger too: its vote was honest) are paid and keep their stake, and the forger's bond
+    goes to the referees and the treasury."""
+    with _cluster(tmp_path, 4, 2 * ROUNDS) as c:
+        b = c.bsm
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        c.spawn(3, ["forge-claim"])
+        c.wait(c.ended, 1000, "the job to end")
+        forger = c.ops[3].address
+        (made,) = [m for m in c.metrics(3) if m["kind"] == "replay_claim"]
+        assert made["reason"] == "withheld" and made["member"] != forger
+        events = b.events(job_id=c.job_id)
+        (challenged,) = [e.args for e in events if e.name == "Challenged"]
+        assert challenged["challenger"] == forger
+        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+        assert any(bytes(resolved["verdictKey"])) and not resolved["overturned"]
+        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+        forged = f"{made['member']}/{made['round']}/{forger}"
+        assert verdicts and all(v["caught"] == [] for v in verdicts)
+        assert all(v["claims"] == {forged: "refused"} for v in verdicts), verdicts
+        assert "Slashed" not in {e.name for e in events}
+        paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
+        assert paid == sorted(o.address for o in c.ops)
+        for o in c.ops:
+            assert b.pool(o.address).total_assets == ETH
+        assert b.credit_of(forger) == c.spec.price_per_operator_epoch * 40 // 100, "bond lost"
+        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+@pytest.mark.timeout(1200)
 def test_a_challenge_of_a_proven_unworkable_vote_loses_its_bond(tmp_path) -> None:
     """The job's dataset changes after its members applied: every member's epoch fails the
     dataset's pin and votes UNWORKABLE, a quorum. The caller disputes it anyway (a dispute that

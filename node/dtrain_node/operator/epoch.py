@@ -432,6 +432,8 @@ class EpochTrainer:
         record = self._evidence(t)
         self.transcript_root = record.root()
         file = evidence.save(env.job_dir, record)
+        if self.checks is not None and self.faults.forge_claim:
+            self.checks.forge_withheld(record)
         # to the referees of a challenge, by the file's sha256 (what `challenge` names)
         env.transport.serve_file(sha256_file(file).hex(), file)
         self.equivocations = list(t.equivocations)

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from eth_account import Account
 
-from dtrain_node.operator import claims, replaycheck, spotcheck
+from dtrain_node.operator import claims, evidence, replaycheck, spotcheck
 from dtrain_node.operator.replaycheck import Check, ClaimHead, Outcome
 from dtrain_node.optim import reproduce, statefile
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.p2p import envelope as envmod
 from dtrain_node.train import inner, shard
 from dtrain_node.train.backend import TrainJob, make_backend
 
@@ -54,6 +55,7 @@ class EpochChecks:
         self.s = s
         self.ring = spotcheck.StateRing(s.job_dir, s.head.attempt, s.serve)
         self.claims: list[claims.Claim] = []
+        self.assigned: dict[int, list[tuple[str, str]]] = {}  # round -> (checker, member)
         replica = replaycheck.demo_replica(self._build, s.demo, s.demo.sync_interval, s.reach)
         self.state_bound: int | None = None  # the most bytes a member's state file may have
         self.checker = replaycheck.Checker(
@@ -105,6 +107,7 @@ class EpochChecks:
         assignment (checker, member)."""
         s = self.s
         pairs = spotcheck.assign(spotcheck.shared_digest(shared_after), s.members, rnd, s.rate)
+        self.assigned[rnd] = pairs
         # a transport that signs nothing gives no commitments: nothing to check against
         pairs_held = zip(packets, commitments, strict=False)
         got = {str(sender).lower(): (p, c) for (sender, p), c in pairs_held}
@@ -143,28 +146,10 @@ class EpochChecks:
         s = self.s
         drained = self.checker.drain(min(DRAIN_S, budget_s))
         self.checker.stop()
-        account = Account.from_key(s.key)
         failed = [o for o in self.checker.outcomes if o.reason is not None]
         standing = replaycheck.confirmed(failed, first_diverged, canonical)
         for o in standing:
-            c = replaycheck.claim(o, s.head, account)
-            path = claims.save(s.job_dir / "claims", c)
-            s.serve(statefile.commitment(path.read_bytes()).hex(), path)
-            kept = replaycheck.state_path(self.checker.work, o.check, o.state)
-            if kept.is_file():  # the member's state, for the referees of our claim
-                s.serve(o.state.hex(), kept)
-            self.claims.append(c)
-            s.metric(
-                "replay_claim",
-                job=s.head.job_id,
-                epoch=s.epoch,
-                attempt=s.head.attempt,
-                round=c.round,
-                member=c.member,
-                reason=c.reason_name,
-                file_sha256=statefile.commitment(path.read_bytes()).hex(),
-                claim=c.encode().hex(),
-            )
+            self._stand(o)
         if len(standing) < len(failed) or not drained:
             s.metric(
                 "replay_claims_dropped",
@@ -174,3 +159,40 @@ class EpochChecks:
                 drained=drained,
             )
         return self.claims
+
+    def _stand(self, o: Outcome) -> None:
+        """Sign, save and serve the claim of a failed check (with the member's state, when we
+        kept it); report it."""
+        s = self.s
+        c = replaycheck.claim(o, s.head, Account.from_key(s.key))
+        path = claims.save(s.job_dir / "claims", c)
+        s.serve(statefile.commitment(path.read_bytes()).hex(), path)
+        kept = replaycheck.state_path(self.checker.work, o.check, o.state)
+        if kept.is_file():  # the member's state, for the referees of our claim
+            s.serve(o.state.hex(), kept)
+        self.claims.append(c)
+        s.metric(
+            "replay_claim",
+            job=s.head.job_id,
+            epoch=s.epoch,
+            attempt=s.head.attempt,
+            round=c.round,
+            member=c.member,
+            reason=c.reason_name,
+            file_sha256=statefile.commitment(path.read_bytes()).hex(),
+            claim=c.encode().hex(),
+        )
+
+    def forge_withheld(self, t: evidence.EpochTranscript) -> None:
+        """Fault `forge-claim`: a "withheld" claim, signed with the product's own claim code,
+        about another member's packet in the first round whose check of it was not ours;
+        saved, served and reported as our claims are, so that our challenge names it."""
+        me = self.s.me.lower()
+        for r, packets in enumerate(t.rounds):
+            ours = {m.lower() for c, m in self.assigned.get(r, []) if c.lower() == me}
+            for p in packets:
+                if p.sender.lower() != me and p.sender.lower() not in ours:
+                    state = envmod.decode(p.commitment).state_digest or bytes(32)
+                    check = Check(r, p.sender, p.payload, p.commitment, [])
+                    self._stand(Outcome(check, claims.WITHHELD, state, bytes(32), 0, 0.0, 0.0))
+                    return

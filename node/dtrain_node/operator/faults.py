@@ -67,6 +67,10 @@ out of time (they fetch with one deadline for all files, asking a file's namers 
 byte per 55 s: never idle long enough for a fetch's idle timeout, and never done. The checker
 and the referees ask within the state's deadline; the referees catch it as withholding.
 
+`forge-claim` signs, with the product's own claim code, a "withheld" claim about another
+member's packet in a round whose check was not ours, and challenges the certified vote with it:
+the referees recompute the round's assignment and refuse it before fetching anything.
+
 `slow=X` is no misbehaviour: an honest machine X times slower than it is (every round's inner
 steps take X times as long). The chain must not punish it.
 """
@@ -88,7 +92,8 @@ from dtrain_node.optim.codec import Spec
 USAGE = (
     "fabricate, collude, unworkable, doctor, inject, no-reveal, garbage, stop-sync=N, offline=N, "
     "attack=KIND (KIND: poison, scale=X, signflip, noise, stale, copy), ahead, stale, slow=X, "
-    "equivocate=N, withhold=N, late=N, shun=ADDR, stall, drip, epoch=E, once"
+    "equivocate=N, withhold=N, late=N, shun=ADDR, stall, drip, forge-claim, "
+    "epoch=E, once"
 )
 
 # `ahead`: how long its rounds wait for the others, and for their agreement (they do not)
@@ -160,6 +165,7 @@ class Faults:
     shun: str | None = None  # vote what our transcript leads to without this member's packets
     stall: bool = False  # name a file nobody has; answer file requests and send nothing
     drip: bool = False  # serve our private states one byte per 55 s
+    forge_claim: bool = False  # claim "withheld" about a member's round not ours to check
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.slow <= 100.0:
@@ -206,6 +212,8 @@ class Faults:
                 kw["stall"] = True
             elif name == "drip" and not value:
                 kw["drip"] = True
+            elif name == "forge-claim" and not value:
+                kw["forge_claim"] = True
             elif name == "once" and not value:
                 kw["first_attempt_only"] = True
             elif name == "equivocate" and value.isdigit():

@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 # nobody serves it in that time
 StateFetch = Callable[[str, str, Path, float, int], Path]
 
+# what a referee finds of a claim (`caught`)
+REFUSED = "refused"  # not the signer's check: nothing fetched or re-run
+UNDECIDED = "undecided"  # not served, but the state's deadline exceeds a phase
+HONEST = "honest"  # the replay gives the member's packet
+CAUGHT = "caught"  # another packet, another state, or not served in time
+
 
 def applies(c: claims.Claim, t: evidence.EpochTranscript) -> bool:
     """The claim is signed by its checker, its commitment is the member's for its round, and
@@ -73,8 +79,9 @@ def caught(
     fetch: StateFetch,
     work: Path,
     phase_s: float,
-) -> bool:
-    """Whether member `c.member` fails the replay of round `c.round` (see the module doc).
+) -> str:
+    """What the replay of member `c.member`'s round `c.round` finds (see the module doc):
+    CAUGHT, HONEST, REFUSED or UNDECIDED.
     `job`: as the attempt began (its members and epoch); `start`: the epoch's start tensors
     (None: the job's start model); `phase_s`: the referees' phase, which the state's deadline
     must fit in for a state not served to decide anything."""
@@ -83,7 +90,7 @@ def caught(
     shared, reach, after, bound = _shared_at(cfg, job, tj, t, start, c.round)
     if not assigned(c, after, job.members, spotcheck.rate_from_env()):
         log.info("claim on %s round %d refused: not %s's check", c.member, c.round, c.checker)
-        return False
+        return REFUSED
     replica = replaycheck.demo_replica(
         _builder(job, tj, start), demo_config(cfg, job, tj.recipe), job.spec.sync_interval, reach
     )
@@ -96,10 +103,10 @@ def caught(
     o = replaycheck.run_check(check, replica, capped, work, min(within, phase_s))
     if o.reason == claims.WITHHELD and within > phase_s:
         log.info("claim on %s round %d: undecided, %.0f s > the phase", c.member, c.round, within)
-        return False
-    found = "honest" if o.reason is None else f"caught ({claims.REASONS[o.reason]})"
-    log.info("claim on %s round %d: %s", c.member, c.round, found)
-    return o.reason is not None
+        return UNDECIDED
+    found = HONEST if o.reason is None else CAUGHT
+    log.info("claim on %s round %d: %s (%s)", c.member, c.round, found, claims.REASONS[c.reason])
+    return found
 
 
 def assigned(c: claims.Claim, after: bytes, members: Sequence[str], rate: float) -> bool:

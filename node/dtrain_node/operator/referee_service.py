@@ -83,6 +83,7 @@ class Memo:
     done: dict[Any, Any] = field(default_factory=dict)
     files: int = 0  # voters' files re-executed
     unions: int = 0  # unions re-executed
+    claims: dict[str, str] = field(default_factory=dict)  # "member/round/checker" -> finding
 
     def once(self, key: Any, work: Callable[[], Any], count: str = "") -> Any:
         """`work()`'s result, computed on the first call with `key`, counted in the counter
@@ -207,6 +208,7 @@ class RefereeService:
             judged_s=judged_s,
             reexecuted=memo.files,
             unions=memo.unions,
+            claims=dict(memo.claims),
         )
         self._until(stop, lambda: self._phase_done(case, opened, "revealed", 3))
         with contextlib.suppress(ContractError, TransactionFailed):  # resolved by another
@@ -352,12 +354,16 @@ class RefereeService:
             if t is None or c.member not in case.members:
                 continue
             i = case.members.index(c.member)
-            if i not in out and memo.once(
+            if i in out:
+                continue
+            finding = memo.once(
                 (c, key),
                 lambda c=c, t=t: fraudcheck.caught(
                     self.cfg, job, c, t, tensors, state, work, self.window
                 ),
-            ):
+            )
+            memo.claims[f"{c.member}/{c.round}/{c.checker}"] = finding
+            if finding == fraudcheck.CAUGHT:
                 out.add(i)
         return sorted(out)
 
