@@ -102,6 +102,7 @@ def test_faults_parse_and_scope() -> None:
     assert f.fabricate_checkpoint and f.epoch == 1 and f.first_attempt_only
     assert f.active(1) == f and f.active(0) == Faults() and f.active(1, retry=True) == Faults()
     assert Faults.parse(["offline=2"]).offline_at_round == 2
+    assert Faults.parse(["drip", "forge-claim"]) == Faults(drip=True, forge_claim=True)
     assert Faults().reveals and not Faults.parse(["no-reveal"]).reveals
     assert Faults.parse(["no-reveal", "epoch=2"]).active(1).reveals
     with pytest.raises(ValueError, match="unknown fault"):
