@@ -58,11 +58,13 @@ def _overturned(
     coalition: list[int],
     reason: SlashReason,
     phantoms: int = 0,
+    replayed: frozenset[str] = frozenset(),
 ) -> None:
     """The job completed on the honest members' vote after a challenge by one of them: the
-    referees revealed it, the coalition was slashed for `reason` and unpaid, every honest
-    member was paid and kept its stake, and the contract's balance equals its accounting.
-    `phantoms`: voters' files nobody has (never re-executed)."""
+    referees revealed it, the coalition was slashed for `reason` (`FailedReplay` for those
+    in `replayed`, caught by a replay claim) and unpaid, every honest member was paid and kept
+    its stake, and the contract's balance equals its accounting. `phantoms`: voters' files
+    nobody has (never re-executed)."""
     b = c.bsm
     assert b.job(c.job_id).state.status.name == "COMPLETED"
     events = b.events(job_id=c.job_id)
@@ -94,7 +96,9 @@ def _overturned(
     slashed = sorted(
         (e.args["operator"], SlashReason(e.args["reason"])) for e in events if e.name == "Slashed"
     )
-    assert slashed == sorted((c.ops[i].address, reason) for i in coalition)
+    want = [(c.ops[i].address, reason) for i in coalition]
+    want = [(a, SlashReason.FAILED_REPLAY if a in replayed else r) for a, r in want]
+    assert slashed == sorted(want)
     paid = sorted(e.args["operator"] for e in events if e.name == "OperatorPaid")
     assert paid == sorted(c.ops[i].address for i in honest)
     for i in coalition:
@@ -153,13 +157,24 @@ def test_two_sybils_that_name_files_nobody_has_and_stall_every_fetch_are_still_o
     fetch's idle timeout (a minute: four of them, past the commit phase). The referees fetch
     every file at once, each from its namers first, all within half a window: they still
     commit in time and the honest member's vote stands. The epoch is the shortest the chain
-    allows: the honest member's spot check of a colluder's state, stalled the same way (three
-    tries of 30 s), would outlast its commit deadline; it drops the check and votes in time."""
+    allows: the honest member's spot check of a colluder's state, stalled the same way, ends
+    at the state's deadline (one for every try), in time for its vote; its "withheld" claim
+    has the referees ask for the state themselves: a colluder's state of a round after the
+    first nobody else holds, and it is caught by replay; round 0's is every member's start
+    state (the same bytes), which the honest member serves, and the replay clears it."""
     with _cluster(tmp_path, 3, 8, epoch_duration=60) as c:
         _two_colluders_and_referees(c, "stall")
-        _overturned(c, [2], [0, 1], SlashReason.FABRICATION, phantoms=2)
-        (cut,) = [m for m in c.metrics(2) if m["kind"] == "replay_claims_dropped"]
-        assert not cut["drained"], "a stalled check was still running when the vote went in"
+        claimed = [m for m in c.metrics(2) if m["kind"] == "replay_claim"]
+        assert {m["reason"] for m in claimed} <= {"withheld"}
+        assert {m["member"] for m in claimed} <= {c.ops[0].address, c.ops[1].address}
+        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+        found = {tuple(k.split("/")[:2]): v for k, v in verdicts[0]["claims"].items()}
+        assert all(v["claims"] == verdicts[0]["claims"] for v in verdicts)
+        assert sorted(found) == sorted((m["member"], str(m["round"])) for m in claimed)
+        assert all(v == ("honest" if r == "0" else "caught") for (_, r), v in found.items())
+        caught = frozenset(m for (m, _), v in found.items() if v == "caught")
+        _overturned(c, [2], [0, 1], SlashReason.FABRICATION, phantoms=2, replayed=caught)
+        assert not [m for m in c.metrics(2) if m["kind"] == "replay_claims_dropped"]
 
 
 @pytest.mark.timeout(1200)

@@ -345,3 +345,26 @@ def test_a_job_is_refused_when_its_measured_step_time_misses_the_epoch(monkeypat
     with pytest.raises(preflight.TooSlow, match="an epoch of 120 s needs 154 s here"):
         preflight.fits(SimpleNamespace(spec=spec), step_s)
     preflight.fits(SimpleNamespace(spec=spec), 1.0)  # 20 + 14 + 20 s: it fits
+
+
+def test_a_restarted_member_serves_the_states_of_its_attempt_to_the_referees(tmp_path) -> None:
+    """A member restarted after its epoch (waiting on a challenge) must serve the private
+    states it kept: a replay claim has the referees ask for one, and a state not served in
+    time catches it. It serves the attempt's states once, and no other attempt's."""
+    from types import SimpleNamespace
+
+    from dtrain_node.operator import spotcheck
+    from dtrain_node.operator.node import Node
+
+    served: list[str] = []
+    node = Node.__new__(Node)
+    node.dir, node._states_served = tmp_path, set()
+    node.transport = SimpleNamespace(serve_file=lambda sha, path: served.append(sha))
+    ring = spotcheck.StateRing(node.job_dir(7), 3, lambda sha, path: None)
+    kept = [ring.put(r, f"state {r}".encode()) for r in range(2)]
+    old = hashlib.sha256(b"old attempt").hexdigest()
+    (ring.dir / f"2-0-{old}.dtps").write_bytes(b"old attempt")
+    job = SimpleNamespace(id=7, state=SimpleNamespace(attempt=3))
+    for _ in range(2):
+        node._serve_transcript(job, None)
+    assert served == kept

@@ -51,7 +51,7 @@ from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
 from dtrain.units import format_eth
 from dtrain_node.errors import StopRequested
-from dtrain_node.operator import asks, attest, attest_service, evidence, vote
+from dtrain_node.operator import asks, attest, attest_service, evidence, spotcheck, vote
 from dtrain_node.operator.challenger import Challenger
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
@@ -162,6 +162,7 @@ class Node:
         self.dir = cfg.data_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.leave_requested = threading.Event()
+        self._states_served: set[tuple[int, int]] = set()  # (job, attempt) re-served
         self.stop_now = threading.Event()
         self.job_id: int | None = cfg.job_id
         self._transport_factory = transport_factory or gossip_transport
@@ -645,12 +646,19 @@ class Node:
             self._sleep()
 
     def _serve_transcript(self, job: Job, mine: Vote | None) -> None:
-        """Serves the transcript file our vote names, also after a restart: a challenge's
-        referees fetch it by that sha256 to judge our vote against it."""
+        """Serves the transcript file our vote names and the attempt's private states we
+        kept, also after a restart: a challenge's referees fetch the file by that sha256 to
+        judge our vote against it, and a state by the digest we signed when a replay claim
+        names it (a state not served to them in time catches us)."""
+        if self.transport is None:
+            return
+        if (job.id, job.state.attempt) not in self._states_served:
+            self._states_served.add((job.id, job.state.attempt))
+            spotcheck.StateRing(self.job_dir(job.id), job.state.attempt, self.transport.serve_file)
         file = evidence.path(self.job_dir(job.id), job.state.attempt)
         if mine is None or not any(mine.transcript) or not file.is_file():
             return
-        if self.transport is not None and sha256_file(file) == mine.transcript:
+        if sha256_file(file) == mine.transcript:
             self.transport.serve_file(mine.transcript.hex(), file)
 
     def _send_reveal(self, job: Job, mine: Vote, gas: int | None) -> bool:
