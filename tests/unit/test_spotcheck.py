@@ -510,3 +510,34 @@ def test_a_claim_counts_only_if_its_checker_was_assigned_that_check() -> None:
     # another round, another seed or a rate under which nobody was checked: refused too
     assert not fraudcheck.assigned(dataclasses.replace(honest, round=5), seed, members, 0.0)
     assert not fraudcheck.assigned(honest, seed, members, 0.0)
+
+
+def test_a_withheld_state_is_asked_for_once_more_before_it_is_claimed(tmp_path) -> None:
+    """A member that was restarting while its check ran serves its state by the epoch's end:
+    the checker asks once more before it claims anything, and the check then runs."""
+    calls: list[str] = []
+
+    def fetch(sha: str, member: str, dest: Path, within_s: float) -> Path:
+        calls.append(member)
+        if len(calls) <= replaycheck.FETCH_TRIES:
+            raise RuntimeError("restarting")
+        dest.write_bytes(b"state")
+        return dest
+
+    reported: list[replaycheck.Outcome] = []
+    replaycheck.FETCH_BACKOFF_S, saved = 0.0, replaycheck.FETCH_BACKOFF_S
+    try:
+        checker = replaycheck.Checker(
+            lambda *a: b"p", fetch, tmp_path, reported.append, within=lambda: 1.0
+        )
+        commit = _commit(ACCOUNTS[0], 0, b"p", hashlib.sha256(b"state").digest())
+        checker.submit(replaycheck.Check(0, "m", b"p", commit.encode(), []))
+        assert checker.drain(30.0)
+        checker.stop()
+        (first,) = checker.outcomes
+        again = checker.again(first)
+    finally:
+        replaycheck.FETCH_BACKOFF_S = saved
+    assert first.reason == claims.WITHHELD
+    assert again.reason != claims.WITHHELD and again.bytes == len(b"state")
+    assert reported[-1] is again and checker.again(again) is again

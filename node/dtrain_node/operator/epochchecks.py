@@ -7,6 +7,7 @@ checks that stand become signed claims).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,12 +142,20 @@ class EpochChecks:
         budget_s: float = DRAIN_S,
     ) -> list[claims.Claim]:
         """Wait for the queued checks (up to DRAIN_S, and `budget_s`: the time the vote can
-        spare), then sign, save and serve the claims that stand (`replaycheck.confirmed`);
-        report each (`replay_claim`). A check still running is dropped, never claimed."""
+        spare), ask once more for each state a member withheld (a member that was restarting
+        serves it now) while the budget lasts and the checker is idle, then sign, save and
+        serve the claims that stand (`replaycheck.confirmed`); report each (`replay_claim`).
+        A check still running is dropped, never claimed."""
         s = self.s
+        ends = time.monotonic() + min(DRAIN_S, budget_s)
         drained = self.checker.drain(min(DRAIN_S, budget_s))
         self.checker.stop()
-        failed = [o for o in self.checker.outcomes if o.reason is not None]
+        failed = [
+            self.checker.again(o) if drained and time.monotonic() + self._within() < ends else o
+            for o in self.checker.outcomes
+            if o.reason is not None
+        ]
+        failed = [o for o in failed if o.reason is not None]
         standing = replaycheck.confirmed(failed, first_diverged, canonical)
         for o in standing:
             self._stand(o)

@@ -183,6 +183,16 @@ class Checker:
             self._pending += 1
         self._q.put(c)
 
+    def again(self, o: Outcome) -> Outcome:
+        """A withheld state asked for once more, on the caller's thread (the checker's has
+        stopped); any other outcome as it is."""
+        if o.reason != claims.WITHHELD:
+            return o
+        again = run_check(o.check, self._replay, self._fetch, self.work, self._within())
+        if again.reason != claims.WITHHELD:
+            self._report(again)
+        return again
+
     def drain(self, timeout_s: float) -> bool:
         """Wait until every submitted check ran (True) or `timeout_s` passed (False)."""
         with self._idle:
