@@ -14,7 +14,7 @@ it is on-chain, and each referee asks for the state itself, capped at the most b
 the job has (`statefile.size_bound`) and within the deadline that size takes at the documented
 minimum bandwidth (`replaycheck.state_deadline`), asking again while the deadline runs. M is
 caught as withholding only when nobody served the referee its committed state within that
-deadline, and only when the deadline fits in the referees' phase (else the claim is
+deadline, and only when the deadline fits in half a challenge phase (else the claim is
 undecided): what one checker could not fetch is a reason to ask again, never guilt by itself.
 
 A claim counts only if its checker was assigned the check: the assignment is recomputed from
@@ -83,8 +83,8 @@ def caught(
     """What the replay of member `c.member`'s round `c.round` finds (see the module doc):
     CAUGHT, HONEST, REFUSED or UNDECIDED.
     `job`: as the attempt began (its members and epoch); `start`: the epoch's start tensors
-    (None: the job's start model); `phase_s`: the referees' phase, which the state's deadline
-    must fit in for a state not served to decide anything."""
+    (None: the job's start model); `phase_s`: the time a referee can give the state, which
+    its deadline must fit in for a state not served to decide anything."""
     tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
     packet = next(p.payload for p in t.rounds[c.round] if p.sender == c.member)
     shared, reach, after, bound = _shared_at(cfg, job, tj, t, start, c.round)

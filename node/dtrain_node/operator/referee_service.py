@@ -358,8 +358,9 @@ class RefereeService:
                 continue
             finding = memo.once(
                 (c, key),
+                # half a phase for the state: the files and the re-execution need the rest
                 lambda c=c, t=t: fraudcheck.caught(
-                    self.cfg, job, c, t, tensors, state, work, self.window
+                    self.cfg, job, c, t, tensors, state, work, self.window / 2
                 ),
             )
             memo.claims[f"{c.member}/{c.round}/{c.checker}"] = finding
