@@ -105,6 +105,7 @@ class Setup:
     max_train: int
     uri: str | None = None  # a job's model (builtin:tiny) instead of the harness GPT
     clip: float = RobustConfig.clip  # the rule's bound (RobustConfig.clip) when it is on
+    trust_shift: int = RobustConfig.trust_shift  # senders below cos_trust scaled by 2^-this
 
 
 def setups(quick: bool) -> Setup:
@@ -145,7 +146,9 @@ def run(
         lr=1.0,
         inner_lr=setup.inner_lr,
         compress=CompressConfig(k2d=setup.k, k1d=1, bits=setup.bits),
-        robust=RobustConfig(enabled=rule, clip=setup.clip if clip else 0.0),
+        robust=RobustConfig(
+            enabled=rule, clip=setup.clip if clip else 0.0, trust_shift=setup.trust_shift
+        ),
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
     bad = tuple(range(n - f, n))
@@ -220,14 +223,19 @@ def coalition_jobs(setup: Setup, seeds: list[int]) -> list[tuple]:
     return out
 
 
-def shaped_jobs(setup: Setup, seeds: list[int], sizes: tuple[int, ...] = SHAPED_SIZES) -> list:
+def shaped_jobs(
+    setup: Setup,
+    seeds: list[int],
+    sizes: tuple[int, ...] = SHAPED_SIZES,
+    attacks: tuple[str, ...] = SHAPED_ATTACKS,
+) -> list:
     out = []
     for s in seeds:
         for n in sizes:
             f = (n - 1) // 3
             out += [(setup, n, None, True, s), (setup, n, None, True, s, 1, False)]
-            out += [(setup, n, a, True, s, f) for a in SHAPED_ATTACKS]
-            out += [(setup, n, a, True, s, f, False) for a in ("scale=8", "adapt")]
+            out += [(setup, n, a, True, s, f) for a in attacks]
+            out += [(setup, n, a, True, s, f, False) for a in ("scale=8", "adapt") if a in attacks]
         beyond = [b for b in BEYOND if b[0] in sizes or sizes == SHAPED_SIZES]
         for n in sorted({b[0] for b in beyond}):
             out += [(setup, n, None, True, s), (setup, n, None, True, s, 1, False)]
@@ -556,6 +564,8 @@ OPTIONS = (
     ("--model", dict(default=None, help="a job's model URI (builtin:tiny) for the runs")),
     ("--shaped", dict(action="store_true", help="attacks shaped to the rule, n = 7, 10, 16")),
     ("--clip", dict(type=float, default=None, help="the bound's multiple of the median norm")),
+    ("--trust-shift", dict(type=int, default=None, help="2^-N for senders below cos_trust")),
+    ("--attacks", dict(nargs="+", default=None, help="--shaped: these attacks only")),
     ("--from-runs", dict(type=Path, nargs="+", help="--shaped: report these runs (json, jsonl)")),
     ("--sizes", dict(type=int, nargs="+", default=None, help="--shaped: these n only")),
 )
@@ -575,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         setup = replace(setup, uri=a.model)
     if a.clip is not None:
         setup = replace(setup, clip=a.clip)
+    if a.trust_shift is not None:
+        setup = replace(setup, trust_shift=a.trust_shift)
     P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
@@ -623,7 +635,8 @@ def shaped(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: fl
         results = [r for f in a.from_runs for r in _runs(f)]
         seeds = sorted({r["seed"] for r in results})
     else:
-        todo = shaped_jobs(setup, seeds, tuple(a.sizes or SHAPED_SIZES))
+        attacks = tuple(a.attacks or SHAPED_ATTACKS)
+        todo = shaped_jobs(setup, seeds, tuple(a.sizes or SHAPED_SIZES), attacks)
         print(f"bench_robust --shaped: {P:,} params, {len(todo)} runs", flush=True)
         results = run_all(todo, a.jobs)
     rows = shaped_rows(results)
@@ -661,7 +674,7 @@ def _meta(setup: Setup, P: int) -> dict:
         bits=setup.bits,
         steps=setup.steps,
         bsz=setup.bsz,
-        robust=RobustConfig(clip=setup.clip).__dict__,
+        robust=RobustConfig(clip=setup.clip, trust_shift=setup.trust_shift).__dict__,
     )
 
 

@@ -392,3 +392,25 @@ def test_the_bound_is_bitwise_the_same_whatever_the_order():
         p = list(pk)
         random.Random(seed).shuffle(p)
         assert aggregate(spec, screen_clipped(spec, p, RobustConfig())[0]).digest() == ref
+
+
+def test_a_random_direction_at_the_median_norm_is_scaled_down_when_trust_is_on():
+    """`orth`: a colluder's random direction at the honest scale is kept (it points nowhere,
+    so the direction rule cannot exclude it) and, by the bound alone, weighs a full sender.
+    With trust on, a kept sender whose cosine with the others' sum is under cos_trust is
+    scaled down by a further 2^-trust_shift; the honest senders are not."""
+    opts = members(7)
+    train(opts, 4, 6)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[6] = swap(spec, pk[6], "orth=1")
+    plain, out, clipped = screen_clipped(spec, pk, RobustConfig())
+    assert out == {} and 6 not in clipped  # kept at its own scale
+    kept, out, clipped = screen_clipped(spec, pk, RobustConfig(trust_shift=2))
+    assert out == {} and [s for s, _ in kept] == [0, 1, 2, 3, 4, 5, 6]
+    assert set(clipped) == {6} and clipped[6] >= 2
+    before, after = norms2(spec, plain), norms2(spec, kept)
+    assert after[:6] == before[:6]
+    assert all(a * 16 <= b for a, b in zip(after[6], before[6], strict=True))
+    with pytest.raises(ValueError, match="trust_shift"):
+        RobustConfig(trust_shift=17)

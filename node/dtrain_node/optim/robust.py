@@ -77,6 +77,10 @@ class RobustConfig:
     min_direction: fewest senders (after the norm rule) for the direction rule to run.
     clip: a kept sender's parameter is scaled down by powers of two to at most this multiple
     of the kept senders' lower median norm (it ends in (clip / 2, clip] times it); 0: never.
+    cos_trust / trust_shift: a kept sender whose cosine with the sum of the other kept senders
+    (clipped, near copies as one) is below cos_trust is scaled down by a further
+    2^-trust_shift: a random direction at the median norm (cosine about 0; honest senders'
+    are >= 0.06) then adds little noise to the step. trust_shift 0: off (being measured).
     theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
     set of packets can make the shared state non-finite. enabled=False aggregates everything.
     """
@@ -89,6 +93,8 @@ class RobustConfig:
     cos_copy: float = 0.9
     min_direction: int = 3
     clip: float = 1.0
+    cos_trust: float = 0.03
+    trust_shift: int = 0
     theta_max: float = 2.0**16
 
     def __post_init__(self) -> None:
@@ -106,6 +112,11 @@ class RobustConfig:
             raise ValueError(f"min_direction must be >= 3, got {self.min_direction}")
         if not (math.isfinite(self.clip) and (self.clip == 0 or self.clip >= 1)):
             raise ValueError(f"clip must be 0 (off) or finite and >= 1, got {self.clip}")
+        if not (-1 <= self.cos_trust < 1 and 0 <= self.trust_shift <= 16):
+            raise ValueError(
+                f"cos_trust must be in [-1, 1) and trust_shift in [0, 16], got "
+                f"{self.cos_trust}, {self.trust_shift}"
+            )
         if not (math.isfinite(self.theta_max) and self.theta_max > 0):
             raise ValueError(f"theta_max must be finite and > 0, got {self.theta_max}")
 
@@ -340,11 +351,12 @@ def screen_clipped(
     kept, out, judged = _judged(spec, packets, cfg)
     if judged is None or not judged[1] or not cfg.clip:
         return kept, out, {}
-    G, keep, copies = judged
+    G, keep, copies, distrusted = judged
     shifts = clip_shifts(G, keep, Fraction(cfg.clip) ** 2)
     crowd = crowds(keep, copies)
     for a in keep:  # near copies share one sender's weight: 2^-ceil(log2 crowd) each
-        shifts[a] = [x + (crowd[a] - 1).bit_length() for x in shifts[a]]
+        extra = (crowd[a] - 1).bit_length() + (cfg.trust_shift if a in distrusted else 0)
+        shifts[a] = [x + extra for x in shifts[a]]
     bounded, clipped = [], {}
     for a, p in zip(keep, kept, strict=True):
         s = shifts[a]
@@ -385,11 +397,27 @@ def lowered(spec: Spec, packet: Sequence[Sparse], shifts: Sequence[int]) -> Sequ
     return [replace(t, exp=t.exp - s) for t, s in zip(packet, shifts, strict=True)]
 
 
+def distrusted(
+    dots: list[list[int]], keep: list[int], copies: set[tuple[int, int]], c: Fraction
+) -> set[int]:
+    """Senders in keep whose cosine with the sum of the other senders in keep (near copies
+    counted together as one, `crowded`) is below c, exactly."""
+    dots = crowded(dots, keep, copies)
+    total = sum(dots[a][b] for a in keep for b in keep)
+    out = set()
+    for a in keep:
+        row = sum(dots[a][b] for b in keep)
+        s2 = total - 2 * row + dots[a][a]  # |S - v_a|^2
+        if dots[a][a] * s2 and below(row - dots[a][a], dots[a][a] * s2, 1, c):
+            out.add(a)
+    return out
+
+
 def _judged(
     spec: Spec, packets: Packets, cfg: RobustConfig
-) -> tuple[list, dict[Hashable, str], tuple[list, list[int], set[tuple[int, int]]] | None]:
-    """(kept, excluded, (parameter Gram matrices, kept positions, near-copy pairs), or None
-    when nothing was judged)."""
+) -> tuple[list, dict[Hashable, str], tuple[list, list[int], set, set[int]] | None]:
+    """(kept, excluded, (parameter Gram matrices, kept positions, near-copy pairs, kept
+    senders below cos_trust), or None when nothing was judged)."""
     if not cfg.enabled or len(packets) < 2:
         return list(packets), {}, None
     order = aggregate.by_sender(packets)
@@ -403,6 +431,7 @@ def _judged(
         else:
             out[p[0]] = r
     copies: set[tuple[int, int]] = set()
+    low: set[int] = set()
     if len(keep) >= cfg.min_direction:
         dots = clipped(G, keep)
         echo = echo_pairs(dots, keep, cfg.cos_echo)
@@ -410,7 +439,9 @@ def _judged(
         for a in _direction(dots, echo, copies, keep, cfg):
             out[order[a][0]] = "direction"
             keep.remove(a)
-    return [order[a] for a in keep], out, (G, keep, copies)
+        if cfg.trust_shift:
+            low = distrusted(clipped(G, keep), keep, copies, Fraction(cfg.cos_trust))
+    return [order[a] for a in keep], out, (G, keep, copies, low)
 
 
 def stats(spec: Spec, packets: Packets) -> dict[Hashable, tuple[float, list[float]]]:
