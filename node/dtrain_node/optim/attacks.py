@@ -16,6 +16,9 @@ scripts/bench_robust.py and the operator's fault option.
                levels, the honest exponents shifted by round(log2 X))
     edge=X     the honest update times X with a seeded half of its signs flipped: the honest
                support and scale, about no honest direction
+    skew=X     the honest update times X with a seeded quarter of its signs flipped: half
+               the honest direction and the rest noise, a shape that keeps a cosine with the
+               others' sum above the trust threshold (RobustConfig.cos_trust)
     adapt      (Coalition only) per round, the first of flip, push and edge at x16, x8, x4,
                x2 and x1 that the robust rule would have kept for every colluder on the
                previous round's revealed packets: an attacker that knows the rule
@@ -46,11 +49,12 @@ KINDS = (
     "noise",
     "orth",
     "edge",
+    "skew",
     "adapt",
     "stale",
     "copy",
 )
-_SCALED = ("scale", "flip", "push", "orth", "edge")  # kinds that take a factor
+_SCALED = ("scale", "flip", "push", "orth", "edge", "skew")  # kinds that take a factor
 ADAPT_CANDIDATES = tuple((k, x) for k in ("flip", "push", "edge") for x in (16, 8, 4, 2, 1))
 
 
@@ -100,14 +104,14 @@ def orth(spec: Spec, pkt: bytes, x: float, seed: int = 0) -> bytes:
     return _random(spec, pkt, seed, lambda s, _: _shifted(s.exp, d))
 
 
-def edge(spec: Spec, pkt: bytes, x: float, seed: int = 0) -> bytes:
+def edge(spec: Spec, pkt: bytes, x: float, seed: int = 0, flipped: float = 0.5) -> bytes:
     g = torch.Generator().manual_seed(seed)
 
-    def half(i: int, s: Sparse) -> Sparse:
-        flip = torch.rand(s.lvl.shape, generator=g) < 0.5
+    def some(i: int, s: Sparse) -> Sparse:
+        flip = torch.rand(s.lvl.shape, generator=g) < flipped
         return replace(s, lvl=torch.where(flip, -s.lvl, s.lvl))
 
-    return scale(spec, _map(spec, pkt, half), x)
+    return scale(spec, _map(spec, pkt, some), x)
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,8 @@ class Attack:
             return orth(spec, pkt, self.x, seed)
         if self.kind == "edge":
             return edge(spec, pkt, self.x, seed)
+        if self.kind == "skew":
+            return edge(spec, pkt, self.x, seed, flipped=0.25)
         if self.kind == "adapt":
             raise ValueError("adapt is a coalition's attack: it needs every packet of the round")
         if self.kind == "stale":
