@@ -213,7 +213,7 @@ def test_attacks_return_valid_packets(bits):
             assert out != pk[0] and out == a(spec, pk[0], seed=7)
             if kind == "orth":
                 assert [s.exp for s in got] == [min(EXP_MAX, h.exp + 7) for h in honest]
-        elif kind == "edge":
+        elif kind in ("edge", "skew"):
             flipped = [int((s.lvl != h.lvl).sum()) for s, h in zip(got, honest, strict=True)]
             assert 0 < sum(flipped) < sum(h.lvl.numel() for h in honest)
             assert [s.exp for s in got] == [min(EXP_MAX, h.exp + 7) for h in honest]
