@@ -11,7 +11,7 @@ setup:
 
 # The contracts' tests run beside the Python suite, which is spread over PYTEST_WORKERS
 # processes (scripts/test.sh); `make test-contracts` and `make test-python` run one each.
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 
 test: setup
 	@bash scripts/test.sh $(PYTEST_WORKERS)

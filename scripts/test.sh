@@ -3,10 +3,13 @@
 # end) while pytest spreads the Python suite over WORKERS processes (pytest-xdist): most
 # end-to-end tests wait on their nodes and the chain, so their waits overlap. Each worker holds
 # one running test and one queued (`--maxschedchunk 1`), handed out longest first (tests/conftest.py),
-# so both workers stay busy to the end. Fails when either suite fails.
+# so every worker stays busy to the end. Fails when either suite fails.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-workers="${1:-2}"
+# Three workers on two cores: most end-to-end tests wait on windows and nodes, so a third
+# worker fills the time the other two wait (and, beside other busy processes, takes the suite's
+# share of the cores); docs/benchmarks.md, "Test suite".
+workers="${1:-3}"
 # The suite starts hundreds of interpreters: each must find torch's and transformers' bytecode
 # written by the first (with PYTHONDONTWRITEBYTECODE set, each compiled them again: ~7 s of
 # CPU per `dtrain` command).
