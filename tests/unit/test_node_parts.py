@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import pytest
 import torch
@@ -368,3 +369,40 @@ def test_a_restarted_member_serves_the_states_of_its_attempt_to_the_referees(tmp
     for _ in range(2):
         node._serve_transcript(job, None)
     assert served == kept
+
+
+def test_a_member_that_finds_its_epoch_settled_by_another_logs_that_epochs_settlement(
+    tmp_path,
+) -> None:
+    """A member that reaches FINALIZE after another member settled the job's last epoch reads
+    the job as completed and already one epoch on: it still logs the settlement of the epoch
+    it trained (with its slashes), not a search for the next epoch's, which never comes."""
+    from types import SimpleNamespace
+
+    from dtrain.models import JobStatus
+    from dtrain_node.operator.node import Node
+
+    liar = "0x" + "ab" * 20
+    settled = [
+        SimpleNamespace(name="EpochFinalized", args={"epoch": 0, "jobId": 7}),
+        SimpleNamespace(
+            name="Slashed",
+            args={"epoch": 0, "jobId": 7, "operator": liar, "amount": 5, "reason": 0},
+        ),
+    ]
+    done = SimpleNamespace(state=SimpleNamespace(epoch=1, attempt=3, status=JobStatus.COMPLETED))
+    node = Node.__new__(Node)
+    node.status, node._entered_why = SimpleNamespace(state=""), ""
+    node.stop_now, node.transport, node.dir = threading.Event(), None, tmp_path
+    node.cfg = SimpleNamespace(faults=Faults())
+    node._first_attempt = {}
+    node._params = lambda: SimpleNamespace(challenge_window=0)
+    node.bsm = SimpleNamespace(
+        job=lambda job_id: done, events=lambda **kw: settled, sender=liar, account=None
+    )
+    logged: list[tuple[str, dict]] = []
+    node._metric = lambda kind, **kw: logged.append((kind, kw))
+    node.finalize(7, 3, since=10, epoch=0)
+    [(kind, fin)] = logged
+    assert kind == "finalized" and fin["epoch"] == 0 and fin["by"] == "other"
+    assert [s["operator"] for s in fin["slashed"]] == [liar]

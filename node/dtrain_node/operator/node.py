@@ -504,7 +504,7 @@ class Node:
                 self.commit(job)
             self.reveal(job)
             since = self._attempt_seen.setdefault((job_id, job.state.attempt), job.block)
-            self.finalize(job_id, job.state.attempt, since)
+            self.finalize(job_id, job.state.attempt, since, job.state.epoch)
 
     def _leave_now(self, job: Job) -> dict[str, Any]:
         """Asked to leave while the job runs no epoch with us (a pending seat, or a seat in an
@@ -743,13 +743,15 @@ class Node:
     def _window(self) -> int:
         return self._params().challenge_window
 
-    def finalize(self, job_id: int, attempt: int, since: int = 0) -> None:
+    def finalize(self, job_id: int, attempt: int, since: int = 0, epoch: int | None = None) -> None:
         """FINALIZE once every member revealed or the reveal deadline passed, and the
         certified vote is past its challenge window (or its challenge resolved): a certified
         vote that is not ours is challenged first (operator/challenger.py). Settled by someone
-        else, the settlement (and our slash, if any) is read from the chain from block `since`."""
+        else, the settlement of `epoch` (the attempt's; and our slash, if any) is read from the
+        chain from block `since`: read now, the job may already be past that epoch."""
         self._enter("FINALIZE", "once every member revealed or the reveal deadline passed")
         state = self.bsm.job(job_id).state
+        epoch = state.epoch if epoch is None else epoch
         f = self._faults(state)
         tamper = "doctor" if f.doctor else "inject" if f.inject else ""
         serve = self.transport.serve_file if self.transport is not None else None
@@ -767,7 +769,7 @@ class Node:
             self._check_stop()
             job = self.bsm.job(job_id)
             if job.state.status != JobStatus.RUNNING or job.state.attempt != attempt:
-                return None if mine else self._settled_elsewhere(job_id, state.epoch, since)
+                return None if mine else self._settled_elsewhere(job_id, epoch, since)
             self._leave_if_asked(job)
             # As in `reveal`: the finalize transaction gets a fresh timestamp.
             block_ts = self.bsm.latest_block_timestamp()
