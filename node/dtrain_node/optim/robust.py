@@ -80,7 +80,8 @@ class RobustConfig:
     cos_trust / trust_shift: a kept sender whose cosine with the sum of the other kept senders
     (clipped, near copies as one) is below cos_trust is scaled down by a further
     2^-trust_shift: a random direction at the median norm (cosine about 0; honest senders'
-    are >= 0.06) then adds little noise to the step. trust_shift 0: off (being measured).
+    are >= 0.06) then adds little noise to the step. trust_shift 0: off (measured and left
+    off: docs/benchmarks.md, "A trust shift for senders that point nowhere").
     theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
     set of packets can make the shared state non-finite. enabled=False aggregates everything.
     """
