@@ -109,6 +109,30 @@ def _overturned(
     assert b.w3.eth.get_balance(b.address) == b.accounting().total
 
 
+def _caught_by_replay(c: Cluster, cheat: str, honest: set[str]) -> None:
+    """An honest checker challenged with its claim, every referee caught `cheat` by replay:
+    it alone is slashed (`FailedReplay`) and unpaid, the checkpoint stands, the honest members
+    are paid and keep their stake, the checker gets its bond back, the wei add up."""
+    b = c.bsm
+    events = b.events(job_id=c.job_id)
+    (challenged,) = [e.args for e in events if e.name == "Challenged"]
+    assert challenged["challenger"] in honest
+    (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
+    assert not resolved["overturned"], "the checkpoint stands"
+    verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
+    assert verdicts and all(v["caught"] == [cheat] for v in verdicts)
+    slashed = [(e.args["operator"], e.args["reason"]) for e in events if e.name == "Slashed"]
+    assert slashed == [(cheat, SlashReason.FAILED_REPLAY)]
+    paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
+    assert paid == honest and b.credit_of(cheat) == 0
+    price = c.spec.price_per_operator_epoch
+    assert b.credit_of(challenged["challenger"]) == price * 40 // 100 + _kept(c, events)
+    for a in honest:
+        assert b.pool(a).total_assets == ETH
+    assert b.pool(cheat).total_assets < ETH
+    assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
 def _two_colluders_and_referees(c: Cluster, *faults: str) -> None:
     """Three referees, members 0 and 1 colluding (with `faults` too), member 2 honest; until
     the job ends."""
@@ -423,31 +447,13 @@ def test_a_free_rider_caught_by_replay_is_slashed_through_a_challenge(
     stands, the honest members are paid, the checker gets its bond back, the wei add up."""
     monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes
     with _cluster(tmp_path, 4, 8) as c:
-        b = c.bsm
         for r in range(3):
             c.spawn_referee(r)
         for i in range(3):
             c.spawn(i)
         c.spawn(3, ["stale"])
         c.wait(c.ended, 1000, "the job to end")
-        rider, honest = c.ops[3].address, {o.address for o in c.ops[:3]}
-        events = b.events(job_id=c.job_id)
-        (challenged,) = [e.args for e in events if e.name == "Challenged"]
-        assert challenged["challenger"] in honest
-        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
-        assert not resolved["overturned"], "the checkpoint stands"
-        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
-        assert verdicts and all(v["caught"] == [rider] for v in verdicts)
-        slashed = [(e.args["operator"], e.args["reason"]) for e in events if e.name == "Slashed"]
-        assert slashed == [(rider, SlashReason.FAILED_REPLAY)]
-        paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
-        assert paid == honest and b.credit_of(rider) == 0
-        price = c.spec.price_per_operator_epoch
-        assert b.credit_of(challenged["challenger"]) == price * 40 // 100 + _kept(c, events)
-        for a in honest:
-            assert b.pool(a).total_assets == ETH
-        assert b.pool(rider).total_assets < ETH
-        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+        _caught_by_replay(c, c.ops[3].address, {o.address for o in c.ops[:3]})
 
 
 @pytest.mark.timeout(1200)
@@ -464,7 +470,6 @@ def test_a_member_serving_its_state_a_byte_a_minute_is_caught_by_the_referees_ow
     back, the wei add up."""
     monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes
     with _cluster(tmp_path, 4, 2 * ROUNDS) as c:  # the state's deadline (14.7 s) fits a phase
-        b = c.bsm
         for r in range(3):
             c.spawn_referee(r)
         for i in range(3):
@@ -481,22 +486,7 @@ def test_a_member_serving_its_state_a_byte_a_minute_is_caught_by_the_referees_ow
         assert asked and all(m["reason"] == "withheld" for m in asked), asked
         made = [m for i in range(3) for m in c.metrics(i) if m["kind"] == "replay_claim"]
         assert made and {(m["member"], m["reason"]) for m in made} == {(drip, "withheld")}
-        events = b.events(job_id=c.job_id)
-        (challenged,) = [e.args for e in events if e.name == "Challenged"]
-        assert challenged["challenger"] in honest
-        (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
-        assert not resolved["overturned"], "the checkpoint stands"
-        verdicts = [m for r in range(3) for m in _referee_metrics(c, r) if m["kind"] == "verdict"]
-        assert verdicts and all(v["caught"] == [drip] for v in verdicts)
-        slashed = [(e.args["operator"], e.args["reason"]) for e in events if e.name == "Slashed"]
-        assert slashed == [(drip, SlashReason.FAILED_REPLAY)]
-        paid = {e.args["operator"] for e in events if e.name == "OperatorPaid"}
-        assert paid == honest and b.credit_of(drip) == 0
-        price = c.spec.price_per_operator_epoch
-        assert b.credit_of(challenged["challenger"]) == price * 40 // 100 + _kept(c, events)
-        for a in honest:
-            assert b.pool(a).total_assets == ETH
-        assert b.w3.eth.get_balance(b.address) == b.accounting().total
+        _caught_by_replay(c, drip, honest)
 
 
 @pytest.mark.timeout(1200)

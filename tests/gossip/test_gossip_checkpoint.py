@@ -18,6 +18,7 @@ from harness import harness_env
 from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, ROOT
 
 from dtrain_node.errors import CheckpointUnavailable
+from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.host import GossipConfig, GossipNode
 
 
@@ -129,7 +130,7 @@ def test_a_state_offer_larger_than_its_known_size_is_refused_before_download(
     f = tmp_path / "state.dtps"
     with f.open("wb") as out:
         out.truncate(512 << 20)  # sparse: 512 MiB of zeros
-    sha = _sha256_of(f)
+    sha = sha256_file(f).hex()
     peer = server({sha: f})
     cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
     with GossipNode(cfg, Account.create()) as node:
@@ -139,14 +140,6 @@ def test_a_state_offer_larger_than_its_known_size_is_refused_before_download(
         assert not dest.exists()
         assert [p.name for p in dest.parent.iterdir() if p.name.startswith(".")] == []
         assert node.metrics()["bytes_in_total"] < 1 << 16
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 @pytest.mark.timeout(120)
@@ -159,7 +152,7 @@ def test_a_state_served_a_byte_a_minute_is_given_up_at_its_deadline(
     state, other = tmp_path / "state.dtps", tmp_path / "transcript.bin"
     state.write_bytes(os.urandom(10_000))
     other.write_bytes(os.urandom(10_000))
-    sha, sha_other = _sha256_of(state), _sha256_of(other)
+    sha, sha_other = sha256_file(state).hex(), sha256_file(other).hex()
     peer = server({sha: state, sha_other: other}, drip=True)
     cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
     with GossipNode(cfg, Account.create()) as node:

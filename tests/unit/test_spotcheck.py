@@ -439,7 +439,9 @@ def test_the_state_bound_is_the_size_of_a_full_state_and_no_state_exceeds_it(rou
     )
 
 
-def test_a_check_asks_again_within_one_deadline_for_all_its_tries(rounds, tmp_path) -> None:
+def test_a_check_asks_again_within_one_deadline_for_all_its_tries(
+    rounds, tmp_path, monkeypatch
+) -> None:
     """Attack: a member serves its state slowly, so that every try takes the whole time a
     fetch allows. The tries share one deadline: each is given only what is left of it."""
     asked: list[float] = []
@@ -449,20 +451,17 @@ def test_a_check_asks_again_within_one_deadline_for_all_its_tries(rounds, tmp_pa
         time.sleep(0.1)  # the try takes its time: what is left for the next is less
         raise RuntimeError("gave up")
 
-    replaycheck.FETCH_BACKOFF_S, saved = 0.0, replaycheck.FETCH_BACKOFF_S
-    try:
-        commit = _commit(ACCOUNTS[0], 1, rounds[1][2], hashlib.sha256(rounds[1][1]).digest())
-        c = replaycheck.Check(1, "m", rounds[1][2], commit.encode(), rounds[1][0])
-        o = replaycheck.run_check(c, _replica(*_member()), slow, tmp_path, 5.0)
-    finally:
-        replaycheck.FETCH_BACKOFF_S = saved
+    monkeypatch.setattr(replaycheck, "FETCH_BACKOFF_S", 0.0)
+    commit = _commit(ACCOUNTS[0], 1, rounds[1][2], hashlib.sha256(rounds[1][1]).digest())
+    c = replaycheck.Check(1, "m", rounds[1][2], commit.encode(), rounds[1][0])
+    o = replaycheck.run_check(c, _replica(*_member()), slow, tmp_path, 5.0)
     assert o.reason == claims.WITHHELD
     assert len(asked) == replaycheck.FETCH_TRIES
     assert asked[-1] > 0 and asked[0] <= 5.0
     assert all(later <= earlier - 0.1 for earlier, later in itertools.pairwise(asked)), asked
 
 
-def test_a_member_that_withheld_once_holds_up_no_later_check(tmp_path) -> None:
+def test_a_member_that_withheld_once_holds_up_no_later_check(tmp_path, monkeypatch) -> None:
     """After one withheld state, the checker does not fetch that member again in the attempt:
     the checks of the others queued behind it run, and the one claim stands for it."""
     fetched: list[str] = []
@@ -475,18 +474,15 @@ def test_a_member_that_withheld_once_holds_up_no_later_check(tmp_path) -> None:
         return dest
 
     outcomes: list[replaycheck.Outcome] = []
-    replaycheck.FETCH_BACKOFF_S, saved = 0.0, replaycheck.FETCH_BACKOFF_S
-    try:
-        checker = replaycheck.Checker(
-            lambda *a: b"p", fetch, tmp_path, outcomes.append, within=lambda: 1.0
-        )
-        for rnd, member in enumerate(["slow", "other", "slow", "third"]):
-            commit = _commit(ACCOUNTS[0], rnd, b"p", hashlib.sha256(b"state").digest())
-            checker.submit(replaycheck.Check(rnd, member, b"p", commit.encode(), []))
-        assert checker.drain(30.0)
-        checker.stop()
-    finally:
-        replaycheck.FETCH_BACKOFF_S = saved
+    monkeypatch.setattr(replaycheck, "FETCH_BACKOFF_S", 0.0)
+    checker = replaycheck.Checker(
+        lambda *a: b"p", fetch, tmp_path, outcomes.append, within=lambda: 1.0
+    )
+    for rnd, member in enumerate(["slow", "other", "slow", "third"]):
+        commit = _commit(ACCOUNTS[0], rnd, b"p", hashlib.sha256(b"state").digest())
+        checker.submit(replaycheck.Check(rnd, member, b"p", commit.encode(), []))
+    assert checker.drain(30.0)
+    checker.stop()
     withheld = [(o.check.member, o.reason == claims.WITHHELD) for o in outcomes]
     assert withheld == [("slow", True), ("other", False), ("third", False)]
     assert fetched == ["slow"] * replaycheck.FETCH_TRIES + ["other", "third"]
@@ -512,7 +508,9 @@ def test_a_claim_counts_only_if_its_checker_was_assigned_that_check() -> None:
     assert not fraudcheck.assigned(honest, seed, members, 0.0)
 
 
-def test_a_withheld_state_is_asked_for_once_more_before_it_is_claimed(tmp_path) -> None:
+def test_a_withheld_state_is_asked_for_once_more_before_it_is_claimed(
+    tmp_path, monkeypatch
+) -> None:
     """A member that was restarting while its check ran serves its state by the epoch's end:
     the checker asks once more before it claims anything, and the check then runs."""
     calls: list[str] = []
@@ -525,19 +523,16 @@ def test_a_withheld_state_is_asked_for_once_more_before_it_is_claimed(tmp_path) 
         return dest
 
     reported: list[replaycheck.Outcome] = []
-    replaycheck.FETCH_BACKOFF_S, saved = 0.0, replaycheck.FETCH_BACKOFF_S
-    try:
-        checker = replaycheck.Checker(
-            lambda *a: b"p", fetch, tmp_path, reported.append, within=lambda: 1.0
-        )
-        commit = _commit(ACCOUNTS[0], 0, b"p", hashlib.sha256(b"state").digest())
-        checker.submit(replaycheck.Check(0, "m", b"p", commit.encode(), []))
-        assert checker.drain(30.0)
-        checker.stop()
-        (first,) = checker.outcomes
-        again = checker.again(first)
-    finally:
-        replaycheck.FETCH_BACKOFF_S = saved
+    monkeypatch.setattr(replaycheck, "FETCH_BACKOFF_S", 0.0)
+    checker = replaycheck.Checker(
+        lambda *a: b"p", fetch, tmp_path, reported.append, within=lambda: 1.0
+    )
+    commit = _commit(ACCOUNTS[0], 0, b"p", hashlib.sha256(b"state").digest())
+    checker.submit(replaycheck.Check(0, "m", b"p", commit.encode(), []))
+    assert checker.drain(30.0)
+    checker.stop()
+    (first,) = checker.outcomes
+    again = checker.again(first)
     assert first.reason == claims.WITHHELD
     assert again.reason != claims.WITHHELD and again.bytes == len(b"state")
     assert reported[-1] is again and checker.again(again) is again

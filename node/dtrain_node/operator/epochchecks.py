@@ -147,8 +147,9 @@ class EpochChecks:
         serve the claims that stand (`replaycheck.confirmed`); report each (`replay_claim`).
         A check still running is dropped, never claimed."""
         s = self.s
-        ends = time.monotonic() + min(DRAIN_S, budget_s)
-        drained = self.checker.drain(min(DRAIN_S, budget_s))
+        wait = min(DRAIN_S, budget_s)
+        ends = time.monotonic() + wait
+        drained = self.checker.drain(wait)
         self.checker.stop()
         failed = [
             self.checker.again(o) if drained and time.monotonic() + self._within() < ends else o
