@@ -465,7 +465,7 @@ def test_a_member_serving_its_state_a_byte_a_minute_is_caught_by_the_referees_ow
     checker gives up at the state's deadline (the most bytes a state of the job has, at the
     documented minimum bandwidth), claims "withheld" and runs every later check; the claim is
     a request in the open: the challenge names it, and each drawn referee asks for the state
-    itself within the same deadline. Nobody serves it: op4 is caught (`FailedReplay`) and
+    itself, for half a challenge phase. Nobody serves it: op4 is caught (`FailedReplay`) and
     unpaid, the checkpoint stands, the honest members are paid, the checker gets its bond
     back, the wei add up."""
     monkeypatch.setenv(spotcheck.RATE_ENV, "1")  # inherited by the node processes

@@ -11,11 +11,11 @@ checker, or any member that kept it), checked, and M's round replayed as the tra
 
 Every claim, "withheld" included, is a public request for the state: the challenge that names
 it is on-chain, and each referee asks for the state itself, capped at the most bytes a state of
-the job has (`statefile.size_bound`) and within the deadline that size takes at the documented
-minimum bandwidth (`replaycheck.state_deadline`), asking again while the deadline runs. M is
-caught as withholding only when nobody served the referee its committed state within that
-deadline, and only when the deadline fits in half a challenge phase (else the claim is
-undecided): what one checker could not fetch is a reason to ask again, never guilt by itself.
+the job has (`statefile.size_bound`), asking again for half a challenge phase. M is caught as
+withholding only when nobody served the referee its committed state in that time, and only
+when the deadline its size takes at the documented minimum bandwidth
+(`replaycheck.state_deadline`) fits in it (else the claim is undecided): what one checker
+could not fetch is a reason to ask again, never guilt by itself.
 
 A claim counts only if its checker was assigned the check: the assignment is recomputed from
 the transcript (`spotcheck.assign` over the shared state after round r, at the protocol's
@@ -100,7 +100,9 @@ def caught(
     def capped(sha: str, member: str, dest: Path, left: float) -> Path:
         return fetch(sha, member, dest, left, bound)
 
-    o = replaycheck.run_check(check, replica, capped, work, min(within, phase_s))
+    # the whole time we can give it, never less than its deadline: a member restarting when
+    # we first ask still serves it in time
+    o = replaycheck.run_check(check, replica, capped, work, phase_s)
     if o.reason == claims.WITHHELD and within > phase_s:
         log.info("claim on %s round %d: undecided, %.0f s > the phase", c.member, c.round, within)
         return UNDECIDED

@@ -339,7 +339,7 @@ class RefereeService:
     ) -> list[int]:
         """Indices of the members a named claim proves false, re-run on a file that leads to
         the verdict (the shared state the members trained from), each (claim, file) once.
-        The member's private state is fetched within its own deadline (`fraudcheck`), with no
+        The member's private state is fetched for half a phase (`fraudcheck`), with no
         regard to `fetch_by`: a state the referee ran out of time for would count as
         withheld."""
         fetch, work = host
