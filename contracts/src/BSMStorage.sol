@@ -534,6 +534,10 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     /// The block whose hash draws a sealed seat draw (0: not sealed).
     mapping(uint256 jobId => uint64) internal _seatSeedBlock;
 
+    /// Members that announced their leave by the commit deadline of the attempt: silent
+    /// after that, they said they could not finish (a slow host), which proves no dropout.
+    mapping(uint64 attempt => mapping(address operator => bool)) internal _leftInTime;
+
     /// Least referees whose majority is a verdict: a majority of `refereeCount`.
     function _minJury() internal view returns (uint256) {
         return uint256(_params.refereeCount) / 2 + 1;

@@ -296,6 +296,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             emit LeaveRequested(jobId, operator, j.epoch);
         } else if (j.status == JobStatus.Running) {
             _membership[jobId][operator] = Membership.Leaving;
+            if (block.timestamp <= j.epochStart + _specs[jobId].epochDuration) _leftInTime[j.attempt][operator] = true;
             emit LeaveRequested(jobId, operator, j.epoch + 1);
         } else {
             _applicationsOpen(jobId);
@@ -508,10 +509,14 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             // Committed, then kept its vote back once it could see the others': a losing vote
             // withheld must cost what a losing vote revealed costs.
             c.slashed += _slashMember(c, op, _params.fabricationSlashBps, SlashReason.WithheldReveal);
-        } else if (key == bytes32(0) && c.quorum && c.syncFailures & (1 << (_MISSED_SHIFT + i)) == 0) {
+        } else if (
+            key == bytes32(0) && c.quorum
+                && (c.syncFailures & (1 << (_MISSED_SHIFT + i)) == 0 || _leftInTime[c.attempt][op])
+        ) {
             // Late, not absent: the quorum counted its packets in every round, so it was there
-            // to the end and only its vote missed the deadline: unpaid, but nothing proves it
-            // dropped out, so it keeps its stake.
+            // to the end and only its vote missed the deadline; or it said on chain, by the
+            // deadline, that it could not finish. Unpaid, but nothing proves it dropped out,
+            // so it keeps its stake (a leave that denies the quorum is still a dropout).
             return;
         } else if (key == bytes32(0) || (c.quorum && key == _UNWORKABLE)) {
             // Silent, or could not work while a quorum could: did no work, fabricated nothing.

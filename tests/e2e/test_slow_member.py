@@ -4,15 +4,17 @@ libp2p and training)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import statistics
 import threading
+import time
 
 import pytest
 
 from dtrain_node.devnet import ETH, Cluster
-from dtrain_node.operator import spotcheck
+from dtrain_node.operator import deadlines, spotcheck
 
 pytestmark = pytest.mark.slow
 
@@ -119,3 +121,81 @@ def test_a_starved_checker_at_check_rate_1_gets_nobody_slashed(tmp_path, monkeyp
         # the starved member's checks ran, and ran slow: its fetches and replays took longer
         others = [m for i in range(3) for m in checks[i]]
         assert checks[3] and took(checks[3]) > 1.5 * took(others), (checks[3], others)
+
+
+def seconds_per_step(steps: int = 4) -> float:
+    """This machine's seconds per inner step of `builtin:tiny` now, on one thread as a node
+    trains it (the median after a warm-up): what the job's rounds and epoch are sized from."""
+    import torch
+
+    from dtrain_node.train.models import initial_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = initial_model("builtin:tiny")
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randint(0, 256, (8, 128))
+        took = []
+        for _ in range(steps + 1):
+            t0 = time.perf_counter()
+            model(input_ids=x, labels=x).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            took.append(time.perf_counter() - t0)
+        return statistics.median(took[1:])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.timeout(900)
+def test_a_member_slowed_4x_after_joining_gives_its_epoch_up_and_leaves_unslashed(tmp_path) -> None:
+    """Three members start epoch 0 (the job's minimum) and a fourth operator waits for a seat.
+    op4 trains its first round at full speed, then runs a quarter of the time (frozen 75% of
+    every 0.4 s) to the end of the job: 4x slower. The epoch leaves the members 2.5x the
+    training time this machine measured, so the others finish it and op4 cannot. Its node
+    sees that from the pace of its last two rounds and says why (its log, `epoch_lost`),
+    stops training, announces its leave on chain before the deadline and only follows the
+    rounds from then on. The two others vote epoch 0 without it (2 of 3 is the quorum), the
+    waiting operator takes the seat at the boundary and the job completes: op4 is not paid
+    for epoch 0, loses no stake and is gone from the job from the boundary."""
+    rounds, step_s = 6, seconds_per_step()
+    sync = max(2, math.ceil(3.0 / step_s))  # about 3 s of training a round
+    round_s = sync * step_s
+    start, vote = 15, deadlines.VOTE_MARGIN_S + deadlines.REPLAY_S
+    duration = math.ceil(start + rounds * (2.5 * round_s + deadlines.MIN_ROUND_S) + vote)
+    opts = {"epochs": 2, "steps": rounds * sync, "sync": sync, "round_deadline": 4.0}
+    opts |= {"epoch_duration": duration, "min_operators": 3}
+    with Cluster(tmp_path, operators=4, step_s=2 * step_s, **opts) as c:
+        c.spawn(0)
+        c.spawn(1)
+        slowed = c.spawn(3)
+        c.wait(lambda: c.bsm.job(c.job_id).state.status.name == "RUNNING", 300, "epoch 0")
+        c.spawn(2)
+        c.wait(lambda: any(m["kind"] == "round" for m in c.metrics(3)), 300, "op4's first round")
+        with Starved(slowed.popen.pid):
+            c.wait(c.ended, 800, "the job to end")
+        b = c.bsm
+        assert b.job(c.job_id).state.status.name == "COMPLETED"
+        events = b.events(job_id=c.job_id)
+        assert "Slashed" not in [e.name for e in events]
+        for o in c.ops:
+            assert b.pool(o.address).total_assets == ETH  # nobody lost stake
+        paid = sorted(
+            (e.args["epoch"], e.args["operator"]) for e in events if e.name == "OperatorPaid"
+        )
+        first, second = sorted(o.address for o in c.ops[:2]), sorted(o.address for o in c.ops[:3])
+        assert paid == [(0, a) for a in first] + [(1, a) for a in second], paid
+        left = [e.args for e in events if e.name == "LeaveRequested"]
+        assert [(a["operator"], a["effectiveEpoch"]) for a in left] == [(c.ops[3].address, 1)]
+        lost = [m for m in c.metrics(3) if m["kind"] == "epoch_lost"]
+        assert [m["epoch"] for m in lost] == [0] and "commit deadline" in lost[0]["why"], lost
+        assert not [m for m in c.metrics(3) if m["kind"] == "committed"]
+        log = (slowed.data_dir / "stdout.log").read_text()
+        assert "epoch 0 lost" in log and "leaving the job at the boundary" in log
+        trained = [m for m in c.metrics(3) if m["kind"] == "round" and m["tokens"] > 0]
+        assert len(trained) < rounds, "it stopped training the epoch it could not finish"
+        starts = {
+            i: [m["epoch"] for m in c.metrics(i) if m["kind"] == "epoch_start"] for i in range(4)
+        }
+        assert starts == {0: [0, 1], 1: [0, 1], 2: [1], 3: [0]}, starts

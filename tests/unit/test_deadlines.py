@@ -14,6 +14,7 @@ from dtrain_node.operator.deadlines import (
     TX_S,
     VOTE_MARGIN_S,
     epoch_seconds_needed,
+    finish_needs_s,
     reconcile_deadline,
     reveal_window_fits,
     round_deadline,
@@ -107,3 +108,29 @@ def test_patience_is_the_rounds_share_of_the_time_before_the_vote() -> None:
     r = reconcile_deadline(now=NOW, epoch_deadline=NOW + 400)
     assert r == 400 - VOTE_MARGIN_S - REPLAY_S
     assert reconcile_deadline(now=NOW, epoch_deadline=NOW) == MIN_ROUND_S
+
+
+def test_waiting_for_a_slow_member_leaves_us_the_time_to_train_our_own_rounds() -> None:
+    """Attack on an honest member: patience that ignored our own training let a slow member
+    hold every round to its share and leave us too little time to train the rounds after it.
+    Waiting that long, then training each round left at our pace, still ends before the
+    vote's margin."""
+    left, rounds, settle, ours = 100.0, 4, 2.0, 12.0
+    p = round_patience(
+        now=NOW, epoch_deadline=NOW + left, rounds_left=rounds, settle_s=settle, compute_s=ours
+    )
+    t = NOW
+    for k in range(rounds):  # this round's wait, then (after it) each later round's training
+        t += p + settle + (ours if k < rounds - 1 else 0.0)
+    assert t <= NOW + left - VOTE_MARGIN_S - REPLAY_S + 1e-9
+    ignored = round_patience(now=NOW, epoch_deadline=NOW + left, rounds_left=rounds, settle_s=2.0)
+    assert ignored - p == (rounds - 1) * ours / rounds
+
+
+def test_what_finishing_an_epoch_needs_counts_every_round_left_and_the_vote() -> None:
+    assert finish_needs_s(0, 9.0) == REPLAY_S + VOTE_MARGIN_S
+    assert finish_needs_s(3, 2.0) == 3 * (2.0 + MIN_ROUND_S) + REPLAY_S + VOTE_MARGIN_S
+    assert finish_needs_s(10, 8.0) - finish_needs_s(10, 2.0) == 10 * 6.0  # 4x slower training
+    for bad in ((-1, 1.0), (1, -0.5), (1, float("nan"))):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            finish_needs_s(*bad)

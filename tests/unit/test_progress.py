@@ -73,6 +73,23 @@ def test_progress_line_has_every_field() -> None:
     assert "attempt" not in line and "9" not in line.split("|")[2]
 
 
+def test_a_lost_epoch_says_why_in_the_progress_line_until_the_next_epoch() -> None:
+    now = float(int(time.time()))
+    s = training(now)
+    s.lost = "6 rounds left at 8.0 s of training each need 84 s, the commit deadline is in 60 s"
+    line = progress_line(s, now)
+    assert line.split(" | ")[3:] == [
+        "round 5/30",
+        f"epoch lost ({s.lost}): not voting it, leaving at its end",
+    ]
+    s.state = "FINALIZE"
+    assert "epoch lost" in progress_line(s, now)
+    nxt = job(now)
+    nxt.state.epoch = 2
+    s.observe(nxt, ME)
+    assert not s.lost and "epoch lost" not in progress_line(s, now)
+
+
 def test_a_grpo_round_shows_its_mean_reward_next_to_the_loss() -> None:
     """A GRPO loss near 0 says nothing of what the policy learns: the round's mean reward
     is shown beside it (and only for a round that has one)."""

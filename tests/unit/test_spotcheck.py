@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import threading
 import time
 from pathlib import Path
 
@@ -486,6 +487,33 @@ def test_a_member_that_withheld_once_holds_up_no_later_check(tmp_path, monkeypat
     withheld = [(o.check.member, o.reason == claims.WITHHELD) for o in outcomes]
     assert withheld == [("slow", True), ("other", False), ("third", False)]
     assert fetched == ["slow"] * replaycheck.FETCH_TRIES + ["other", "third"]
+
+
+def test_an_abandoned_checker_drops_its_queue_and_claims_nothing(tmp_path) -> None:
+    """A node that gave its epoch up stops spending compute on checks: the check running
+    finishes, the queued ones are dropped (never claimed), and `drain` still returns."""
+    started, release = threading.Event(), threading.Event()
+    fetched: list[str] = []
+
+    def fetch(sha: str, member: str, dest: Path, within_s: float) -> Path:
+        fetched.append(member)
+        started.set()
+        release.wait(10)
+        dest.write_bytes(b"state")
+        return dest
+
+    outcomes: list[replaycheck.Outcome] = []
+    checker = replaycheck.Checker(
+        lambda *a: b"p", fetch, tmp_path, outcomes.append, within=lambda: 1.0
+    )
+    for rnd, member in enumerate(["a", "b", "c"]):
+        commit = _commit(ACCOUNTS[0], rnd, b"p", hashlib.sha256(b"state").digest())
+        checker.submit(replaycheck.Check(rnd, member, b"p", commit.encode(), []))
+    assert started.wait(10)
+    checker.abandon()
+    release.set()
+    assert checker.drain(10.0)
+    assert fetched == ["a"] and [o.check.member for o in outcomes] == ["a"]
 
 
 def test_a_claim_counts_only_if_its_checker_was_assigned_that_check() -> None:

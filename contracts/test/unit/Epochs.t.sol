@@ -323,6 +323,67 @@ contract FinalizeEpochTest is BaseTest {
         assertConserved();
     }
 
+    /// Attack on an honest member: a host slowed after joining sees it cannot finish the
+    /// epoch, says so on chain (`leaveJob`) before the commit deadline and stops training, so
+    /// its packets miss the last rounds and it never votes. It used to be slashed as a dropout;
+    /// an announced leave is no silence: it is not paid for the epoch, keeps its stake and
+    /// leaves at the boundary.
+    function test_leaveAnnouncedBeforeTheDeadline_silent_unpaidNotSlashed() public {
+        uint32[] memory p = fullParticipation(jobId);
+        p[2] = p[2] / 2; // in the first half of the rounds only
+        address slow = ops[2];
+        vm.warp(block.timestamp + GRACE + EPOCH / 2);
+        vm.prank(slow);
+        bsm.leaveJob(jobId);
+        submit(jobId, ops[0], keccak256("c0"), p);
+        submit(jobId, ops[1], keccak256("c0"), p);
+        vm.warp(block.timestamp + EPOCH / 2 + 1);
+        reveal(jobId);
+        uint256 before = bsm.getPool(slow).totalAssets;
+        finalize(jobId);
+        vm.assertEq(bsm.getPool(slow).totalAssets, before, "its stake is whole");
+        vm.assertEq(bsm.creditOf(slow), 0, "and it is not paid");
+        vm.assertEq(bsm.creditOf(ops[0]), PRICE * 40 / 100);
+        vm.assertEq(bsm.getMembers(jobId).length, 2, "it left at the boundary");
+        assertConserved();
+    }
+
+    /// A member that stayed silent cannot excuse its absence once the deadline passed.
+    function test_leaveAnnouncedAfterTheDeadline_silent_isADropout() public {
+        uint32[] memory p = fullParticipation(jobId);
+        p[2] = 0;
+        submit(jobId, ops[0], keccak256("c0"), p);
+        submit(jobId, ops[1], keccak256("c0"), p);
+        vm.warp(block.timestamp + GRACE + EPOCH + 1);
+        address silent = ops[2];
+        vm.prank(silent);
+        bsm.leaveJob(jobId);
+        reveal(jobId);
+        uint256 before = bsm.getPool(silent).totalAssets;
+        finalize(jobId);
+        vm.assertEq(bsm.getPool(silent).totalAssets, before - before * 500 / 10000);
+        assertConserved();
+    }
+
+    /// A leave is no veto: members whose announced leaves leave the others short of a quorum
+    /// stopped an epoch they were seated for, and are dropouts.
+    function test_leavesAnnouncedThatBlockTheQuorum_areDropouts() public {
+        uint32[] memory p = fullParticipation(jobId);
+        for (uint256 i = 1; i < 3; ++i) {
+            vm.prank(ops[i]);
+            bsm.leaveJob(jobId);
+        }
+        submit(jobId, ops[0], keccak256("c0"), p);
+        vm.warp(block.timestamp + GRACE + EPOCH + 1);
+        reveal(jobId);
+        uint256 before = bsm.getPool(ops[1]).totalAssets;
+        finalize(jobId);
+        vm.assertEq(bsm.getPool(ops[1]).totalAssets, before - before * 500 / 10000);
+        vm.assertEq(bsm.getPool(ops[2]).totalAssets, before - before * 500 / 10000);
+        vm.assertEq(bsm.creditOf(ops[0]), 0, "no quorum, nobody paid");
+        assertConserved();
+    }
+
     function test_noQuorumRetriesThenFails() public {
         uint256 escrow = state(jobId).escrow;
         for (uint256 attempt; attempt < 3; ++attempt) {

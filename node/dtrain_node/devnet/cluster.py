@@ -41,6 +41,7 @@ class NodeConfig:
     round_deadline: float
     linger: float = 0.0
     keep_final: float = 0.0  # beyond linger, until the caller's receipt (at most)
+    step_s: float | None = None  # `--step-seconds` (None: the CLI's default)
 
 
 def node_command(config: NodeConfig, key: str, data_dir: Path, faults: list[str]) -> list[str]:
@@ -48,6 +49,8 @@ def node_command(config: NodeConfig, key: str, data_dir: Path, faults: list[str]
     cmd += ["--contract", config.contract, "--key", key, "--json", "node", "run"]
     cmd += ["--data-dir", str(data_dir), "--job", str(config.job_id)]
     cmd += ["--round-deadline", str(config.round_deadline), "--linger", str(config.linger)]
+    if config.step_s is not None:
+        cmd += ["--step-seconds", str(config.step_s)]
     cmd += ["--keep-final", str(config.keep_final)]
     cmd += ["--no-withdraw"]
     for f in faults:
@@ -102,7 +105,8 @@ def _said(p: Proc | None, kind: str, attempt: int) -> bool:
 def skip_idle_deadline(bsm: Any, job_id: int, procs: list[Proc]) -> int:
     """Moves a devnet chain's clock past the epoch's commit or reveal deadline once nothing is
     left to happen before it: each member yet to commit ran here and went offline for good
-    (said `fault_offline` and exited), and, once reveals are open, each member that committed
+    (said `fault_offline` and exited) or gave the attempt up (said `leaving` for it: its
+    leave is on chain, it will not vote), and, once reveals are open, each member that committed
     but has not revealed runs here and said it never will (`fault_no_reveal`). The nodes read
     deadlines as max(chain clock, wall clock), so the others go on at once instead of waiting
     for a deadline nobody can act before. The chain time it moved to, or 0 when it left the
@@ -123,7 +127,9 @@ def skip_idle_deadline(bsm: Any, job_id: int, procs: list[Proc]) -> int:
     unrevealed = [a for a, s in subs.items() if any(s.commitment) and not any(s.checkpoint)]
     if not silent and not unrevealed:  # every vote is in: the epoch settles now
         return 0
-    if any(a in live or not _said_ever(ran.get(a), "fault_offline") for a in silent):
+    if not all(
+        _gone(ran.get(a), a in live) or _said(ran.get(a), "leaving", attempt) for a in silent
+    ):
         return 0
     if silent and now <= job.deadline:
         to = job.deadline + 1  # reveals open after it
@@ -139,6 +145,10 @@ def _mine_at(w3: Any, timestamp: int) -> None:
     """Mines a block dated `timestamp`: the chain's clock moves there."""
     w3.provider.make_request("evm_setNextBlockTimestamp", [timestamp])
     w3.provider.make_request("evm_mine", [])
+
+
+def _gone(p: Proc | None, live: bool) -> bool:
+    return not live and _said_ever(p, "fault_offline")
 
 
 def _said_ever(p: Proc | None, kind: str) -> bool:
@@ -168,9 +178,11 @@ class Cluster:
         challenge_window: int = 0,
         referees: int = 0,
         seat_draw_window: int = 0,
+        step_s: float | None = None,
         **options: Any,
     ) -> None:
         self.tmp = tmp
+        self.step_s = step_s  # the nodes' `--step-seconds`
         self.challenge_window = challenge_window
         self.seat_draw_window = seat_draw_window
         self.skip_idle_phases = True  # see `skip_idle_phase`
@@ -226,7 +238,9 @@ class Cluster:
         self, name: str, account: Any, faults: list[str], linger: float, keep: float = 0.0
     ) -> Proc:
         o = self.options
-        config = NodeConfig(self.rpc, self.bsm.address, self.job_id, o.round_deadline, linger, keep)
+        config = NodeConfig(
+            self.rpc, self.bsm.address, self.job_id, o.round_deadline, linger, keep, self.step_s
+        )
         p = spawn_node(name, account, self.tmp / name, config, faults)
         self.procs.append(p)
         return p

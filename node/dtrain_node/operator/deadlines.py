@@ -44,14 +44,20 @@ def round_deadline(
 
 
 def round_patience(
-    *, now: float, epoch_deadline: float, rounds_left: int, settle_s: float
+    *,
+    now: float,
+    epoch_deadline: float,
+    rounds_left: int,
+    settle_s: float,
+    compute_s: float = 0.0,
 ) -> float:
     """Seconds a round may wait for a member that is alive but has not begun it yet (a slow
-    machine): this round's fair share of the time left before the vote. Waiting that long
-    still finishes the epoch in time, so no honest member is left out for being slow."""
+    machine): this round's fair share of the time left before the vote, less our own training
+    of the rounds after it (`compute_s` each). Waiting that long still finishes the epoch in
+    time, so no honest member is left out for being slow, nor made late by waiting for one."""
     if rounds_left < 1:
         raise ValueError(f"rounds_left must be >= 1, got {rounds_left}")
-    left = epoch_deadline - now - VOTE_MARGIN_S - REPLAY_S
+    left = epoch_deadline - now - VOTE_MARGIN_S - REPLAY_S - (rounds_left - 1) * compute_s
     return max(MIN_ROUND_S, left / rounds_left - settle_s)
 
 
@@ -64,6 +70,17 @@ def epoch_seconds_needed(steps: int, sync_interval: int, step_s: float) -> float
         raise ValueError(f"steps {steps}, sync_interval {sync_interval} >= 1, step_s {step_s} >= 0")
     rounds = steps // sync_interval
     return steps * step_s + (rounds + FIRST_ROUND_FACTOR) * MIN_ROUND_S + VOTE_MARGIN_S
+
+
+def finish_needs_s(rounds_left: int, compute_s: float) -> float:
+    """Seconds this node needs from now to vote the epoch, its rounds left at `compute_s`
+    seconds of training each: every round at least `MIN_ROUND_S` on top, a replay of the
+    transcript, and the margin to save, commit and reveal. More than the commit deadline
+    leaves, and the epoch is lost to us: training on only spends compute on a vote that would
+    come too late."""
+    if rounds_left < 0 or not compute_s >= 0:
+        raise ValueError(f"rounds_left {rounds_left} and compute_s {compute_s} must be >= 0")
+    return rounds_left * (compute_s + MIN_ROUND_S) + REPLAY_S + VOTE_MARGIN_S
 
 
 def reveal_window_fits(reveal_window_s: int) -> bool:

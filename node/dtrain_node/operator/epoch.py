@@ -38,6 +38,7 @@ from dtrain_node.operator import evidence, roundstate, spotcheck
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import (
     VOTE_MARGIN_S,
+    finish_needs_s,
     reconcile_deadline,
     round_deadline,
     round_patience,
@@ -75,6 +76,11 @@ UNWORKABLE_ERRORS = (
 )
 
 
+class EpochLost(Exception):
+    """At our pace the epoch's vote would come after its commit deadline: we stopped training
+    it, announced our leave and will not vote (docs/contract.md: unpaid, never slashed)."""
+
+
 @dataclass(frozen=True)
 class EpochEnv:
     """What an epoch attempt needs from the node running it."""
@@ -87,6 +93,7 @@ class EpochEnv:
     metric: Callable[..., Any]
     between_rounds: Callable[[Job], None]  # raises to stop now; announces a requested leave
     connect: Callable[[list[str]], None]  # dial these members' peers
+    give_up: Callable[[Job, str], None]  # the epoch is lost to us (why): announce our leave
     chain_id: int = 0  # of the chain the job is on (names it in the epoch's evidence file)
 
 
@@ -201,6 +208,8 @@ class EpochTrainer:
         self.checks: EpochChecks | None = None  # replay spot checks (docs/protocol.md 4.6)
         self.first_diverged: int | None = None  # first live round the transcript changed
         self.canonical: list[list[tuple[str, str]]] = []  # the transcript's (sender, sha)
+        self.compute_s: list[float] = []  # our training seconds of each round we ran
+        self.lost: str | None = None  # why the epoch is lost to us, once it is
 
     def run(self) -> tuple[bytes, list[int]]:
         """`prepare` then `train`."""
@@ -220,7 +229,9 @@ class EpochTrainer:
         self._begin()
         for r in range(self.first, self.rounds):
             self._round(r)
-        self._reconcile()
+        self._reconcile()  # also when lost: the members we still follow do not wait for us
+        if self.lost is not None:
+            raise EpochLost(self.lost)
         if self.checks is not None:
             # Checks never cost us the vote: a member that stalls its state holds us up
             # only until what the vote itself needs before the commit deadline.
@@ -332,18 +343,21 @@ class EpochTrainer:
         env, job, opt = self.env, self.job, self.opt
         env.between_rounds(job)
         self.faults.before_round(r, env.metric)
+        self._give_up_if_lost(r)
         shared = [t.clone() for t in opt.theta_sync] if self.checks else []
         state = self.checks.commit(r, opt) if self.checks else b""
         t0 = time.perf_counter()
         self.rewards: list[float] = []
         self.accuracies: list[float] = []
-        skip = self.faults.skips_compute(self.context)
+        skip = self.lost is not None or self.faults.skips_compute(self.context)
         tokens, loss_sum = (0, 0.0) if skip else self._inner_steps()
         self.faults.throttle(time.perf_counter() - t0)
         compute_s = time.perf_counter() - t0
+        self.compute_s.append(compute_s)
         t_sync = time.perf_counter()
         honest = opt.prepare()
-        packet = self.faults.packet(r, honest, self.context)
+        # lost: we only follow the rounds (no packet, so no commitment), applying the others'
+        packet = b"" if self.lost is not None else self.faults.packet(r, honest, self.context)
         if packet:
             packet = roundstate.sent_packet(env.job_dir, job.state.attempt, r, packet)
         deadline, patience = self._deadlines(r)
@@ -386,6 +400,34 @@ class EpochTrainer:
             compute_s=round(compute_s, 4),
         )
 
+    def _give_up_if_lost(self, r: int) -> None:
+        """Before round `r`: when the rounds left, at the pace of our last two, end past what
+        the commit deadline leaves, stop training (and checking) for the rest of the epoch,
+        say why and announce our leave. One slow round is no verdict."""
+        if self.lost is not None or len(self.compute_s) < 2 or self.faults.ahead:
+            return
+        pace = min(self.compute_s[-2:])
+        need, left = finish_needs_s(self.rounds - r, pace), self.job.deadline - time.time()
+        if need <= left:
+            return
+        self.lost = (
+            f"{self.rounds - r} rounds left at {pace:.1f} s of training each need {need:.0f} s, "
+            f"the commit deadline is in {max(0.0, left):.0f} s"
+        )
+        if self.checks is not None:
+            self.checks.checker.abandon()
+            self.checks = None
+        env, st = self.env, self.job.state
+        env.metric(
+            "epoch_lost",
+            job=self.job.id,
+            epoch=st.epoch,
+            attempt=st.attempt,
+            round=r,
+            why=self.lost,
+        )
+        env.give_up(self.job, self.lost)
+
     def _accuracy(self) -> dict[str, float]:
         """The round's mean accuracy under the method's name for it (none: no record)."""
         if not self.accuracies:
@@ -411,6 +453,7 @@ class EpochTrainer:
             epoch_deadline=job.deadline,
             rounds_left=self.rounds - r,
             settle_s=env.transport.settle_s,
+            compute_s=self.compute_s[-1] if self.compute_s else 0.0,
         )
         return deadline, patience
 

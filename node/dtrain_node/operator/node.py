@@ -55,7 +55,13 @@ from dtrain_node.operator import asks, attest, attest_service, evidence, spotche
 from dtrain_node.operator.challenger import Challenger
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import epoch_seconds_needed, reveal_window_fits
-from dtrain_node.operator.epoch import UNWORKABLE_ERRORS, EpochEnv, EpochTrainer, recompute
+from dtrain_node.operator.epoch import (
+    UNWORKABLE_ERRORS,
+    EpochEnv,
+    EpochLost,
+    EpochTrainer,
+    recompute,
+)
 from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.keep import Keep
 from dtrain_node.operator.preflight import Preflight
@@ -179,6 +185,7 @@ class Node:
         self._applied = False  # we applied for a seat of a job that draws them
         self._passed: dict[int, tuple[str, str]] = {}  # job -> (reason, why) --auto passed it by
         self._attempt_seen: dict[tuple[int, int], int] = {}  # (job, attempt) -> first block
+        self._lost: set[tuple[int, int]] = set()  # (job, attempt) we gave up: no vote
 
     # ------------------------------------------------------------------ plumbing
 
@@ -500,7 +507,7 @@ class Node:
             self._leave_if_asked(job)
             sub = self.bsm.submission_of(job_id, self.me, job.block)
             self.status.committed, self.status.revealed = any(sub.commitment), any(sub.checkpoint)
-            if not self.status.committed:
+            if not self.status.committed and (job_id, job.state.attempt) not in self._lost:
                 self.commit(job)
             self.reveal(job)
             since = self._attempt_seen.setdefault((job_id, job.state.attempt), job.block)
@@ -540,7 +547,10 @@ class Node:
             if time.time() > job.deadline:
                 self._metric("commit_missed", job=job.id, epoch=st.epoch, deadline=job.deadline)
                 return
-            mine = self._vote(job)
+            try:
+                mine = self._vote(job)
+            except EpochLost:
+                return  # no vote: we announced our leave (`_give_up`)
             vote.save(path, mine)  # before the commit: a restarted node must still reveal
         self._enter("COMMIT", f"epoch {st.epoch + 1}/{job.spec.total_epochs}")
         try:
@@ -689,6 +699,7 @@ class Node:
             job_dir=self.job_dir(job_id),
             metric=self._metric,
             between_rounds=self._between_rounds,
+            give_up=self._give_up,
             connect=self._connect,
             chain_id=self.bsm.chain_id,
         )
@@ -696,6 +707,30 @@ class Node:
     def _between_rounds(self, job: Job) -> None:
         self._check_stop()
         self._leave_if_asked(job)
+
+    def _give_up(self, job: Job, why: str) -> None:
+        """The epoch is lost to us (we would vote after its deadline): say why, and announce
+        our leave while the deadline is ahead, so our silence is no dropout (docs/contract.md).
+        We still follow the rounds, serve our states and see the epoch settle."""
+        st = job.state
+        log.warning(
+            "job %s epoch %s lost: %s; training stopped, leaving the job at the boundary "
+            "(this epoch unpaid, our stake kept)",
+            job.id,
+            st.epoch,
+            why,
+        )
+        self.status.lost = why
+        self._lost.add((job.id, st.attempt))
+        if self.status.leaving:
+            return
+        try:
+            if not self.bsm.is_leaving(job.id, self.me):
+                self.bsm.leave_job(job.id)
+            self.status.leaving = True
+            self._metric("leaving", job=job.id, epoch=st.epoch, attempt=st.attempt, why=why)
+        except (ContractError, TransactionFailed) as exc:
+            log.warning("leave not announced: %s", exc)
 
     def _leave_if_asked(self, job: Job) -> None:
         """Ctrl-C once: announce the leave now; it applies at the next boundary."""

@@ -63,6 +63,7 @@ class Status:
     committed: bool = False
     revealed: bool = False
     leaving: bool = False  # our leave is announced on chain
+    lost: str = ""  # why the epoch in progress is lost to us (we will not vote it)
     retry: int = 0  # attempts of this epoch before this one (that we saw)
     linger_until: float = 0.0
     dropout_bps: int = 0
@@ -73,7 +74,7 @@ class Status:
         """Update from a job snapshot (read at one block)."""
         if job.state.epoch != self.epoch or job.id != self.job:
             self.round, self.loss, self.tokens_per_s, self.round_s, self.peers = (None,) * 5
-            self.reward = None
+            self.reward, self.lost = None, ""
         self.job, self.epoch = job.id, job.state.epoch
         self.epochs = job.spec.total_epochs
         self.rounds = job.spec.steps_per_epoch // job.spec.sync_interval
@@ -125,6 +126,9 @@ def progress_line(s: Status, now: float) -> str:
     if s.rounds and s.state in ("START", "TRAIN"):
         done = 0 if s.round is None else s.round + 1
         parts.append(f"round {done}/{s.rounds}")
+    if s.lost and s.state in ("TRAIN", "REVEAL", "FINALIZE"):
+        parts.append(f"epoch lost ({s.lost}): not voting it, leaving at its end")
+        return " | ".join(parts)
     if s.loss is not None and s.state == "TRAIN":
         parts.append(f"loss {s.loss:.4f}")
         if s.reward is not None:  # a GRPO loss near 0 says nothing of what it learns

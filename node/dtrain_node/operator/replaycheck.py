@@ -175,6 +175,7 @@ class Checker:
         self._q: queue.Queue[Check | None] = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0
+        self._abandoned = False
         self._thread = threading.Thread(target=self._loop, name="replay-checker", daemon=True)
         self._thread.start()
 
@@ -201,9 +202,16 @@ class Checker:
     def stop(self) -> None:
         self._q.put(None)
 
+    def abandon(self) -> None:
+        """Stop after the check running now: the queued ones are dropped, never claimed."""
+        self._abandoned = True
+        self.stop()
+
     def _loop(self) -> None:
         while (c := self._q.get()) is not None:
             try:
+                if self._abandoned:
+                    continue
                 if c.member in self.withheld:
                     log.info("round %d of %s not checked: it withheld a state", c.round, c.member)
                     continue

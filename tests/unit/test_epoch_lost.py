@@ -1,0 +1,65 @@
+"""A node that cannot vote its epoch in time gives it up (operator/epoch.py): decided from the
+pace of its last two rounds against the commit deadline, once, with its checks abandoned."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from dtrain_node.operator.deadlines import finish_needs_s
+from dtrain_node.operator.epoch import EpochTrainer
+
+
+def trainer(compute_s: list[float], left_s: float, rounds: int = 10) -> SimpleNamespace:
+    said: list[tuple[str, Any]] = []
+    env = SimpleNamespace(
+        metric=lambda kind, **data: said.append((kind, data)),
+        give_up=lambda job, why: said.append(("give_up", why)),
+    )
+    job = SimpleNamespace(
+        id=7, deadline=time.time() + left_s, state=SimpleNamespace(epoch=1, attempt=3)
+    )
+    checker = SimpleNamespace(abandon=lambda: said.append(("abandon", None)))
+    return SimpleNamespace(
+        lost=None,
+        compute_s=compute_s,
+        faults=SimpleNamespace(ahead=False),
+        rounds=rounds,
+        job=job,
+        env=env,
+        checks=SimpleNamespace(checker=checker),
+        said=said,
+    )
+
+
+def test_the_epoch_is_given_up_once_two_rounds_at_our_pace_miss_the_deadline() -> None:
+    t = trainer([1.0, 20.0, 20.0], left_s=100.0)
+    assert finish_needs_s(8, 20.0) > 100.0
+    EpochTrainer._give_up_if_lost(t, 2)  # type: ignore[arg-type]
+    assert t.lost is not None and "8 rounds left at 20.0 s" in t.lost
+    assert "the commit deadline is in" in t.lost
+    assert [k for k, _ in t.said] == ["abandon", "epoch_lost", "give_up"]
+    assert t.checks is None  # no more checks: they cost compute too
+    lost = t.said[1][1]
+    assert (lost["epoch"], lost["attempt"], lost["round"], lost["why"]) == (1, 3, 2, t.lost)
+    EpochTrainer._give_up_if_lost(t, 3)  # type: ignore[arg-type]
+    assert len(t.said) == 3, "given up once"
+
+
+def test_one_slow_round_or_a_pace_that_fits_is_no_verdict() -> None:
+    for compute_s, left_s in (
+        ([5.0], 10.0),  # one round measured
+        ([1.0, 20.0, 1.0], 100.0),  # one slow round among fast ones
+        ([20.0, 20.0], finish_needs_s(8, 20.0) + 5),  # slow, but in time
+    ):
+        t = trainer(compute_s, left_s)
+        EpochTrainer._give_up_if_lost(t, 2)  # type: ignore[arg-type]
+        assert t.lost is None and not t.said, (compute_s, left_s)
+
+
+def test_a_member_running_ahead_on_purpose_is_not_judged_by_its_pace() -> None:
+    t = trainer([20.0, 20.0], left_s=10.0)
+    t.faults.ahead = True
+    EpochTrainer._give_up_if_lost(t, 2)  # type: ignore[arg-type]
+    assert t.lost is None
