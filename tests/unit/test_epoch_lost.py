@@ -10,10 +10,16 @@ from typing import Any
 from dtrain_node.operator.deadlines import finish_needs_s
 from dtrain_node.operator.epoch import EpochTrainer
 
+ME = "0x" + "AB" * 20
 
-def trainer(compute_s: list[float], left_s: float, rounds: int = 10) -> SimpleNamespace:
+
+def trainer(
+    compute_s: list[float], left_s: float, rounds: int = 10, ours: int = 2
+) -> SimpleNamespace:
     said: list[tuple[str, Any]] = []
     env = SimpleNamespace(
+        me=ME,
+        sync_threshold_bps=5000,
         metric=lambda kind, **data: said.append((kind, data)),
         give_up=lambda job, why: said.append(("give_up", why)),
     )
@@ -21,9 +27,10 @@ def trainer(compute_s: list[float], left_s: float, rounds: int = 10) -> SimpleNa
         id=7, deadline=time.time() + left_s, state=SimpleNamespace(epoch=1, attempt=3)
     )
     checker = SimpleNamespace(abandon=lambda: said.append(("abandon", None)))
-    return SimpleNamespace(
+    t = SimpleNamespace(
         lost=None,
         compute_s=compute_s,
+        participation={ME: ours},
         faults=SimpleNamespace(ahead=False),
         rounds=rounds,
         job=job,
@@ -31,6 +38,9 @@ def trainer(compute_s: list[float], left_s: float, rounds: int = 10) -> SimpleNa
         checks=SimpleNamespace(checker=checker),
         said=said,
     )
+    t._too_slow = lambda r: EpochTrainer._too_slow(t, r)  # type: ignore[arg-type]
+    t._too_absent = lambda r: EpochTrainer._too_absent(t, r)  # type: ignore[arg-type]
+    return t
 
 
 def test_the_epoch_is_given_up_once_two_rounds_at_our_pace_miss_the_deadline() -> None:
@@ -63,3 +73,17 @@ def test_a_member_running_ahead_on_purpose_is_not_judged_by_its_pace() -> None:
     t.faults.ahead = True
     EpochTrainer._give_up_if_lost(t, 2)  # type: ignore[arg-type]
     assert t.lost is None
+
+
+def test_the_epoch_is_given_up_once_our_packets_can_no_longer_make_the_sync_threshold() -> None:
+    """Behind the others, our packets came after they closed the rounds: a vote would show us
+    below the chain's share of the rounds (a sync failure), so the epoch is lost as well."""
+    t = trainer([1.0, 1.0], left_s=1000.0, rounds=10, ours=1)
+    EpochTrainer._give_up_if_lost(t, 6)  # 1 + 4 rounds left = 5 = half of 10: still possible
+    assert t.lost is None
+    EpochTrainer._give_up_if_lost(t, 7)  # 1 + 3 < 5
+    assert (
+        t.lost
+        == "our packets made 1 of 7 rounds, and the 3 left cannot bring them to the 5 a vote needs"
+    )
+    assert [k for k, _ in t.said] == ["abandon", "epoch_lost", "give_up"]

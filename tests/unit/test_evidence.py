@@ -314,3 +314,18 @@ def test_a_live_transcript_is_saved_in_the_files_order() -> None:
     for p in back.rounds[0]:
         i = store_order.index(p.sender)
         assert (p.payload, p.commitment) == (rounds[0][i][1], commits[0][i])
+
+
+def test_no_transcript_of_an_epoch_exceeds_its_size_bound(trained) -> None:
+    """A referee caps a named file's download at the bound of the job's rounds and members:
+    the members' real file fits, and one with the largest packets and commitments every round
+    lands exactly on it."""
+    t = trained[0]
+    members = len(_members())
+    packet = max(len(p.payload) for packets in t.rounds for p in packets)
+    assert len(t.encode()) <= ev.size_bound(len(t.rounds), members, packet)
+    full = ev.Packet(to_checksum_address(b"\x01" * 20), b"\x00" * 100, b"\x00" * ev.MAX_COMMITMENT)
+    senders = [to_checksum_address(bytes([i + 1]) * 20) for i in range(members)]
+    rounds = tuple(tuple(dataclasses.replace(full, sender=s) for s in senders) for _ in range(3))
+    big = ev.EpochTranscript(CHAIN, CONTRACT, JOB, EPOCH, ATTEMPT, rounds)
+    assert len(big.encode()) == ev.size_bound(3, members, 100)

@@ -54,6 +54,19 @@ def test_stream_is_the_hash_preimage_and_round_trips() -> None:
     assert all(torch.equal(back[k], t[k]) and back[k].dtype == t[k].dtype for k in t)
 
 
+def test_a_streams_size_is_known_before_it_is_built() -> None:
+    """A member caps the previous epoch's checkpoint download at the stream size of its own
+    model's tensors: exact, for every dtype and shape (a scalar and an empty tensor too)."""
+    from dtrain_node.train.models import initial_model
+
+    odd = {
+        "s": torch.tensor(3.0, dtype=torch.float64),
+        "e": torch.zeros(0, 4, dtype=torch.bfloat16),
+    }
+    for t in (tensors(), odd, initial_model("builtin:tiny").state_dict()):
+        assert checkpoint.stream_size(t) == len(checkpoint.to_stream(t))
+
+
 def test_stream_rejects_corruption() -> None:
     t = tensors()
     s = bytearray(checkpoint.to_stream(t))

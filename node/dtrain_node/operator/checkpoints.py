@@ -80,10 +80,11 @@ class Checkpoints:
         """These members' (peer key, multiaddrs) as registered on chain."""
         return self._peers(members)
 
-    def _fetch(self, job: Job, expected: bytes, path: Path) -> None:
+    def _fetch(self, job: Job, expected: bytes, path: Path, size: int) -> None:
         """The previous epoch's checkpoint from the members, retried with backoff (peers may be
         restarting too) until only the vote's margin is left before the commit deadline; then
-        CheckpointUnavailable (and the epoch is voted UNWORKABLE)."""
+        CheckpointUnavailable (and the epoch is voted UNWORKABLE). A peer offering more than
+        `size` bytes (the stream of our model's tensors) is refused before the download."""
         peers = self._peers([m for m in job.members if m != self.me])
         until = job.deadline - VOTE_MARGIN_S
         wait = 1.0
@@ -92,7 +93,9 @@ class Checkpoints:
                 "fetching_checkpoint", job=job.id, epoch=job.state.epoch - 1, peers=len(peers)
             )
             try:
-                self.transport.fetch_file(expected.hex(), peers, path)
+                # one deadline for the whole download: a peer that drips it holds us no longer
+                left = max(1.0, until - time.time())
+                self.transport.fetch_file(expected.hex(), peers, path, left, size)
                 return
             except CheckpointUnavailable:
                 if time.time() + wait > until:
@@ -119,7 +122,7 @@ class Checkpoints:
         if not path.is_file():
             self.adopt_local(expected, path)
         if not path.is_file():
-            self._fetch(job, expected, path)
+            self._fetch(job, expected, path, checkpoint.stream_size(model.state_dict()))
         tensors = checkpoint.from_stream(path.read_bytes(), expected)
         self.transport.serve_file(expected.hex(), path)
         return tensors

@@ -39,6 +39,7 @@ REASONS = ("mismatch", "withheld", "invalid_state", "no_state")
 _BODY = struct.Struct(">4sBBQ20s32sQQ20s20s32s32s32sH")
 MAX_COMMITMENT = envmod.OVERHEAD + envmod.STATE_LEN
 SIG_LEN = 65
+MAX_SIZE = _BODY.size + 0xFFFF + SIG_LEN  # the most bytes an encoded claim can have
 _HALF_N = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
 
 

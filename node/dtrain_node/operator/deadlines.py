@@ -73,14 +73,15 @@ def epoch_seconds_needed(steps: int, sync_interval: int, step_s: float) -> float
 
 
 def finish_needs_s(rounds_left: int, compute_s: float) -> float:
-    """Seconds this node needs from now to vote the epoch, its rounds left at `compute_s`
-    seconds of training each: every round at least `MIN_ROUND_S` on top, a replay of the
-    transcript, and the margin to save, commit and reveal. More than the commit deadline
-    leaves, and the epoch is lost to us: training on only spends compute on a vote that would
-    come too late."""
+    """The least seconds this node needs from now to commit its vote, its rounds left at
+    `compute_s` seconds of training each: their training alone, then saving the checkpoint
+    and the commit transaction (the reveal may come after the deadline). More than the commit
+    deadline leaves, and the epoch is lost to us even if every round synced at once: training
+    on only spends compute on a vote that would come too late. A lower bound on purpose: an
+    honest node that might still make it is never told to give up."""
     if rounds_left < 0 or not compute_s >= 0:
         raise ValueError(f"rounds_left {rounds_left} and compute_s {compute_s} must be >= 0")
-    return rounds_left * (compute_s + MIN_ROUND_S) + REPLAY_S + VOTE_MARGIN_S
+    return rounds_left * compute_s + SAVE_S + TX_S
 
 
 def reveal_window_fits(reveal_window_s: int) -> bool:

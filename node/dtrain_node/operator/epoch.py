@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -95,6 +96,7 @@ class EpochEnv:
     connect: Callable[[list[str]], None]  # dial these members' peers
     give_up: Callable[[Job, str], None]  # the epoch is lost to us (why): announce our leave
     chain_id: int = 0  # of the chain the job is on (names it in the epoch's evidence file)
+    sync_threshold_bps: int = 0  # of the rounds a member's packets must make (the chain's)
 
 
 def demo_config(cfg: NodeConfig, job: Job, recipe: Recipe | None = None) -> DeMoConfig:
@@ -406,14 +408,9 @@ class EpochTrainer:
         say why and announce our leave. One slow round is no verdict."""
         if self.lost is not None or len(self.compute_s) < 2 or self.faults.ahead:
             return
-        pace = min(self.compute_s[-2:])
-        need, left = finish_needs_s(self.rounds - r, pace), self.job.deadline - time.time()
-        if need <= left:
+        self.lost = self._too_slow(r) or self._too_absent(r)
+        if self.lost is None:
             return
-        self.lost = (
-            f"{self.rounds - r} rounds left at {pace:.1f} s of training each need {need:.0f} s, "
-            f"the commit deadline is in {max(0.0, left):.0f} s"
-        )
         if self.checks is not None:
             self.checks.checker.abandon()
             self.checks = None
@@ -427,6 +424,30 @@ class EpochTrainer:
             why=self.lost,
         )
         env.give_up(self.job, self.lost)
+
+    def _too_slow(self, r: int) -> str | None:
+        """Why we cannot commit by the deadline at the pace of our last two rounds, if so."""
+        pace = min(self.compute_s[-2:])
+        need, left = finish_needs_s(self.rounds - r, pace), self.job.deadline - time.time()
+        if need <= left:
+            return None
+        return (
+            f"{self.rounds - r} rounds left at {pace:.1f} s of training each need {need:.0f} s, "
+            f"the commit deadline is in {max(0.0, left):.0f} s"
+        )
+
+    def _too_absent(self, r: int) -> str | None:
+        """Why our packets can no longer make the share of the rounds the chain requires (the
+        others closed rounds without them: we were behind), if so: voting would be a sync
+        failure."""
+        need = math.ceil(self.rounds * self.env.sync_threshold_bps / 10_000)
+        ours = self.participation.get(self.env.me, 0)
+        if ours + self.rounds - r >= need:
+            return None
+        return (
+            f"our packets made {ours} of {r} rounds, and the {self.rounds - r} left cannot "
+            f"bring them to the {need} a vote needs"
+        )
 
     def _accuracy(self) -> dict[str, float]:
         """The round's mean accuracy under the method's name for it (none: no record)."""

@@ -45,6 +45,13 @@ MAX_COMMITMENT = envmod.OVERHEAD + envmod.STATE_LEN  # its chunk: nothing or a s
 _FRAME = Frame(MAGIC, VERSION, _HEAD.size)
 
 
+def size_bound(rounds: int, members: int, packet_bytes: int) -> int:
+    """The most bytes a transcript of `rounds` sync rounds among `members` can have, each
+    packet at most `packet_bytes` with its commitment: a fetch's size cap."""
+    packet = 20 + 4 + packet_bytes + 2 + MAX_COMMITMENT
+    return _HEAD.size + rounds * (2 + members * packet)
+
+
 def path(job_dir: Path, attempt: int) -> Path:
     return Path(job_dir) / f"transcript-{attempt}.bin"
 

@@ -702,6 +702,7 @@ class Node:
             give_up=self._give_up,
             connect=self._connect,
             chain_id=self.bsm.chain_id,
+            sync_threshold_bps=self._params().sync_threshold_bps,
         )
 
     def _between_rounds(self, job: Job) -> None:

@@ -44,6 +44,7 @@ from dtrain.errors import ContractError, DtrainError, RpcUnavailable, Transactio
 from dtrain_node.errors import CheckpointUnavailable, NodeError, TranscriptInvalid
 from dtrain_node.operator import claims, evidence, fraudcheck, referee
 from dtrain_node.operator.transport import peer_specs
+from dtrain_node.optim import codec
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -475,7 +476,7 @@ class RefereeService:
         case: Case,
         named: dict[bytes, set[str]],
         first: set[bytes],
-        fetch: Callable[[str, str, Path], Path],
+        fetch: Callable[[str, str, Path, float | None, int | None], Path],
         work: Path,
         memo: Memo,
     ) -> tuple[
@@ -486,10 +487,15 @@ class RefereeService:
         or that holds a packet its sender never committed, is left out); the replay claims
         named; and, after the first epoch, the epoch's start checkpoint, fetched by hash."""
 
+        spec = self.bsm.job(case.job_id).spec
+        rounds = spec.steps_per_epoch // spec.sync_interval
+        # a transcript of this epoch, or a claim: nothing larger is read
+        cap = max(evidence.size_bound(rounds, len(case.members), codec.MAX_BYTES), claims.MAX_SIZE)
+
         def get(sha: bytes) -> tuple[bytes, Any]:
             dest = work / f"named-{sha.hex()}.bin"
             try:
-                return sha, self._read(case, fetch(sha.hex(), "", dest))
+                return sha, self._read(case, fetch(sha.hex(), "", dest, None, cap))
             except CheckpointUnavailable as exc:  # not kept: asked again in the next pass
                 log.info("file %s not delivered: %s", sha.hex()[:16], exc)
                 return sha, None

@@ -59,6 +59,17 @@ def canonical_hash(tensors: dict[str, torch.Tensor]) -> bytes:
     return h.digest()
 
 
+def stream_size(tensors: dict[str, torch.Tensor]) -> int:
+    """The bytes of `to_stream(tensors)`, without building it: what a checkpoint of a model
+    with these tensors' names, dtypes and shapes must weigh (a fetch's exact size cap)."""
+    n = 0
+    for name, t in tensors.items():
+        shape = ",".join(str(s) for s in t.shape)
+        dtype = str(t.dtype).removeprefix("torch.")
+        n += len(name.encode()) + len(dtype) + len(shape) + 3 + 8 + t.numel() * t.element_size()
+    return n
+
+
 def to_stream(tensors: dict[str, torch.Tensor]) -> bytes:
     return b"".join(head + data for head, data in _parts(tensors))
 
