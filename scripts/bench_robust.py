@@ -106,6 +106,7 @@ class Setup:
     uri: str | None = None  # a job's model (builtin:tiny) instead of the harness GPT
     clip: float = RobustConfig.clip  # the rule's bound (RobustConfig.clip) when it is on
     trust_shift: int = RobustConfig.trust_shift  # senders below cos_trust scaled by 2^-this
+    support: float = RobustConfig.support  # share of the kept senders a coefficient needs
 
 
 def setups(quick: bool) -> Setup:
@@ -147,7 +148,10 @@ def run(
         inner_lr=setup.inner_lr,
         compress=CompressConfig(k2d=setup.k, k1d=1, bits=setup.bits),
         robust=RobustConfig(
-            enabled=rule, clip=setup.clip if clip else 0.0, trust_shift=setup.trust_shift
+            enabled=rule,
+            clip=setup.clip if clip else 0.0,
+            trust_shift=setup.trust_shift,
+            support=setup.support,
         ),
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
@@ -565,6 +569,7 @@ OPTIONS = (
     ("--shaped", dict(action="store_true", help="attacks shaped to the rule, n = 7, 10, 16")),
     ("--clip", dict(type=float, default=None, help="the bound's multiple of the median norm")),
     ("--trust-shift", dict(type=int, default=None, help="2^-N for senders below cos_trust")),
+    ("--support", dict(type=float, default=None, help="share of senders a coefficient needs")),
     ("--attacks", dict(nargs="+", default=None, help="--shaped: these attacks only")),
     ("--from-runs", dict(type=Path, nargs="+", help="--shaped: report these runs (json, jsonl)")),
     ("--sizes", dict(type=int, nargs="+", default=None, help="--shaped: these n only")),
@@ -587,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         setup = replace(setup, clip=a.clip)
     if a.trust_shift is not None:
         setup = replace(setup, trust_shift=a.trust_shift)
+    if a.support is not None:
+        setup = replace(setup, support=a.support)
     P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
@@ -674,7 +681,9 @@ def _meta(setup: Setup, P: int) -> dict:
         bits=setup.bits,
         steps=setup.steps,
         bsz=setup.bsz,
-        robust=RobustConfig(clip=setup.clip, trust_shift=setup.trust_shift).__dict__,
+        robust=RobustConfig(
+            clip=setup.clip, trust_shift=setup.trust_shift, support=setup.support
+        ).__dict__,
     )
 
 

@@ -18,6 +18,7 @@ from harness import harness_env
 from harness.gossip_cluster import CHAIN_ID, CONTRACT, JOB_ID, ROOT
 
 from dtrain_node.errors import CheckpointUnavailable
+from dtrain_node.p2p import files
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.host import GossipConfig, GossipNode
 
@@ -162,4 +163,28 @@ def test_a_state_served_a_byte_a_minute_is_given_up_at_its_deadline(
         assert not dest.exists()
         assert node.metrics()["bytes_in_total"] < 1_000  # a byte, not the state
         got = node.fetch_file(sha_other, [peer], tmp_path / "got.bin", timeout_s=30.0)
+        assert got.read_bytes() == other.read_bytes()
+
+
+@pytest.mark.timeout(120)
+def test_a_file_served_a_byte_a_minute_is_given_up_without_any_deadline_of_its_callers(
+    server: Any, tmp_path: Path
+) -> None:
+    """Attack: a peer serves a file at one byte per 55 s (fault `drip`) to a fetch whose
+    caller set no deadline (a job's files, a checkpoint): the minute's idle timeout never
+    fires. The transfer gives up once it runs slower than `LEAST_RATE` on average past its
+    grace, and the same peer's other file still comes."""
+    slow, other = tmp_path / "slow.dtps", tmp_path / "other.bin"
+    slow.write_bytes(os.urandom(10_000))
+    other.write_bytes(os.urandom(10_000))
+    sha, sha_other = sha256_file(slow).hex(), sha256_file(other).hex()
+    peer = server({sha: slow, sha_other: other}, drip=True)
+    cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
+    with GossipNode(cfg, Account.create()) as node:
+        t0 = time.monotonic()
+        with pytest.raises(CheckpointUnavailable, match=r"slower than 64 KiB/s"):
+            node.fetch_file(sha, [peer], tmp_path / "got.dtps")
+        took = time.monotonic() - t0
+        assert files.RATE_GRACE_S <= took < files.IDLE_TIMEOUT_S, took
+        got = node.fetch_file(sha_other, [peer], tmp_path / "got.bin")
         assert got.read_bytes() == other.read_bytes()

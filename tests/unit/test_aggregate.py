@@ -172,3 +172,31 @@ def test_per_coefficient_mean_is_exact_and_averages_each_coefficient_over_its_se
         if bool((count[count > 0] < len(pk)).any()):  # some coefficient sent by fewer than all
             plain = aggregate(spec, pk).update(i, 1.0, False, torch.float64)
             assert not torch.allclose(plain, want, atol=2e-2 * want.abs().max().item(), rtol=0)
+
+
+def test_a_coefficient_too_few_senders_sent_is_left_out_exactly():
+    """`least_senders`: a coefficient of a chunk enters the sum only when at least that many
+    senders sent it; the result is the integer reference over only those entries, in every
+    sender order."""
+    spec, pk = packets(n=4)
+    for least in (2, 3):
+        agg = aggregate(spec, pk, least_senders=least)
+        for seed in range(3):
+            p = list(pk)
+            random.Random(seed).shuffle(p)
+            assert aggregate(spec, p, least_senders=least).digest() == agg.digest()
+        Bq = dct.basis_q()
+        for i, (_, shape) in enumerate(SHAPES):
+            e0 = agg.exps[i] + (15 if len(dct.view2(shape)) == 1 else 30)
+            count = torch.zeros(dct.nchunks(shape), dct.chunk_elems(shape), dtype=torch.int64)
+            for _, ts in pk:
+                count.scatter_add_(1, ts[i].idx, torch.ones_like(ts[i].idx))
+            A = torch.zeros_like(count)
+            for _, ts in pk:
+                t = ts[i]
+                sent = (t.lvl.to(torch.int64) << (t.exp - e0)) * (count.gather(1, t.idx) >= least)
+                A.scatter_add_(1, t.idx, sent)
+            X = A @ Bq if len(dct.view2(shape)) == 1 else Bq.T @ A.reshape(-1, 64, 64) @ Bq
+            assert torch.equal(agg.sums[i], dct.from_chunks(X, shape).to(torch.float64))
+    assert aggregate(spec, pk, least_senders=1).digest() == aggregate(spec, pk).digest()
+    assert aggregate(spec, pk, least_senders=5).digest() != aggregate(spec, pk).digest()

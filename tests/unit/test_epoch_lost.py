@@ -9,6 +9,7 @@ from typing import Any
 
 from dtrain_node.operator.deadlines import finish_needs_s
 from dtrain_node.operator.epoch import EpochTrainer
+from dtrain_node.operator.faults import Faults
 
 ME = "0x" + "AB" * 20
 
@@ -31,7 +32,7 @@ def trainer(
         lost=None,
         compute_s=compute_s,
         participation={ME: ours},
-        faults=SimpleNamespace(ahead=False),
+        faults=SimpleNamespace(honest=True),
         rounds=rounds,
         job=job,
         env=env,
@@ -68,9 +69,14 @@ def test_one_slow_round_or_a_pace_that_fits_is_no_verdict() -> None:
         assert t.lost is None and not t.said, (compute_s, left_s)
 
 
-def test_a_member_running_ahead_on_purpose_is_not_judged_by_its_pace() -> None:
-    t = trainer([20.0, 20.0], left_s=10.0)
-    t.faults.ahead = True
+def test_a_faulty_member_stays_to_be_judged() -> None:
+    """A node running a fault (poisoned packets, running ahead) does not give up: the attacks
+    the faults stand for stay and are judged (a slow machine alone is no fault)."""
+    assert Faults(slow=4.0).honest and Faults().honest
+    assert not Faults(ahead=True).honest and not Faults(garbage_packets=True).honest
+    assert not Faults.parse(["attack=scale=100"]).honest
+    t = trainer([20.0, 20.0], left_s=10.0, ours=0)
+    t.faults = Faults(garbage_packets=True)
     EpochTrainer._give_up_if_lost(t, 2)  # type: ignore[arg-type]
     assert t.lost is None
 

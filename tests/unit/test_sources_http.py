@@ -3,10 +3,12 @@ when the bytes are wrong or too many (a local HTTP server stands in for the web)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,17 @@ class RangeHandler(http.server.BaseHTTPRequestHandler):
     sent: list[int]
 
     def do_GET(self) -> None:
+        if self.path.startswith("/drip/"):  # a byte every half second, under any read timeout
+            data = (self.root / self.path.removeprefix("/drip/")).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            with contextlib.suppress(OSError):  # the client hangs up
+                for i in range(len(data)):
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.5)
+            return
         data = (self.root / self.path.lstrip("/")).read_bytes()
         start = 0
         if rng := self.headers.get("Range"):
@@ -97,3 +110,19 @@ def test_http_model_pack_unpacks_into_the_cache(web: tuple[str, list[int]], tmp_
         assert f.model(str(folder)) == str(folder)
         with pytest.raises(ModelUnavailable, match="needs #sha256"):
             f.model(f"{base}/model.tar")
+
+
+def test_a_server_that_drips_a_file_is_given_up_at_the_least_rate(
+    web: tuple[str, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: a server sends a job's file a byte at a time, each well within the read
+    timeout, so that no single read ever times out: the download is given up once it runs
+    slower than `files.LEAST_RATE` on average past its grace (shortened here)."""
+    base, _ = web
+    (tmp_path / "d.jsonl").write_bytes(data := os.urandom(10_000))
+    monkeypatch.setattr(files, "RATE_GRACE_S", 1.0)
+    cache = Cache(tmp_path / "cache", timeout_s=5, progress="log")
+    t0 = time.monotonic()
+    with pytest.raises(DatasetError, match="slower than 64 KiB/s"):
+        Fetcher(cache).file(f"{base}/drip/d.jsonl", hashlib.sha256(data).digest(), "dataset")
+    assert time.monotonic() - t0 < 5  # the read timeout alone would never have fired

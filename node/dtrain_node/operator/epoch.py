@@ -406,7 +406,7 @@ class EpochTrainer:
         """Before round `r`: when the rounds left, at the pace of our last two, end past what
         the commit deadline leaves, stop training (and checking) for the rest of the epoch,
         say why and announce our leave. One slow round is no verdict."""
-        if self.lost is not None or len(self.compute_s) < 2 or self.faults.ahead:
+        if self.lost is not None or len(self.compute_s) < 2 or not self.faults.honest:
             return
         self.lost = self._too_slow(r) or self._too_absent(r)
         if self.lost is None:

@@ -77,6 +77,7 @@ steps take X times as long). The chain must not punish it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -174,6 +175,13 @@ class Faults:
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ValueError(f"{name} must be >= 0, got {v}")
+
+    @property
+    def honest(self) -> bool:
+        """No fault but `slow` (a slow machine is no misbehaviour). Only an honest node gives
+        up an epoch it cannot make; a faulty one stays to be judged, as the attacks it stands
+        for would (docs/node.md)."""
+        return dataclasses.replace(self, slow=1.0, epoch=None, first_attempt_only=False) == Faults()
 
     def active(self, epoch: int, retry: bool = False) -> Faults:
         """The faults that apply in `epoch` (`retry`: not its first attempt)."""

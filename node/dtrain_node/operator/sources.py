@@ -26,12 +26,14 @@ import fcntl
 import hashlib
 import logging
 import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dtrain_node.errors import CheckpointUnavailable, DatasetError, ModelUnavailable, RecipeInvalid
 from dtrain_node.p2p import files, packs
@@ -353,22 +355,55 @@ def _http_once(
         total = offset + int(length) if length is not None else 0
         if total > cache.max_bytes:
             raise files.Rejected(f"{total} bytes > limit {cache.max_bytes}")
-        h = hashlib.sha256()
-        with part.open("r+b" if offset else "wb") as f:
-            while offset and (block := f.read(HTTP_BLOCK)):
-                h.update(block)
-            f.seek(offset)
-            f.truncate()
-            got, moved = offset, 0
-            for block in r.iter_content(HTTP_BLOCK):
-                got += len(block)
-                moved += len(block)
-                if got > cache.max_bytes:
-                    part.unlink()
-                    raise files.Rejected(f"more than {cache.max_bytes} bytes")
-                h.update(block)
-                f.write(block)
-                bar(got, max(total, got))
+        # a server slower than LEAST_RATE on average is given up: the response is closed
+        left = (total or cache.max_bytes) - offset
+        cutoff = threading.Timer(files.RATE_GRACE_S + left / files.LEAST_RATE, _cut, (r,))
+        cutoff.daemon = True
+        cutoff.start()
+        try:
+            return _http_body(r, part, offset, total, cache, bar)
+        except Exception as exc:
+            if cutoff.is_alive():
+                raise
+            raise CheckpointUnavailable(
+                f"{url}: slower than {files.LEAST_RATE >> 10} KiB/s ({exc})"
+            ) from None
+        finally:
+            cutoff.cancel()
+
+
+def _cut(r: Any) -> None:
+    """Ends a streaming response now, from another thread: shuts its socket down (closing
+    the response instead would wait for the read in progress, a byte at a time)."""
+    fp = getattr(getattr(r.raw, "_fp", None), "fp", None)
+    sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    if sock is None:
+        r.close()
+        return
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _http_body(
+    r: Any, part: Path, offset: int, total: int, cache: Cache, bar: files.Progress
+) -> tuple[int, bytes]:
+    """The response's body appended to `part` (from `offset`), hashed with what it holds."""
+    h = hashlib.sha256()
+    with part.open("r+b" if offset else "wb") as f:
+        while offset and (block := f.read(HTTP_BLOCK)):
+            h.update(block)
+        f.seek(offset)
+        f.truncate()
+        got, moved = offset, 0
+        for block in r.iter_content(HTTP_BLOCK):
+            got += len(block)
+            moved += len(block)
+            if got > cache.max_bytes:
+                part.unlink()
+                raise files.Rejected(f"more than {cache.max_bytes} bytes")
+            h.update(block)
+            f.write(block)
+            bar(got, max(total, got))
     return moved, h.digest()
 
 

@@ -18,6 +18,7 @@ halves directly: `packet = opt.prepare()`, publish/collect, then `opt.apply(pack
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -226,6 +227,11 @@ class DeMo:
                 good.append((s, res))
         return good, rejected
 
+    def _least_senders(self, kept: int) -> int:
+        """Senders a coefficient needs to be aggregated (RobustConfig.support)."""
+        r = self.cfg.robust
+        return max(1, math.ceil(r.support * kept)) if r.enabled else 1
+
     @torch.no_grad()
     def apply(self, packets: Iterable[tuple[Hashable, bytes]]) -> SyncStats:
         """Aggregate this round's packets exactly and take the outer step on theta_sync."""
@@ -240,6 +246,7 @@ class DeMo:
                 good,
                 device=torch.device("cpu"),
                 per_coefficient=self.cfg.per_coefficient_mean,
+                least_senders=self._least_senders(len(good)),
             )
             if good
             else None

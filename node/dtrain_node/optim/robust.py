@@ -82,6 +82,8 @@ class RobustConfig:
     2^-trust_shift: a random direction at the median norm (cosine about 0; honest senders'
     are >= 0.06) then adds little noise to the step. trust_shift 0: off (measured and left
     off: docs/benchmarks.md, "A trust shift for senders that point nowhere").
+    support: a transmitted coefficient (of one chunk) is aggregated only when at least
+    ceil(support x kept senders) of the kept senders sent it; 0: every one (off).
     theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
     set of packets can make the shared state non-finite. enabled=False aggregates everything.
     """
@@ -96,6 +98,7 @@ class RobustConfig:
     clip: float = 1.0
     cos_trust: float = 0.03
     trust_shift: int = 0
+    support: float = 0.0
     theta_max: float = 2.0**16
 
     def __post_init__(self) -> None:
@@ -118,6 +121,8 @@ class RobustConfig:
                 f"cos_trust must be in [-1, 1) and trust_shift in [0, 16], got "
                 f"{self.cos_trust}, {self.trust_shift}"
             )
+        if not 0 <= self.support <= 1:
+            raise ValueError(f"support must be in [0, 1], got {self.support}")
         if not (math.isfinite(self.theta_max) and self.theta_max > 0):
             raise ValueError(f"theta_max must be finite and > 0, got {self.theta_max}")
 

@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes on disk, of total); called on the host's thread
 IDLE_TIMEOUT_S = 60.0  # a fetch gives up on a peer that sends nothing for this long
+# Whatever its caller's deadline, a transfer gives up on a peer (and asks the next) that
+# sends slower than this on average, past a grace for the first bytes: a peer sending a byte
+# every minute holds nothing up for good.
+LEAST_RATE = 64 << 10  # bytes per second
+RATE_GRACE_S = 10.0
 DRIP_S = 55.0  # fault `drip`: one byte of a private state per this many seconds
 STATE_SUFFIX = ".dtps"  # a private-state file (spotcheck.StateRing)
 
@@ -282,14 +287,21 @@ class FileService:
         """Append bytes `got`..`size` from the stream to f, hashing them into h."""
         if progress is not None:
             progress(got, size)
+        by = trio.current_time() + RATE_GRACE_S + (size - got) / LEAST_RATE
         while got < size:
             try:
-                with trio.fail_after(self.idle_timeout_s):
+                with trio.fail_at(min(by, trio.current_time() + self.idle_timeout_s)):
                     block = await wire.read_frame(stream, wire.CKPT_CHUNK)
             except wire.WireError as e:
                 if e.reason == "oversized":
                     raise Rejected(str(e)) from None
                 raise
+            except trio.TooSlowError:
+                if trio.current_time() < by:
+                    raise
+                raise CheckpointUnavailable(
+                    f"{got} of {size} bytes: slower than {LEAST_RATE >> 10} KiB/s"
+                ) from None
             if not block or got + len(block) > size:
                 raise Rejected(f"bad block after {got} of {size} bytes")
             h.update(block)
