@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -55,3 +57,25 @@ def test_a_report_without_runs_beyond_a_third_says_so() -> None:
     assert bench_robust.shaped_verdict(bench_robust.shaped_rows(runs[:2])) == (
         "- no attack under a third was run\n"
     )
+
+
+def test_the_support_of_a_round_counts_each_coefficients_senders_and_their_signs() -> None:
+    """bench_support: two members sending one coefficient (same sign) and each one alone."""
+    import bench_support
+
+    from dtrain_node.optim import codec
+    from dtrain_node.optim.compress import CompressConfig, Sparse
+
+    spec = codec.Spec(("w",), ((64, 64),), CompressConfig(k2d=2, k1d=1, bits=1))
+
+    def packet(idx: list[int], lvl: list[int]) -> bytes:
+        s = Sparse(torch.tensor([idx]), torch.tensor([lvl], dtype=torch.int8), 0)
+        return codec.encode(spec, [s])
+
+    hist, agree, total = bench_support.round_support(
+        spec, [packet([3, 7], [1, -1]), packet([3, 9], [1, 1]), packet([3, 7], [-1, -1])]
+    )
+    assert total == 6 and hist.tolist() == [0, 1, 2, 3]  # index 9 alone, 7 twice, 3 thrice
+    assert agree == 5  # index 3: two of three agree; 7: both -1; 9: alone
+    row = {"n": 4, "f": 1, "at_least": {1: 1.0, 2: 0.5, 3: 0.25, 4: 0.1}, "majority_sign": 0.9}
+    assert "| 4 | 1 | 50.0% | 25.0% | 50.0% | 10.0% | 90.0% |" in bench_support.table([row])
