@@ -357,13 +357,14 @@ def _http_once(
             raise files.Rejected(f"{total} bytes > limit {cache.max_bytes}")
         # a server slower than LEAST_RATE on average is given up: the response is closed
         left = (total or cache.max_bytes) - offset
-        cutoff = threading.Timer(files.RATE_GRACE_S + left / files.LEAST_RATE, _cut, (r,))
+        cut = threading.Event()
+        cutoff = threading.Timer(files.RATE_GRACE_S + left / files.LEAST_RATE, _cut, (r, cut))
         cutoff.daemon = True
         cutoff.start()
         try:
             return _http_body(r, part, offset, total, cache, bar)
         except Exception as exc:
-            if cutoff.is_alive():
+            if not cut.is_set():
                 raise
             raise CheckpointUnavailable(
                 f"{url}: slower than {files.LEAST_RATE >> 10} KiB/s ({exc})"
@@ -372,9 +373,11 @@ def _http_once(
             cutoff.cancel()
 
 
-def _cut(r: Any) -> None:
+def _cut(r: Any, cut: threading.Event) -> None:
     """Ends a streaming response now, from another thread: shuts its socket down (closing
-    the response instead would wait for the read in progress, a byte at a time)."""
+    the response instead would wait for the read in progress, a byte at a time); `cut` is
+    set first, so the reader knows why its read failed."""
+    cut.set()
     fp = getattr(getattr(r.raw, "_fp", None), "fp", None)
     sock = getattr(getattr(fp, "raw", None), "_sock", None)
     if sock is None:
