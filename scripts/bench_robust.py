@@ -107,6 +107,7 @@ class Setup:
     clip: float = RobustConfig.clip  # the rule's bound (RobustConfig.clip) when it is on
     trust_shift: int = RobustConfig.trust_shift  # senders below cos_trust scaled by 2^-this
     support: float = RobustConfig.support  # share of the kept senders a coefficient needs
+    majority: bool = RobustConfig.majority  # entries against their coefficient's sign out
 
 
 def setups(quick: bool) -> Setup:
@@ -152,6 +153,7 @@ def run(
             clip=setup.clip if clip else 0.0,
             trust_shift=setup.trust_shift,
             support=setup.support,
+            majority=setup.majority,
         ),
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
@@ -570,6 +572,7 @@ OPTIONS = (
     ("--clip", dict(type=float, default=None, help="the bound's multiple of the median norm")),
     ("--trust-shift", dict(type=int, default=None, help="2^-N for senders below cos_trust")),
     ("--support", dict(type=float, default=None, help="share of senders a coefficient needs")),
+    ("--majority", dict(action="store_true", help="entries against their coefficient's sign out")),
     ("--attacks", dict(nargs="+", default=None, help="--shaped: these attacks only")),
     ("--from-runs", dict(type=Path, nargs="+", help="--shaped: report these runs (json, jsonl)")),
     ("--sizes", dict(type=int, nargs="+", default=None, help="--shaped: these n only")),
@@ -594,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         setup = replace(setup, trust_shift=a.trust_shift)
     if a.support is not None:
         setup = replace(setup, support=a.support)
+    if a.majority:
+        setup = replace(setup, majority=True)
     P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
@@ -682,7 +687,10 @@ def _meta(setup: Setup, P: int) -> dict:
         steps=setup.steps,
         bsz=setup.bsz,
         robust=RobustConfig(
-            clip=setup.clip, trust_shift=setup.trust_shift, support=setup.support
+            clip=setup.clip,
+            trust_shift=setup.trust_shift,
+            support=setup.support,
+            majority=setup.majority,
         ).__dict__,
     )
 

@@ -200,3 +200,29 @@ def test_a_coefficient_too_few_senders_sent_is_left_out_exactly():
             assert torch.equal(agg.sums[i], dct.from_chunks(X, shape).to(torch.float64))
     assert aggregate(spec, pk, least_senders=1).digest() == aggregate(spec, pk).digest()
     assert aggregate(spec, pk, least_senders=5).digest() != aggregate(spec, pk).digest()
+
+
+def test_an_entry_against_its_coefficients_net_sign_is_left_out_exactly():
+    """`majority_sign`: per coefficient of a chunk, the entries whose sign is against the net
+    sign of the senders that sent it are left out (a tie keeps both): the integer reference
+    over the rest, in every sender order."""
+    spec, pk = packets(n=5)
+    agg = aggregate(spec, pk, majority_sign=True)
+    p = list(pk)
+    random.Random(1).shuffle(p)
+    assert aggregate(spec, p, majority_sign=True).digest() == agg.digest()
+    assert agg.digest() != aggregate(spec, pk).digest()
+    Bq = dct.basis_q()
+    for i, (_, shape) in enumerate(SHAPES):
+        e0 = agg.exps[i] + (15 if len(dct.view2(shape)) == 1 else 30)
+        net = torch.zeros(dct.nchunks(shape), dct.chunk_elems(shape), dtype=torch.int64)
+        for _, ts in pk:
+            net.scatter_add_(1, ts[i].idx, ts[i].lvl.to(torch.int64).sign())
+        A = torch.zeros_like(net)
+        for _, ts in pk:
+            t = ts[i]
+            lvl = t.lvl.to(torch.int64)
+            kept = lvl.sign() * net.gather(1, t.idx).sign() >= 0
+            A.scatter_add_(1, t.idx, (lvl << (t.exp - e0)) * kept)
+        X = A @ Bq if len(dct.view2(shape)) == 1 else Bq.T @ A.reshape(-1, 64, 64) @ Bq
+        assert torch.equal(agg.sums[i], dct.from_chunks(X, shape).to(torch.float64))

@@ -116,16 +116,24 @@ def _coefficient_mean(idx: torch.Tensor, val: torch.Tensor, m: int):
     return torch.zeros_like(idx).scatter_(1, pos, sidx), torch.where(num < 0, -q, q)
 
 
-def _supported(idx: torch.Tensor, val: torch.Tensor, least: int) -> torch.Tensor:
+def _supported(
+    idx: torch.Tensor, val: torch.Tensor, least: int, majority: bool = False
+) -> torch.Tensor:
     """`val` with every entry zeroed whose index appears fewer than `least` times in its row
-    (a coefficient of a chunk sent by fewer than `least` senders: each sends it at most once).
-    Integer counts only: exact and order-free."""
+    (a coefficient of a chunk sent by fewer than `least` senders: each sends it at most once)
+    and, with `majority`, every entry whose sign is against its coefficient's net sign over
+    its senders. Integer counts only: exact and order-free."""
     sidx, perm = idx.sort(dim=1)
     first = torch.ones_like(sidx, dtype=torch.bool)
     first[:, 1:] = sidx[:, 1:] != sidx[:, :-1]
     pos = first.cumsum(1) - 1
     count = torch.zeros_like(idx).scatter_add_(1, pos, torch.ones_like(idx))
-    kept = torch.empty_like(first).scatter_(1, perm, count.gather(1, pos) >= least)
+    keep = count.gather(1, pos) >= least
+    if majority:
+        sign = val.gather(1, perm).sign()
+        net = torch.zeros_like(idx).scatter_add_(1, pos, sign).gather(1, pos).sign()
+        keep &= sign * net >= 0
+    kept = torch.empty_like(first).scatter_(1, perm, keep)
     return torch.where(kept, val, torch.zeros_like(val))
 
 
@@ -227,6 +235,7 @@ def aggregate(
     dense: bool | None = None,
     per_coefficient: bool = False,
     least_senders: int = 1,
+    majority_sign: bool = False,
 ) -> Aggregate:
     """Sum decoded packets exactly. Senders must be distinct and mutually sortable (ids).
 
@@ -235,7 +244,8 @@ def aggregate(
     give the same bits because all compute exact integers. `per_coefficient` divides each DCT
     coefficient by the number of senders that sent it (the DeMo reference's mean) instead of
     the whole sum by the number of senders. `least_senders`: a coefficient of a chunk is
-    summed only when at least that many senders sent it (1: every one).
+    summed only when at least that many senders sent it (1: every one); `majority_sign`: an
+    entry against its coefficient's net sign over the senders that sent it is left out.
     """
     if not packets:
         raise ValueError("no packets to aggregate")
@@ -260,8 +270,8 @@ def aggregate(
     for (dims, k), ts in groups.items():
         s_max = bound_shift(len(order) << m, k, spec.cfg.max_level, bmax, dims)
         e0, idx, val = _integers(spec, order, ts, ex[:, ts], s_max)
-        if least_senders > 1:
-            val = _supported(idx, val, least_senders)
+        if least_senders > 1 or majority_sign:
+            val = _supported(idx, val, least_senders, majority_sign)
         if per_coefficient:
             idx, val = _coefficient_mean(idx, val, m)
         l1 = int(val.abs().sum(1).max()) if idx.shape[0] else 0

@@ -247,6 +247,7 @@ class DeMo:
                 device=torch.device("cpu"),
                 per_coefficient=self.cfg.per_coefficient_mean,
                 least_senders=self._least_senders(len(good)),
+                majority_sign=self.cfg.robust.enabled and self.cfg.robust.majority,
             )
             if good
             else None

@@ -83,7 +83,8 @@ class RobustConfig:
     are >= 0.06) then adds little noise to the step. trust_shift 0: off (measured and left
     off: docs/benchmarks.md, "A trust shift for senders that point nowhere").
     support: a transmitted coefficient (of one chunk) is aggregated only when at least
-    ceil(support x kept senders) of the kept senders sent it; 0: every one (off).
+    ceil(support x kept senders) of the kept senders sent it; 0: every one (off). majority:
+    an entry against its coefficient's net sign over the kept senders that sent it is left out.
     theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
     set of packets can make the shared state non-finite. enabled=False aggregates everything.
     """
@@ -99,6 +100,7 @@ class RobustConfig:
     cos_trust: float = 0.03
     trust_shift: int = 0
     support: float = 0.0
+    majority: bool = False
     theta_max: float = 2.0**16
 
     def __post_init__(self) -> None:
