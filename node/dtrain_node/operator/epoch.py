@@ -78,8 +78,9 @@ UNWORKABLE_ERRORS = (
 
 
 class EpochLost(Exception):
-    """At our pace the epoch's vote would come after its commit deadline: we stopped training
-    it, announced our leave and will not vote (docs/contract.md: unpaid, never slashed)."""
+    """At our pace the epoch's vote would come after its commit deadline, or our packets can
+    no longer make the rounds a vote needs: we stopped training it, announced our leave and
+    will not vote (docs/contract.md: unpaid, never slashed)."""
 
 
 @dataclass(frozen=True)
@@ -404,8 +405,9 @@ class EpochTrainer:
 
     def _give_up_if_lost(self, r: int) -> None:
         """Before round `r`: when the rounds left, at the pace of our last two, end past what
-        the commit deadline leaves, stop training (and checking) for the rest of the epoch,
-        say why and announce our leave. One slow round is no verdict."""
+        the commit deadline leaves, or our packets can no longer make the rounds a vote needs,
+        stop training (and checking) for the rest of the epoch, say why and announce our
+        leave. One slow round is no verdict."""
         if self.lost is not None or len(self.compute_s) < 2 or not self.faults.honest:
             return
         self.lost = self._too_slow(r) or self._too_absent(r)

@@ -710,9 +710,10 @@ class Node:
         self._leave_if_asked(job)
 
     def _give_up(self, job: Job, why: str) -> None:
-        """The epoch is lost to us (we would vote after its deadline): say why, and announce
-        our leave while the deadline is ahead, so our silence is no dropout (docs/contract.md).
-        We still follow the rounds, serve our states and see the epoch settle."""
+        """The epoch is lost to us (our vote would be late, or our packets missed too many
+        rounds): say why, and announce our leave while the deadline is ahead, so our silence
+        is no dropout (docs/contract.md). We still follow the rounds, serve our states and see
+        the epoch settle."""
         st = job.state
         log.warning(
             "job %s epoch %s lost: %s; training stopped, leaving the job at the boundary "
