@@ -12,6 +12,7 @@ node's default recipe (docs/methods.md).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -195,6 +196,39 @@ def _toml_value(v: Any) -> str:
     return repr(v)
 
 
+# What users of Hugging Face Trainer, TRL and axolotl call our fields.
+SPELLINGS = {
+    "learning_rate": "inner_lr",
+    "lr": "inner_lr",
+    "weight_decay": "inner_weight_decay",
+    "gradient_accumulation_steps": "grad_accum",
+    "per_device_train_batch_size": "batch_size",
+    "micro_batch_size": "batch_size",
+    "train_batch_size": "batch_size",
+    "max_seq_length": "seq_len",
+    "sequence_len": "seq_len",
+    "max_length": "seq_len",
+    "block_size": "seq_len",
+    "lr_scheduler_type": "lr_schedule",
+    "lr_scheduler": "lr_schedule",
+    "lora_r": "lora_rank",
+    "lora_target_modules": "lora_targets",
+    "beta": "dpo_beta",
+    "num_generations": "grpo_group",
+    "max_completion_length": "grpo_max_new_tokens",
+    "temperature": "grpo_temperature",
+    "num_iterations": "grpo_iterations",
+}
+
+
+def _meant(name: str, known: list[str]) -> str | None:
+    """The field an unknown recipe key most likely means (None: no good guess)."""
+    if name in SPELLINGS:
+        return SPELLINGS[name]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 @dataclass(frozen=True)
 class Recipe:
     """What every node of a job applies identically. Defaults: the reference node's constants."""
@@ -299,13 +333,16 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "recipe") -> Recipe:
-        """From a mapping of field names; an unknown key is a ConfigError."""
+        """From a mapping of field names; an unknown key is a ConfigError that names the
+        field meant, where it is a Hugging Face, TRL or axolotl name or a near spelling."""
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(known))
         if unknown:
+            hints = [f"{k!r} is {meant!r}" for k in unknown if (meant := _meant(k, known))]
             raise ConfigError(
-                f"{source}: unknown recipe field(s) {', '.join(map(repr, unknown))}; "
-                f"known: {', '.join(known)}"
+                f"{source}: unknown recipe field(s) {', '.join(map(repr, unknown))}"
+                + (f" ({'; '.join(hints)})" if hints else "")
+                + f"; known: {', '.join(known)}"
             )
         return cls(**{**ABSENT, **data})
 

@@ -428,7 +428,8 @@ def test_chain_up_writes_the_env_file_other_commands_read(tmp_path, monkeypatch,
         assert main(["--json", "job", "list"]) == 0  # neither --rpc-url nor --contract
         assert json.loads(capsys.readouterr().out) == []
         assert main(["--rpc-url", "http://127.0.0.1:9", "job", "list"]) == 1  # option first
-        assert "error: no contract" in capsys.readouterr().err  # the file's is for its chain
+        # the file's contract is for its own chain: the wrong URL is what the error names
+        assert "RPC http://127.0.0.1:9 unreachable" in capsys.readouterr().err
         monkeypatch.setenv("DTRAIN_RPC_URL", "http://127.0.0.1:9")  # then the environment
         assert main(["--contract", address, "job", "list"]) == 1
         assert "RPC http://127.0.0.1:9 unreachable" in capsys.readouterr().err

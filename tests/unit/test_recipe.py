@@ -202,6 +202,18 @@ def test_bad_files(tmp_path) -> None:
     p.write_text("batch_size = 4\nlearning_rate = 0.1\n")
     with pytest.raises(ConfigError, match=r"unknown recipe field.*'learning_rate'"):
         Recipe.from_toml(p)
+    # what a Hugging Face / TRL / axolotl user writes, and a near spelling, name our field
+    for key, meant in [
+        ("learning_rate", "inner_lr"),
+        ("gradient_accumulation_steps", "grad_accum"),
+        ("max_seq_length", "seq_len"),
+        ("lora_r", "lora_rank"),
+        ("batchsize", "batch_size"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"\('{key}' is '{meant}'\); known:"):
+            Recipe.from_dict({key: 1})
+    with pytest.raises(ConfigError, match=r"unknown recipe field\(s\) 'zzz'; known:"):
+        Recipe.from_dict({"zzz": 1})
     p.write_text("[inner]\nlr = 0.1\n")
     with pytest.raises(ConfigError, match=r"unknown recipe field.*'inner'"):
         Recipe.from_toml(p)

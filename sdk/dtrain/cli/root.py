@@ -16,7 +16,7 @@ import click
 from web3 import Web3
 
 from .. import erc20
-from ..client import BSM, load_key
+from ..client import BSM, connect, load_key
 from ..envfile import env_path, read_env
 from ..errors import ConfigError, DtrainError
 from ..units import format_eth, parse_amount, parse_duration
@@ -50,6 +50,7 @@ class Ctx:
                 "with `dtrain chain up`, which writes it to " + str(env_path()) + ")"
             )
         if not self.contract:
+            connect(self.rpc_url)  # a wrong URL is the error to name, not the contract it hides
             raise ConfigError(
                 "no contract: pass --contract or set DTRAIN_CONTRACT (`dtrain deploy` to a "
                 "chain started by `dtrain chain up` writes it to " + str(env_path()) + ")"
