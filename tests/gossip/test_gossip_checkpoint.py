@@ -143,6 +143,16 @@ def test_a_state_offer_larger_than_its_known_size_is_refused_before_download(
         assert node.metrics()["bytes_in_total"] < 1 << 16
 
 
+def _dripping(server: Any, tmp_path: Path) -> tuple[str, str, Path, tuple[bytes, list[str]]]:
+    """A peer (fault `drip`) serving a private state a byte per 55 s and another file at full
+    speed: (the state's sha256, the other's, the other's path, the peer)."""
+    state, other = tmp_path / "state.dtps", tmp_path / "transcript.bin"
+    state.write_bytes(os.urandom(10_000))
+    other.write_bytes(os.urandom(10_000))
+    sha, sha_other = sha256_file(state).hex(), sha256_file(other).hex()
+    return sha, sha_other, other, server({sha: state, sha_other: other}, drip=True)
+
+
 @pytest.mark.timeout(120)
 def test_a_state_served_a_byte_a_minute_is_given_up_at_its_deadline(
     server: Any, tmp_path: Path
@@ -150,11 +160,7 @@ def test_a_state_served_a_byte_a_minute_is_given_up_at_its_deadline(
     """Attack: a member serves its state at one byte per 55 s (fault `drip`): the fetch's idle
     timeout (a minute) never fires and the transfer never ends. A fetch bounded by the state's
     deadline gives up at it, and a file the same peer serves at full speed still comes."""
-    state, other = tmp_path / "state.dtps", tmp_path / "transcript.bin"
-    state.write_bytes(os.urandom(10_000))
-    other.write_bytes(os.urandom(10_000))
-    sha, sha_other = sha256_file(state).hex(), sha256_file(other).hex()
-    peer = server({sha: state, sha_other: other}, drip=True)
+    sha, sha_other, other, peer = _dripping(server, tmp_path)
     cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
     with GossipNode(cfg, Account.create()) as node:
         dest = tmp_path / "got.dtps"
@@ -174,11 +180,7 @@ def test_a_file_served_a_byte_a_minute_is_given_up_without_any_deadline_of_its_c
     caller set no deadline (a job's files, a checkpoint): the minute's idle timeout never
     fires. The transfer gives up once it runs slower than `LEAST_RATE` on average past its
     grace, and the same peer's other file still comes."""
-    slow, other = tmp_path / "slow.dtps", tmp_path / "other.bin"
-    slow.write_bytes(os.urandom(10_000))
-    other.write_bytes(os.urandom(10_000))
-    sha, sha_other = sha256_file(slow).hex(), sha256_file(other).hex()
-    peer = server({sha: slow, sha_other: other}, drip=True)
+    sha, sha_other, other, peer = _dripping(server, tmp_path)
     cfg = GossipConfig(tmp_path / "client", CHAIN_ID, CONTRACT, JOB_ID)
     with GossipNode(cfg, Account.create()) as node:
         t0 = time.monotonic()

@@ -355,7 +355,7 @@ def _http_once(
         total = offset + int(length) if length is not None else 0
         if total > cache.max_bytes:
             raise files.Rejected(f"{total} bytes > limit {cache.max_bytes}")
-        # a server slower than LEAST_RATE on average is given up: the response is closed
+        # a server slower than LEAST_RATE on average is given up: its socket is shut down
         left = (total or cache.max_bytes) - offset
         cut = threading.Event()
         cutoff = threading.Timer(files.RATE_GRACE_S + left / files.LEAST_RATE, _cut, (r, cut))

@@ -101,14 +101,20 @@ def _dense(idx, val, nc, ce, n, dims, Bq) -> torch.Tensor:
     return X.view(n, nc, n).transpose(0, 1)
 
 
+def _runs(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row, the indices sorted, the permutation that sorts them, and each sorted entry's
+    distinct-index number (0, 1, ... in order): what groups a coefficient's senders."""
+    sidx, perm = idx.sort(dim=1)
+    first = torch.ones_like(sidx, dtype=torch.bool)
+    first[:, 1:] = sidx[:, 1:] != sidx[:, :-1]
+    return sidx, perm, first.cumsum(1) - 1
+
+
 def _coefficient_mean(idx: torch.Tensor, val: torch.Tensor, m: int):
     """Per row, each distinct index once with round(2^m * sum / count) of the senders that sent
     it (integer division, half away from zero: exact and order-free), padded with (0, 0) to the
     input width so tensors keep batching together."""
-    sidx, perm = idx.sort(dim=1)
-    first = torch.ones_like(sidx, dtype=torch.bool)
-    first[:, 1:] = sidx[:, 1:] != sidx[:, :-1]
-    pos = first.cumsum(1) - 1
+    sidx, perm, pos = _runs(idx)
     total = torch.zeros_like(val).scatter_add_(1, pos, val.gather(1, perm))
     count = torch.zeros_like(val).scatter_add_(1, pos, torch.ones_like(val)).clamp_(min=1)
     num = total << m
@@ -123,17 +129,14 @@ def _supported(
     (a coefficient of a chunk sent by fewer than `least` senders: each sends it at most once)
     and, with `majority`, every entry whose sign is against its coefficient's net sign over
     its senders. Integer counts only: exact and order-free."""
-    sidx, perm = idx.sort(dim=1)
-    first = torch.ones_like(sidx, dtype=torch.bool)
-    first[:, 1:] = sidx[:, 1:] != sidx[:, :-1]
-    pos = first.cumsum(1) - 1
+    _, perm, pos = _runs(idx)
     count = torch.zeros_like(idx).scatter_add_(1, pos, torch.ones_like(idx))
     keep = count.gather(1, pos) >= least
     if majority:
         sign = val.gather(1, perm).sign()
         net = torch.zeros_like(idx).scatter_add_(1, pos, sign).gather(1, pos).sign()
         keep &= sign * net >= 0
-    kept = torch.empty_like(first).scatter_(1, perm, keep)
+    kept = torch.empty_like(keep).scatter_(1, perm, keep)
     return torch.where(kept, val, torch.zeros_like(val))
 
 
