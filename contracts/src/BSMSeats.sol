@@ -58,6 +58,67 @@ abstract contract BSMSeats is BSMStorage, IDistributedTrainingBSMSeats {
     }
 
     /// @inheritdoc IDistributedTrainingBSMSeats
+    function drawVacancies(uint256 jobId, bool inPieces) external returns (uint256 seated) {
+        require(msg.sender == address(this), OnlySelf(msg.sender));
+        JobState storage j = _jobs[jobId];
+        address[] storage queue = _pending[jobId];
+        address[] storage members = _members[jobId];
+        uint256 free = _specs[jobId].maxOperators - members.length;
+        if (inPieces) free = Math.min(free, _HOOK_SEATS);
+        address[] memory a = queue;
+        uint256 n = a.length;
+        uint256[] memory w = new uint256[](n);
+        if (n > free) {
+            if (free == 0) return 0;
+            uint256 seedBlock = _seatSeedBlock[jobId];
+            bytes32 hash = seedBlock == 0 || block.number <= seedBlock ? bytes32(0) : blockhash(seedBlock);
+            if (hash == bytes32(0)) {
+                emit VacancyDrawDeferred(jobId, j.epoch, n);
+                return 0;
+            }
+            for (uint256 i; i < n; ++i) {
+                w[i] = _drawWeightAt(a[i], seedBlock - 1) + 1;
+            }
+            // The attempt that ends here: no two draws share a seed.
+            _drawByWeight(w, free, uint256(keccak256(abi.encode(hash, jobId, j.attempt))));
+        }
+        // Drawn (weight 0 now; everyone when all fit) are seated in queue order; the others
+        // keep their place (a removal moves the last one into the gap).
+        address[] memory drawn = new address[](Math.min(n, free));
+        for (uint256 i; i < n; ++i) {
+            if (w[i] != 0) continue;
+            drawn[seated++] = a[i];
+            _membership[jobId][a[i]] = Membership.Active;
+            members.push(a[i]);
+        }
+        for (uint256 i = n; i > 0; --i) {
+            if (w[i - 1] != 0) continue;
+            queue[i - 1] = queue[queue.length - 1];
+            queue.pop();
+        }
+        if (n > free) emit SeatsDrawn(jobId, j.epoch, drawn);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMSeats
+    function displaceLightest(uint256 jobId, address newcomer) external {
+        require(msg.sender == address(this), OnlySelf(msg.sender));
+        JobState storage j = _jobs[jobId];
+        address[] storage list = j.status == JobStatus.Running ? _pending[jobId] : _members[jobId];
+        uint256 lightest;
+        uint256 least = type(uint256).max;
+        for (uint256 i; i < list.length; ++i) {
+            uint256 w = _seatWeight(list[i]);
+            if (w < least) (lightest, least) = (i, w);
+        }
+        uint256 weight = _seatWeight(newcomer);
+        require(weight > least, ApplicantsFull(jobId, least, weight));
+        address out = list[lightest];
+        _removeFrom(list, out);
+        _release(jobId, out);
+        emit SeatNotDrawn(jobId, j.epoch, out);
+    }
+
+    /// @inheritdoc IDistributedTrainingBSMSeats
     function seatDrawAt(uint256 jobId) external view returns (uint256) {
         return _seatDrawAt[jobId];
     }

@@ -30,6 +30,9 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     uint8 internal constant _SLASH = 0xf3;
     /// Members an epoch's settlement covers per hook call, under the core's 500k gas cap.
     uint256 internal constant _HOOK_SETTLE_BATCH = 2;
+    /// Queued applicants an epoch boundary through the hooks seats at most (the rest wait for
+    /// the next boundary): each seat costs ~37k gas.
+    uint256 internal constant _HOOK_SEATS = 2;
 
     enum Membership {
         None,
@@ -441,6 +444,17 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         }
         for (uint256 i = old; i > n; --i) {
             list.pop();
+        }
+    }
+
+    function _removeFrom(address[] storage list, address op) internal {
+        uint256 last = list.length - 1;
+        for (uint256 i; i <= last; ++i) {
+            if (list[i] == op) {
+                if (i != last) list[i] = list[last];
+                list.pop();
+                return;
+            }
         }
     }
 

@@ -5,7 +5,11 @@ import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol
 import {SafeCast} from "@openzeppelin/contracts/utils/math/SafeCast.sol";
 import {Math} from "@openzeppelin/contracts/utils/math/Math.sol";
 
-import {IDistributedTrainingBSMActions, IDistributedTrainingBSMViews} from "./interfaces/IDistributedTrainingBSM.sol";
+import {
+    IDistributedTrainingBSMActions,
+    IDistributedTrainingBSMSeats,
+    IDistributedTrainingBSMViews
+} from "./interfaces/IDistributedTrainingBSM.sol";
 import {BSMStaking} from "./BSMStaking.sol";
 
 /// @title DistributedTrainingBSM
@@ -215,12 +219,16 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         _checkAsk(jobId, operator, spec.pricePerOperatorEpoch);
         if (spec.teeRequired) _requireAttestation(jobId, operator);
         uint256 count = _members[jobId].length + _pending[jobId].length;
-        bool drawing = j.status == JobStatus.Open && _params.seatDrawWindow > 0;
+        // With draws, an `Open` job's seats and a running job's vacancies go by stake: the
+        // list takes applicants up to the cap, and the draw picks among them.
+        bool drawing = _params.seatDrawWindow > 0;
         if (!drawing) {
             require(count < spec.maxOperators, JobFull(jobId, count, spec.maxOperators));
         } else {
             _applicationsOpen(jobId);
-            if (count == _MAX_OPERATORS_CAP) _displaceLightest(jobId, j.epoch, operator);
+            if (count == _MAX_OPERATORS_CAP) {
+                IDistributedTrainingBSMSeats(address(this)).displaceLightest(jobId, operator);
+            }
         }
 
         o.activeJobs += 1;
@@ -245,11 +253,12 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         }
     }
 
-    /// Applicants come and go until the draw is due: after it, the set is what the draw's
-    /// seed (a block not mined yet) picks from, and nobody may change it.
+    /// Applicants come and go until the draw is due (an `Open` job) or sealed (a running
+    /// job's queue, at the epoch's first reveal): after it, the set is what the draw's seed
+    /// (a block not mined yet) picks from, and nobody may change it.
     function _applicationsOpen(uint256 jobId) internal view {
         uint256 at = _seatDrawAt[jobId];
-        require(at == 0 || block.timestamp < at, SeatApplicationsClosed(jobId, at));
+        require((at == 0 || block.timestamp < at) && _seatSeedBlock[jobId] == 0, SeatApplicationsClosed(jobId, at));
     }
 
     function _checkAsk(uint256 jobId, address operator, uint256 price) internal view {
@@ -258,24 +267,6 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         require(takes, NoAskInToken(operator, token));
         if (token == address(0)) require(price >= ask, PriceBelowAsk(price, ask));
         else require(price >= ask, PriceBelowTokenAsk(token, price, ask));
-    }
-
-    /// A full list of applicants takes a newcomer only in place of its lightest applicant, and
-    /// only if the newcomer weighs more: crowding the draw costs stake, not addresses.
-    function _displaceLightest(uint256 jobId, uint256 epoch, address newcomer) internal {
-        address[] storage list = _members[jobId];
-        uint256 lightest;
-        uint256 least = type(uint256).max;
-        for (uint256 i; i < list.length; ++i) {
-            uint256 w = _seatWeight(list[i]);
-            if (w < least) (lightest, least) = (i, w);
-        }
-        uint256 weight = _seatWeight(newcomer);
-        require(weight > least, ApplicantsFull(jobId, least, weight));
-        address out = list[lightest];
-        _removeFrom(list, out);
-        _release(jobId, out);
-        emit SeatNotDrawn(jobId, epoch, out);
     }
 
     /// The attestation is judged by the views extension (`attestationOf`), reached through this
@@ -290,17 +281,14 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
         Membership m = _membership[jobId][operator];
         require(m != Membership.None, NotMember(jobId, operator));
         require(m != Membership.Leaving, AlreadyLeaving(jobId, operator));
-        if (m == Membership.Pending) {
-            _removeFrom(_pending[jobId], operator);
-            _release(jobId, operator);
-            emit LeaveRequested(jobId, operator, j.epoch);
-        } else if (j.status == JobStatus.Running) {
+        if (m != Membership.Pending && j.status == JobStatus.Running) {
             _membership[jobId][operator] = Membership.Leaving;
             if (block.timestamp <= j.epochStart + _specs[jobId].epochDuration) _leftInTime[j.attempt][operator] = true;
             emit LeaveRequested(jobId, operator, j.epoch + 1);
         } else {
+            // An applicant (of an `Open` job, or queued for a running one's vacancies).
             _applicationsOpen(jobId);
-            _removeFrom(_members[jobId], operator);
+            _removeFrom(m == Membership.Pending ? _pending[jobId] : _members[jobId], operator);
             _release(jobId, operator);
             // Too few applicants left to draw from: the next `minOperators`-th one reschedules.
             if (_members[jobId].length < _specs[jobId].minOperators) delete _seatDrawAt[jobId];
@@ -343,6 +331,9 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             CommitmentMismatch(jobId, operator)
         );
         Tally storage t = _tallies[attempt];
+        // The first reveal seals the queue for the epoch's vacancies: weights as of this
+        // block, the next block's hash the seed.
+        if (_params.seatDrawWindow > 0 && _seatSeedBlock[jobId] == 0) _seatSeedBlock[jobId] = uint64(block.number + 1);
         uint256 deadline = j.epochStart + _specs[jobId].epochDuration;
         require(
             block.timestamp > deadline || t.committed == _members[jobId].length,
@@ -604,8 +595,7 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
     function _startEpoch(uint256 jobId, bool checked) internal {
         JobState storage j = _jobs[jobId];
         address[] storage current = _members[jobId];
-        address[] storage pending = _pending[jobId];
-        address[] memory next = new address[](current.length + pending.length);
+        address[] memory next = new address[](current.length);
         uint256 n;
         for (uint256 i; i < current.length; ++i) {
             address op = current[i];
@@ -617,13 +607,11 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             }
             // None or Pending: released as it was settled (and perhaps queued again since).
         }
-        for (uint256 i; i < pending.length; ++i) {
-            address op = pending[i];
-            _membership[jobId][op] = Membership.Active;
-            next[n++] = op;
-        }
-        delete _pending[jobId];
         _writeMembers(current, next, n);
+        // The queue takes the free seats (the hooks extension seats it, drawing them by stake
+        // when more are queued); through the hooks a few a call, under the core's gas cap.
+        if (_pending[jobId].length > 0) n += IDistributedTrainingBSMSeats(address(this)).drawVacancies(jobId, checked);
+        delete _seatSeedBlock[jobId];
         // Every epoch needs minOperators (>= 2) members: nobody certifies its own checkpoint.
         if (n >= _specs[jobId].minOperators) {
             _openAttempt(jobId, j);
@@ -663,17 +651,6 @@ contract DistributedTrainingBSM is BSMStaking, IDistributedTrainingBSMActions, R
             address token = _jobToken[jobId];
             _fromEscrow(j, refund, token);
             _creditIn(token, j.caller, refund);
-        }
-    }
-
-    function _removeFrom(address[] storage list, address op) internal {
-        uint256 last = list.length - 1;
-        for (uint256 i; i <= last; ++i) {
-            if (list[i] == op) {
-                if (i != last) list[i] = list[last];
-                list.pop();
-                return;
-            }
         }
     }
 }

@@ -58,6 +58,7 @@ JOB_EVENTS = (
     "SeatDrawScheduled",
     "SeatsDrawn",
     "SeatNotDrawn",
+    "VacancyDrawDeferred",
     "EpochStarted",
     "CheckpointCommitted",
     "CheckpointRevealed",

@@ -591,6 +591,9 @@ interface IDistributedTrainingBSMTypes {
     /// @notice `operator` applied for epoch `epoch` of job `jobId` and holds no seat: it was not
     /// drawn, or a heavier applicant took its place in a full list; its bond is released.
     event SeatNotDrawn(uint256 indexed jobId, uint256 indexed epoch, address indexed operator);
+    /// @notice The boundary into `epoch` came before its vacancy draw's seed block was mined:
+    /// the `queued` applicants wait for the next boundary.
+    event VacancyDrawDeferred(uint256 indexed jobId, uint256 indexed epoch, uint256 queued);
 }
 
 /// @title IDistributedTrainingBSMStaking
@@ -965,9 +968,14 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
 /// whose hash nobody knows yet, as the seed; the second, once that block is mined, draws
 /// `maxOperators` of them without replacement, each pick weighted by its self-stake capped at
 /// `SEAT_WEIGHT_CAP` x `minStake` as of the sealing block, releases the others and starts the
-/// epoch. No stake moved and no transaction chosen after the seal changes the draw. Joins of
-/// a running job fill its free seats for the next epoch in order, as without a draw.
-/// Implemented in the hooks extension.
+/// epoch. No stake moved and no transaction chosen after the seal changes the draw.
+/// Vacancies the same way: joining a `Running` job queues for a seat of the next epoch (up to
+/// 32 members and queued, a heavier newcomer displacing the lightest queued one). The epoch's
+/// first reveal seals the queue (nobody joins or leaves it until the boundary; weights as of
+/// that block, the next block's hash the seed); at the boundary, when more are queued than
+/// seats are free, the free seats are drawn among the queue as above and the others stay
+/// queued, bonded, for the next boundary (or leave). A boundary that comes before the seed
+/// block is mined seats nobody from the queue. Implemented in the hooks extension.
 interface IDistributedTrainingBSMSeats is IDistributedTrainingBSMTypes {
     /// @notice Seals, then (called again once the seed block is mined) draws the seats of `Open`
     /// job `jobId` among its applicants and starts its epoch; anyone may call it once
@@ -980,6 +988,18 @@ interface IDistributedTrainingBSMSeats is IDistributedTrainingBSMTypes {
     function seatWeight(address operator) external view returns (uint256);
     /// @notice Applicants weigh their self-stake up to this many `minStake` in a seat draw.
     function SEAT_WEIGHT_CAP() external view returns (uint256);
+    /// @notice Seats the queued applicants of running job `jobId` in its free seats at an epoch
+    /// boundary (the staying members already written) and returns how many it seated: all
+    /// when they fit, else as many as seats are free, drawn by stake (the others stay
+    /// queued), or 0 when the sealed seed block is not mined yet. `inPieces` (the core's
+    /// FINALIZE hook) seats at most 6, the rest at later boundaries, so that the call fits
+    /// the core's gas cap. Only the BSM itself calls it, from the boundary.
+    function drawVacancies(uint256 jobId, bool inPieces) external returns (uint256 seated);
+    /// @notice Makes room in a full list of applicants (an `Open` job's applicants, a running
+    /// job's queue: never its members) for `newcomer` by releasing the lightest applicant,
+    /// only if `newcomer` weighs more (`ApplicantsFull` otherwise): crowding a draw costs
+    /// stake, not addresses. Only the BSM itself calls it, from a join.
+    function displaceLightest(uint256 jobId, address newcomer) external;
 }
 
 /// @title IDistributedTrainingBSM

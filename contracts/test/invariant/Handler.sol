@@ -79,6 +79,8 @@ contract Handler is Test {
     uint256 public ghostSeatDraws; // epochs whose seats were drawn among applicants
     uint256 public ghostSeatsNotDrawn; // applicants left out of a draw (their bond released)
     uint256 public ghostSeatViolations; // a draw that seated the wrong count or kept a bond
+    uint256 public ghostVacancyDraws; // boundaries whose free seats were drawn among a queue
+    uint256 public ghostVacancyDeferrals; // boundaries before the seed block: the queue waits
     uint256 public ghostCancelRequests; // callers' cancels of a running job
     uint256 public ghostCancelledRunning; // ... closed Cancelled at the epoch's boundary
     bool internal _cancelAsked; // the job being finalized had a cancel requested
@@ -101,6 +103,8 @@ contract Handler is Test {
     bytes32 private constant _SLASHED = keccak256("Slashed(address,uint256,uint256,uint8,uint256,address)");
     bytes32 private constant _ABORTED = keccak256("JobAborted(uint256,uint256,uint256,uint256,uint256)");
     bytes32 private constant _UNWORKABLE = "UNWORKABLE";
+    bytes32 private constant _SEATS_DRAWN = keccak256("SeatsDrawn(uint256,uint256,address[])");
+    bytes32 private constant _VACANCY_WAITS = keccak256("VacancyDrawDeferred(uint256,uint256,uint256)");
 
     constructor(IBSM bsm_, address core_, address treasury_, address developer_) {
         bsm = bsm_;
@@ -402,6 +406,12 @@ contract Handler is Test {
             // An eighth of them have member 1 commit and never reveal in epoch k == 0.
             if (k == 0 && (r >> 27) & 7 == 7) mode |= uint256(1) << 21;
             if (k == 0 && late) _queueJoin(id, operators[n]);
+            // With draws, half of those without an extra applicant get a second one queued
+            // for the one free seat.
+            if (k == 0 && late && (r >> 36) & 3 == 2 && bsm.params().seatDrawWindow > 0 && n + 2 <= operators.length) {
+                _ensureOperators(n + 2);
+                _queueJoin(id, operators[n + 1]);
+            }
             this.submit(id, mode, true);
             // An eighth of the epochs are challenged (on a deployment with a window).
             if ((r >> 32) & 7 == 7) this.challenge(id, r >> (k + 3), true);
@@ -853,6 +863,8 @@ contract Handler is Test {
         }
         (, uint256 closes) = bsm.certifiedVote(id);
         if (bsm.challengeOf(st.attempt).challenger == address(0) && block.timestamp < closes) vm.warp(closes);
+        // Half of the boundaries come once the vacancy draw's seed block is mined.
+        if ((r >> 44) & 1 == 1) vm.roll(block.number + 2);
         // The finalizer may earn a share of the fee, so it is never the developer (checked
         // below). It may be the job's caller, a member, a staker or an outsider; a quarter of
         // the epochs are settled by the core's FINALIZE hook in pieces (as the treasury).
@@ -867,6 +879,7 @@ contract Handler is Test {
             bsm.finalizeEpoch(id, st.epoch);
         }
         Vm.Log[] memory logs = vm.getRecordedLogs();
+        _checkVacancies(id, logs);
         (uint256 paid, uint256 slashed, uint256 comp) = _settledFromLogs(logs);
         Books memory b1 = _books(w.token);
         (, st) = bsm.getJob(id);
@@ -891,6 +904,22 @@ contract Handler is Test {
         }
         if (st.status == I.JobStatus.Completed) ++ghostCompletedJobs;
         if (st.status == I.JobStatus.Failed && refund > 0) ++ghostFailedRefunds;
+    }
+
+    /// A vacancy draw fills every free seat and leaves the rest of the queue bonded.
+    function _checkVacancies(uint256 id, Vm.Log[] memory logs) internal {
+        (I.JobSpec memory spec,) = bsm.getJob(id);
+        for (uint256 i; i < logs.length; ++i) {
+            if (logs[i].emitter != address(bsm)) continue;
+            if (logs[i].topics[0] == _VACANCY_WAITS) ++ghostVacancyDeferrals;
+            if (logs[i].topics[0] != _SEATS_DRAWN) continue;
+            ++ghostVacancyDraws;
+            if (bsm.getMembers(id).length != spec.maxOperators) ++ghostSeatViolations;
+            address[] memory q = bsm.getPendingJoins(id);
+            for (uint256 k; k < q.length; ++k) {
+                if (bsm.bondedOf(q[k]) == 0) ++ghostSeatViolations;
+            }
+        }
     }
 
     /// The core calls FINALIZE until the epoch's attempt is settled (a few members a call).

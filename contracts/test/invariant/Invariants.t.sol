@@ -162,6 +162,8 @@ contract ReachTest is BaseTest {
         _add("verdicts whose referees were paid", handler.ghostPaidVerdicts());
         _add("seat draws", handler.ghostSeatDraws());
         _add("applicants not drawn", handler.ghostSeatsNotDrawn());
+        _add("vacancies drawn among a queue", handler.ghostVacancyDraws());
+        _add("vacancy draws deferred (seed not mined)", handler.ghostVacancyDeferrals());
         _add("running-job cancel requests", handler.ghostCancelRequests());
         _add("running jobs cancelled at a boundary", handler.ghostCancelledRunning());
         // After the campaign's last run every path must have been reached at least once.

@@ -496,6 +496,48 @@ contract HookGasCapTest is HooksBase {
     }
 }
 
+/// The boundary that seats a running job's queue through the hooks, at the 32 cap: 30
+/// queued for 29 free seats or for 30. A call seats at most 6 (drawn by stake among the 30),
+/// the rest wait for later boundaries, and every call stays under the core's cap.
+contract HookVacancyGasTest is HooksBase {
+    function setUp() public override {
+        super.setUp();
+        bsm = deployBSM(seatDrawParams());
+        tangle.setManager(address(bsm));
+    }
+
+    function _queuedAtCap(uint8 maxOps) internal returns (uint256 jobId) {
+        address[] memory ops = registerN(32);
+        jobId = createJob(spec(2, maxOps, 2));
+        for (uint256 i; i < 32; ++i) {
+            vm.prank(ops[i]);
+            tangle.submitResult(JOIN, abi.encode(jobId));
+            if (i == 1) {
+                vm.warp(bsm.seatDrawAt(jobId));
+                bsm.drawSeats(jobId);
+                vm.roll(block.number + 2);
+                bsm.drawSeats(jobId);
+            }
+        }
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 30);
+        hookVote(jobId, bsm.getMembers(jobId), keccak256("c0"), fullParticipation(jobId));
+        vm.roll(block.number + 2);
+    }
+
+    function test_hookGasCap_vacancyDrawAtCap() public {
+        for (uint8 maxOps = 31; maxOps <= 32; ++maxOps) {
+            uint256 snap = vm.snapshotState();
+            uint256 jobId = _queuedAtCap(maxOps);
+            hookFinalize(jobId);
+            vm.assertEq(bsm.getMembers(jobId).length, 2 + 2, "two seated through the hooks");
+            vm.assertEq(bsm.getPendingJoins(jobId).length, 28, "the others wait, queued");
+            emit log_named_uint("max gas of one hook call (queue of 30 at a boundary)", tangle.maxGas());
+            assertConserved();
+            vm.revertToState(snap);
+        }
+    }
+}
+
 /// A running job cancelled by its caller and settled through the hooks in pieces, at the
 /// 32-member cap: every call fits the core's gas cap and the refund is exact.
 contract HookCancelTest is HooksBase {

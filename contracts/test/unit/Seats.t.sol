@@ -228,7 +228,7 @@ contract DrawSeatsTest is SeatsBase {
         returns (uint256 seats, uint256 twoThirds)
     {
         vm.warp(at);
-        bsm.drawSeats(jobId); // sealed
+        bsm.drawSeats(jobId); // sealedAt
         vm.roll(block.number + 2);
         uint256 snap = vm.snapshotState();
         for (uint256 r; r < runs; ++r) {
@@ -274,7 +274,7 @@ contract SeatGrindingTest is SeatsBase {
         vm.expectEmit();
         emit I.SeatDrawSealed(jobId, 0, block.number + 1);
         bsm.drawSeats(jobId);
-        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Open), "sealed, not drawn");
+        vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Open), "sealedAt, not drawn");
         vm.roll(block.number + 1);
         vm.expectRevert(abi.encodeWithSelector(I.SeedNotMined.selector, block.number, block.number));
         bsm.drawSeats(jobId);
@@ -322,5 +322,169 @@ contract SeatGrindingTest is SeatsBase {
         vm.roll(block.number + 2);
         bsm.drawSeats(jobId);
         vm.assertEq(uint256(status(jobId)), uint256(I.JobStatus.Running));
+    }
+}
+
+/// Vacancies by stake, not by speed: joining a `Running` job queues for a seat of the next
+/// epoch. Applications close at the epoch's first reveal (the seal: weights as of its block,
+/// the next block's hash the seed); at the boundary the free seats are drawn among the queue
+/// by capped self-stake, and those not drawn stay queued for the next boundary.
+contract VacancyDrawTest is SeatsBase {
+    /// A running job whose open draw seated `seated` of its `maxOps` seats.
+    function runningWithFreeSeats(uint8 maxOps, uint256 seated) internal returns (uint256 jobId) {
+        jobId = createJob(spec(2, maxOps, 4));
+        applyN(jobId, "first", seated, MIN_STAKE);
+        drawNow(jobId, 1);
+    }
+
+    /// Commits and reveals the epoch (the first reveal seals the queue), mines the seed block
+    /// with hash `randomness` and finalizes.
+    function boundary(uint256 jobId, uint256 randomness) internal {
+        submitAll(jobId, keccak256("ckpt"));
+        uint256 sealedAt = block.number;
+        vm.roll(sealedAt + 2);
+        vm.setBlockhash(sealedAt + 1, keccak256(abi.encode(randomness)));
+        finalize(jobId);
+    }
+
+    /// The attack: a job drew only 2 applicants for its 8 seats; six minimum-stake sybils
+    /// queue first for the six free seats of epoch 1. First come, they held all six and the
+    /// honest operators that came later were refused (`JobFull`); drawn by stake, the honest
+    /// queue (10x the weight) takes most of the seats and the sybils wait.
+    function test_sybilsQueuingFirstNoLongerOwnTheFreeSeats() public {
+        uint256 jobId = runningWithFreeSeats(8, 2);
+        address[] memory sybils = applyN(jobId, "sybil", 6, MIN_STAKE);
+        address[] memory honest = applyN(jobId, "honest", 6, 10 * MIN_STAKE);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 12, "everyone queued");
+        boundary(jobId, 3);
+        vm.assertEq(bsm.getMembers(jobId).length, 8);
+        vm.assertGe(seatsOf(jobId, honest), 4, "most free seats go to the heavier queue");
+        vm.assertEq(seatsOf(jobId, honest) + seatsOf(jobId, sybils), 6);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 6, "the others stay queued");
+        assertConserved();
+    }
+
+    /// Over 200 seeds, 6 applicants at the cap beside 6 at the minimum (10:1) for 6 seats:
+    /// the heavy six average more than 5 seats, and hold all six now and then.
+    function test_seatsFollowTheQueuesWeights() public {
+        uint256 jobId = runningWithFreeSeats(8, 2);
+        applyN(jobId, "sybil", 6, MIN_STAKE);
+        address[] memory honest = applyN(jobId, "honest", 6, 10 * MIN_STAKE);
+        submitAll(jobId, keccak256("ckpt"));
+        uint256 sealedAt = block.number;
+        vm.roll(sealedAt + 2);
+        uint256 snap = vm.snapshotState();
+        uint256 seats;
+        for (uint256 r; r < 200; ++r) {
+            vm.setBlockhash(sealedAt + 1, keccak256(abi.encode("vacancy", r)));
+            finalize(jobId);
+            seats += seatsOf(jobId, honest);
+            vm.revertToState(snap);
+        }
+        vm.assertGe(seats, 200 * 5, "more than 5 of 6 seats on average");
+        vm.assertLe(seats, 200 * 6 - 40, "the light queue is drawn too");
+    }
+
+    /// Attack (grinding): once the seed is known, join with another address, leave the
+    /// queue, or move stake. Applications close at the first reveal; weights stand as of it.
+    function test_revert_SeatApplicationsClosed_joinAndLeaveOnceAVoteIsRevealed() public {
+        uint256 jobId = runningWithFreeSeats(4, 2);
+        address[] memory queued = applyN(jobId, "q", 3, MIN_STAKE);
+        submitAll(jobId, keccak256("ckpt"));
+        address late = makeAddr("late");
+        register(late, MIN_STAKE);
+        vm.expectRevert(abi.encodeWithSelector(I.SeatApplicationsClosed.selector, jobId, 0));
+        vm.prank(late);
+        bsm.joinJob(jobId);
+        vm.expectRevert(abi.encodeWithSelector(I.SeatApplicationsClosed.selector, jobId, 0));
+        vm.prank(queued[0]);
+        bsm.leaveJob(jobId);
+    }
+
+    function test_stakeMovedAfterTheSealChangesNothing() public {
+        uint256 jobId = runningWithFreeSeats(4, 2);
+        address[] memory queued = applyN(jobId, "q", 5, MIN_STAKE);
+        submitAll(jobId, keccak256("ckpt"));
+        vm.roll(block.number + 2);
+        uint256 snap = vm.snapshotState();
+        finalize(jobId);
+        address[] memory expected = bsm.getMembers(jobId);
+        vm.assertEq(expected.length, 4, "two of five drawn");
+        vm.revertToState(snap);
+        for (uint256 i; i < queued.length; ++i) {
+            vm.deal(queued[i], 9 * MIN_STAKE);
+            vm.prank(queued[i]);
+            bsm.stake{value: i == 0 ? 1 : 9 * MIN_STAKE}();
+        }
+        finalize(jobId);
+        address[] memory seated = bsm.getMembers(jobId);
+        vm.assertEq(seated.length, expected.length);
+        for (uint256 i; i < seated.length; ++i) {
+            vm.assertEq(seated[i], expected[i], "the same seats");
+        }
+    }
+
+    /// No free seat: the queue waits, bonded, for a boundary that frees one.
+    function test_noFreeSeat_theQueueWaits() public {
+        uint256 jobId = runningWithFreeSeats(2, 2);
+        address[] memory queued = applyN(jobId, "q", 3, MIN_STAKE);
+        boundary(jobId, 5);
+        vm.assertEq(bsm.getMembers(jobId).length, 2);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 3);
+        vm.assertEq(bsm.bondedOf(queued[0]), SEAT_BOND, "still queued, still bonded");
+        address leaving = bsm.getMembers(jobId)[0];
+        vm.prank(leaving);
+        bsm.leaveJob(jobId);
+        boundary(jobId, 6);
+        vm.assertEq(bsm.getMembers(jobId).length, 2, "one seat freed, one drawn");
+        vm.assertEq(seatsOf(jobId, queued), 1);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 2);
+        assertConserved();
+    }
+
+    /// A boundary in the seal's own block or the next has no seed yet: nobody is seated from
+    /// the queue (no caller picks the block that draws), and the next epoch draws them.
+    function test_seedNotMinedAtTheBoundary_theQueueWaitsAnEpoch() public {
+        uint256 jobId = runningWithFreeSeats(3, 2);
+        address[] memory queued = applyN(jobId, "q", 2, MIN_STAKE);
+        submitAll(jobId, keccak256("ckpt"));
+        finalize(jobId);
+        vm.assertEq(bsm.getMembers(jobId).length, 2, "no seed, no draw");
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 2);
+        boundary(jobId, 7);
+        vm.assertEq(seatsOf(jobId, queued), 1);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 1);
+    }
+
+    /// Fewer queued than free seats: all are seated without a draw, as without draws.
+    function test_roomForAll_everyoneQueuedIsSeated() public {
+        uint256 jobId = runningWithFreeSeats(5, 2);
+        address[] memory queued = applyN(jobId, "q", 3, MIN_STAKE);
+        submitAll(jobId, keccak256("ckpt"));
+        finalize(jobId);
+        vm.assertEq(seatsOf(jobId, queued), 3);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 0);
+    }
+
+    /// The queue holds 32 applicants with the members; a heavier newcomer displaces the
+    /// lightest queued one (never a member).
+    function test_aFullQueueTakesAHeavierNewcomerInPlaceOfItsLightest() public {
+        uint256 jobId = runningWithFreeSeats(3, 2);
+        address[] memory crowd = applyN(jobId, "crowd", 30, MIN_STAKE);
+        address late = makeAddr("late");
+        register(late, MIN_STAKE);
+        vm.expectRevert(abi.encodeWithSelector(I.ApplicantsFull.selector, jobId, MIN_STAKE, MIN_STAKE));
+        vm.prank(late);
+        bsm.joinJob(jobId);
+        address heavy = makeAddr("heavy");
+        register(heavy, 2 * MIN_STAKE);
+        vm.expectEmit();
+        emit I.SeatNotDrawn(jobId, 0, crowd[0]);
+        vm.prank(heavy);
+        bsm.joinJob(jobId);
+        vm.assertEq(bsm.getMembers(jobId).length, 2);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 30);
+        vm.assertEq(bsm.bondedOf(crowd[0]), 0);
+        assertConserved();
     }
 }

@@ -440,8 +440,9 @@ class Node:
         """None when we take the job, else (reason, why): a key of notes.REASONS, or "" when
         it is no refusal of ours (the job ended or is full, the chain's windows do not fit)."""
         s = j.spec
-        # an Open job that draws its seats takes applicants beyond its seats
-        drawing = j.state.status == JobStatus.OPEN and self._params().seat_draw_window > 0
+        # where seats are drawn, a job takes applicants beyond its seats (a running job's
+        # queue waits for the vacancies drawn at its boundaries)
+        drawing = self._params().seat_draw_window > 0
         seats = MAX_APPLICANTS if drawing else s.max_operators
         room = len(j.members) + len(j.pending_joins) < seats
         live = j.state.status in (JobStatus.OPEN, JobStatus.RUNNING)
