@@ -108,6 +108,8 @@ class Setup:
     trust_shift: int = RobustConfig.trust_shift  # senders below cos_trust scaled by 2^-this
     support: float = RobustConfig.support  # share of the kept senders a coefficient needs
     majority: bool = RobustConfig.majority  # entries against their coefficient's sign out
+    weighted: bool = RobustConfig.weighted  # the mean divides by the kept senders' weights
+    graded: bool = RobustConfig.graded  # trust shifts by cosine against the median's
 
 
 def setups(quick: bool) -> Setup:
@@ -129,7 +131,7 @@ def evaluate(m: torch.nn.Module, ev) -> float:
 def run(
     setup: Setup, n: int, attack: str | None, rule: bool, seed: int, f: int = 1, clip: bool = True
 ) -> dict:
-    """One training run; attack None: all honest, "absent": the last member sends nothing;
+    """One training run; attack None: all honest, "absent": the last f members send nothing;
     otherwise the last f members collude, each sending `attack`. clip=False: the rule without
     its bound on kept senders."""
     torch.set_num_threads(1)
@@ -154,6 +156,8 @@ def run(
             trust_shift=setup.trust_shift,
             support=setup.support,
             majority=setup.majority,
+            weighted=setup.weighted,
+            graded=setup.graded,
         ),
     )
     opts = [DeMo(m.named_parameters(), cfg, sender=w) for w, m in enumerate(models)]
@@ -172,7 +176,7 @@ def run(
         pk = [(o.sender, o.prepare()) for o in opts]
         if atk and not (alternate and rec["rounds"] % 2 == 0):
             pk = atk.packets(pk, opts[0].spec)
-        pk = pk[:-1] if attack == "absent" else pk
+        pk = [p for p in pk if p[0] not in bad] if attack == "absent" else pk
         # every honest node computes the same aggregate: compute it once, apply it everywhere
         st = opts[0].apply(pk)
         for o in opts[1:]:
@@ -240,7 +244,8 @@ def shaped_jobs(
         for n in sizes:
             f = (n - 1) // 3
             out += [(setup, n, None, True, s), (setup, n, None, True, s, 1, False)]
-            out += [(setup, n, a, True, s, f) for a in attacks]
+            # the coalition sending nothing: what no rule can undo (its members' share is lost)
+            out += [(setup, n, a, True, s, f) for a in ("absent", *attacks)]
             out += [(setup, n, a, True, s, f, False) for a in ("scale=8", "adapt") if a in attacks]
         beyond = [b for b in BEYOND if b[0] in sizes or sizes == SHAPED_SIZES]
         for n in sorted({b[0] for b in beyond}):
@@ -250,12 +255,14 @@ def shaped_jobs(
 
 
 def shaped_rows(results: list[dict]) -> list[dict]:
-    """Per (n, f, attack, bound): damage against the honest run with the bound, paired by seed."""
+    """Per (n, f, attack, bound): damage against the honest run with the bound, and against
+    the run whose coalition sent nothing (`absent`, where it ran), paired by seed."""
 
     def key(r: dict) -> tuple:
         return r["n"], r["f"], r["attack"], r["clip"]
 
     honest = {(r["n"], r["seed"]): r["loss"] for r in results if key(r)[2:] == ("honest", True)}
+    absent = {(r["n"], r["seed"]): r["loss"] for r in results if key(r)[2:] == ("absent", True)}
     rows = []
     for n, f, attack, clip in sorted({key(r) for r in results}, key=lambda k: (*k[:3], not k[3])):
         rs = [r for r in results if key(r) == (n, f, attack, clip)]
@@ -270,6 +277,7 @@ def shaped_rows(results: list[dict]) -> list[dict]:
                 damage_pct=statistics.mean(
                     100 * (r["loss"] - b) / b for r, b in zip(rs, base, strict=True)
                 ),
+                vs_absent_pct=_vs(rs, absent) if attack != "honest" else None,
                 honest_exclusions=sum(r["false_exclusions"] for r in rs),
                 attacker_exclusions=sum(r["attacker_exclusions"] for r in rs),
                 attacker_rounds=sum(r["rounds"] * f for r in rs) if attack != "honest" else 0,
@@ -281,15 +289,25 @@ def shaped_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
+def _vs(rs: list[dict], absent: dict[tuple[int, int], float]) -> float | None:
+    """Mean damage of runs `rs` against their seed's run with the coalition absent."""
+    base = [absent.get((r["n"], r["seed"])) for r in rs]
+    if None in base:
+        return None
+    return statistics.mean(100 * (r["loss"] - b) / b for r, b in zip(rs, base, strict=True))
+
+
 def shaped_table(rows: list[dict]) -> str:
     head = (
-        "| n | f | attack | bound | held-out loss | vs honest | honest excluded "
-        "| colluders excluded | colluders clipped | honest clipped | rule ms/round |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| n | f | attack | bound | held-out loss | vs honest | vs coalition absent "
+        "| honest excluded | colluders excluded | colluders clipped | honest clipped "
+        "| rule ms/round |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     return head + "".join(
         f"| {r['members']} | {r['colluders']} | {r['attack']} | {'on' if r['bound'] else 'off'} "
-        f"| {r['loss']:.4f} | {_pct(r['damage_pct'])} | {r['honest_exclusions']} "
+        f"| {r['loss']:.4f} | {_pct(r['damage_pct'])} | {_pct(r.get('vs_absent_pct'))} "
+        f"| {r['honest_exclusions']} "
         f"| {r['attacker_exclusions']}/{r['attacker_rounds']} | {r['clipped_colluders']} "
         f"| {r['clipped_honest']} | {r['screen_ms']:.2f} |\n"
         for r in rows
@@ -298,12 +316,22 @@ def shaped_table(rows: list[dict]) -> str:
 
 def shaped_verdict(rows: list[dict]) -> str:
     on = [r for r in rows if r["bound"]]
-    below = [r for r in on if r["attack"] != "honest" and 3 * r["colluders"] < r["members"]]
+    below = [
+        r
+        for r in on
+        if r["attack"] not in ("honest", "absent") and 3 * r["colluders"] < r["members"]
+    ]
     if not below:
         return "- no attack under a third was run\n"
     worst = max(below, key=lambda r: r["damage_pct"])
+    vs = [r for r in below if r.get("vs_absent_pct") is not None]
+    worst_vs = max(vs, key=lambda r: r["vs_absent_pct"], default=None)
     false = sum(r["honest_exclusions"] for r in below)
-    beyond = [r for r in on if r["attack"] != "honest" and 3 * r["colluders"] >= r["members"]]
+    beyond = [
+        r
+        for r in on
+        if r["attack"] not in ("honest", "absent") and 3 * r["colluders"] >= r["members"]
+    ]
     ratio = max((1 + r["damage_pct"] / 100 for r in beyond), default=None)
     # each honest run without the bound against with it (damage_pct), as with against without
     cost = [
@@ -316,6 +344,13 @@ def shaped_verdict(rows: list[dict]) -> str:
         f"n={worst['members']}; {'met' if worst['damage_pct'] < 5 else 'MISSED'} < 5%), honest "
         f"exclusions {false} ({'met' if false == 0 else 'MISSED'})\n"
     )
+    if worst_vs is not None:
+        first += (
+            f"- f < n/3, bound on, against the same run with the coalition absent (what no rule "
+            f"can undo): worst {worst_vs['vs_absent_pct']:+.2f}% ({worst_vs['attack']}, "
+            f"n={worst_vs['members']}; {'met' if worst_vs['vs_absent_pct'] < 5 else 'MISSED'} "
+            "< 5%)\n"
+        )
     second = (
         "- beyond the bound: not run\n"
         if ratio is None
@@ -573,6 +608,8 @@ OPTIONS = (
     ("--trust-shift", dict(type=int, default=None, help="2^-N for senders below cos_trust")),
     ("--support", dict(type=float, default=None, help="share of senders a coefficient needs")),
     ("--majority", dict(action="store_true", help="entries against their coefficient's sign out")),
+    ("--weighted", dict(action="store_true", help="the mean divides by the senders' weights")),
+    ("--graded", dict(action="store_true", help="trust shifts graded by cosine (the median's)")),
     ("--attacks", dict(nargs="+", default=None, help="--shaped: these attacks only")),
     ("--from-runs", dict(type=Path, nargs="+", help="--shaped: report these runs (json, jsonl)")),
     ("--sizes", dict(type=int, nargs="+", default=None, help="--shaped: these n only")),
@@ -599,6 +636,10 @@ def main(argv: list[str] | None = None) -> int:
         setup = replace(setup, support=a.support)
     if a.majority:
         setup = replace(setup, majority=True)
+    if a.weighted:
+        setup = replace(setup, weighted=True)
+    if a.graded:
+        setup = replace(setup, graded=True)
     P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
@@ -691,6 +732,8 @@ def _meta(setup: Setup, P: int) -> dict:
             trust_shift=setup.trust_shift,
             support=setup.support,
             majority=setup.majority,
+            weighted=setup.weighted,
+            graded=setup.graded,
         ).__dict__,
     )
 

@@ -2,7 +2,8 @@
 
 usage: python -m harness.exact_worker THREADS ORDER_SEED
   -> prints the aggregate digest and the sha256
-of the float32 update bytes. Packets are generated deterministically from fixed seeds.
+of the float32 update bytes (plain, then the robust rule's weighted mean).
+Packets are generated deterministically from fixed seeds.
 """
 
 import hashlib
@@ -32,6 +33,7 @@ def main() -> None:
     threads, order_seed = int(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(threads)
     from dtrain_node.optim.aggregate import aggregate
+    from dtrain_node.optim.robust import RobustConfig, screen_weighted
 
     spec, pk = packets()
     random.Random(order_seed).shuffle(pk)
@@ -40,6 +42,13 @@ def main() -> None:
     for i in range(len(spec.names)):
         for sign in (False, True):
             h.update(agg.update(i, 3e-3, sign).numpy().tobytes())
+    # the rule's weighted mean: bound, trust shifts and the divisor, the same bits everywhere
+    kept, _, _, weight = screen_weighted(spec, pk, RobustConfig(trust_shift=8, weighted=True))
+    robust = aggregate(spec, kept)
+    robust.weight = weight
+    h.update(robust.digest().encode())
+    for i in range(len(spec.names)):
+        h.update(robust.update(i, 3e-3, False).numpy().tobytes())
     print(torch.get_num_threads(), agg.digest(), h.hexdigest())
 
 

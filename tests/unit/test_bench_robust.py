@@ -48,6 +48,24 @@ def test_shaped_rows_pair_each_seed_and_the_verdict_reads_the_targets() -> None:
     assert "worst +10.00% (edge=8, n=7; MISSED < 5%), honest exclusions 1 (MISSED)" in verdict
 
 
+def test_an_attack_is_also_measured_against_its_coalition_absent() -> None:
+    """What no rule can undo: the colluders' own share of the work. orth=8 at +10% of the
+    honest run is +1% of the same seed's run without the colluders' packets."""
+    runs = [
+        _run(10, 1, "honest", 3.0),
+        _run(10, 1, "honest", 3.0, clip=False),
+        _run(10, 3, "absent", 3.3),
+        _run(10, 3, "orth=8", 3.333),
+    ]
+    rows = bench_robust.shaped_rows(runs)
+    orth = next(r for r in rows if r["attack"] == "orth=8")
+    assert abs(orth["vs_absent_pct"] - 1.0) < 1e-9 and abs(orth["damage_pct"] - 11.1) < 1e-9
+    verdict = bench_robust.shaped_verdict(rows)
+    assert "worst +11.10% (orth=8, n=10; MISSED < 5%)" in verdict  # absent is no attack
+    assert "coalition absent (what no rule can undo): worst +1.00% (orth=8, n=10; met" in verdict
+    assert "| 10 | 3 | orth=8 | on | 3.3330 | +11.10% | +1.00% |" in bench_robust.shaped_table(rows)
+
+
 def test_a_report_without_runs_beyond_a_third_says_so() -> None:
     runs = [_run(7, 1, "honest", 3.0), _run(7, 1, "honest", 3.0, clip=False)]
     runs.append(_run(7, 2, "orth=8", 3.03))

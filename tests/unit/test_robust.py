@@ -404,7 +404,7 @@ def test_a_random_direction_at_the_median_norm_is_scaled_down_when_trust_is_on()
     spec = opts[0].spec
     pk = decoded(opts)
     pk[6] = swap(spec, pk[6], "orth=1")
-    plain, out, clipped = screen_clipped(spec, pk, RobustConfig())
+    plain, out, clipped = screen_clipped(spec, pk, RobustConfig(trust_shift=0))
     assert out == {} and 6 not in clipped  # kept at its own scale
     kept, out, clipped = screen_clipped(spec, pk, RobustConfig(trust_shift=2))
     assert out == {} and [s for s, _ in kept] == [0, 1, 2, 3, 4, 5, 6]
@@ -414,3 +414,54 @@ def test_a_random_direction_at_the_median_norm_is_scaled_down_when_trust_is_on()
     assert all(a * 16 <= b for a, b in zip(after[6], before[6], strict=True))
     with pytest.raises(ValueError, match="trust_shift"):
         RobustConfig(trust_shift=17)
+
+
+def test_a_scaled_down_sender_counts_for_less_in_the_mean_when_weighted():
+    """`orth` dilutes: scaled down by the trust shift it moves the step little, but it still
+    counts as a whole sender in the mean's divisor, so the honest senders' mean shrinks by
+    (n - f) / n. Weighted, the divisor is the kept senders' weights: 6 + 2^-4 here, and the
+    step is exactly sum / (6 + 1/16)."""
+    opts = members(7)
+    train(opts, 4, 6)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[6] = swap(spec, pk[6], "orth=1")
+    from dtrain_node.optim.robust import screen_weighted
+
+    cfg = RobustConfig(trust_shift=4, weighted=True)
+    kept, out, clipped, weight = screen_weighted(spec, pk, cfg)
+    assert out == {} and set(clipped) == {6} and weight == 6 + Fraction(1, 16)
+    assert screen_weighted(spec, pk, RobustConfig(trust_shift=4, weighted=False))[3] is None
+    agg = aggregate(spec, kept)
+    plain = aggregate(spec, kept).update(0, 1.0, False, torch.float64)
+    agg.weight = weight
+    step = agg.update(0, 1.0, False, torch.float64)
+    assert torch.allclose(step * float(weight), plain * 7, rtol=1e-12, atol=0)
+    assert agg.digest() != aggregate(spec, kept).digest()  # the divisor is part of the state
+
+
+def test_graded_trust_shifts_by_the_cosine_against_the_median_exactly():
+    from dtrain_node.optim.robust import by_parameter, crowded, graded
+    from dtrain_node.optim.robust import clipped as clip_dots
+
+    opts = members(8)
+    train(opts, 4, 7)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[6] = swap(spec, pk[6], "orth=1")  # cosine about 0: the largest shift
+    pk[7] = swap(spec, pk[7], "skew=1")  # about half the honest direction: a shift of 1 or 2
+    G, _ = by_parameter(spec, gram(spec, pk))
+    keep = list(range(8))
+    dots = clip_dots(G, keep)
+    t = graded(dots, keep, set(), 6)
+    d = crowded(dots, keep, set())
+    total = sum(d[a][b] for a in keep for b in keep)
+    cos = []
+    for a in keep:
+        row = sum(d[a][b] for b in keep)
+        cos.append((row - d[a][a]) / math.sqrt(d[a][a] * (total - 2 * row + d[a][a])))
+    ref = sorted(cos)[3]  # the lower median of 8
+    for a in keep:
+        want = 6 if cos[a] <= 0 else min(6, max(0, math.ceil(math.log2(ref / cos[a]))))
+        assert t[a] == want, (a, cos[a], ref)
+    assert t[6] >= 4 and t[7] >= 1 and all(t[a] <= 1 for a in range(6))

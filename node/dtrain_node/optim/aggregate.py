@@ -23,6 +23,7 @@ import math
 import struct
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ class Aggregate:
     exps: list[int]
     senders: tuple[Hashable, ...]
     per_coefficient: bool = False  # sums already hold each coefficient's mean over its senders
+    weight: Fraction | None = None  # what the mean divides by (None: the senders' count)
 
     def update(
         self, i: int, lr: float, sign: bool, dtype: torch.dtype = torch.float32
@@ -60,13 +62,15 @@ class Aggregate:
         if sign:
             return (torch.sign(x) * float(lr)).to(dtype)
         # lr / N rounds once in Python float64; ldexp is exact; x * c rounds once per element
-        n = 1 if self.per_coefficient else len(self.senders)
-        c = math.ldexp(float(lr) / n, self.exps[i])
+        n = 1 if self.per_coefficient else (self.weight or len(self.senders))
+        c = math.ldexp(float(Fraction(lr) / n), self.exps[i])
         return (x * c).to(dtype)
 
     def digest(self) -> str:
         """sha256 over exponents and the float64 bytes of every sum."""
         h = hashlib.sha256()
+        if self.weight is not None:
+            h.update(f"weight {self.weight}".encode())
         for x, e in zip(self.sums, self.exps, strict=True):
             h.update(struct.pack("<q", e))
             h.update(x.detach().cpu().contiguous().numpy().astype("<f8").tobytes())

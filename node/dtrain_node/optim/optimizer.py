@@ -31,7 +31,7 @@ from dtrain_node.optim.aggregate import Aggregate, aggregate
 from dtrain_node.optim.codec import PacketError
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.feedback import Feedback
-from dtrain_node.optim.robust import RobustConfig, screen_clipped
+from dtrain_node.optim.robust import RobustConfig, screen_weighted
 
 Gather = Callable[[bytes], Sequence[tuple[Hashable, bytes]]]
 
@@ -238,7 +238,7 @@ class DeMo:
         t0 = time.perf_counter()
         good, rejected = self.decode_all(packets)
         t1 = time.perf_counter()
-        good, excluded, clipped = screen_clipped(self.spec, good, self.cfg.robust)
+        good, excluded, clipped, weight = screen_weighted(self.spec, good, self.cfg.robust)
         t2 = time.perf_counter()
         agg = (
             aggregate(
@@ -252,6 +252,8 @@ class DeMo:
             if good
             else None
         )
+        if agg is not None:
+            agg.weight = weight
         dt = time.perf_counter() - t2 + t1 - t0
         st = SyncStats(rejected=rejected, excluded=excluded, aggregate_s=dt, screen_s=t2 - t1)
         st.clipped = clipped

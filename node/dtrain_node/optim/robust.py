@@ -80,11 +80,18 @@ class RobustConfig:
     cos_trust / trust_shift: a kept sender whose cosine with the sum of the other kept senders
     (clipped, near copies as one) is below cos_trust is scaled down by a further
     2^-trust_shift: a random direction at the median norm (cosine about 0; honest senders'
-    are >= 0.06) then adds little noise to the step. trust_shift 0: off (measured and left
-    off: docs/benchmarks.md, "A trust shift for senders that point nowhere").
+    are >= 0.06) then adds little noise to the step, and (weighted) counts 2^-trust_shift of
+    a sender in the mean. trust_shift 0: off. On by default since the divisor counts the
+    shift (docs/benchmarks.md, "What a coalition moves beyond its own absence").
     support: a transmitted coefficient (of one chunk) is aggregated only when at least
     ceil(support x kept senders) of the kept senders sent it; 0: every one (off). majority:
     an entry against its coefficient's net sign over the kept senders that sent it is left out.
+    weighted: the mean divides by the kept senders' weights (2^-shift for the near-copy share
+    and the trust shift) instead of their count, so that a sender scaled down also counts
+    for less: a distrusted sender no longer dilutes the honest senders' mean. graded: the
+    trust shift of a kept sender is the least t <= trust_shift with its cosine times 2^t at
+    least the kept senders' lower median cosine (`graded`), instead of trust_shift below
+    cos_trust.
     theta_max: every shared weight is clamped to [-theta_max, theta_max] after a step, so no
     set of packets can make the shared state non-finite. enabled=False aggregates everything.
     """
@@ -98,9 +105,11 @@ class RobustConfig:
     min_direction: int = 3
     clip: float = 1.0
     cos_trust: float = 0.03
-    trust_shift: int = 0
+    trust_shift: int = 8
     support: float = 0.0
     majority: bool = False
+    weighted: bool = True
+    graded: bool = False
     theta_max: float = 2.0**16
 
     def __post_init__(self) -> None:
@@ -356,15 +365,25 @@ def screen_clipped(
 ) -> tuple[list, dict[Hashable, str], dict[Hashable, int]]:
     """`screen`, with every kept packet bounded (the module's Bound): (kept, excluded,
     {sender: the largest power of two its parameters were scaled down by, when any})."""
+    return screen_weighted(spec, packets, cfg)[:3]
+
+
+def screen_weighted(
+    spec: Spec, packets: Packets, cfg: RobustConfig
+) -> tuple[list, dict[Hashable, str], dict[Hashable, int], Fraction | None]:
+    """`screen_clipped`, and what the mean divides by: the kept senders' weights summed
+    (`RobustConfig.weighted`), or None for their count."""
     kept, out, judged = _judged(spec, packets, cfg)
     if judged is None or not judged[1] or not cfg.clip:
-        return kept, out, {}
+        return kept, out, {}, None
     G, keep, copies, distrusted = judged
     shifts = clip_shifts(G, keep, Fraction(cfg.clip) ** 2)
     crowd = crowds(keep, copies)
+    weight = Fraction(0)
     for a in keep:  # near copies share one sender's weight: 2^-ceil(log2 crowd) each
-        extra = (crowd[a] - 1).bit_length() + (cfg.trust_shift if a in distrusted else 0)
+        extra = (crowd[a] - 1).bit_length() + distrusted.get(a, 0)
         shifts[a] = [x + extra for x in shifts[a]]
+        weight += Fraction(1, 1 << extra)
     bounded, clipped = [], {}
     for a, p in zip(keep, kept, strict=True):
         s = shifts[a]
@@ -376,7 +395,7 @@ def screen_clipped(
             p = (p[0], lowered(spec, p[1], per_tensor))
             clipped[p[0]] = max(s)
         bounded.append(p)
-    return bounded, out, clipped
+    return bounded, out, clipped, weight if cfg.weighted else None
 
 
 def clip_shifts(G: list[list[list[int]]], keep: list[int], c2: Fraction) -> dict[int, list[int]]:
@@ -421,11 +440,38 @@ def distrusted(
     return out
 
 
+def graded(
+    dots: list[list[int]], keep: list[int], copies: set[tuple[int, int]], most: int
+) -> dict[int, int]:
+    """Per sender in keep, the least t in [0, most] with cos_a * 2^t >= the lower median of
+    the kept senders' cosines with the sum of the others (near copies as one), exactly; `most`
+    for a cosine <= 0, and 0 for everyone when that median is <= 0. 2^-t is then about the
+    sender's agreement relative to the typical kept sender's."""
+    dots = crowded(dots, keep, copies)
+    total = sum(dots[a][b] for a in keep for b in keep)
+    cos = {}
+    for a in keep:
+        row = sum(dots[a][b] for b in keep)
+        q = dots[a][a] * (total - 2 * row + dots[a][a])
+        cos[a] = (row - dots[a][a] if q else 0, q or 1, a)
+    ranked = sorted(cos.values(), key=cmp_to_key(_cmp))
+    ref = ranked[(len(ranked) - 1) // 2]
+    if ref[0] <= 0:
+        return {a: 0 for a in keep}
+    out = {}
+    for a, (d, q, _) in cos.items():
+        t = 0
+        while t < most and (d <= 0 or d * d * ref[1] << (2 * t) < ref[0] * ref[0] * q):
+            t += 1
+        out[a] = t
+    return out
+
+
 def _judged(
     spec: Spec, packets: Packets, cfg: RobustConfig
-) -> tuple[list, dict[Hashable, str], tuple[list, list[int], set, set[int]] | None]:
-    """(kept, excluded, (parameter Gram matrices, kept positions, near-copy pairs, kept
-    senders below cos_trust), or None when nothing was judged)."""
+) -> tuple[list, dict[Hashable, str], tuple[list, list[int], set, dict[int, int]] | None]:
+    """(kept, excluded, (parameter Gram matrices, kept positions, near-copy pairs, {kept
+    position: its trust shift, where any}), or None when nothing was judged)."""
     if not cfg.enabled or len(packets) < 2:
         return list(packets), {}, None
     order = aggregate.by_sender(packets)
@@ -439,7 +485,7 @@ def _judged(
         else:
             out[p[0]] = r
     copies: set[tuple[int, int]] = set()
-    low: set[int] = set()
+    low: dict[int, int] = {}
     if len(keep) >= cfg.min_direction:
         dots = clipped(G, keep)
         echo = echo_pairs(dots, keep, cfg.cos_echo)
@@ -447,8 +493,13 @@ def _judged(
         for a in _direction(dots, echo, copies, keep, cfg):
             out[order[a][0]] = "direction"
             keep.remove(a)
-        if cfg.trust_shift:
-            low = distrusted(clipped(G, keep), keep, copies, Fraction(cfg.cos_trust))
+        if cfg.trust_shift and cfg.graded:
+            low = graded(clipped(G, keep), keep, copies, cfg.trust_shift)
+        elif cfg.trust_shift:
+            low = {
+                a: cfg.trust_shift
+                for a in distrusted(clipped(G, keep), keep, copies, Fraction(cfg.cos_trust))
+            }
     return [order[a] for a in keep], out, (G, keep, copies, low)
 
 
