@@ -198,6 +198,10 @@ class Params(Decoded):
         return to_struct(self, "Params")
 
 
+# Coefficients in one 64x64 DCT chunk: the most a job's top-k per chunk can keep.
+TOPK_MAX = 64 * 64
+
+
 def default_topk(max_operators: int) -> int:
     """DeMo coefficients per 64x64 DCT chunk for a job of up to `max_operators` members.
 

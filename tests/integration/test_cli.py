@@ -823,6 +823,7 @@ def test_submit_pins_the_measured_topk_for_the_member_count(
         (["--price", "1gwei", "--steps", "0"], "--steps"),
         (["--price", "1gwei", "--steps", "10", "--sync", "20"], "--sync"),
         (["--price", "1gwei", "--topk", "0"], "--topk"),
+        (["--price", "1gwei", "--topk", "5000"], "--topk"),
     ],
 )
 def test_submit_refuses_cheap_problems_before_the_model_check(
@@ -842,13 +843,31 @@ def test_submit_refuses_cheap_problems_before_the_model_check(
     assert bsm.next_job_id() == before  # nothing sent
 
 
-@pytest.mark.parametrize(("topk", "why"), [("5000", "k2d must be in"), ("4096", "gossip limit")])
+def test_submit_refuses_an_unfunded_key_before_the_model_check(run, bsm, data) -> None:
+    """A key that cannot pay the escrow is told so at once, with the escrow's terms and its
+    balance, not after the dataset is read and the model loaded (here neither could be)."""
+    from eth_account import Account
+
+    empty = Account.create()
+    before = bsm.next_job_id()
+    code, out, err = run(
+        "job", "submit", "--price", "1gwei", "--operators", "2:3", "--epochs", "2",
+        "--model-uri", "builtin:huge", "--dataset-uri", "/nonexistent/corpus.txt",
+        key=empty.key.hex(),
+    )  # fmt: skip
+    assert code != 0 and not out and len(err.strip().splitlines()) == 1, err
+    assert "escrows 0.000000006 ETH (--price x 3 operators x 2 epochs)" in err, err
+    assert empty.address in err and "model" not in err and "dataset" not in err, err
+    assert bsm.next_job_id() == before
+
+
+@pytest.mark.parametrize(("topk", "why"), [("4096", "gossip limit")])
 def test_submit_refuses_a_compression_no_member_can_sync(
     run, bsm, accounts, data, topk, why
 ) -> None:
-    """The contract takes any top-k above 0; one above a 64x64 chunk, or one whose packet is
-    over the gossip limit, would have every operator join and fail at the epoch's start:
-    refused before any transaction, in one line."""
+    """The contract takes any top-k above 0; one whose packet is over the gossip limit would
+    have every operator join and fail at the epoch's start: refused before any transaction, in
+    one line (one above a 64x64 chunk is refused before the model loads, with the flags)."""
     before = bsm.next_job_id()
     code, out, err = run(
         "job", "submit", "--price", "1gwei", "--dataset-uri", data, "--model-uri",

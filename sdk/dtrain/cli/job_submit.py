@@ -11,8 +11,8 @@ import click
 
 from .. import estimate, pins
 from ..client import BSM, load_key
-from ..errors import ConfigError
-from ..models import JobSpec, Method, default_topk
+from ..errors import ConfigError, InsufficientFunds
+from ..models import TOPK_MAX, JobSpec, Method, default_topk
 from ..recipe import Recipe
 from ..units import format_eth
 from .job import job
@@ -247,6 +247,9 @@ def job_submit(
         dataset_hash,
         (topk_per_chunk, int(quant_bits), hi),
     )
+    bsm = ctx.bsm() if x402_url is None else None
+    if bsm is not None and not token:  # the escrow in ether: refused before the model loads
+        _check_funds(bsm, price_units * hi * epochs, hi, epochs)
     with References(cache_dir) as refs:  # a dry run of the job as the nodes will build it
         pinned = pin_job(refs, wanted)
     recipe, recipe_pin, data_summary = pinned.recipe, pinned.recipe_hash, pinned.summary
@@ -261,7 +264,6 @@ def job_submit(
         server, model_uri, dataset_uri, recipe_path = _start_serving(
             model_uri, dataset_uri, recipe_path or "", Listen(host, serve_port, cache_dir)
         )
-    bsm = ctx.bsm() if x402_url is None else None
     terms = _gateway_terms(x402_url) if x402_url is not None else None
     if bsm is not None and token:
         unit: _TokenUnit | None = _TokenUnit.of(bsm, token)
@@ -434,8 +436,21 @@ def _check_cheap_arguments(
             f"--sync {sync_interval} is above --steps {steps}: an epoch must hold at least one "
             "sync (--sync at most --steps)"
         )
-    if topk is not None and topk < 1:
-        raise ConfigError(f"--topk must be at least 1, got {topk}")
+    if topk is not None and not 1 <= topk <= TOPK_MAX:
+        raise ConfigError(
+            f"--topk must be in [1, {TOPK_MAX}] (a 64x64 DCT chunk's coefficients), got {topk}"
+        )
+
+
+def _check_funds(bsm: BSM, escrow: int, operators: int, epochs: int) -> None:
+    """InsufficientFunds, in one line, when the key cannot escrow the job in ether."""
+    has = bsm.w3.eth.get_balance(bsm.sender)
+    if has < escrow:
+        raise InsufficientFunds(
+            f"the job escrows {format_eth(escrow)} (--price x {operators} operators x {epochs} "
+            f"epochs) plus gas; account {bsm.sender} has {format_eth(has)}: send it ETH or use "
+            "a funded key (`dtrain chain up` prints some)"
+        )
 
 
 def _relative_path(uri: str) -> str | None:
