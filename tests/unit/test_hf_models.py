@@ -89,6 +89,19 @@ def test_corrupt_weights_are_model_unavailable(gpt2, tmp_path) -> None:
         start.start_model(str(bad)).fresh()
 
 
+def test_a_folder_without_tokenizer_files_says_which_files_it_needs(gpt2, tmp_path) -> None:
+    """Weights and config but no tokenizer file: the message names the folder and the files
+    a tokenizer is read from, not a library to install."""
+    bare = copy(gpt2, tmp_path / "bare")
+    for name in start.TOKENIZER_FILES:
+        (bare / name).unlink(missing_ok=True)
+    with pytest.raises(ModelUnavailable) as err:
+        start.start_model(str(bare)).tokenizer  # noqa: B018 (the property loads it)
+    msg = str(err.value)
+    assert "has no tokenizer files" in msg and str(bare) in msg and "tokenizer.json" in msg, msg
+    assert "sentencepiece" not in msg and "tiktoken" not in msg, msg
+
+
 def test_unknown_uris_are_rejected(tmp_path) -> None:
     for uri in ("", str(tmp_path / "missing"), "hf://just-a-name", "builtin:huge"):
         with pytest.raises(ModelUnavailable):

@@ -127,6 +127,13 @@ class Folder:
     def tokenizer(self) -> Any:
         from transformers import AutoTokenizer
 
+        if not any((self.path / name).is_file() for name in TOKENIZER_FILES):
+            # what transformers says then is to install a tokenizer library
+            raise ModelUnavailable(
+                f"model {self.uri!r}: {self.path} has no tokenizer files (tokenizer.json, or "
+                "tokenizer.model, or vocab.json with merges.txt): save the model's tokenizer "
+                "into the folder (tokenizer.save_pretrained)"
+            )
         try:
             tok = AutoTokenizer.from_pretrained(self.path)
         except Exception as exc:  # as above, for tokenizer files
