@@ -328,3 +328,11 @@ def test_lora_and_torchtune_imports_print_nothing() -> None:
     assert got.returncode == 0 and got.stderr == "", got.stderr
     loud = subprocess.run([*run, "import peft"], capture_output=True, text=True, timeout=120)
     assert "Skipping import of cpp extensions" in loud.stderr  # what the quiet import hides
+
+
+def test_the_nodes_transformers_imports_print_nothing() -> None:
+    """transformers imports torchao too: once the node's package is imported, a model class
+    import writes nothing to stderr (every node log and `dtrain` command started with it)."""
+    code = "import dtrain_node\nfrom transformers import AutoModelForCausalLM\nimport peft\n"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and got.stderr == "", got.stderr
