@@ -13,12 +13,17 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(900)
-def test_devnet_story(tmp_path) -> None:
+def test_devnet_story(tmp_path, capsys) -> None:
     """4 operators, a 5th joins at a boundary, one fabricates (epoch 1), one goes offline
     (epoch 2), one poisons its packets (epoch 3); exact money. Every epoch needs the job's
     min_operators = 3 members (epoch 3 has no more), so epoch 0 starts with the first three
     starters to join; the fourth joins at its boundary, the late one at a boundary too."""
     code = devnet.main(["--run-dir", str(tmp_path), "--timeout", "700"])
+    out = capsys.readouterr().out.splitlines()
+    # the story says where its logs are first, then each epoch as it starts
+    assert out[0] == f"demo: logs and results in {tmp_path.resolve()}", out[:3]
+    running = [line.split("epoch ")[1].split(" ")[0] for line in out if ": running, epoch " in line]
+    assert list(dict.fromkeys(running)) == ["0", "1", "2", "3"], out  # an epoch retried: once
     result = json.loads((tmp_path / "demo-result.json").read_text())
     failed = [c for c in result["checks"] if not c["ok"]]
     assert code == 0 and not failed, failed

@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = (a.run_dir or Path.cwd() / "runs" / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    # the story takes minutes: say at once where to follow it (a log folder per node)
+    print(f"demo: logs and results in {run_dir}", flush=True)
     checks = Checks()
     result = run(a, Plan.from_args(a), run_dir, checks)
     path = run_dir / "demo-result.json"

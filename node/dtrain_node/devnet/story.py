@@ -152,10 +152,13 @@ class Story:
 
         late = self.plan.late
         t_end = time.monotonic() + self.args.timeout
+        seen: tuple = ()
         while time.monotonic() < t_end:
             j = self.bsm.job(self.job_id)
+            seen = self.say_progress(j, seen)
             if j.state.status == JobStatus.RUNNING and late is not None:
-                self.spawn(late)
+                p = self.spawn(late)
+                print(f"{p.name} starts late: it joins the job at a boundary", flush=True)
                 late = None
             if j.state.status.is_ended:
                 break
@@ -165,6 +168,19 @@ class Story:
                 print("node failed:", [(p.name, p.popen.returncode) for p in crashed])
                 break
             time.sleep(POLL)
+
+    def say_progress(self, j: Any, seen: tuple) -> tuple:
+        """One line whenever the job's status or epoch attempt changes; returns what it saw."""
+        now = (j.state.status, j.state.epoch, j.state.attempt)
+        if now != seen:
+            what = f"job {self.job_id}: {j.state.status.name.lower()}"
+            if not j.state.status.is_ended:
+                what += (
+                    f", epoch {j.state.epoch} (epochs 0..{self.args.epochs - 1}), "
+                    f"{len(j.members)} members, {len(j.pending_joins)} joining"
+                )
+            print(what, flush=True)
+        return now
 
     def skip_idle_deadline(self, epoch: int) -> None:
         """A devnet need not wait out a deadline nobody can act before (an offline member's
