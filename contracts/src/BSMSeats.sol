@@ -68,7 +68,12 @@ abstract contract BSMSeats is BSMStorage, IDistributedTrainingBSMSeats {
         address[] memory a = queue;
         uint256 n = a.length;
         uint256[] memory w = new uint256[](n);
-        if (n > free) {
+        if (n > free && _params.seatDrawWindow == 0) {
+            // No draws (a development chain): the first `free` queued, first come.
+            for (uint256 i = free; i < n; ++i) {
+                w[i] = 1;
+            }
+        } else if (n > free) {
             if (free == 0) return 0;
             uint256 seedBlock = _seatSeedBlock[jobId];
             bytes32 hash = seedBlock == 0 || block.number <= seedBlock ? bytes32(0) : blockhash(seedBlock);
@@ -96,7 +101,7 @@ abstract contract BSMSeats is BSMStorage, IDistributedTrainingBSMSeats {
             queue[i - 1] = queue[queue.length - 1];
             queue.pop();
         }
-        if (n > free) emit SeatsDrawn(jobId, j.epoch, drawn);
+        if (n > free && _params.seatDrawWindow > 0) emit SeatsDrawn(jobId, j.epoch, drawn);
     }
 
     /// @inheritdoc IDistributedTrainingBSMSeats

@@ -991,8 +991,9 @@ interface IDistributedTrainingBSMSeats is IDistributedTrainingBSMTypes {
     /// @notice Seats the queued applicants of running job `jobId` in its free seats at an epoch
     /// boundary (the staying members already written) and returns how many it seated: all
     /// when they fit, else as many as seats are free, drawn by stake (the others stay
-    /// queued), or 0 when the sealed seed block is not mined yet. `inPieces` (the core's
-    /// FINALIZE hook) seats at most 6, the rest at later boundaries, so that the call fits
+    /// queued), or 0 when the sealed seed block is not mined yet; without seat draws
+    /// (`seatDrawWindow` 0) the first of the queue, first come. `inPieces` (the core's
+    /// FINALIZE hook) seats at most 2, the rest at later boundaries, so that the call fits
     /// the core's gas cap. Only the BSM itself calls it, from the boundary.
     function drawVacancies(uint256 jobId, bool inPieces) external returns (uint256 seated);
     /// @notice Makes room in a full list of applicants (an `Open` job's applicants, a running

@@ -538,6 +538,32 @@ contract HookVacancyGasTest is HooksBase {
     }
 }
 
+/// Without seat draws (a development chain) the hook's boundary seats the queue first come,
+/// two a call like with draws: the rest wait for the next boundary, none forever.
+contract HookQueueWithoutDrawsTest is HooksBase {
+    function test_theQueueIsSeatedFirstComeAFewABoundary() public {
+        address[] memory ops = registerN(5);
+        uint256 jobId = createJob(spec(2, 5, 3));
+        for (uint256 i; i < 5; ++i) {
+            vm.prank(ops[i]);
+            tangle.submitResult(JOIN, abi.encode(jobId));
+        }
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 3);
+        hookVote(jobId, bsm.getMembers(jobId), keccak256("c0"), fullParticipation(jobId));
+        hookFinalize(jobId);
+        address[] memory m = bsm.getMembers(jobId);
+        vm.assertEq(m.length, 4, "two of the three queued seated");
+        vm.assertEq(m[2], ops[2]);
+        vm.assertEq(m[3], ops[3]);
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 1);
+        hookVote(jobId, bsm.getMembers(jobId), keccak256("c1"), fullParticipation(jobId));
+        hookFinalize(jobId);
+        vm.assertEq(bsm.getMembers(jobId).length, 5, "the last one at the next boundary");
+        vm.assertEq(bsm.getPendingJoins(jobId).length, 0);
+        assertConserved();
+    }
+}
+
 /// A running job cancelled by its caller and settled through the hooks in pieces, at the
 /// 32-member cap: every call fits the core's gas cap and the refund is exact.
 contract HookCancelTest is HooksBase {
