@@ -171,15 +171,15 @@ def test_a_member_slowed_after_joining_loses_no_stake_and_gives_up_an_epoch_it_c
     """Three members start epoch 0 (the job's minimum) and a fourth operator waits for a seat.
     op4 trains its first round at full speed, then runs 1/`slower` of the time (frozen the rest
     of every 0.4 s) to the end of the job. The epoch leaves the members 2.5x the training time
-    four nodes get on this machine as measured just before: 10x slower, op4 cannot make it
-    (its rounds come after the others closed them, or its vote after the deadline); 4x slower,
-    it may (the others wait for a slow member, and get more of the cores while it is frozen),
-    and then it is paid like them. When it cannot, its node sees that (the pace of its last
-    two rounds, the rounds its packets made) and says why (its log, `epoch_lost`), stops
+    four nodes get on this machine as measured just before: 10x slower, op4 cannot make both
+    epochs (its rounds come after the others closed them, or its vote after the deadline); 4x
+    slower, it may (the others wait for a slow member, and get more of the cores while it is
+    frozen), and then it is paid like them. When it cannot, its node sees that (the pace of its
+    last two rounds, the rounds its packets made) and says why (its log, `epoch_lost`), stops
     training, announces its leave on chain before the deadline and only follows the rounds
-    from then on. The two others vote epoch 0 without it (2 of 3 is the quorum), the
+    from then on. The others vote the epoch without it (2 of 3 is the quorum in epoch 0), the
     waiting operator takes the seat at the boundary and the job completes: op4 is not paid
-    for epoch 0, loses no stake and is gone from the job from the boundary."""
+    for that epoch, loses no stake and is gone from the job from the boundary."""
     rounds, step_s = 6, seconds_per_step(nodes=4)
     sync = max(2, math.ceil(3.0 / step_s))  # about 3 s of training a round
     round_s, room = sync * step_s, 2.5  # the others may get 2.5x slower and still finish
@@ -204,7 +204,10 @@ def test_a_member_slowed_after_joining_loses_no_stake_and_gives_up_an_epoch_it_c
             assert b.pool(o.address).total_assets == ETH  # nobody lost stake
         op4 = c.ops[3].address
         lost = {m["epoch"]: m for m in c.metrics(3) if m["kind"] == "epoch_lost"}
-        assert 0 in lost or slower == 4, "10x slower cannot make epoch 0"
+        # 10x slower cannot keep up with both epochs; which one it gives up depends on how
+        # loaded the machine was when the epoch was sized (a calibration in the suite's busy
+        # first minute sizes it long enough for epoch 0)
+        assert lost or slower == 4, "10x slower cannot make both epochs"
         starts = {
             i: [m["epoch"] for m in c.metrics(i) if m["kind"] == "epoch_start"] for i in range(4)
         }
