@@ -37,6 +37,16 @@ abstract contract SeatsBase is BaseTest {
         bsm.drawSeats(jobId);
     }
 
+    /// A newcomer at twice the minimum joins a full list and displaces `lightest`.
+    function joinHeavierThan(uint256 jobId, address lightest) internal {
+        address heavy = makeAddr("heavy");
+        register(heavy, 2 * MIN_STAKE);
+        vm.expectEmit();
+        emit I.SeatNotDrawn(jobId, 0, lightest);
+        vm.prank(heavy);
+        bsm.joinJob(jobId);
+    }
+
     function seatsOf(uint256 jobId, address[] memory group) internal view returns (uint256 k) {
         address[] memory m = bsm.getMembers(jobId);
         for (uint256 i; i < m.length; ++i) {
@@ -99,12 +109,7 @@ contract JoinApplyTest is SeatsBase {
     function test_crowdingTheListCostsStakeNotAddresses() public {
         uint256 jobId = createJob(spec(2, 3, 1));
         address[] memory crowd = applyN(jobId, "crowd", 32, MIN_STAKE);
-        address heavy = makeAddr("heavy");
-        register(heavy, 2 * MIN_STAKE);
-        vm.expectEmit();
-        emit I.SeatNotDrawn(jobId, 0, crowd[0]);
-        vm.prank(heavy);
-        bsm.joinJob(jobId);
+        joinHeavierThan(jobId, crowd[0]);
         address[] memory m = bsm.getMembers(jobId);
         vm.assertEq(m.length, 32);
         vm.assertEq(seatsOf(jobId, crowd), 31);
@@ -476,12 +481,7 @@ contract VacancyDrawTest is SeatsBase {
         vm.expectRevert(abi.encodeWithSelector(I.ApplicantsFull.selector, jobId, MIN_STAKE, MIN_STAKE));
         vm.prank(late);
         bsm.joinJob(jobId);
-        address heavy = makeAddr("heavy");
-        register(heavy, 2 * MIN_STAKE);
-        vm.expectEmit();
-        emit I.SeatNotDrawn(jobId, 0, crowd[0]);
-        vm.prank(heavy);
-        bsm.joinJob(jobId);
+        joinHeavierThan(jobId, crowd[0]);
         vm.assertEq(bsm.getMembers(jobId).length, 2);
         vm.assertEq(bsm.getPendingJoins(jobId).length, 30);
         vm.assertEq(bsm.bondedOf(crowd[0]), 0);

@@ -429,14 +429,23 @@ def distrusted(
 ) -> set[int]:
     """Senders in keep whose cosine with the sum of the other senders in keep (near copies
     counted together as one, `crowded`) is below c, exactly."""
+    return {
+        a for a, (d, q) in against_the_rest(dots, keep, copies).items() if q and below(d, q, 1, c)
+    }
+
+
+def against_the_rest(
+    dots: list[list[int]], keep: list[int], copies: set[tuple[int, int]]
+) -> dict[int, tuple[int, int]]:
+    """Per sender a in keep, (d, q) with cos(v_a, S - v_a) = d / sqrt(q), S the sum over keep
+    (near copies counted together as one, `crowded`): d = <v_a, S - v_a>, q = |v_a|^2 |S - v_a|^2
+    (0 when either is 0)."""
     dots = crowded(dots, keep, copies)
     total = sum(dots[a][b] for a in keep for b in keep)
-    out = set()
+    out = {}
     for a in keep:
         row = sum(dots[a][b] for b in keep)
-        s2 = total - 2 * row + dots[a][a]  # |S - v_a|^2
-        if dots[a][a] * s2 and below(row - dots[a][a], dots[a][a] * s2, 1, c):
-            out.add(a)
+        out[a] = (row - dots[a][a], dots[a][a] * (total - 2 * row + dots[a][a]))
     return out
 
 
@@ -447,13 +456,9 @@ def graded(
     the kept senders' cosines with the sum of the others (near copies as one), exactly; `most`
     for a cosine <= 0, and 0 for everyone when that median is <= 0. 2^-t is then about the
     sender's agreement relative to the typical kept sender's."""
-    dots = crowded(dots, keep, copies)
-    total = sum(dots[a][b] for a in keep for b in keep)
-    cos = {}
-    for a in keep:
-        row = sum(dots[a][b] for b in keep)
-        q = dots[a][a] * (total - 2 * row + dots[a][a])
-        cos[a] = (row - dots[a][a] if q else 0, q or 1, a)
+    cos = {
+        a: (d if q else 0, q or 1, a) for a, (d, q) in against_the_rest(dots, keep, copies).items()
+    }
     ranked = sorted(cos.values(), key=cmp_to_key(_cmp))
     ref = ranked[(len(ranked) - 1) // 2]
     if ref[0] <= 0:
