@@ -27,7 +27,7 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         // The draw's inputs are fixed now; its seed is the next block's hash, unknown now.
         ch.seedBlock = uint64(block.number + 1);
         ch.weightsAt = uint48(block.number);
-        ch.registrySize = uint32(_registry.length);
+        ch.registrySize = _refereePools[jobId].registrySize;
         ch.maxWeight = uint96(_maxDrawWeight);
         ch.uncertified = certified == bytes32(0);
         // Held with the escrow until the challenge resolves (`accounting()` stays balanced).
@@ -218,16 +218,19 @@ abstract contract BSMChallenges is BSMStorage, IDistributedTrainingBSMChallenges
         uint256 size = ch.registrySize;
         uint256 maxWeight = ch.maxWeight;
         uint256 at = ch.weightsAt;
+        uint256 created = _refereePools[jobId].createdAt;
         address caller = _jobs[jobId].caller;
         address[] storage drawn = _referees[attempt];
-        for (uint256 k; k < want * _REFEREE_DRAW_TRIES && drawn.length < want && maxWeight > 0; ++k) {
+        for (uint256 k; k < want * _REFEREE_DRAW_TRIES && drawn.length < want && maxWeight * size > 0; ++k) {
             uint256 r = uint256(keccak256(abi.encode(seed, attempt, k)));
             address a = _registry[(r >> 128) % size];
             if (
                 _membership[jobId][a] != Membership.None || a == caller || a == ch.challenger
                     || _refereeSteps[attempt][a] != RefereeStep.None
             ) continue;
-            if (uint128(r) % maxWeight >= _drawWeightAt(a, at)) continue;
+            uint256 w = _drawWeightAt(a, at);
+            uint256 then = _drawWeightAt(a, created);
+            if (uint128(r) % maxWeight >= (then < w ? then : w)) continue;
             drawn.push(a);
             _refereeSteps[attempt][a] = RefereeStep.Drawn;
         }

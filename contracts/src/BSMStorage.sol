@@ -296,6 +296,7 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
         j.status = JobStatus.Open;
         j.escrow = escrow;
         j.checkpoint = spec.modelHash;
+        _refereePools[jobId] = RefereePool(uint48(block.number), uint32(_registry.length));
         emit JobCreated(jobId, caller, spec.method, escrow);
     }
 
@@ -486,6 +487,16 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     // a draw's index range is fixed by its size when the challenge opened), each accepted
     // with probability (its draw weight at the challenge's block) / (the largest draw weight
     // then): weights and membership are read as they were before the seed block existed.
+
+    /// Who may judge a job: the first `registrySize` registry entries, those enlisted when the
+    /// job was created, each weighed no heavier than it was at the end of block `createdAt`.
+    /// Operators registered or stake added once a job exists cannot be drawn into its juries.
+    struct RefereePool {
+        uint48 createdAt;
+        uint32 registrySize;
+    }
+
+    mapping(uint256 jobId => RefereePool) internal _refereePools;
 
     /// Tries per referee seat before a draw gives up (a jury smaller than `_minJury` decides
     /// nothing): bounds the draw's gas whatever the registry holds.

@@ -728,9 +728,10 @@ class BSM:
         return self._transact(f, gas=gas)
 
     def draw_referees(self, job_id: int, epoch: int, gas: int | None = None) -> Receipt:
-        """Draws the challenge's referees among every registered outsider, by capped
-        self-stake as it stood at the challenge, from the hash of the block after it; anyone
-        may, once that block is mined (`challenge_of(attempt).seed_block`)."""
+        """Draws the challenge's referees among the outsiders registered when the job was
+        created, by capped self-stake (the lesser of then and at the challenge), from the hash
+        of the block after the challenge; anyone may, once that block is mined
+        (`challenge_of(attempt).seed_block`)."""
         return self._transact(self.contract.functions.drawReferees(job_id, epoch), gas=gas)
 
     def commit_verdict(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from harness.flaky_rpc import FAULTS, flaky_rpc
 from test_caller_files import RECIPE, Output, sft_chat
 
-from dtrain import UNWORKABLE, vote_key
+from dtrain import UNWORKABLE, commitment_hash, vote_key
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
 from dtrain_node.devnet.plan import node_name
@@ -315,14 +316,14 @@ def test_a_challenge_with_a_doctored_transcript_loses_its_bond(tmp_path) -> None
         assert b.credit_of(c.ops[3].address) == price * 40 // 100, "paid, its bond not back"
 
 
-def _upheld_against(c: Cluster, i: int) -> list:
-    """Member `i` challenged an honest quorum and lost: the referees upheld the certified vote,
-    nobody was slashed, every member was paid and kept its stake, and the contract's balance
-    equals its accounting. Returns the job's events."""
+def _upheld_against(c: Cluster, i: int | None, challenger: str = "") -> list:
+    """Member `i` (or the outsider `challenger`) challenged an honest quorum and lost: the
+    referees upheld the certified vote, nobody was slashed, every member was paid and kept its
+    stake, and the contract's balance equals its accounting. Returns the job's events."""
     b = c.bsm
     events = b.events(job_id=c.job_id)
     (challenged,) = [e.args for e in events if e.name == "Challenged"]
-    assert challenged["challenger"] == c.ops[i].address
+    assert challenged["challenger"] == (c.ops[i].address if i is not None else challenger)
     (resolved,) = [e.args for e in events if e.name == "ChallengeResolved"]
     assert not resolved["overturned"]
     assert bytes(resolved["verdictKey"]) == bytes(challenged["certifiedKey"])
@@ -621,6 +622,86 @@ def test_a_minority_that_withholds_its_votes_to_block_the_quorum_is_judged_and_s
         for o in vetoers:
             assert b.pool(o.address).total_assets < ETH and b.credit_of(o.address) == 0
         assert b.w3.eth.get_balance(b.address) == b.accounting().total
+
+
+class _SybilJury:
+    """An attacker's operators at the minimum stake, registered once the job exists. One of
+    them challenges the honest certified vote; each one drawn as a referee commits, then
+    reveals, a forged checkpoint with no voter consistent: were it the verdict, every member
+    would be slashed as a fabricator."""
+
+    def __init__(self, c: Cluster, n: int) -> None:
+        from eth_account import Account
+
+        self.c, self.b = c, c.bsm
+        made = [Account.create() for _ in range(n)]
+        self.keys = {a.address: "0x" + bytes(a.key).hex() for a in made}
+        stake = self.b.params().min_stake
+        for address, key in self.keys.items():
+            self.b.w3.provider.make_request("anvil_setBalance", [address, hex(stake + ETH)])
+            self.b.with_account(key).register_operator(stake, os.urandom(32), [], "cpu", 0)
+        self.challenger = made[0].address
+        self.forged, self.salt = os.urandom(32), os.urandom(32)
+        self.committed: set[str] = set()
+        self.revealed: set[str] = set()
+        self.attempt = 0  # the challenged attempt
+
+    def challenge_once_certified(self) -> bool:
+        key, closes = self.b.certified_vote(self.c.job_id)
+        if not any(key) or closes <= max(time.time(), self.b.latest_block_timestamp()):
+            return False
+        self.attempt = self.b.job(self.c.job_id).state.attempt
+        self.b.with_account(self.keys[self.challenger]).challenge(self.c.job_id, 0, os.urandom(32))
+        return True
+
+    def judge(self) -> None:
+        """Commits and reveals the forged verdict for each drawn sybil, phase by phase."""
+        b, w = self.b, self.c.challenge_window
+        ch = b.challenge_of(self.attempt)
+        for r in set(ch.referees) & set(self.keys):
+            b.w3.provider.make_request("evm_mine", [])  # the chain's clock to the wall clock's
+            now = b.latest_block_timestamp()
+            trained = [m for m in self.c.metrics(0) if m["kind"] == "epoch_trained"]
+            (p,) = {tuple(m["participation"]) for m in trained}
+            bsm = b.with_account(self.keys[r])
+            if r not in self.committed and ch.opened_at + w <= now < ch.opened_at + 2 * w:
+                h = commitment_hash(self.c.job_id, 0, r, self.forged, p, bytes(32), self.salt)
+                bsm.commit_verdict(self.c.job_id, 0, h)
+                self.committed.add(r)
+            elif r in self.committed - self.revealed and (
+                ch.committed == len(ch.referees) or now >= ch.opened_at + 2 * w
+            ):
+                bsm.reveal_verdict(self.c.job_id, 0, self.forged, p, 0, self.salt)
+                self.revealed.add(r)
+
+
+@pytest.mark.timeout(1200)
+def test_32_sybils_registered_once_the_job_exists_cannot_judge_its_honest_epoch(
+    tmp_path,
+) -> None:
+    """Once the job exists, an attacker registers 32 operators at the minimum stake (32 to 3
+    against the outsiders registered before it), challenges the three honest members'
+    certified vote and has every sybil drawn as a referee reveal a forged checkpoint. A job's
+    juries come from the operators registered when it was created, no heavier than then: the
+    three honest referee nodes are drawn and uphold the vote; nobody is slashed, every member
+    is paid and keeps its stake, the attacker's bond goes to the treasury, the wei add up."""
+    with _cluster(tmp_path, 3, 8) as c:
+        jury = _SybilJury(c, 32)
+        for r in range(3):
+            c.spawn_referee(r)
+        for i in range(3):
+            c.spawn(i)
+        c.wait(jury.challenge_once_certified, 600, "a certified vote to challenge")
+        c.wait(lambda: jury.judge() or c.ended(), 1000, "the job to end")
+        b = c.bsm
+        assert b.job(c.job_id).state.status.name == "COMPLETED"
+        events = _upheld_against(c, None, jury.challenger)
+        ch = b.challenge_of(jury.attempt)
+        assert set(ch.referees) <= {a.address for a in c.referees} and len(ch.referees) == 3
+        assert not jury.committed, "no sybil was drawn"
+        (finalized,) = [e.args for e in events if e.name == "EpochFinalized"]
+        assert bytes(finalized["checkpoint"]) != jury.forged
+        assert b.credit_of(jury.challenger) == 0, "the bond went to the treasury"
 
 
 def _referee_metrics(c: Cluster, r: int) -> list[dict]:

@@ -910,11 +910,12 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     /// they re-execute the union of the challenger's and every posted transcript's packets.
     function postTranscript(uint256 jobId, uint256 epoch, bytes32 transcript) external;
     /// @notice Draws the challenge's `refereeCount` referees; anyone may call it once the block
-    /// after the challenge's is mined. Nobody applies and nobody chooses: each registered
-    /// operator outside the job (not a member, its caller or the challenger) is drawn with a
-    /// probability proportional to its self-stake capped at `SEAT_WEIGHT_CAP` x `minStake`,
-    /// both read as they stood at the challenge's block, from the hash of the next block
-    /// (unknown when the weights were fixed). The draw tries `64 x refereeCount` picks at
+    /// after the challenge's is mined. Nobody applies and nobody chooses: each operator that was
+    /// registered when the job was created and is outside the job (not a member, its caller or
+    /// the challenger) is drawn with a probability proportional to its self-stake capped at
+    /// `SEAT_WEIGHT_CAP` x `minStake`, the lesser of its weight then and at the challenge's
+    /// block, from the hash of the next block (unknown when the weights were fixed): operators
+    /// registered, or stake added, once a job exists never weigh in its juries. The draw tries `64 x refereeCount` picks at
     /// most; a jury below `refereeCount / 2 + 1` decides nothing (the certified vote stands).
     function drawReferees(uint256 jobId, uint256 epoch) external;
     /// @notice A drawn referee commits `commitmentHash(jobId, epoch, referee, checkpoint,

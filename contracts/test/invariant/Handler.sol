@@ -310,6 +310,8 @@ contract Handler is Test {
         });
         uint256 escrow = s.pricePerOperatorEpoch * s.maxOperators * s.totalEpochs;
         address c = (price >> 130) & 1 == 1 ? actors[11] : actors[7];
+        // A job's juries are drawn from the operators registered when it was created.
+        if (bsm.params().challengeWindow != 0) _registerReferees();
         if ((price >> 132) & 1 == 1) {
             // Paid in a token by a gateway; the caller owns the job.
             address token = tokens[(price >> 133) & 1];
@@ -671,8 +673,8 @@ contract Handler is Test {
         _resolve(id, st.epoch, challenger, key);
     }
 
-    /// Registers the three outside referees (before a challenge: the draw reads the registry
-    /// and the weights as they stood when the challenge opened).
+    /// Registers the three outside referees (before a job is created: its draws read the
+    /// registry as it stood then, and the weights no heavier than they were).
     function _registerReferees() internal {
         for (uint256 i; i < referees.length; ++i) {
             address a = referees[i];

@@ -456,10 +456,7 @@ contract RefereeTest is ChallengeBase {
         uint256 captured;
         for (uint256 s; s < 40; ++s) {
             uint256 snap = vm.snapshotState();
-            vm.roll(block.number + 2);
-            vm.setBlockhash(block.number - 1, keccak256(abi.encode("seed", s)));
-            bsm.drawReferees(other, 0);
-            address[] memory refs = bsm.challengeOf(state(other).attempt).referees;
+            address[] memory refs = drawSeeded(other, keccak256(abi.encode("seed", s)));
             vm.assertEq(refs.length, 3);
             uint256 theirs;
             for (uint256 i; i < refs.length; ++i) {
@@ -472,6 +469,72 @@ contract RefereeTest is ChallengeBase {
             vm.revertToState(snap);
         }
         vm.assertLt(captured, 16, "a sybil majority in under 40% of the draws");
+    }
+
+    /// Attack (capture by newcomers): once a job exists, 32 sybils register at the minimum
+    /// stake, outweighing its 5 outsiders (2 x the minimum each) 16 to 5, and challenge its
+    /// honest vote. A job's referees come from the operators registered when it was created,
+    /// weighed no heavier than they were then: over 20 seeds no sybil is ever drawn.
+    function test_capture_sybilsRegisteredAfterTheJob_neverJudgeIt() public {
+        redeploy();
+        (uint256 honest,) = certify(0, 3, MIN_STAKE, bytes32(0));
+        vm.roll(block.number + 1);
+        address[] memory sybils = new address[](32);
+        for (uint256 i; i < sybils.length; ++i) {
+            sybils[i] = makeAddr(string.concat("late sybil", vm_toString(i)));
+            register(sybils[i], MIN_STAKE);
+        }
+        challengeAs(sybils[0], honest);
+        for (uint256 s; s < 20; ++s) {
+            uint256 snap = vm.snapshotState();
+            address[] memory refs = drawSeeded(honest, keccak256(abi.encode("late seed", s)));
+            vm.assertEq(refs.length, 3);
+            for (uint256 i; i < refs.length; ++i) {
+                vm.assertTrue(isOutsider(refs[i]), "an operator registered before the job");
+            }
+            vm.revertToState(snap);
+        }
+    }
+
+    /// Stake added after the job was created does not weigh in its draws: an outsider at the
+    /// minimum then that tops up to the cap is drawn as often as the minimum says.
+    function test_stakeAddedAfterTheJob_weighsNothingInItsDraws() public {
+        redeploy();
+        address late = makeAddr("topped up");
+        register(late, MIN_STAKE);
+        (uint256 honest,) = certify(0, 3, MIN_STAKE, bytes32(0));
+        vm.roll(block.number + 1);
+        vm.deal(late, 9 * MIN_STAKE);
+        vm.prank(late);
+        bsm.stake{value: 9 * MIN_STAKE}();
+        challengeAs(outsiders[0], honest);
+        uint256 drawn;
+        for (uint256 s; s < 60; ++s) {
+            uint256 snap = vm.snapshotState();
+            address[] memory refs = drawSeeded(honest, keccak256(abi.encode("topped seed", s)));
+            for (uint256 i; i < refs.length; ++i) {
+                if (refs[i] == late) ++drawn;
+            }
+            vm.revertToState(snap);
+        }
+        // 3 of 5: four outsiders at 2 x the minimum and `late`, drawn in under half of the
+        // draws at its weight then, in nearly all at the cap (10 against 2 each).
+        vm.assertLt(drawn, 45, "weighed as it stood when the job was created");
+    }
+
+    /// Mines the seed block with hash `seed` and draws the referees of `jobId`'s challenge.
+    function drawSeeded(uint256 jobId, bytes32 seed) internal returns (address[] memory) {
+        vm.roll(block.number + 2);
+        vm.setBlockhash(block.number - 1, seed);
+        bsm.drawReferees(jobId, 0);
+        return bsm.challengeOf(state(jobId).attempt).referees;
+    }
+
+    function isOutsider(address a) internal view returns (bool) {
+        for (uint256 i; i < outsiders.length; ++i) {
+            if (outsiders[i] == a) return true;
+        }
+        return false;
     }
 
     /// Attack: the only registered outsider is the attacker's: a jury of one would be the

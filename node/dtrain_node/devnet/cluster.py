@@ -219,6 +219,10 @@ class Cluster:
                 self.seat_draw_window,
             ),
         )
+        if self.challenge_window:
+            # a job's juries are drawn from the operators registered when it was created
+            for account in self.referees:
+                self._register_referee(account)
         if self.create_job:
             self.spec, _ = tiny_job(self.bsm, self.tmp, o)
             self.job_id = self.bsm.with_account(self.caller.key).create_job(self.spec)
@@ -245,11 +249,17 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def spawn_referee(self, i: int, stake: int = 10**18) -> Proc:
-        """Registers referee account `i` as an operator (no seat in the job) with `stake`, and
-        starts `dtrain node referee` for it."""
+    def _register_referee(self, account: Any, stake: int = 10**18) -> None:
+        if not self.bsm.operator(account.address).registered:
+            self.bsm.with_account(account.key).register_operator(
+                stake, os.urandom(32), [], "cpu", 0
+            )
+
+    def spawn_referee(self, i: int) -> Proc:
+        """Starts `dtrain node referee` for referee account `i`: an operator with no seat in the
+        job, registered with 1 ETH (with a challenge window, before the job was created)."""
         account = self.referees[i]
-        self.bsm.with_account(account.key).register_operator(stake, os.urandom(32), [], "cpu", 0)
+        self._register_referee(account)
         name = f"referee{i + 1}"
         data_dir = self.tmp / name
         data_dir.mkdir(parents=True, exist_ok=True)
