@@ -104,6 +104,7 @@ class Setup:
     eval_windows: int
     max_train: int
     uri: str | None = None  # a job's model (builtin:tiny) instead of the harness GPT
+    outer_lr: float = 1.0  # DeMo's step on the aggregate (the recipe's outer_lr)
     clip: float = RobustConfig.clip  # the rule's bound (RobustConfig.clip) when it is on
     trust_shift: int = RobustConfig.trust_shift  # senders below cos_trust scaled by 2^-this
     support: float = RobustConfig.support  # share of the kept senders a coefficient needs
@@ -147,7 +148,7 @@ def run(
     cfg = DeMoConfig(
         mode="local",
         sync_interval=setup.K,
-        lr=1.0,
+        lr=setup.outer_lr,
         inner_lr=setup.inner_lr,
         compress=CompressConfig(k2d=setup.k, k1d=1, bits=setup.bits),
         robust=RobustConfig(
@@ -194,6 +195,7 @@ def run(
         rec["agg_s"].append(st.aggregate_s)
     loss = evaluate(models[0], ev)
     out = dict(n=n, f=f, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
+    out.update(outer_lr=setup.outer_lr, inner_lr=setup.inner_lr, steps=setup.steps)
     return dict(out, clip=clip)
 
 
@@ -568,7 +570,8 @@ def report(setup: Setup, P: int, seeds: int, recs: list, times: list, wall: floa
     c = setup.model
     return (
         f"Model: byte-level GPT d={c.d} layers={c.n_layer} heads={c.n_head} ctx={c.ctx}, "
-        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}/4096, {setup.bits}-bit, outer lr 1; "
+        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}/4096, {setup.bits}-bit, "
+        f"outer lr {setup.outer_lr:g}; "
         f"{setup.steps} steps x batch {setup.bsz} per member; seeds {seeds}; the last "
         f"member attacks every round; RobustConfig defaults; wall {wall:.0f}s.\n\n"
         + table(recs)
@@ -607,6 +610,9 @@ OPTIONS = (
     ("--clip", dict(type=float, default=None, help="the bound's multiple of the median norm")),
     ("--trust-shift", dict(type=int, default=None, help="2^-N for senders below cos_trust")),
     ("--support", dict(type=float, default=None, help="share of senders a coefficient needs")),
+    ("--outer-lr", dict(type=float, default=None, help="DeMo's outer lr (default 1.0)")),
+    ("--inner-lr", dict(type=float, default=None, help="the members' inner AdamW lr")),
+    ("--max-train", dict(type=int, default=None, help="bytes of training corpus, all members")),
     ("--majority", dict(action="store_true", help="entries against their coefficient's sign out")),
     ("--weighted", dict(action="store_true", help="the mean divides by the senders' weights")),
     ("--graded", dict(action="store_true", help="trust shifts graded by cosine (the median's)")),
@@ -628,18 +634,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     if a.model:
         setup = replace(setup, uri=a.model)
-    if a.clip is not None:
-        setup = replace(setup, clip=a.clip)
-    if a.trust_shift is not None:
-        setup = replace(setup, trust_shift=a.trust_shift)
-    if a.support is not None:
-        setup = replace(setup, support=a.support)
-    if a.majority:
-        setup = replace(setup, majority=True)
-    if a.weighted:
-        setup = replace(setup, weighted=True)
-    if a.graded:
-        setup = replace(setup, graded=True)
+    for name in ("clip", "trust_shift", "support", "outer_lr", "inner_lr", "max_train"):
+        if getattr(a, name) is not None:
+            setup = replace(setup, **{name: getattr(a, name)})
+    for name in ("majority", "weighted", "graded"):
+        if getattr(a, name):
+            setup = replace(setup, **{name: True})
     P = make_model(setup).numel()
     if a.coalitions:
         return coalitions(setup, seeds, a, P, t0)
@@ -696,7 +696,9 @@ def shaped(setup: Setup, seeds: list[int], a: argparse.Namespace, P: int, t0: fl
     c = setup.model
     md = (
         f"Model: {setup.uri or f'byte-level GPT d={c.d} layers={c.n_layer} ctx={c.ctx}'}, "
-        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}, {setup.bits}-bit; {setup.steps} "
+        f"{P:,} params; DeMo local K={setup.K}, k={setup.k}, {setup.bits}-bit, outer lr "
+        f"{setup.outer_lr:g}, inner lr {setup.inner_lr:g}, {setup.max_train:,} training bytes; "
+        f"{setup.steps} "
         f"steps; seeds {len(seeds)}; the last f members collude every round; RobustConfig "
         f"defaults but clip={setup.clip:g} (bound off: clip=0); held-out loss; "
         f"wall {time.time() - t0:.0f}s.\n\n" + shaped_table(rows) + "\n" + shaped_verdict(rows)
@@ -727,6 +729,9 @@ def _meta(setup: Setup, P: int) -> dict:
         bits=setup.bits,
         steps=setup.steps,
         bsz=setup.bsz,
+        outer_lr=setup.outer_lr,
+        inner_lr=setup.inner_lr,
+        max_train=setup.max_train,
         robust=RobustConfig(
             clip=setup.clip,
             trust_shift=setup.trust_shift,

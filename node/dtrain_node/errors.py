@@ -60,7 +60,7 @@ class FinalCheckpointUnavailable(CheckpointUnavailable, NotServed):
         self, job_id: int, checkpoint: bytes, holders: list[str], epoch: int | None = None
     ) -> None:
         who = ", ".join(h[:10] + ".." for h in holders) or "none"
-        what = "final checkpoint" if epoch is None else f"checkpoint of epoch {epoch + 1}"
+        what = "final checkpoint" if epoch is None else f"checkpoint of epoch {epoch}"
         super().__init__(
             f"job {job_id}: nobody serves its {what} 0x{checkpoint.hex()[:16]}.. "
             f"now (operators that hold it: {who}; none answered). Operators serve it while "

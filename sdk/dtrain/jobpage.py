@@ -158,7 +158,7 @@ def slashes(events: Sequence[Event]) -> list[dict[str, Any]]:
     return [
         {
             "operator": e.args["operator"],
-            "epoch": e.args["epoch"] + 1,
+            "epoch": e.args["epoch"],
             "reason": SlashReason(e.args["reason"]).label,
             "amount": _amount(e.args["amount"]),
             "reporter": e.args["reporter"],
@@ -200,7 +200,7 @@ def epochs(job: Job, events: Sequence[Event]) -> list[dict[str, Any]]:
         finalized = [e for e in mine if e.name == "EpochFinalized"]
         out.append(
             {
-                "epoch": epoch + 1,
+                "epoch": epoch,
                 "status": status,
                 "attempts": sum(e.name == "EpochStarted" for e in mine),
                 "members": members,
@@ -231,7 +231,7 @@ def loss_series(records: Iterable[Mapping[str, Any]], job: Job) -> list[dict[str
         if r.get("kind") != "round" or r.get("job") != job.id or "node" not in r:
             continue
         step = (r["epoch"] * rounds + r["round"] + 1) * sync
-        point = {"step": step, "epoch": r["epoch"] + 1, "round": r["round"] + 1, "loss": r["loss"]}
+        point = {"step": step, "epoch": r["epoch"], "round": r["round"] + 1, "loss": r["loss"]}
         by_member.setdefault(r["node"], {})[step] = point
     return [
         {"member": m, "points": [pts[s] for s in sorted(pts)]}
@@ -629,7 +629,7 @@ function span(seconds) {  // dtrain.units.format_span
   return parts.filter(([n]) => n).map(([n, u]) => `${n} ${u}`).join(" ") || "0 s";
 }
 function progressLine(p) {  // dtrain.progress.RoundLine.text
-  const parts = [`epoch ${p.epoch + 1}/${p.epochs} round ${p.round + 1}/${p.rounds}`,
+  const parts = [`epoch ${p.epoch} (epochs 0..${p.epochs - 1}) round ${p.round + 1}/${p.rounds}`,
     `step ${p.step}`, `loss ${p.loss.toFixed(4)}`,
     `tokens ${p.tokens_seen.toLocaleString("en-US")}`,
     ...Object.entries(p.metrics).map(([k, v]) => `${k.replaceAll("_", " ")} ${v.toFixed(4)}`),

@@ -291,6 +291,14 @@ class Job:
     reveal_deadline: int = 0  # deadline + reveal_window (0 when not running)
     block: int = 0  # the block this snapshot was read at
 
+    @property
+    def final_epoch(self) -> int | None:
+        """The epoch whose checkpoint is the job's final one (`state.checkpoint`) once it ended:
+        its last finalized (paid) epoch, a completed job's last; None while it runs or when no
+        epoch of it was finalized."""
+        st = self.state
+        return st.epoch - 1 if st.status.is_ended and st.epoch > 0 else None
+
 
 @dataclass(frozen=True)
 class Submission(Decoded):

@@ -23,7 +23,7 @@ from typing import Any
 
 from .client import BSM
 from .errors import ConfigError
-from .units import format_span
+from .units import format_epoch, format_span
 
 METRICS = ("reward", "accuracy", "preference_accuracy")
 RECENT_ROUNDS = 5  # the ETA's round time: the mean of the last few rounds
@@ -63,7 +63,7 @@ class RoundLine:
 
     def text(self) -> str:
         parts = [
-            f"epoch {self.epoch + 1}/{self.epochs} round {self.round + 1}/{self.rounds}",
+            f"{format_epoch(self.epoch, self.epochs)} round {self.round + 1}/{self.rounds}",
             f"step {self.step}",
             f"loss {self.loss:.4f}",
             f"tokens {self.tokens_seen:,}",

@@ -116,12 +116,11 @@ def positions(bsm: BSM, account: str) -> list[m.Position]:
 
 
 def final_holders(bsm: BSM, job_id: int) -> list[m.Holder]:
-    """A completed job's final checkpoint holders: the members paid for its last epoch (an
-    empty list while the job has not completed)."""
-    job = bsm.job(job_id)
-    if job.state.status != m.JobStatus.COMPLETED:
+    """A completed job's final checkpoint holders: the members paid for its last epoch (a
+    cancelled or failed job's: for its last finalized one; an empty list while the job runs)."""
+    last = bsm.job(job_id).final_epoch
+    if last is None:
         return []
-    last = job.spec.total_epochs - 1
     paid = bsm.events(names=["OperatorPaid"], job_id=job_id)
     holders = sorted({e.args["operator"] for e in paid if e.args["epoch"] == last})
     out = []

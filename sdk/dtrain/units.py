@@ -78,6 +78,13 @@ def format_eth(wei: int) -> str:
 _SPANS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
 
 
+def format_epoch(epoch: int | None, total: int | None) -> str:
+    """ "epoch 1 (epochs 0..2)": epochs count from 0 everywhere (the contract, its events,
+    `job fetch --epoch`, the node's logs), with the job's range beside it."""
+    e = "?" if epoch is None else str(epoch)
+    return f"epoch {e} (epochs 0..{total - 1})" if total else f"epoch {e}"
+
+
 def format_span(seconds: int) -> str:
     """A duration in its two largest units: "6 d 23 h", "3 min", "45 s", "0 s"."""
     left, parts = abs(int(seconds)), []

@@ -25,7 +25,10 @@ from dtrain_node.devnet.cluster import NodeConfig, Proc, node_command
 
 pytestmark = pytest.mark.slow
 
-ROUND_LINE = r"progress: epoch 1/1 round {n}/3 \| step {step} \| loss [\d.]+ \| tokens [\d,]+"
+ROUND_LINE = (
+    r"progress: epoch 0 \(epochs 0\.\.0\) round {n}/3 \| step {step} \| loss [\d.]+ \| "
+    r"tokens [\d,]+"
+)
 
 
 def cli(c: Cluster) -> list[str]:

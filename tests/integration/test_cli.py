@@ -179,7 +179,7 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes, data) -> None
     votes.reveal(ops[0], job_id, 0)
     code, out, _ = run("job", "status", str(job_id))
     assert "votes       3 committed, 1 revealed" in out
-    assert "epoch       1/1\n" in out and "members     3/3 (at least 3), 0 joining" in out
+    assert "epoch       0 (0..0)\n" in out and "members     3/3 (at least 3), 0 joining" in out
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["reveal_deadline"]))
     assert f"reveal by   {stamp}" in out and "seat bond   0.5 ETH" in out
     left = status["reveal_deadline"] - time.time()  # the chain may run ahead of the wall clock
@@ -187,16 +187,17 @@ def test_operator_staker_caller_session(run, bsm, accounts, votes, data) -> None
     assert str(status["reveal_deadline"]) not in out and str(status["deadline"]) not in out
     code, out, _ = run("job", "list")
     assert out.rstrip("\n") == (
-        f"{job_id:>4}  CPT   running    epoch 1/1    members 3/3  price 0.01 ETH per operator-epoch"
+        f"{job_id:>4}  CPT   running    epoch 0 (0..0)  members 3/3  "
+        "price 0.01 ETH per operator-epoch"
     )
     for op in ops[1:]:
         votes.reveal(op, job_id, 0)
     code, out, err = run("job", "finalize", str(job_id), key=accounts[6].key)
     assert code == 0, err
     assert "EpochFinalized" in out and "JobCompleted" in out
-    assert f"epoch 1/1 of job {job_id} settled" in out
+    assert f"epoch 0 (epochs 0..0) of job {job_id} settled" in out
     code, out, _ = run("job", "list")
-    assert f"{job_id:>4}  CPT   completed  epoch 1/1    members 0/3  price 0.01 ETH" in out
+    assert f"{job_id:>4}  CPT   completed  epoch 1/1 done  members 0/3  price 0.01 ETH" in out
     code, out, _ = run("--json", "job", "status", str(job_id))
     holders = json.loads(out)["final_holders"]
     assert [h["operator"] for h in holders] == sorted(accounts[i].address for i in (1, 2, 3))
@@ -514,7 +515,7 @@ def test_stake_show_positions_and_what_slashes_took(run, bsm, accounts) -> None:
     assert f"delegation with {ops[0].sender}\n  stake       1.425 ETH\n" in out
     assert "  unbonding   0.475 ETH, unlocks " in out and "slashable until withdrawn" in out
     assert "  slashed     0.1 ETH lost in 1 slash(es)\n" in out
-    assert f"    job {job_id} epoch 1: dropout, " in out
+    assert f"    job {job_id} epoch 0: dropout, " in out
     assert "the pool lost 0.2 ETH, this position 0.1 ETH" in out
     assert str(position["unlock_at"]) not in out  # a local time, never a unix timestamp
     code, out, err = run("stake", "show", key=accounts[1].key)  # an operator's own stake
@@ -565,7 +566,7 @@ def test_operator_info_lists_its_slashes(run, bsm, accounts, votes) -> None:
     code, out, err = run("operator", "info", ops[0].sender)
     assert code == 0, err
     assert "\nslashed     0.2 ETH in 1 slash(es)\n" in out
-    assert f"  job {job_id} epoch 1: 0.2 ETH, {SlashReason.DROPOUT.explanation} (dropout), " in out
+    assert f"  job {job_id} epoch 0: 0.2 ETH, {SlashReason.DROPOUT.explanation} (dropout), " in out
 
     code, out, err = run("--json", "operator", "info", third.sender)
     assert code == 0, err
@@ -577,7 +578,7 @@ def test_operator_info_lists_its_slashes(run, bsm, accounts, votes) -> None:
     lost = format_eth(fab.args["amount"])
     assert f"slashed     {lost} in 1 slash(es)\n" in out
     assert (
-        f"  job {fab_job} epoch 1: {lost}, fabricated checkpoint: its vote was not the quorum's "
+        f"  job {fab_job} epoch 0: {lost}, fabricated checkpoint: its vote was not the quorum's "
         "(fabrication), "
     ) in out
     code, out, err = run("operator", "info", accounts[8].address)  # never registered
@@ -617,7 +618,8 @@ def test_finalize_on_an_idle_chain_past_the_deadline(run, bsm, accounts, monkeyp
     code, _, err = run("job", "finalize", str(job_id), key=accounts[6].key)
     assert code == 1
     assert err.startswith(
-        f"error: epoch 1/1 of job {job_id} cannot be settled yet: 0 of 2 members revealed and "
+        f"error: epoch 0 (epochs 0..0) of job {job_id} cannot be settled yet: "
+        "0 of 2 members revealed and "
         "reveals are open until "
     )
     assert err.rstrip().endswith("; run this again after that") and " (in " in err
@@ -633,7 +635,7 @@ def test_finalize_on_an_idle_chain_past_the_deadline(run, bsm, accounts, monkeyp
         wall.setattr("dtrain.cli.job.time.time", lambda: float(late))
         code, out, err = run("job", "finalize", str(job_id), key=accounts[6].key)
     assert code == 0, err
-    assert out.startswith(f"epoch 1/1 of job {job_id} settled\n")
+    assert out.startswith(f"epoch 0 (epochs 0..0) of job {job_id} settled\n")
     assert "  Slashed: " in out and "reason dropout" in out
     assert "was older than the reveal deadline: sent with a fixed gas limit of 6,000,000" in out
     assert bsm.job(job_id).state.failed_epochs == 1

@@ -38,31 +38,34 @@ from dtrain.client import BSM
 from dtrain_node.operator.node import Node, NodeConfig
 
 ME, PEER = 1, 2
+EPOCH = "epoch 0 (epochs 0..1)"  # the first of the job's two
+EPOCH_RE = re.escape(EPOCH)
 LEAVE = {
     "REGISTER": "leaving after registering: no job joined, nothing at stake",
     "JOIN": "leaving now: no job joined, nothing at stake",
     "WAIT": "has not started an epoch with us, so we give our seat and its bond back at once",
-    "START": "leaving after this epoch: job {job} keeps our seat until the end of epoch 1/2",
-    "TRAIN": "leaving after this epoch: job {job} keeps our seat until the end of epoch 1/2",
-    "COMMIT": "leaving after this epoch: job {job} keeps our seat until the end of epoch 1/2",
-    "REVEAL": "leaving after this epoch: job {job} keeps our seat until the end of epoch 1/2",
-    "FINALIZE": "leaving after this epoch: job {job} keeps our seat until the end of epoch 1/2",
+    "START": "leaving after this epoch: job {job} keeps our seat until the end of " + EPOCH,
+    "TRAIN": "leaving after this epoch: job {job} keeps our seat until the end of " + EPOCH,
+    "COMMIT": "leaving after this epoch: job {job} keeps our seat until the end of " + EPOCH,
+    "REVEAL": "leaving after this epoch: job {job} keeps our seat until the end of " + EPOCH,
+    "FINALIZE": "leaving after this epoch: job {job} keeps our seat until the end of " + EPOCH,
     "DONE": "stopping: job {job} ended; no longer serving its final checkpoint",
 }
 SLASH = r"slashed 5% of our pool \(0\.05 ETH of 1 ETH\) for dropout"
+MEMBER = r"stopping now: we are a member of " + EPOCH_RE + r" of job {job}; if we do not "
+VOTED = r"stopping now: our vote for " + EPOCH_RE + r" of job {job} is in"
 STOP = {
     "REGISTER": r"stopping now: nothing at stake$",
     "JOIN": r"stopping now: nothing at stake$",
     "WAIT": r"stopping now: we hold a seat in job {job}; once it runs an epoch with us, if we do "
     rf"not commit and reveal it we are {SLASH}",
-    "START": r"stopping now: we are a member of epoch 1/2 of job {job}; if we do not commit by "
+    "START": MEMBER + r"commit by "
     rf"\d\d:\d\d:\d\d \(in \w+\) and reveal by \d\d:\d\d:\d\d \(in \w+\) we are {SLASH}",
-    "COMMIT": r"stopping now: we are a member of epoch 1/2 of job {job}; if we do not commit by",
-    "REVEAL": r"stopping now: we are a member of epoch 1/2 of job {job}; if we do not reveal by "
+    "COMMIT": MEMBER + r"commit by",
+    "REVEAL": MEMBER + r"reveal by "
     r"\d\d:\d\d:\d\d \(in \w+\) we are slashed 10% of our pool \(0\.1 ETH of 1 ETH\) for a "
     r"withheld reveal",
-    "FINALIZE": r"stopping now: our vote for epoch 1/2 of job {job} is in and we leave at its end"
-    r"|stopping now: our vote for epoch 1/2 of job {job} is in, but we stay a member",
+    "FINALIZE": VOTED + r" and we leave at its end|" + VOTED + r", but we stay a member",
 }
 STOP["TRAIN"] = STOP["START"]
 

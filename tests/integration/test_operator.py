@@ -180,8 +180,8 @@ def test_two_nodes_train_finalize_and_get_paid(
     code = cli_main([*argv, "--out", str(tmp_path / "model"), "--timeout", "10"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and err[0].startswith(f"error: job {job_id}: nobody serves")
-    for epoch, said in [("1", "nobody serves its checkpoint of epoch 1 0x"),
-                        ("2", "has epochs 1..1, not 2")]:  # fmt: skip
+    for epoch, said in [("0", "nobody serves its checkpoint of epoch 0 0x"),
+                        ("1", "has epochs 0..0, not 1")]:  # fmt: skip
         code = cli_main([*argv, "--out", str(tmp_path / "e"), "--epoch", epoch, "--timeout", "10"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and len(err) == 1 and err[0].startswith(f"error: job {job_id}"), err
@@ -229,7 +229,7 @@ def test_fabricating_node_is_slashed(chain, bsm, accounts, dataset, tmp_path) ->
         assert [(s["operator"], s["amount"]) for s in fin["slashed"]] == [(liar, amount)], fin
     [own] = [m for m in metrics(tmp_path / f"op{OPERATORS[2]}") if m["kind"] == "finalized"]
     line = describe_settled(own, liar)
-    assert f"this node was slashed {format_eth(amount)} in epoch 1 for FABRICATION (" in line
+    assert f"this node was slashed {format_eth(amount)} in epoch 0 for FABRICATION (" in line
 
 
 @pytest.mark.timeout(180)

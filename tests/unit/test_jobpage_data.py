@@ -129,7 +129,7 @@ def test_epochs_members_slashes_and_refund_from_events() -> None:
     events, credited = two_epochs()
     d = assemble(job(JobStatus.COMPLETED, 2), events, credited, PARAMS)
     e1, e2 = d["epochs"]
-    assert (e1["epoch"], e1["status"], e1["attempts"]) == (1, "finalized", 1)
+    assert (e1["epoch"], e1["status"], e1["attempts"]) == (0, "finalized", 1)
     assert e1["members"] == [A, B, C]  # C never voted: a member all the same, slashed
     assert e1["paid"] == [A, B] and e1["slashed"] == [C]
     assert e1["checkpoint"] == "0x" + CKPT.hex()
@@ -137,7 +137,7 @@ def test_epochs_members_slashes_and_refund_from_events() -> None:
     assert d["slashes"] == [
         {
             "operator": C,
-            "epoch": 1,
+            "epoch": 0,
             "reason": "dropout",
             "amount": {"wei": str(ETH // 20), "text": "0.05 ETH"},
             "reporter": A,
@@ -187,7 +187,7 @@ def test_loss_curve_per_member_by_step_of_this_job_only() -> None:
     d = assemble(job(JobStatus.RUNNING, 1, (A, B)), [], [], PARAMS, Curves(records, ["op1", "op2"]))
     series = {s["member"]: s["points"] for s in d["loss"]["series"]}
     assert [(p["step"], p["loss"]) for p in series[A]] == [(2, 5.0), (4, 3.9), (6, 3.5)]
-    assert series[A][2] == {"step": 6, "epoch": 2, "round": 1, "loss": 3.5}
+    assert series[A][2] == {"step": 6, "epoch": 1, "round": 1, "loss": 3.5}
     assert [p["loss"] for p in series[B]] == [5.1]
     assert d["loss"]["sources"] == ["op1", "op2"]
 
@@ -305,13 +305,13 @@ def test_first_view_holds_the_job_without_any_script() -> None:
 def test_first_view_draws_each_members_loss_curve() -> None:
     d = full_snapshot()
     d["loss"]["series"] = [
-        {"member": A, "points": [{"step": 2, "epoch": 1, "round": 1, "loss": 5.0},
-                                 {"step": 4, "epoch": 1, "round": 2, "loss": 4.25}]},
+        {"member": A, "points": [{"step": 2, "epoch": 0, "round": 1, "loss": 5.0},
+                                 {"step": 4, "epoch": 0, "round": 2, "loss": 4.25}]},
         {"member": B, "points": []},
     ]  # fmt: skip
     html = render(PAGE, d)
     assert html.count('<polyline class="series"') == 1 and f'data-member="{A}"' in html
-    assert html.count("<circle ") == 2 and "epoch 1 round 2: 4.25</title>" in html
+    assert html.count("<circle ") == 2 and "epoch 0 round 2: 4.25</title>" in html
     assert "(2 rounds, last 4.25)" in html  # the legend, as the script writes it
 
 
@@ -363,3 +363,20 @@ def test_a_client_leaving_mid_answer_ends_quietly(capfd: pytest.CaptureFixture[s
         assert code == 200 and json.loads(body)["blob"] == "x" * (32 << 20)
     _, err = capfd.readouterr()
     assert "Traceback" not in err and "Error" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("status", "epoch", "final"),
+    [
+        (JobStatus.COMPLETED, 2, 1),  # the last of two
+        (JobStatus.CANCELLED, 1, 0),  # its last paid epoch: the one it finalized
+        (JobStatus.CANCELLED, 0, None),  # cancelled before any epoch was paid
+        (JobStatus.RUNNING, 1, None),
+        (JobStatus.FAILED, 1, 0),  # failed after a paid epoch: that epoch's
+        (JobStatus.FAILED, 0, None),
+    ],
+)
+def test_final_epoch_is_the_last_paid_one_of_an_ended_job(
+    status: JobStatus, epoch: int, final: int | None
+) -> None:
+    assert job(status, epoch).final_epoch == final

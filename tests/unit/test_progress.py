@@ -62,7 +62,7 @@ def test_progress_line_has_every_field() -> None:
     assert line.split(" | ") == [
         "TRAIN   ",
         "job 7",
-        "epoch 2/3",  # chain epoch 1 of 3: the second
+        "epoch 1 (epochs 0..2)",  # the second of three
         "round 5/30",
         "loss 3.2105",
         "1234 tok/s",
@@ -108,14 +108,14 @@ def test_events_read_well_and_hide_the_job_wide_attempt() -> None:
     s.retry = 1
     start = {"job": 7, "epoch": 1, "attempt": 9, "members": 3, "shard": 100, "first_round": 0}
     assert describe("epoch_start", start, s) == (
-        "epoch 2/3 (retry 1) of job 7 started: 3 members, shard of 100"
+        "epoch 1 (epochs 0..2) (retry 1) of job 7 started: 3 members, shard of 100"
     )
     assert "attempt" not in describe("resumed", {"job": 7, "attempt": 9, "round": 3}, s)
     assert describe("withdrew", {"amount": 5 * 10**16}, s) == "withdrew 0.05 ETH"
     token = {"amount": 6000, "token": "0xe7f1", "text": "0.006 TUSD"}
     assert describe("withdrew", token, s) == "withdrew 0.006 TUSD"
     assert describe("round", ROUND, s).startswith(
-        "TRAIN    | job 7 | epoch 2/3 (retry 1) | round 5/30"
+        "TRAIN    | job 7 | epoch 1 (epochs 0..2) (retry 1) | round 5/30"
     )
 
 
@@ -134,7 +134,8 @@ def test_plain_output_one_timestamp_per_line(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2
     stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
-    assert re.match(rf"^{stamp} INFO    TRAIN    \| job 7 \| epoch 2/3 \| round 5/30 \|", err[0])
+    epoch = re.escape("epoch 1 (epochs 0..2)")
+    assert re.match(rf"^{stamp} INFO    TRAIN    \| job 7 \| {epoch} \| round 5/30 \|", err[0])
     assert re.match(rf"^{stamp} WARNING SIGINT: leaving after this epoch$", err[1])
     assert all(len(re.findall(r"\d\d:\d\d:\d\d", x)) == 1 for x in err)
     assert "round 5/30" in (tmp_path / "node.log").read_text()  # the file gets it too
@@ -163,8 +164,8 @@ def test_rich_handler_prints_its_own_time_only(tmp_path) -> None:
         ("WAIT", "give our seat and its bond back at once", "we hold a seat in job 7"),
         (
             "TRAIN",
-            "leaving after this epoch: job 7 keeps our seat until the end of epoch 2/3",
-            "we are a member of epoch 2/3 of job 7; if we do not commit by",
+            "leaving after this epoch: job 7 keeps our seat until the end of epoch 1 (epochs 0..2)",
+            "we are a member of epoch 1 (epochs 0..2) of job 7; if we do not commit by",
         ),
         ("DONE", "no longer serving its final checkpoint", "nothing at stake"),
     ],

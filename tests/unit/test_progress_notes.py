@@ -162,7 +162,8 @@ def test_round_lines_wait_for_every_member_or_the_next_round_and_give_the_job_et
     # 5 rounds left at 10 s, and 2 epoch ends at 30 s each
     assert line.eta_s == pytest.approx(5 * 10 + 2 * 30)
     text = line.text()
-    assert "epoch 1/2 round 1/3" in text and "reward 0.7500" in text and "accuracy 0.5000" in text
+    assert "epoch 0 (epochs 0..1) round 1/3" in text
+    assert "reward 0.7500" in text and "accuracy 0.5000" in text
     assert "ETA 1 min 50 s" in text
     assert book.add(body("a", 1), members=2) == []
     assert book.add(body("a", 2), members=2) == []  # b's note of round 1 may still come

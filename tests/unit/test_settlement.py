@@ -1,5 +1,5 @@
 """The node's settlement line: when this node was slashed it says how much, why and in which
-epoch (not only `epoch 1 settled: Slashed, EpochFinalized`)."""
+epoch (not only `epoch 0 settled: Slashed, EpochFinalized`)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def test_a_slash_of_this_node_says_amount_reason_and_epoch() -> None:
         _event("EpochFinalized", jobId=3, epoch=0),
     ]  # fmt: skip
     line = settled_line(0, ["Slashed", "EpochFinalized"], slashes(events), ME)
-    assert line.startswith("epoch 1 settled: Slashed, EpochFinalized; ")
-    assert "this node was slashed 0.05 ETH in epoch 1" in line
+    assert line.startswith("epoch 0 settled: Slashed, EpochFinalized; ")
+    assert "this node was slashed 0.05 ETH in epoch 0" in line
     assert "WITHHELD_REVEAL" in line and "committed a vote and never revealed it" in line
     assert "\n" not in line
 
@@ -34,7 +34,7 @@ def test_every_reason_reads_as_words() -> None:
     for reason in SlashReason:
         s = {"operator": ME, "epoch": 2, "reason": int(reason), "amount": 10**18}
         line = settled_line(2, ["Slashed", "EpochFinalized"], [s], ME)
-        assert f"this node was slashed 1 ETH in epoch 3 for {reason.name} (" in line, line
+        assert f"this node was slashed 1 ETH in epoch 2 for {reason.name} (" in line, line
 
 
 def test_another_members_slash_is_not_ours() -> None:
@@ -45,8 +45,8 @@ def test_another_members_slash_is_not_ours() -> None:
 
 
 def test_a_settlement_without_slashes_reads_as_before() -> None:
-    assert settled_line(0, ["EpochFinalized"], [], ME) == "epoch 1 settled: EpochFinalized"
-    assert settled_line(1, [], [], ME) == "epoch 2 settled: -"
+    assert settled_line(0, ["EpochFinalized"], [], ME) == "epoch 0 settled: EpochFinalized"
+    assert settled_line(1, [], [], ME) == "epoch 1 settled: -"
 
 
 def test_the_node_logs_the_slash_in_its_settlement_line(tmp_path, caplog) -> None:
@@ -63,6 +63,6 @@ def test_the_node_logs_the_slash_in_its_settlement_line(tmp_path, caplog) -> Non
     with caplog.at_level(logging.INFO, logger="dtrain.node"):
         Node._metric(node, "finalized", job=3, epoch=0, events=["Slashed", "EpochFinalized"],
                      slashed=slashed)  # fmt: skip
-    assert "this node was slashed 0.1 ETH in epoch 1 for DROPOUT (" in caplog.text, caplog.text
+    assert "this node was slashed 0.1 ETH in epoch 0 for DROPOUT (" in caplog.text, caplog.text
     rec = json.loads(node.metrics_path.read_text())
     assert rec["slashed"] == slashed and rec["events"] == ["Slashed", "EpochFinalized"]

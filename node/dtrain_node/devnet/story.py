@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dtrain.units import format_epoch
+
 from . import paid, report
 from .cluster import NodeConfig, Proc, read_metrics, skip_idle_deadline, spawn_node, stop_all
 from .final_model import fetch_and_evaluate
@@ -176,7 +178,7 @@ class Story:
             what = f"job {self.job_id}: {j.state.status.name.lower()}"
             if not j.state.status.is_ended:
                 what += (
-                    f", epoch {j.state.epoch} (epochs 0..{self.args.epochs - 1}), "
+                    f", {format_epoch(j.state.epoch, self.args.epochs)}, "
                     f"{len(j.members)} members, {len(j.pending_joins)} joining"
                 )
             print(what, flush=True)

@@ -141,9 +141,12 @@ class Checkpoints:
             return
 
     def final_stream(self, job: Job) -> Path | None:
-        """The job's final checkpoint as a canonical stream, if we hold the one the chain chose
-        (fetched at the start of no epoch: ours, adopted from our last attempt)."""
-        path = self.dir / f"epoch-{job.spec.total_epochs - 1}.stream"
+        """The job's final checkpoint (`Job.final_epoch`'s) as a canonical stream, if we hold
+        the one the chain chose (fetched at the start of no epoch: ours, adopted from our last
+        attempt)."""
+        if job.final_epoch is None:
+            return None
+        path = self.dir / f"epoch-{job.final_epoch}.stream"
         if not path.is_file():
             self.adopt_local(job.state.checkpoint, path)
         return path if path.is_file() else None

@@ -352,9 +352,10 @@ def terminal(data_dir: Path, tty: bool | None = None) -> Any:
 )
 @click.option(
     "--epoch",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=0),
     default=None,
-    help="A finalized epoch's checkpoint (1 = the first), also while the job runs "
+    help="A finalized epoch's checkpoint (epochs count from 0, as on chain), also while the "
+    "job runs "
     "[default: the completed job's final one].",
 )
 @click.option("--timeout", type=float, default=60.0, show_default=True)
@@ -376,16 +377,14 @@ def fetch(ctx: Ctx, job_id: int, out: Path, epoch: int | None, timeout: float) -
     # FinalCheckpointUnavailable (the SDK's NotServed): one line when nobody serves it.
     with tempfile.TemporaryDirectory(prefix="dtrain-fetch-") as tmp:
         t0 = time.monotonic()
-        got = fetch_checkpoint(
-            bsm, job_id, out, Path(tmp), timeout, None if epoch is None else epoch - 1, caller
-        )
+        got = fetch_checkpoint(bsm, job_id, out, Path(tmp), timeout, epoch, caller)
     digest, took = got.checkpoint.hex(), time.monotonic() - t0
     text = f"job {job_id}: checkpoint 0x{digest} verified, exported to {got.path} in {took:.1f}s"
     if epoch is not None:
         text = text.replace("checkpoint", f"epoch {epoch} checkpoint", 1)
     if got.confirmed is not None:
         text += f"; fetch confirmed to {got.confirmed} operator(s) keeping it for you"
-    data = {"job_id": job_id, "out": str(got.path), "checkpoint": digest, "epoch": got.epoch + 1}
+    data = {"job_id": job_id, "out": str(got.path), "checkpoint": digest, "epoch": got.epoch}
     emit(ctx, {**data, "confirmed": got.confirmed}, text)
 
 

@@ -1,7 +1,8 @@
 """A caller fetches a job's checkpoint from the operators that hold it: the final one of a
-completed job, or any finalized epoch's, each verified against its on-chain hash. After a
-verified fetch of the final checkpoint, the job's caller hands the holders its signed receipt
-(p2p/receipts.py) so that they stop keeping it for it."""
+completed job (of a cancelled or failed one: its last paid epoch's), or any finalized epoch's, each
+verified against its on-chain hash. After a verified fetch of the final checkpoint, the job's
+caller hands the holders its signed receipt (p2p/receipts.py) so that they stop keeping it for
+it."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from eth_account.signers.local import LocalAccount
 
 from dtrain.client import BSM
 from dtrain.errors import DtrainError
-from dtrain.models import JobStatus
+from dtrain.models import Job
 from dtrain_node.errors import CheckpointUnavailable, FinalCheckpointUnavailable
 from dtrain_node.operator.checkpoints import export_final
 from dtrain_node.operator.transport import peer_specs
 
 
 def final_holders(bsm: BSM, job_id: int) -> list[str]:
-    """Operators paid for the last epoch: they voted for the final checkpoint."""
-    return holders(bsm, job_id, bsm.job(job_id).spec.total_epochs - 1)
+    """Operators paid for the job's final epoch (`Job.final_epoch`): they voted for the final
+    checkpoint."""
+    return holders(bsm, job_id, _final_epoch(bsm.job(job_id)))
 
 
 def holders(bsm: BSM, job_id: int, epoch: int) -> list[str]:
@@ -37,12 +39,21 @@ def epoch_checkpoint(bsm: BSM, job_id: int, epoch: int) -> bytes:
     `DtrainError` when that epoch is not finalized (yet)."""
     job = bsm.job(job_id)
     if not 0 <= epoch < job.spec.total_epochs:
-        raise DtrainError(f"job {job_id} has epochs 1..{job.spec.total_epochs}, not {epoch + 1}")
+        raise DtrainError(f"job {job_id} has epochs 0..{job.spec.total_epochs - 1}, not {epoch}")
     done = bsm.events(names=["EpochFinalized"], job_id=job_id)
     got = [bytes(e.args["checkpoint"]) for e in done if e.args["epoch"] == epoch]
     if not got:
-        raise DtrainError(f"job {job_id}: epoch {epoch + 1} is not finalized yet: no checkpoint")
+        raise DtrainError(f"job {job_id}: epoch {epoch} is not finalized yet: no checkpoint")
     return got[-1]
+
+
+def _final_epoch(job: Job) -> int:
+    """`job.final_epoch`, or a `DtrainError` that says why there is none."""
+    if job.final_epoch is not None:
+        return job.final_epoch
+    status = job.state.status
+    why = "no epoch of it was finalized" if status.is_ended else "it has not ended"
+    raise DtrainError(f"job {job.id} is {status.name.lower()}: {why}, so no final checkpoint")
 
 
 @dataclass(frozen=True)
@@ -62,18 +73,16 @@ def fetch_checkpoint(
     epoch: int | None = None,
     caller: LocalAccount | None = None,
 ) -> Fetched:
-    """Epoch `epoch`'s checkpoint (counted from 0; None: the completed job's final one),
-    fetched from the first of its holders that serves it, verified and exported to `out`.
-    With `caller` (the job's caller key) and the final checkpoint, the holders are handed its
-    receipt. Raises `FinalCheckpointUnavailable` when none of them serves it."""
+    """Epoch `epoch`'s checkpoint (counted from 0; None: the job's final one, an ended
+    job's last paid epoch's), fetched from the first of its holders that serves it, verified
+    and exported to `out`. With `caller` (the job's caller key) and the final checkpoint, the
+    holders are handed its receipt. Raises `FinalCheckpointUnavailable` when none of them
+    serves it."""
     from dtrain_node.p2p.host import GossipConfig, GossipNode
     from dtrain_node.p2p.receipts import sign_receipt
 
     job = bsm.job(job_id)
-    if epoch is None and job.state.status != JobStatus.COMPLETED:
-        raise DtrainError(f"job {job_id} is {job.state.status.name.lower()}, not completed")
-    last = job.spec.total_epochs - 1
-    e = last if epoch is None else epoch
+    e = epoch if epoch is not None else _final_epoch(job)
     digest = job.state.checkpoint if epoch is None else epoch_checkpoint(bsm, job_id, e)
     who = holders(bsm, job_id, e)
     peers = peer_specs(bsm, who)
@@ -98,7 +107,7 @@ def fetch_checkpoint(
         # serves them, else from the holders, which keep what they fetched.
         path = export_final(job, stream, out, mirrors=peers, expected=digest)
         mine = caller is not None and caller.address == job.state.caller
-        if mine and e == last and job.state.status == JobStatus.COMPLETED:
+        if mine and epoch is None:  # the final checkpoint: its holders keep it for the caller
             receipt = sign_receipt(caller, bsm.chain_id, bsm.address, job_id, digest)
             confirmed = g.send_receipt(receipt, peers)
     except CheckpointUnavailable as exc:

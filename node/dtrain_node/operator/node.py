@@ -49,7 +49,7 @@ from dtrain import erc20
 from dtrain.client import BSM
 from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
-from dtrain.units import format_eth
+from dtrain.units import format_epoch, format_eth
 from dtrain_node.errors import StopRequested
 from dtrain_node.operator import asks, attest, attest_service, evidence, spotcheck, vote
 from dtrain_node.operator.challenger import Challenger
@@ -294,9 +294,10 @@ class Node:
         return result
 
     def _linger(self, result: dict[str, Any]) -> None:
-        """Keep serving the final checkpoint for `linger_s` (callers fetch it from us), then
-        until the job's caller confirms its fetch, `keep_final_s` at most (operator/keep.py),
-        unless asked to leave."""
+        """Keep serving the final checkpoint (`Job.final_epoch`'s: a cancelled or failed job's
+        last paid epoch's) for `linger_s` (callers fetch it from us), then until the job's
+        caller confirms its fetch, `keep_final_s` at most (operator/keep.py), unless asked to
+        leave."""
         if "export" not in result and not result.get("serving"):
             return
         if self.cfg.linger_s <= 0 or self.leave_requested.is_set():
@@ -553,7 +554,7 @@ class Node:
             except EpochLost:
                 return  # no vote: we announced our leave (`_give_up`)
             vote.save(path, mine)  # before the commit: a restarted node must still reveal
-        self._enter("COMMIT", f"epoch {st.epoch + 1}/{job.spec.total_epochs}")
+        self._enter("COMMIT", format_epoch(st.epoch, job.spec.total_epochs))
         try:
             self.bsm.commit_checkpoint(job.id, st.epoch, mine.commitment(job.id, st.epoch, self.me))
             self.status.committed = True
@@ -571,7 +572,7 @@ class Node:
     def _vote(self, job: Job) -> Vote:
         """Our vote for the attempt: the trained checkpoint and participation, or UNWORKABLE
         when the job's dataset or start model is unavailable or fails its hash."""
-        self._enter("START", f"epoch {job.state.epoch + 1}/{job.spec.total_epochs}")
+        self._enter("START", format_epoch(job.state.epoch, job.spec.total_epochs))
         trainer = EpochTrainer(self._epoch_env(job.id), job, self._faults(job.state))
         try:
             trainer.prepare()
@@ -860,7 +861,9 @@ class Node:
     # ------------------------------------------------------------------ the end
 
     def done(self, job: Job) -> dict[str, Any]:
-        """DONE: the job ended; serve (and export) the final checkpoint when we hold it."""
+        """DONE: the job ended; serve (and export) the final checkpoint when we hold it, and
+        every finalized epoch's we hold: a cancelled or failed job's paid epochs stay
+        fetchable, its last one kept for its caller as a completed job's final one is."""
         self._enter("DONE", f"job {job.id} {job.state.status.name.lower()}")
         result: dict[str, Any] = {
             "job": job.id,
@@ -868,7 +871,7 @@ class Node:
             "checkpoint": job.state.checkpoint.hex(),
         }
         ckpts = self.checkpoints(job.id)
-        if job.state.status == JobStatus.COMPLETED:
+        if job.final_epoch is not None:
             result["serving"] = ckpts.serve_final(job, self.cfg.source_cache()) is not None
             out = (
                 ckpts.export(job, self.cfg.source_cache())
@@ -879,7 +882,7 @@ class Node:
                 result["export"] = str(out)
         finalized = self.bsm.events(names=["EpochFinalized"], job_id=job.id)
         hashes = {int(e.args["epoch"]): bytes(e.args["checkpoint"]) for e in finalized}
-        result["epochs_served"] = [e + 1 for e in ckpts.serve_epochs(hashes)]  # final: adopted
+        result["epochs_served"] = ckpts.serve_epochs(hashes)  # final: adopted
         self._metric("job_done", **result)
         return result
 

@@ -4,7 +4,7 @@ line per event, and what a Ctrl-C does (and costs) right now.
 On a terminal the CLI shows the progress line live (rich) under the log; elsewhere every round
 logs it as a plain line. The JSON metrics file is written by the node, untouched by this.
 
-    TRAIN    | job 7 | epoch 2/3 | round 5/30 | loss 3.2104 | 1234 tok/s | ETA 2m10s
+    TRAIN    | job 7 | epoch 1 (epochs 0..2) | round 5/30 | loss 3.2104 | 1234 tok/s | ETA 2m10s
              | commit deadline in 4m02s | peers 2/2          (one line)
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtrain.models import Job, JobStatus
-from dtrain.units import format_eth
+from dtrain.units import format_epoch, format_eth
 
 # The states of the node (docs/node.md), in the order they are entered.
 STATES = ("REGISTER", "JOIN", "WAIT", "START", "TRAIN", "COMMIT", "REVEAL", "FINALIZE", "DONE")
@@ -147,7 +147,7 @@ def progress_line(s: Status, now: float) -> str:
 
 def _epoch(s: Status) -> str:
     """1-based, with the total: "2/3" is the second of three epochs (chain epoch 1)."""
-    return f"{'?' if s.epoch is None else s.epoch + 1}/{s.epochs or '?'}"
+    return format_epoch(s.epoch, s.epochs).removeprefix("epoch ")
 
 
 def first_signal_message(s: Status) -> str:
@@ -227,15 +227,15 @@ EVENTS = {
     "seats_drawn": lambda d: f"drew the seats of job {d['job']} among its applicants",
     "seat_draw_sealed": lambda d: f"sealed the seat draw of job {d['job']}: the next block draws",
     "not_drawn": lambda d: f"not drawn for a seat of job {d['job']}: bond given back, nothing lost",
-    "committed": lambda d: f"committed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
-    "revealed": lambda d: f"revealed our vote for epoch {d['epoch'] + 1} ({_checkpoint(d)})",
-    "finalized": lambda d: f"epoch {d['epoch'] + 1} settled: {', '.join(d['events']) or '-'}",
+    "committed": lambda d: f"committed our vote for epoch {d['epoch']} ({_checkpoint(d)})",
+    "revealed": lambda d: f"revealed our vote for epoch {d['epoch']} ({_checkpoint(d)})",
+    "finalized": lambda d: f"epoch {d['epoch']} settled: {', '.join(d['events']) or '-'}",
     "challenged": lambda d: (
-        f"epoch {d['epoch'] + 1}: the certified vote 0x{d['certified'][:16]}.. is not ours: "
+        f"epoch {d['epoch']}: the certified vote 0x{d['certified'][:16]}.. is not ours: "
         f"challenged, the referees re-execute our transcript"
     ),
     "challenge_resolved": lambda d: (
-        f"epoch {d['epoch'] + 1}: the referees "
+        f"epoch {d['epoch']}: the referees "
         f"{'overturned' if d['overturned'] else 'upheld'} the certified vote"
     ),
     "withdrew": lambda d: f"withdrew {d.get('text') or format_eth(d['amount'])}",
@@ -261,7 +261,7 @@ def describe(kind: str, data: dict[str, Any], s: Status) -> str:
         first = f", resuming at round {d + 1}" if (d := data.get("first_round")) else ""
         held = f", held-out loss {data['loss']:.4f}" if "loss" in data else ""
         return (
-            f"epoch {data['epoch'] + 1}/{s.epochs or '?'}{retry} of job {data['job']} started: "
+            f"{format_epoch(data['epoch'], s.epochs)}{retry} of job {data['job']} started: "
             f"{data['members']} members, shard of {data['shard']}{held}{first}"
         )
     fmt = EVENTS.get(kind)

@@ -266,7 +266,7 @@ class RefereeService:
         job = self.bsm.job(case.job_id)
         why = memo.once("unworkable", lambda: referee.unworkable(job, self.cfg))
         if why is not None:
-            log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch + 1, why)
+            log.info("job %d epoch %d: unworkable, proven: %s", case.job_id, case.epoch, why)
             return UNWORKABLE, tuple(0 for _ in case.members), [], []
         votes = self._votes(case)
         named: dict[bytes, set[str]] = {case.transcript: {case.challenger}}
@@ -323,7 +323,7 @@ class RefereeService:
         log.info(
             "job %d epoch %d: the transcripts lead to 0x%s",
             case.job_id,
-            case.epoch + 1,
+            case.epoch,
             v.recomputed.hex()[:16],
         )
         return vote_key(v.recomputed, v.participation), v.recomputed, v.participation, [u]

@@ -59,14 +59,14 @@ def settled_line(
     epoch: int, events: Sequence[str], slashed: Sequence[Mapping[str, Any]], me: str
 ) -> str:
     """`epoch N settled: EVENTS`, then this node's slash (amount in ETH, reason, epoch) and the
-    other members' slashes, if any. Epochs are counted from 1, as the node prints them."""
-    line = f"epoch {epoch + 1} settled: {', '.join(events) or '-'}"
+    other members' slashes, if any. Epochs are counted from 0, as on chain."""
+    line = f"epoch {epoch} settled: {', '.join(events) or '-'}"
     mine = [s for s in slashed if str(s["operator"]).lower() == me.lower()]
     others = [s for s in slashed if str(s["operator"]).lower() != me.lower()]
     for s in mine:
         line += (
             f"; this node was slashed {format_eth(int(s['amount']))} in epoch "
-            f"{int(s['epoch']) + 1} for {_reason(int(s['reason']))}"
+            f"{int(s['epoch'])} for {_reason(int(s['reason']))}"
         )
     if others:
         n = len(others)

@@ -13,7 +13,7 @@ from .. import progress
 from ..client import BSM, FINALIZE_GAS, JOB_EVENTS
 from ..errors import ConfigError, DtrainError
 from ..models import JobStatus, Method, SlashReason
-from ..units import format_eth, format_time
+from ..units import format_epoch, format_eth, format_time
 from .root import Ctx, _fmt_in, _job_unit, _jsonable, _TokenUnit, cli, emit, pass_ctx
 
 
@@ -23,10 +23,11 @@ def job() -> None:
 
 
 def _epoch_of(j: Any) -> str:
-    """ "e/E": the epoch in progress (1-based) while running, else the epochs finished."""
+    """ "e (0..E-1)": the epoch in progress (from 0) while running, else "d/E done"."""
     done, total = j.state.epoch, j.spec.total_epochs
-    shown = done + 1 if j.state.status == JobStatus.RUNNING else done
-    return f"{shown}/{total}"
+    if j.state.status == JobStatus.RUNNING:
+        return f"{done} (0..{total - 1})"
+    return f"{done}/{total} done"
 
 
 def _job_lines(j: Any, holders: list[Any], fmt: Callable[[int], str] = format_eth) -> str:
@@ -51,7 +52,7 @@ def _job_lines(j: Any, holders: list[Any], fmt: Callable[[int], str] = format_et
         f"  escrow      {fmt(st.escrow)} unearned",
         f"  checkpoint  0x{st.checkpoint.hex()}",
     ]
-    if st.status == JobStatus.COMPLETED:
+    if j.final_epoch is not None:
         lines.append("  served by   " + ("nobody paid for the last epoch" if not holders else ""))
         for h in holders:
             addrs = ", ".join(h.multiaddrs) or "no registered address"
@@ -64,12 +65,12 @@ def _job_lines(j: Any, holders: list[Any], fmt: Callable[[int], str] = format_et
 @click.argument("job_id", type=int)
 @pass_ctx
 def job_status(ctx: Ctx, job_id: int) -> None:
-    """Show a job's spec, epoch, members, votes, deadlines and escrow; once completed, who
-    serves its final checkpoint (the members paid for the last epoch, with the peer ids and
-    addresses they registered). Example: dtrain job status 1"""
+    """Show a job's spec, epoch, members, votes, deadlines and escrow; once completed (or
+    cancelled after a paid epoch), who serves its final checkpoint (the members paid for the
+    last epoch, with the peer ids and addresses they registered). Example: dtrain job status 1"""
     bsm = ctx.bsm(signing=False)
     j = bsm.job(job_id)
-    holders = bsm.final_holders(job_id) if j.state.status == JobStatus.COMPLETED else []
+    holders = bsm.final_holders(job_id)
     unit = _job_unit(bsm, job_id)
     ending = j.state.status == JobStatus.RUNNING and bsm.cancel_requested(job_id)
     data = {
@@ -109,7 +110,7 @@ def job_list(ctx: Ctx) -> None:
     units = {j.id: _job_unit(bsm, j.id) for j in jobs}
     human = "\n".join(
         f"{j.id:>4}  {j.spec.method.name:<4}  {j.state.status.name.lower():<9}  "
-        f"epoch {_epoch_of(j):<5}  members {len(j.members)}/{j.spec.max_operators}  "
+        f"epoch {_epoch_of(j):<8}  members {len(j.members)}/{j.spec.max_operators}  "
         f"price {_fmt_in(units[j.id], j.spec.price_per_operator_epoch)} per operator-epoch"
         for j in jobs
     )
@@ -187,7 +188,7 @@ def job_finalize(ctx: Ctx, job_id: int) -> None:
     block_ts = bsm.latest_block_timestamp()
     if not all_in and max(block_ts, int(time.time())) <= j.reveal_deadline:
         raise DtrainError(
-            f"epoch {epoch + 1}/{j.spec.total_epochs} of job {job_id} cannot be settled yet: "
+            f"{format_epoch(epoch, j.spec.total_epochs)} of job {job_id} cannot be settled yet: "
             f"{j.revealed} of {len(j.members)} members revealed and reveals are open until "
             f"{format_time(j.reveal_deadline)}; run this again after that"
         )
@@ -195,7 +196,7 @@ def job_finalize(ctx: Ctx, job_id: int) -> None:
     rc = bsm.finalize_epoch(job_id, epoch, gas=FINALIZE_GAS if stale else None)
     shown = ("EpochFinalized", "EpochFailed", "Slashed", "JobAborted", "JobCompleted", "JobFailed")
     names = [e.name for e in rc.events if e.name in shown]
-    lines = [f"epoch {epoch + 1}/{j.spec.total_epochs} of job {job_id} settled"]
+    lines = [f"{format_epoch(epoch, j.spec.total_epochs)} of job {job_id} settled"]
     unit = _job_unit(bsm, job_id)
     lines += [f"  {_event_text(e, unit)}" for e in rc.events if e.name in shown]
     if stale:

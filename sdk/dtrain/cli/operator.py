@@ -108,7 +108,7 @@ def operator_info(ctx: Ctx, address: str | None) -> None:
     ]
     for x in slashes:
         lines.append(
-            f"  job {x.job_id} epoch {x.epoch + 1}: {format_eth(x.amount)}, "
+            f"  job {x.job_id} epoch {x.epoch}: {format_eth(x.amount)}, "
             f"{x.reason.explanation} ({x.reason.label}), {format_time(x.time)}"
         )
     data = {

@@ -53,7 +53,7 @@ def stake_show(ctx: Ctx, account: str | None) -> None:
         lines.append(f"  slashed     {format_eth(p.lost)} lost in {len(p.slashes)} slash(es)")
         for x in p.slashes:
             lines.append(
-                f"    job {x.job_id} epoch {x.epoch + 1}: {x.reason.label}, "
+                f"    job {x.job_id} epoch {x.epoch}: {x.reason.label}, "
                 f"{format_time(x.time)}: the pool lost {format_eth(x.pool_amount)}, "
                 f"this position {format_eth(x.lost)}"
             )
