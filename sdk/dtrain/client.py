@@ -872,6 +872,14 @@ class BSM:
 
         return positions(self, _addr(account))
 
+    def earnings(self, operator: str) -> m.Earnings:
+        """`operator`'s profit and loss in ether over every job: earned (operator-epochs,
+        pool rewards on its own stake, finalizer bounties), slashed from its own stake,
+        withdrawn, net."""
+        from .stakes import earnings
+
+        return earnings(self, _addr(operator))
+
     def slashes(self, operator: str) -> tuple[m.Slash, ...]:
         """Every slash of `operator`'s pool (its `Slashed` events), oldest first."""
         from .stakes import operator_slashes

@@ -186,7 +186,7 @@ def _epoch_status(job: Job, epoch: int, mine: Sequence[Event]) -> str:
 
 
 def epochs(job: Job, events: Sequence[Event]) -> list[dict[str, Any]]:
-    """Every epoch of the job (1-based): its state, members, who was paid and slashed."""
+    """Every epoch of the job (counted from 0): its state, members, who was paid and slashed."""
     out = []
     for epoch in range(job.spec.total_epochs):
         mine = [e for e in events if e.args.get("epoch") == epoch]

@@ -434,6 +434,30 @@ class SlashLoss:
 
 
 @dataclass(frozen=True)
+class Earnings:
+    """An operator's profit and loss in ether over every job, from the chain's events: what it
+    earned (its share of each operator-epoch paid in ether, its own stake's pool rewards, its
+    finalizer bounties), what slashes took from its own stake, and what it withdrew."""
+
+    paid_epochs: int  # operator-epochs it was paid for, in ether jobs
+    paid: int  # its operator share of them (`operator_bps` of each price)
+    rewards: int  # its own stake's share of its pool's rewards: claimed and pending
+    bounties: int  # paid for settling epochs (`FinalizerPaid`)
+    slashed: int  # what its pool's slashes took from its own stake
+    withdrawn: int  # ether credit it withdrew (`Withdrawn`)
+    token_epochs: int = 0  # operator-epochs paid in a token (not in the ether sums)
+
+    @property
+    def earned(self) -> int:
+        return self.paid + self.rewards + self.bounties
+
+    @property
+    def net(self) -> int:
+        """Earned less what slashes took from its own stake."""
+        return self.earned - self.slashed
+
+
+@dataclass(frozen=True)
 class Slash:
     """One `Slashed` event of an operator: what its pool (active and unbonding stake) lost."""
 

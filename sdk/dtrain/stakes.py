@@ -72,6 +72,38 @@ def operator_slashes(bsm: BSM, operator: str) -> tuple[m.Slash, ...]:
     return tuple(out)
 
 
+def earnings(bsm: BSM, operator: str) -> m.Earnings:
+    """`operator`'s earnings, slashes and withdrawals in ether over every job (`m.Earnings`)."""
+    names = ["OperatorPaid", "RewardsClaimed", "FinalizerPaid", "Withdrawn"]
+    events = bsm.events(names=names)
+    paid = [e for e in events if e.name == "OperatorPaid" and e.args["operator"] == operator]
+    tokens = {j: bsm.job_token(j) for j in {int(e.args["jobId"]) for e in paid}}
+    in_ether = [e for e in paid if tokens[int(e.args["jobId"])] is None]
+    share = bsm.params().operator_bps
+    claimed = sum(
+        int(e.args["amount"])
+        for e in events
+        if e.name == "RewardsClaimed" and e.args["operator"] == e.args["account"] == operator
+    )
+    return m.Earnings(
+        paid_epochs=len(in_ether),
+        paid=sum(int(e.args["price"]) * share // 10_000 for e in in_ether),
+        rewards=claimed + bsm.pending_rewards(operator, operator),
+        bounties=sum(
+            int(e.args["amount"])
+            for e in events
+            if e.name == "FinalizerPaid" and e.args["finalizer"] == operator
+        ),
+        slashed=sum(x.lost for x in slash_losses(bsm, operator, operator, 0)),
+        withdrawn=sum(
+            int(e.args["amount"])
+            for e in events
+            if e.name == "Withdrawn" and e.args["account"] == operator
+        ),
+        token_epochs=len(paid) - len(in_ether),
+    )
+
+
 def slash_losses(bsm: BSM, operator: str, account: str, since: int) -> tuple[m.SlashLoss, ...]:
     """What each `Slashed` event of `operator`'s pool from block `since` took from `account`'s
     position (see the module's docstring for how)."""

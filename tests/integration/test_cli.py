@@ -567,6 +567,20 @@ def test_operator_info_lists_its_slashes(run, bsm, accounts, votes) -> None:
     assert code == 0, err
     assert "\nslashed     0.2 ETH in 1 slash(es)\n" in out
     assert f"  job {job_id} epoch 0: 0.2 ETH, {SlashReason.DROPOUT.explanation} (dropout), " in out
+    # Its P&L: paid for fab_job's epoch, half the 0.2 ETH slash taken from its own stake (the
+    # other half from the delegator's), nothing withdrawn.
+    share = spec().price_per_operator_epoch * bsm.params().operator_bps // 10_000
+    rewards = bsm.pending_rewards(ops[0].sender, ops[0].sender)
+    assert rewards > 0
+    assert info["earnings"] == {
+        "paid_epochs": 1, "paid": share, "rewards": rewards, "bounties": 0,
+        "slashed": ETH // 10, "withdrawn": 0, "token_epochs": 0,
+        "earned": share + rewards, "net": share + rewards - ETH // 10,
+    }  # fmt: skip
+    net = ETH // 10 - share - rewards
+    assert f"earned      {format_eth(share + rewards)}: {format_eth(share)} for 1 paid " in out
+    assert "lost        0.1 ETH of its own stake to slashes\nwithdrawn   0 ETH\n" in out
+    assert f"net         -{format_eth(net)} (earned less what slashes took" in out
 
     code, out, err = run("--json", "operator", "info", third.sender)
     assert code == 0, err

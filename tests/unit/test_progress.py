@@ -191,3 +191,22 @@ def test_second_signal_after_committing_names_the_withheld_reveal_rate() -> None
     msg = second_signal_message(s, now)
     assert "if we do not reveal by" in msg
     assert "slashed 10% of our pool (0.1 ETH of 1 ETH) for a withheld reveal" in msg
+
+
+def test_libp2p_errors_go_to_the_log_file_timestamped_not_bare_to_stderr(tmp_path, capsys) -> None:
+    """libp2p logs a failed dial (a watcher that left) at ERROR on a logger that does not
+    propagate: without a handler of its own Python printed it on stderr with no timestamp."""
+    import libp2p  # noqa: F401 - its import configures its logger
+
+    root, lib = logging.getLogger(), logging.getLogger("libp2p")
+    saved = root.handlers[:], root.level, lib.handlers[:], lib.level
+    try:
+        terminal(tmp_path, tty=False)
+        logging.getLogger("libp2p.transport.tcp.tcp").error("Failed to open TCP stream: gone")
+    finally:
+        root.handlers[:], lib.handlers[:] = saved[0], saved[2]
+        root.setLevel(saved[1])
+        lib.setLevel(saved[3])
+    assert "Failed to open TCP stream" not in capsys.readouterr().err
+    (line,) = [x for x in (tmp_path / "node.log").read_text().splitlines() if "TCP stream" in x]
+    assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", line), line

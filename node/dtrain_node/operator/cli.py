@@ -338,7 +338,12 @@ def terminal(data_dir: Path, tty: bool | None = None) -> Any:
             return contextlib.nullcontext()
 
     logging.basicConfig(level=logging.INFO, handlers=[to_file, term], force=True)
-    logging.getLogger("libp2p").setLevel(logging.ERROR)  # its dial retries are ours to report
+    # libp2p's own errors (a dial to a peer that left) go to node.log, timestamped: the node
+    # reports what matters itself. Without a handler of its own (it does not propagate) Python
+    # would print each on stderr, bare.
+    lib = logging.getLogger("libp2p")
+    lib.handlers[:] = [to_file]
+    lib.setLevel(logging.ERROR)
     return live
 
 

@@ -146,7 +146,7 @@ def progress_line(s: Status, now: float) -> str:
 
 
 def _epoch(s: Status) -> str:
-    """1-based, with the total: "2/3" is the second of three epochs (chain epoch 1)."""
+    """"1 (epochs 0..2)": the epoch counted from 0, with the job's range."""
     return format_epoch(s.epoch, s.epochs).removeprefix("epoch ")
 
 

@@ -111,12 +111,29 @@ def operator_info(ctx: Ctx, address: str | None) -> None:
             f"  job {x.job_id} epoch {x.epoch}: {format_eth(x.amount)}, "
             f"{x.reason.explanation} ({x.reason.label}), {format_time(x.time)}"
         )
+    pnl = bsm.earnings(o.address)
+    lines += _pnl_lines(pnl)
     data = {
         **_jsonable(o),
         "asks": [{"token": t, "ask": a} for t, a in asks.items()],
         "slashes": [_slash_json(x) for x in slashes],
+        "earnings": {**_jsonable(pnl), "earned": pnl.earned, "net": pnl.net},
     }
     emit(ctx, data, "\n".join(lines))
+
+
+def _pnl_lines(p: Any) -> list[str]:
+    """Earned, lost to slashes, withdrawn and net, in ether (token-paid epochs counted apart)."""
+    tokens = f"; {p.token_epochs} more paid in tokens" if p.token_epochs else ""
+    return [
+        f"earned      {format_eth(p.earned)}: {format_eth(p.paid)} for {p.paid_epochs} paid "
+        f"operator-epoch(s){tokens}, {format_eth(p.rewards)} pool rewards on its own stake, "
+        f"{format_eth(p.bounties)} finalizer bounties",
+        f"lost        {format_eth(p.slashed)} of its own stake to slashes",
+        f"withdrawn   {format_eth(p.withdrawn)}",
+        f"net         {'-' if p.net < 0 else ''}{format_eth(abs(p.net))} "
+        "(earned less what slashes took from its own stake)",
+    ]
 
 
 def _ask_lines(asks: dict[str | None, int | None], units: dict[str, _TokenUnit]) -> list[str]:
@@ -133,8 +150,8 @@ def _ask_lines(asks: dict[str | None, int | None], units: dict[str, _TokenUnit])
 
 
 def _slash_json(x: Any) -> dict[str, Any]:
-    """A `Slash` for --json: the reason as its name, meaning and explanation, the epoch 0-based
-    as the contract counts (the text shows it 1-based, as `job status` does)."""
+    """A `Slash` for --json: the reason as its name, meaning and explanation, the epoch
+    counted from 0 as the contract (and the text) count it."""
     return {
         **_jsonable(x),
         "meaning": x.reason.meaning,
