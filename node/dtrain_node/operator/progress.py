@@ -146,7 +146,7 @@ def progress_line(s: Status, now: float) -> str:
 
 
 def _epoch(s: Status) -> str:
-    """"1 (epochs 0..2)": the epoch counted from 0, with the job's range."""
+    """ "1 (epochs 0..2)": the epoch counted from 0, with the job's range."""
     return format_epoch(s.epoch, s.epochs).removeprefix("epoch ")
 
 
