@@ -35,6 +35,15 @@ contract DistributedTrainingBSMViews is BSMStorage, BSMTokenPayments, BSMChallen
         }
     }
 
+    /// @inheritdoc IDistributedTrainingBSMViews
+    function declineJob(uint256 jobId, bytes32 reason, string calldata detail) external {
+        require(_jobs[jobId].status != JobStatus.None, UnknownJob(jobId));
+        require(_operators[msg.sender].registered, NotRegistered(msg.sender));
+        uint256 max = 256;
+        require(bytes(detail).length <= max, DetailTooLong(bytes(detail).length, max));
+        emit JobDeclined(jobId, msg.sender, reason, detail);
+    }
+
     function params() external view returns (Params memory) {
         return _params;
     }

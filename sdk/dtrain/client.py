@@ -52,6 +52,7 @@ JOB_EVENTS = (
     "JobCreated",
     "JobEscrowedInToken",
     "JobCancelled",
+    "JobDeclined",
     "CancelRequested",
     "JoinRequested",
     "LeaveRequested",
@@ -653,6 +654,14 @@ class BSM:
 
     def join_job(self, job_id: int) -> Receipt:
         return self._transact(self.contract.functions.joinJob(job_id))
+
+    def decline_job(self, job_id: int, reason: str, detail: str) -> Receipt:
+        """Says on chain why the sender (a registered operator) will not take the job
+        (`JobDeclined`: `reason` a short code, `detail` at most 256 bytes of UTF-8, cut to
+        fit), so the caller reads it after the operator's node is gone."""
+        cut = detail.encode()[:256].decode(errors="ignore")
+        f = self.contract.functions.declineJob(job_id, _b32(reason.encode().ljust(32, b"\0")), cut)
+        return self._transact(f)
 
     def leave_job(self, job_id: int) -> Receipt:
         return self._transact(self.contract.functions.leaveJob(job_id))

@@ -387,8 +387,9 @@ class JobPage:
         with self._lock:
             head = self._catch_up()
             events, credited, gossip = list(self._events), list(self._credited), list(self.gossip)
+        job = self.bsm.job(self.job_id)
         data = assemble(
-            self.bsm.job(self.job_id),
+            job,
             events,
             credited,
             self._params,
@@ -401,6 +402,8 @@ class JobPage:
             unit=self._unit,
         )
         data["progress"] = self.progress
+        if self.progress and job.state.status.is_ended:  # nothing left to wait for
+            data["progress"] = {**self.progress, "eta_s": None}
         return data
 
 

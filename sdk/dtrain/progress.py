@@ -359,7 +359,29 @@ REASONS = {
 }
 
 
+def declines(bsm: BSM, job_id: int) -> dict[str, Refusal]:
+    """The operators' refusals of job `job_id` kept on chain (`JobDeclined`, the latest of
+    each operator), by operator."""
+    found: dict[str, Refusal] = {}
+    for e in bsm.events(names=["JobDeclined"], job_id=job_id):
+        code = bytes(e.args["reason"]).rstrip(b"\0").decode(errors="replace")
+        found[e.args["operator"]] = Refusal(e.args["operator"], code, str(e.args["detail"]))
+    return found
+
+
 def refusals(bsm: BSM, job_id: int, timeout: float = 5.0) -> list[Refusal]:
+    """Every operator's refusal of job `job_id`: kept on chain (`declines`), or signed and
+    served by its node (one per operator, not a member; the chain's first)."""
+    members = set(bsm.job(job_id).members)
+    kept = {a: r for a, r in declines(bsm, job_id).items() if a not in members}
+    try:
+        served = served_refusals(bsm, job_id, timeout)
+    except ConfigError:  # without the node package (libp2p): the chain's only
+        served = {}
+    return list({**served, **kept}.values())
+
+
+def served_refusals(bsm: BSM, job_id: int, timeout: float = 5.0) -> dict[str, Refusal]:
     """Every registered operator's signed refusal of job `job_id` that its node serves (one
     per operator; operators that cannot be reached say nothing)."""
     watch = _watch_module()
@@ -369,7 +391,7 @@ def refusals(bsm: BSM, job_id: int, timeout: float = 5.0) -> list[Refusal]:
     members = set(bsm.job(job_id).members)
     operators = [o for o in registered(bsm) if o not in members]
     if not operators:
-        return []
+        return {}
     peer = watch.WatchPeer(bsm.chain_id, bsm.address, job_id, lambda _n: None).start()
     try:
         raw = peer.ask(peer_specs(bsm, operators), job_id, timeout)
@@ -385,7 +407,7 @@ def refusals(bsm: BSM, job_id: int, timeout: float = 5.0) -> list[Refusal]:
         if note.sender in operators:
             b = note.body
             found[note.sender] = Refusal(note.sender, str(b.get("reason")), str(b.get("detail")))
-    return list(found.values())
+    return found
 
 
 def refusal_summary(found: list[Refusal]) -> str:

@@ -124,8 +124,17 @@ def test_job_status_says_an_operator_refused_the_job_because_its_ask_is_above_th
         assert "1 operator refused: ask above price" in r.stdout, r.stdout + c.logs()
         why = "ask above price: job price 0.01 ETH below the operator's ask 1 ETH"
         assert f"{account.address}  {why}" in r.stdout, r.stdout
-        assert c.bsm.job(c.job_id).state.status == JobStatus.OPEN  # nothing changed on chain
+        assert c.bsm.job(c.job_id).state.status == JobStatus.OPEN  # no state changed on chain
         assert account.address not in c.bsm.job(c.job_id).members
+        # The node is gone: its refusal stays readable, from the chain (`JobDeclined`).
+        popen.terminate()
+        assert popen.wait(60) is not None
+        (declined,) = [e.args for e in c.bsm.events(names=["JobDeclined"], job_id=c.job_id)]
+        assert declined["operator"] == account.address
+        r = subprocess.run(
+            [*cli(c), "job", "status", str(c.job_id)], capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0 and f"{account.address}  {why}" in r.stdout, r.stdout
 
 
 def poll_page(url: str, done: Callable[[dict[str, Any]], bool], timeout: float = 60) -> dict:

@@ -511,7 +511,9 @@ def check_served_jobs(terms: dict[str, Terminal], on_chain: dict[int, dict]) -> 
 
 
 PROGRESS = re.compile(
-    r"^progress: epoch \d+/\d+ round (\d+)/(\d+) \| step (\d+) \| loss ([0-9.]+)", re.M
+    r"^progress: epoch \d+ \(epochs 0\.\.\d+\) round (\d+)/(\d+) \| step (\d+) \| "
+    r"loss ([0-9.]+)",
+    re.M,
 )
 
 

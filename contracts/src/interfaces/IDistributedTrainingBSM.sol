@@ -201,6 +201,8 @@ interface IDistributedTrainingBSMTypes {
     error ZeroAddress();
     /// @notice a zero amount was given where a positive one is required
     error ZeroValue();
+    /// @notice a `declineJob` detail of `length` bytes; at most `max`
+    error DetailTooLong(uint256 length, uint256 max);
     /// @notice only the Tangle core `core` may call this (caller `caller`)
     error NotCore(address caller, address core);
     /// @notice stake `stake` below minimum `minStake`
@@ -437,6 +439,9 @@ interface IDistributedTrainingBSMTypes {
     event JobCreated(uint256 indexed jobId, address indexed caller, Method method, uint256 escrow);
     /// @notice Job `jobId` was cancelled; `refund` wei were credited to its caller.
     event JobCancelled(uint256 indexed jobId, uint256 refund);
+    /// @notice Operator `operator` will not take job `jobId`: `reason` a short code (`ask`,
+    /// `capacity`, `preflight`, `tee`), `detail` a line for the job's caller.
+    event JobDeclined(uint256 indexed jobId, address indexed operator, bytes32 reason, string detail);
     /// @notice The caller of running job `jobId` asked it to end once epoch `epoch` settles:
     /// that epoch is settled (paid or slashed) as usual, then the job closes `Cancelled` and
     /// the escrow no epoch earned is refunded to the caller (`JobCancelled`).
@@ -725,6 +730,11 @@ interface IDistributedTrainingBSMActions is IDistributedTrainingBSMTypes {
 /// @notice Every view of the BSM (implemented by DistributedTrainingBSMViews, reached through
 /// DistributedTrainingBSM's fallback).
 interface IDistributedTrainingBSMViews is IDistributedTrainingBSMTypes {
+    /// @notice A registered operator says why it will not take job `jobId` (`JobDeclined`):
+    /// the caller reads it from the chain after the operator's node is gone. Changes no state;
+    /// `detail` is at most 256 bytes.
+    function declineJob(uint256 jobId, bytes32 reason, string calldata detail) external;
+
     // ---------------------------------------------------------------- views
 
     function params() external view returns (Params memory);

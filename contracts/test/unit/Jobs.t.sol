@@ -510,3 +510,44 @@ contract LeaveJobTest is BaseTest {
         bsm.leaveJob(jobId);
     }
 }
+
+/// An operator that will not take a job says why on chain, so the caller reads it after the
+/// operator's node is gone (`dtrain job status`).
+contract DeclineJobTest is BaseTest {
+    uint256 internal jobId;
+
+    function setUp() public override {
+        super.setUp();
+        register(op(1), MIN_STAKE);
+        jobId = createJob(spec(2, 2, 1));
+    }
+
+    function test_declineJob_emitsTheReasonAndChangesNothing() public {
+        I.JobState memory before = state(jobId);
+        vm.expectEmit();
+        emit I.JobDeclined(jobId, op(1), "ask", "the job pays 0.01 ETH, our ask is 0.02 ETH");
+        vm.prank(op(1));
+        bsm.declineJob(jobId, "ask", "the job pays 0.01 ETH, our ask is 0.02 ETH");
+        vm.assertEq(abi.encode(state(jobId)), abi.encode(before));
+        assertConserved();
+    }
+
+    function test_revert_NotRegistered() public {
+        vm.expectRevert(abi.encodeWithSelector(I.NotRegistered.selector, op(2)));
+        vm.prank(op(2));
+        bsm.declineJob(jobId, "ask", "");
+    }
+
+    function test_revert_UnknownJob() public {
+        vm.expectRevert(abi.encodeWithSelector(I.UnknownJob.selector, 99));
+        vm.prank(op(1));
+        bsm.declineJob(99, "ask", "");
+    }
+
+    function test_revert_DetailTooLong() public {
+        bytes memory long = new bytes(257);
+        vm.expectRevert(abi.encodeWithSelector(I.DetailTooLong.selector, 257, 256));
+        vm.prank(op(1));
+        bsm.declineJob(jobId, "ask", string(long));
+    }
+}

@@ -374,9 +374,14 @@ class Node:
         return None
 
     def _refuse(self, job_id: int, code: str, why: str) -> None:
-        """Log why we pass the job by, and sign it for the caller (`dtrain job status`)."""
+        """Log why we pass the job by, say it on chain (`declineJob`: the caller reads it after
+        we are gone) and sign it for the caller's `dtrain job status` meanwhile."""
         log.warning("not joining job %s: %s", job_id, why)
         self._metric("refused", job=job_id, reason=why, code=code)
+        try:
+            self.bsm.decline_job(job_id, code, why)
+        except DtrainError as exc:  # the signed note still says it while we run
+            log.warning("could not say on chain why we pass job %s by: %s", job_id, exc)
         refuse = getattr(self.transport, "refuse", None)
         if refuse is not None:
             refuse(job_id, code, why)

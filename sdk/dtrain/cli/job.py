@@ -83,20 +83,12 @@ def job_status(ctx: Ctx, job_id: int) -> None:
     if ending:
         human += f"\ncancel requested: the job ends after epoch {j.state.epoch}, the rest refunded"
     if j.state.status in (JobStatus.OPEN, JobStatus.RUNNING):
-        found = _refusals(bsm, job_id)
+        found = progress.refusals(bsm, job_id)
         data["refusals"] = [r.__dict__ for r in found]
         if found:
             human += "\n" + progress.refusal_summary(found)
             human += "".join(f"\n  {r.operator}  {r.why}: {r.detail}" for r in found)
     emit(ctx, data, human)
-
-
-def _refusals(bsm: BSM, job_id: int) -> list[progress.Refusal]:
-    """The operators' signed refusals of the job (none without the node package)."""
-    try:
-        return progress.refusals(bsm, job_id)
-    except ConfigError:
-        return []
 
 
 @job.command("list")
