@@ -10,6 +10,11 @@ can be finalized and the next one starts. An epoch whose members finish early en
 counted: the wait for operators to apply (up to `open_timeout`, then the caller may cancel), a
 failed epoch's retry, a challenge.
 
+Beside the bound, a typical time where this deployment has trained the same model before:
+each past epoch's seconds per inner step, from its `EpochStarted` block to its members' last
+`CheckpointCommitted` (the median over those epochs), times the job's steps, plus each epoch's
+challenge window (`past_speed`).
+
 The cost is in the job's unit: at most the escrow (price x max operators x epochs); what no
 member earned is refunded, so a job that `min_operators` serve throughout costs price x min
 operators x epochs.
@@ -17,13 +22,17 @@ operators x epochs.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .models import JobSpec, Params
 from .recipe import Recipe
 from .units import format_span
+
+if TYPE_CHECKING:
+    from .client import BSM
 
 BASIS = (
     "the job's deadlines and the deployment's windows: operators announce no training speed "
@@ -46,13 +55,54 @@ class Estimate:
     cost_max: int  # the escrow
     cost_min: int  # price x min operators x epochs
     basis: str = BASIS
+    typical: int | None = None  # at the measured speed (None: no past epoch of the model here)
+    step_s: float | None = None  # the measured seconds per inner step
+    measured_epochs: int = 0  # the past epochs it is the median of
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def estimate(spec: JobSpec, params: Params | None) -> Estimate:
-    """The estimate for a job of `spec` on a deployment of `params` (None: unknown)."""
+@dataclass(frozen=True)
+class Speed:
+    """Seconds per inner step past epochs of a model took on a deployment (the median)."""
+
+    step_s: float
+    epochs: int
+
+
+def past_speed(bsm: BSM, model_hash: bytes) -> Speed | None:
+    """How fast past epochs of the model `model_hash` trained on `bsm`'s deployment: from each
+    epoch attempt's `EpochStarted` to its members' last `CheckpointCommitted`, per inner step;
+    None when no epoch of it got that far."""
+    specs: dict[int, JobSpec] = {}
+    started: dict[tuple[int, int], int] = {}
+    committed: dict[tuple[int, int], int] = {}
+    for e in bsm.events(names=["EpochStarted", "CheckpointCommitted"]):
+        job = int(e.args["jobId"])
+        if job not in specs:
+            specs[job] = bsm.job(job).spec
+        if specs[job].model_hash != model_hash:
+            continue
+        key = (job, int(e.args["epoch"]))
+        if e.name == "EpochStarted":  # a retried attempt starts the clock again
+            started[key] = e.block
+            committed.pop(key, None)
+        else:
+            committed[key] = e.block
+    blocks = {*started.values(), *committed.values()}
+    stamp = {b: int(bsm.w3.eth.get_block(b)["timestamp"]) for b in blocks}
+    per_step = [
+        (stamp[end] - stamp[started[key]]) / specs[key[0]].steps_per_epoch
+        for key, end in committed.items()
+        if key in started
+    ]
+    return Speed(statistics.median(per_step), len(per_step)) if per_step else None
+
+
+def estimate(spec: JobSpec, params: Params | None, speed: Speed | None = None) -> Estimate:
+    """The estimate for a job of `spec` on a deployment of `params` (None: unknown), with a
+    typical time at `speed` (see `past_speed`) when given."""
     per_epoch = seat_draw = None
     if params is not None:
         per_epoch = (
@@ -66,6 +116,10 @@ def estimate(spec: JobSpec, params: Params | None) -> Estimate:
     else:
         bound = spec.total_epochs * spec.epoch_duration
     price, epochs = spec.price_per_operator_epoch, spec.total_epochs
+    typical = None
+    if speed is not None and params is not None:
+        train = min(round(spec.steps_per_epoch * speed.step_s), spec.epoch_duration)
+        typical = (seat_draw or 0) + epochs * (train + params.challenge_window)
     return Estimate(
         epochs=epochs,
         epoch_duration=spec.epoch_duration,
@@ -74,6 +128,9 @@ def estimate(spec: JobSpec, params: Params | None) -> Estimate:
         time_bound=bound,
         cost_max=spec.escrow,
         cost_min=price * spec.min_operators * epochs,
+        typical=typical,
+        step_s=speed.step_s if speed else None,
+        measured_epochs=speed.epochs if speed else 0,
     )
 
 
@@ -99,6 +156,13 @@ def describe(est: Estimate, spec: JobSpec, params: Params | None, fmt: Callable[
             f"  time     at most {span(est.time_bound)} once {spec.min_operators} operators "
             f"applied: {draw}"
             f"{est.epochs} epoch(s) x at most {span(est.per_epoch)} ({' + '.join(windows)})"
+        )
+    if est.typical is not None and est.step_s is not None:
+        time = (
+            f"  typical  about {span(est.typical)} once {spec.min_operators} operators applied, "
+            f"at the speed past epochs of this model trained here ({est.step_s:.3g} s per inner "
+            f"step, the median of {est.measured_epochs} epoch(s)), challenge windows "
+            f"included\n{time}"
         )
     cost = f"  cost     at most {fmt(est.cost_max)} (the escrow)"
     if est.cost_min != est.cost_max:

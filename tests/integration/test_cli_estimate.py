@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness.chain import ETH
+from harness.chain import ETH, advance, peer_key
 
 from dtrain.client import BSM
 from dtrain.models import Params
@@ -91,6 +91,54 @@ def test_dry_run_and_submit_print_the_time_and_cost_estimate(
     assert "(start grace 30 s + epoch 2 h + reveals 10 min)\n" in out
     time_line = next(x for x in out.splitlines() if x.startswith("  time "))
     assert "seat draw" not in time_line and "challenge" not in time_line
+
+
+def test_a_model_trained_here_before_gets_a_typical_time_at_its_measured_speed(
+    chain, accounts, data, votes, capsys
+) -> None:
+    """On a fresh deployment a first job of the model runs one epoch of 10 inner steps whose
+    two members commit 100 s (chain time) after it started: 10 s per step. A job of the same
+    model with 3 epochs of 20 steps is then estimated at about 3 x (200 s + the 5 min challenge
+    window) beside its bound, and the summary says what that rests on."""
+    from dtrain.cli import main
+
+    params = Params(treasury=accounts[10].address, developer=accounts[11].address,
+                    min_stake=ETH, challenge_window=300, seat_draw_window=0)  # fmt: skip
+    bsm = BSM.deploy(chain.url, accounts[0].key, params)
+
+    def submit(*args: str) -> dict:
+        argv = ["--rpc-url", chain.url, "--contract", bsm.address, "--key", accounts[4].key]
+        common = ["--operators", "2:2", "--sync", "5", "--price", "0.01ether"]
+        code = main([*argv, "--json", "job", "submit", *common, "--dataset-uri", data, *args])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return json.loads(out)
+
+    first = submit("--epochs", "1", "--steps", "10", "--epoch-duration", "2h")
+    assert first["estimate"]["typical"] is None  # nothing trained here yet
+    job_id = bsm.next_job_id() - 1
+    ops = [bsm.with_account(accounts[i].key) for i in (1, 2)]
+    for i, op in enumerate(ops):
+        op.register_operator(ETH, peer_key(i), [], "cpu", 0)
+        op.join_job(job_id)
+    assert bsm.job(job_id).state.status.name == "RUNNING"
+    advance(bsm.w3, 100)
+    for op in ops:
+        votes.commit(op, job_id, 0, b"\x01" * 32, [10, 10])
+
+    est = submit("--epochs", "3", "--steps", "20", "--epoch-duration", "2h", "--dry-run")
+    est = est["estimate"]
+    assert est["measured_epochs"] == 1 and est["step_s"] == pytest.approx(10.0, abs=0.3)
+    assert est["typical"] == 3 * (round(20 * est["step_s"]) + 300)
+    assert est["time_bound"] == 3 * (30 + 2 * 3600 + 600 + 300)  # the bound, unchanged
+    argv = ["--rpc-url", chain.url, "--contract", bsm.address, "--key", accounts[4].key]
+    code = main([*argv, "job", "submit", "--operators", "2:2", "--sync", "5", "--price",
+                 "0.01ether", "--dataset-uri", data, "--epochs", "3", "--steps", "20",
+                 "--epoch-duration", "2h", "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"  typical  about {format_span(est['typical'])} once 2 operators applied" in out
+    assert "s per inner step, the median of 1 epoch(s))" in out
 
 
 def test_a_token_job_is_estimated_in_its_token(run, bsm, accounts, data) -> None:

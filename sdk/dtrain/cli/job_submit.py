@@ -337,7 +337,8 @@ def _forecast(
     """`job submit`'s estimate of the job's time and cost (dtrain.estimate), and the recipe's
     schedule over the job's inner steps: summary lines and their JSON."""
     params = bsm.params() if bsm is not None else None
-    est = estimate.estimate(spec, params)
+    speed = estimate.past_speed(bsm, spec.model_hash) if bsm is not None else None
+    est = estimate.estimate(spec, params, speed)
     text = estimate.describe(est, spec, params, fmt)
     note = estimate.schedule_note(recipe, spec)
     return (f"{note}\n{text}" if note else text), est.as_dict()
