@@ -374,3 +374,15 @@ def test_caller_export_of_a_lora_job_rebuilds_the_adapters_from_model_and_recipe
     with torch.no_grad():
         want = b.model.eval()(input_ids=ids).logits
         assert torch.allclose(merged(input_ids=ids).logits, want, atol=1e-4)
+
+
+def test_text_longer_than_the_models_context_is_encoded_without_the_tokenizers_warning() -> None:
+    """Documents and records are cut to the context after encoding; the tokenizer's "Token
+    indices sequence length is longer than..." line was noise in every CPT job's log (it
+    marks the warning given in `deprecation_warnings`, on its own stderr handler)."""
+    from dtrain_node.train import models
+    from dtrain_node.train.finetune import Coder
+
+    tok = models.tokenizer(max_length=8)
+    assert Coder(tok).encode("x" * 64) == [ord("x")] * 64
+    assert not tok.deprecation_warnings.get("sequence-length-is-longer-than-the-specified-maximum")

@@ -127,7 +127,8 @@ def token_text(job: TrainJob, tok: Any, ctx: int, heldout_fraction: float = 0.1)
     docs = dataset.load_documents(job.dataset_uri, job.dataset_hash)
     ids: list[int] = []
     for d in docs:
-        ids += tok.encode(d, add_special_tokens=False)
+        # a document longer than the model's context is cut into windows here: no warning
+        ids += tok.encode(d, add_special_tokens=False, verbose=False)
         ids.append(tok.eos_token_id)
     tokens = torch.tensor(ids, dtype=torch.long)
     cut = int(len(tokens) * (1 - heldout_fraction))

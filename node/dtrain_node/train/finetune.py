@@ -93,7 +93,8 @@ class Coder:
         self.vocab = len(tok)
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False)
+        """Without the tokenizer's too-long warning: records are cut to `seq_len` after."""
+        return self.tok.encode(text, add_special_tokens=False, verbose=False)
 
     def prompt(self, p: Prompt) -> list[int]:
         if isinstance(p, str):
