@@ -239,6 +239,27 @@ def loss_series(records: Iterable[Mapping[str, Any]], job: Job) -> list[dict[str
     ]
 
 
+def heldout_series(records: Iterable[Mapping[str, Any]], job: Job) -> list[dict[str, Any]]:
+    """Per member, its held-out loss at each epoch's start and end (`epoch_start` and
+    `epoch_trained` metrics), by training step; a later record at a step replaces an earlier
+    one (a retried epoch, or the next epoch's start from the same checkpoint)."""
+    spe = job.spec.steps_per_epoch
+    by_member: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in records:
+        kind = r.get("kind")
+        if kind not in ("epoch_start", "epoch_trained") or r.get("job") != job.id:
+            continue
+        if "node" not in r or not isinstance(r.get("heldout_loss"), (int, float)):
+            continue
+        step = (r["epoch"] + (kind == "epoch_trained")) * spe
+        point = {"step": step, "epoch": r["epoch"], "loss": r["heldout_loss"]}
+        by_member.setdefault(r["node"], {})[step] = point
+    return [
+        {"member": m, "points": [pts[s] for s in sorted(pts)]}
+        for m, pts in sorted(by_member.items())
+    ]
+
+
 @dataclass(frozen=True)
 class Curves:
     """The members' metrics records, the files they were read from, and the given paths that
@@ -294,6 +315,7 @@ def assemble(
             "sources": list(curves.sources),
             "waiting": list(curves.waiting),
             "series": loss_series(curves.records, job),
+            "heldout": heldout_series(curves.records, job),
         },
     }
 
@@ -679,8 +701,10 @@ function members(d) {
 
 function chart(d) {
   const svg = $("#loss-chart"), series = d.loss.series.filter((s) => s.points.length);
+  const heldout = (d.loss.heldout || []).filter((s) => s.points.length);
   const W = 1000, H = 300, L = 56, R = 16, T = 12, B = 36;
   const pts = series.flatMap((s) => s.points);
+  const drawn = pts.concat(heldout.flatMap((s) => s.points));
   const parts = [];
   const note = $("#loss-note");
   const waiting = d.loss.waiting && d.loss.waiting.length ?
@@ -694,13 +718,15 @@ function chart(d) {
     note.textContent = "No training rounds of this job yet in " + d.loss.sources.join(", ") +
       "." + waiting;
   } else {
+    const dashed = (d.loss.heldout || []).some((s) => s.points.length) ?
+      " Dashed: held-out loss at each epoch's start and end." : "";
     note.textContent = "Training loss at each sync round, from " + d.loss.sources.join(", ") +
-      "." + waiting;
+      "." + dashed + waiting;
   }
   const stepsTotal = d.job.steps_per_epoch * d.job.epochs_total;
-  const x0 = 0, x1 = Math.max(stepsTotal, ...pts.map((p) => p.step), 1);
-  let y0 = Math.min(...pts.map((p) => p.loss)), y1 = Math.max(...pts.map((p) => p.loss));
-  if (!pts.length) { y0 = 0; y1 = 1; }
+  const x0 = 0, x1 = Math.max(stepsTotal, ...drawn.map((p) => p.step), 1);
+  let y0 = Math.min(...drawn.map((p) => p.loss)), y1 = Math.max(...drawn.map((p) => p.loss));
+  if (!drawn.length) { y0 = 0; y1 = 1; }
   const pad = (y1 - y0) * 0.08 || 0.5;
   y0 -= pad; y1 += pad;
   const X = (s) => L + (s - x0) / (x1 - x0) * (W - L - R);
@@ -720,7 +746,7 @@ function chart(d) {
     parts.push(el("svg:text", {x: x, y: H - B + 14, "text-anchor": "middle"}, String(s)));
     if (e < d.job.epochs_total) {
       parts.push(el("svg:text", {x: X(s + d.job.steps_per_epoch / 2), y: T + 14,
-                                 "text-anchor": "middle"}, "epoch " + (e + 1)));
+                                 "text-anchor": "middle"}, "epoch " + e));
     }
   }
   parts.push(el("svg:text", {x: L + (W - L - R) / 2, y: H - 4, "text-anchor": "middle"},
@@ -738,6 +764,15 @@ function chart(d) {
       dot.append(el("svg:title", {}, tip));
       parts.push(dot);
     }
+  }
+  for (const s of heldout) {  // dashed: held-out loss at each epoch's start and end
+    const line = el("svg:polyline", {class: "heldout", "data-member": s.member,
+      "data-points": s.points.length, fill: "none", stroke: colorOf[s.member],
+      "stroke-width": 1.5, "stroke-dasharray": "6 4",
+      points: s.points.map((p) => `${X(p.step).toFixed(1)},${Y(p.loss).toFixed(1)}`).join(" ")});
+    const last = s.points[s.points.length - 1];
+    line.append(el("svg:title", {}, `${short(s.member)} held-out loss: ${last.loss}`));
+    parts.push(line);
   }
   fill(svg, ...parts);
   fill($("#legend"), ...series.map((s) => el("span", {class: "who"},

@@ -207,7 +207,12 @@ def loss_note(d: Data) -> str:
         )
     if not any(s["points"] for s in loss["series"]):
         return f"No training rounds of this job yet in {sources}.{waiting}"
-    return f"Training loss at each sync round, from {sources}.{waiting}"
+    dashed = (
+        " Dashed: held-out loss at each epoch's start and end."
+        if any(s["points"] for s in loss.get("heldout", []))
+        else ""
+    )
+    return f"Training loss at each sync round, from {sources}.{dashed}{waiting}"
 
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 1000, 300, 56, 16, 12, 36  # the chart's viewBox and margins
@@ -249,7 +254,7 @@ def _axes(d: Data, X: Any) -> list[str]:
         out.append(_svg("text", at, str(e * spe)))
         if e < total:
             at = {"x": X(e * spe + spe / 2), "y": TOP + 14, "text-anchor": "middle"}
-            out.append(_svg("text", at, f"epoch {e + 1}"))
+            out.append(_svg("text", at, f"epoch {e}"))
     mid = TOP + (H - TOP - BOTTOM) / 2
     at = {"x": LEFT + (W - LEFT - RIGHT) / 2, "y": H - 4, "text-anchor": "middle"}
     out.append(_svg("text", at, "training step"))
@@ -261,7 +266,8 @@ def _axes(d: Data, X: Any) -> list[str]:
 def chart(d: Data, color: Mapping[str, str]) -> tuple[str, str]:
     """The loss chart's SVG children and its legend, as the page's script draws them."""
     series = [s for s in d["loss"]["series"] if s["points"]]
-    pts = [p for s in series for p in s["points"]]
+    heldout = [s for s in d["loss"].get("heldout", []) if s["points"]]
+    pts = [p for s in series + heldout for p in s["points"]]
     j = d["job"]
     x1 = max([j["steps_per_epoch"] * j["epochs_total"], *(p["step"] for p in pts), 1])
     y0, y1 = (min(p["loss"] for p in pts), max(p["loss"] for p in pts)) if pts else (0.0, 1.0)
@@ -296,6 +302,20 @@ def chart(d: Data, color: Mapping[str, str]) -> tuple[str, str]:
             tip = f"{short(s['member'])} epoch {p['epoch']} round {p['round']}: {js_num(p['loss'])}"
             at = {"cx": X(p["step"]), "cy": Y(p["loss"]), "r": 3, "fill": c}
             out.append(_svg("circle", at, _svg("title", {}, text(tip))))
+    for s in heldout:  # dashed: held-out loss at each epoch's start and end
+        ps = s["points"]
+        at = {
+            "class": "heldout",
+            "data-member": s["member"],
+            "data-points": len(ps),
+            "fill": "none",
+            "stroke": color.get(s["member"], "#999"),
+            "stroke-width": "1.5",
+            "stroke-dasharray": "6 4",
+            "points": " ".join(f"{X(p['step']):.1f},{Y(p['loss']):.1f}" for p in ps),
+        }
+        tip = f"{short(s['member'])} held-out loss: {js_num(ps[-1]['loss'])}"
+        out.append(_svg("polyline", at, _svg("title", {}, text(tip))))
     legend = "".join(
         el(
             "span",

@@ -274,6 +274,9 @@ def test_job_page_without_scripts_shows_the_job_as_the_script_draws_it(
             drawn = {c.get_attribute("data-member"): c.get_attribute("points") for c in curves}
             assert sorted(drawn) == sorted(done.members)
             assert all(len(p.split()) == EPOCHS * STEPS // SYNC for p in drawn.values())
+            static_heldout = _heldout_curves(page)
+            assert sorted(static_heldout) == sorted(done.members)
+            assert all(len(p.split()) == EPOCHS + 1 for p in static_heldout.values())
             static = {sel: page.inner_text(sel) for sel in SHOWN}
             png = tmp_path / "no-script.png"
             page.screenshot(path=str(png), full_page=True)
@@ -281,8 +284,16 @@ def test_job_page_without_scripts_shows_the_job_as_the_script_draws_it(
             page.goto(server.url)
             page.wait_for_selector("body[data-block]", timeout=30_000)
             live = {sel: page.inner_text(sel) for sel in SHOWN}
+            assert _heldout_curves(page) == static_heldout  # the script draws the same
     assert static == live
+    assert "Dashed: held-out loss at each epoch's start and end." in live["#loss-note"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def _heldout_curves(page: Any) -> dict[str, str]:
+    """Member -> the points of its dashed held-out curve on the page's chart."""
+    lines = page.query_selector_all("#loss-chart polyline.heldout")
+    return {c.get_attribute("data-member"): c.get_attribute("points") for c in lines}
 
 
 def test_watch_web_errors_are_one_line(done: Done, tmp_path: Path, capsys) -> None:

@@ -192,6 +192,33 @@ def test_loss_curve_per_member_by_step_of_this_job_only() -> None:
     assert d["loss"]["sources"] == ["op1", "op2"]
 
 
+def test_heldout_curve_at_each_epochs_start_and_end_per_member() -> None:
+    """The held-out loss each member measured at an epoch's start and end; the next epoch's
+    start from the same checkpoint replaces the end at that step; other jobs' records and
+    records without the measurement are left out."""
+    spe = job(JobStatus.RUNNING, 1).spec.steps_per_epoch
+
+    def held(kind: str, node: str, epoch: int, loss: float | None, job_id: int = 7) -> dict:
+        r = {"kind": kind, "node": node, "job": job_id, "epoch": epoch}
+        return r if loss is None else {**r, "heldout_loss": loss}
+
+    records = [
+        held("epoch_start", A, 0, 5.0),
+        rnd(A, 0, 0, 4.8),
+        held("epoch_trained", A, 0, 4.1),
+        held("epoch_start", A, 1, 4.0),  # the same checkpoint, measured again: replaces 4.1
+        held("epoch_trained", A, 1, 3.5),
+        held("epoch_start", B, 0, None),  # a backend that measures nothing
+        held("epoch_trained", B, 0, 9.0, job_id=8),
+    ]
+    d = assemble(job(JobStatus.RUNNING, 1, (A, B)), [], [], PARAMS, Curves(records, ["op1"]))
+    (a,) = d["loss"]["heldout"]
+    assert a["member"] == A
+    assert [(p["step"], p["loss"]) for p in a["points"]] == [(0, 5.0), (spe, 4.0), (2 * spe, 3.5)]
+    html = render(PAGE, d)
+    assert html.count('class="heldout"') == 1 and "Dashed: held-out loss" in html
+
+
 def test_metrics_paths_are_data_dirs_or_files(tmp_path: Path) -> None:
     (tmp_path / "op1").mkdir()
     (tmp_path / "op1" / "metrics.jsonl").write_text('{"kind": "round"}\n{"kind": "ro')
