@@ -263,6 +263,26 @@ def _axes(d: Data, X: Any) -> list[str]:
     return out
 
 
+def _heldout_lines(heldout: list[Data], color: Mapping[str, str], X: Any, Y: Any) -> list[str]:
+    """Each member's held-out loss at each epoch's start and end, dashed."""
+    out = []
+    for s in heldout:
+        ps = s["points"]
+        at = {
+            "class": "heldout",
+            "data-member": s["member"],
+            "data-points": len(ps),
+            "fill": "none",
+            "stroke": color.get(s["member"], "#999"),
+            "stroke-width": "1.5",
+            "stroke-dasharray": "6 4",
+            "points": " ".join(f"{X(p['step']):.1f},{Y(p['loss']):.1f}" for p in ps),
+        }
+        tip = f"{short(s['member'])} held-out loss: {js_num(ps[-1]['loss'])}"
+        out.append(_svg("polyline", at, _svg("title", {}, text(tip))))
+    return out
+
+
 def chart(d: Data, color: Mapping[str, str]) -> tuple[str, str]:
     """The loss chart's SVG children and its legend, as the page's script draws them."""
     series = [s for s in d["loss"]["series"] if s["points"]]
@@ -302,20 +322,7 @@ def chart(d: Data, color: Mapping[str, str]) -> tuple[str, str]:
             tip = f"{short(s['member'])} epoch {p['epoch']} round {p['round']}: {js_num(p['loss'])}"
             at = {"cx": X(p["step"]), "cy": Y(p["loss"]), "r": 3, "fill": c}
             out.append(_svg("circle", at, _svg("title", {}, text(tip))))
-    for s in heldout:  # dashed: held-out loss at each epoch's start and end
-        ps = s["points"]
-        at = {
-            "class": "heldout",
-            "data-member": s["member"],
-            "data-points": len(ps),
-            "fill": "none",
-            "stroke": color.get(s["member"], "#999"),
-            "stroke-width": "1.5",
-            "stroke-dasharray": "6 4",
-            "points": " ".join(f"{X(p['step']):.1f},{Y(p['loss']):.1f}" for p in ps),
-        }
-        tip = f"{short(s['member'])} held-out loss: {js_num(ps[-1]['loss'])}"
-        out.append(_svg("polyline", at, _svg("title", {}, text(tip))))
+    out += _heldout_lines(heldout, color, X, Y)
     legend = "".join(
         el(
             "span",
