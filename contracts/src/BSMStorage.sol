@@ -483,10 +483,11 @@ abstract contract BSMStorage is IDistributedTrainingBSMTypes {
     }
 
     // ---------------------------------------------------------------- referee registry
-    // Referees are drawn from every operator ever registered (the registry only grows, so
-    // a draw's index range is fixed by its size when the challenge opened), each accepted
-    // with probability (its draw weight at the challenge's block) / (the largest draw weight
-    // then): weights and membership are read as they were before the seed block existed.
+    // Referees are drawn from the operators registered when the job was created (the registry
+    // only grows, so a job's index range is fixed by its size then), each accepted with
+    // probability (the lesser of its draw weight then and at the challenge's block) / (the
+    // largest draw weight at the challenge): weights and membership are read as they were
+    // before the seed block existed.
 
     /// Who may judge a job: the first `registrySize` registry entries, those enlisted when the
     /// job was created, each weighed no heavier than it was at the end of block `createdAt`.

@@ -925,8 +925,9 @@ interface IDistributedTrainingBSMChallenges is IDistributedTrainingBSMTypes {
     /// the challenger) is drawn with a probability proportional to its self-stake capped at
     /// `SEAT_WEIGHT_CAP` x `minStake`, the lesser of its weight then and at the challenge's
     /// block, from the hash of the next block (unknown when the weights were fixed): operators
-    /// registered, or stake added, once a job exists never weigh in its juries. The draw tries `64 x refereeCount` picks at
-    /// most; a jury below `refereeCount / 2 + 1` decides nothing (the certified vote stands).
+    /// registered, or stake added, once a job exists never weigh in its juries. The draw tries
+    /// `64 x refereeCount` picks at most; a jury below `refereeCount / 2 + 1` decides nothing
+    /// (the certified vote stands).
     function drawReferees(uint256 jobId, uint256 epoch) external;
     /// @notice A drawn referee commits `commitmentHash(jobId, epoch, referee, checkpoint,
     /// participation, bytes32(findings), salt)` (it draws the referees if nobody did).
