@@ -107,7 +107,7 @@ def fetch_checkpoint(
         # serves them, else from the holders, which keep what they fetched.
         path = export_final(job, stream, out, mirrors=peers, expected=digest)
         mine = caller is not None and caller.address == job.state.caller
-        if mine and epoch is None:  # the final checkpoint: its holders keep it for the caller
+        if mine and e == job.final_epoch:  # the final checkpoint: kept for the caller
             receipt = sign_receipt(caller, bsm.chain_id, bsm.address, job_id, digest)
             confirmed = g.send_receipt(receipt, peers)
     except CheckpointUnavailable as exc:
