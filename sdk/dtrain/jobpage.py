@@ -233,6 +233,11 @@ def loss_series(records: Iterable[Mapping[str, Any]], job: Job) -> list[dict[str
         step = (r["epoch"] * rounds + r["round"] + 1) * sync
         point = {"step": step, "epoch": r["epoch"], "round": r["round"] + 1, "loss": r["loss"]}
         by_member.setdefault(r["node"], {})[step] = point
+    return _by_step(by_member)
+
+
+def _by_step(by_member: Mapping[str, Mapping[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each member's points in step order, members sorted."""
     return [
         {"member": m, "points": [pts[s] for s in sorted(pts)]}
         for m, pts in sorted(by_member.items())
@@ -254,10 +259,7 @@ def heldout_series(records: Iterable[Mapping[str, Any]], job: Job) -> list[dict[
         step = (r["epoch"] + (kind == "epoch_trained")) * spe
         point = {"step": step, "epoch": r["epoch"], "loss": r["heldout_loss"]}
         by_member.setdefault(r["node"], {})[step] = point
-    return [
-        {"member": m, "points": [pts[s] for s in sorted(pts)]}
-        for m, pts in sorted(by_member.items())
-    ]
+    return _by_step(by_member)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ def stranger_receipt(c: Cluster, work: Path) -> int:
     """How many holders accept a receipt of the final checkpoint signed by a non-caller."""
     from eth_account import Account
 
-    from dtrain_node.operator.fetch import final_holders
     from dtrain_node.operator.transport import peer_specs
     from dtrain_node.p2p.host import GossipConfig, GossipNode
     from dtrain_node.p2p.receipts import sign_receipt
@@ -50,7 +49,8 @@ def stranger_receipt(c: Cluster, work: Path) -> int:
                        job_id=c.job_id)  # fmt: skip
     g = GossipNode(cfg, Account.create()).start()
     try:
-        return g.send_receipt(data, peer_specs(c.bsm, final_holders(c.bsm, c.job_id)))
+        holders = [h.operator for h in c.bsm.final_holders(c.job_id)]
+        return g.send_receipt(data, peer_specs(c.bsm, holders))
     finally:
         g.stop()
 

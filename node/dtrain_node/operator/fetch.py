@@ -21,12 +21,6 @@ from dtrain_node.operator.checkpoints import export_final
 from dtrain_node.operator.transport import peer_specs
 
 
-def final_holders(bsm: BSM, job_id: int) -> list[str]:
-    """Operators paid for the job's final epoch (`Job.final_epoch`): they voted for the final
-    checkpoint."""
-    return holders(bsm, job_id, _final_epoch(bsm.job(job_id)))
-
-
 def holders(bsm: BSM, job_id: int, epoch: int) -> list[str]:
     """Operators paid for chain epoch `epoch` or a later one: they voted for its checkpoint,
     or started an epoch from it."""
