@@ -111,6 +111,7 @@ class Setup:
     majority: bool = RobustConfig.majority  # entries against their coefficient's sign out
     weighted: bool = RobustConfig.weighted  # the mean divides by the kept senders' weights
     graded: bool = RobustConfig.graded  # trust shifts by cosine against the median's
+    block: int = 0  # shards dealt in blocks of this many bytes (0: contiguous, bench_corpus)
 
 
 def setups(quick: bool) -> Setup:
@@ -139,7 +140,7 @@ def run(
     train, held = corpus.stdlib_corpus(max_train=setup.max_train)
     ctx = 127 if setup.uri else setup.model.ctx  # the builtin models' 128 positions
     ev = corpus.eval_windows(held, setup.eval_windows, ctx)
-    shards = corpus.shards(train, n)
+    shards = corpus.shards(train, n, setup.block)
     gens = [torch.Generator().manual_seed(1000 * seed + w) for w in range(n)]
     torch.manual_seed(seed)
     models = [make_model(setup) for _ in range(n)]
@@ -195,7 +196,9 @@ def run(
         rec["agg_s"].append(st.aggregate_s)
     loss = evaluate(models[0], ev)
     out = dict(n=n, f=f, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
-    out.update(outer_lr=setup.outer_lr, inner_lr=setup.inner_lr, steps=setup.steps)
+    out.update(
+        outer_lr=setup.outer_lr, inner_lr=setup.inner_lr, steps=setup.steps, block=setup.block
+    )
     return dict(out, clip=clip)
 
 
@@ -613,6 +616,7 @@ OPTIONS = (
     ("--outer-lr", dict(type=float, default=None, help="DeMo's outer lr (default 1.0)")),
     ("--inner-lr", dict(type=float, default=None, help="the members' inner AdamW lr")),
     ("--max-train", dict(type=int, default=None, help="bytes of training corpus, all members")),
+    ("--block", dict(type=int, default=None, help="shards dealt in blocks of N bytes (0: cut)")),
     ("--majority", dict(action="store_true", help="entries against their coefficient's sign out")),
     ("--weighted", dict(action="store_true", help="the mean divides by the senders' weights")),
     ("--graded", dict(action="store_true", help="trust shifts graded by cosine (the median's)")),
@@ -634,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     if a.model:
         setup = replace(setup, uri=a.model)
-    for name in ("clip", "trust_shift", "support", "outer_lr", "inner_lr", "max_train"):
+    for name in ("clip", "trust_shift", "support", "outer_lr", "inner_lr", "max_train", "block"):
         if getattr(a, name) is not None:
             setup = replace(setup, **{name: getattr(a, name)})
     for name in ("majority", "weighted", "graded"):
@@ -732,6 +736,7 @@ def _meta(setup: Setup, P: int) -> dict:
         outer_lr=setup.outer_lr,
         inner_lr=setup.inner_lr,
         max_train=setup.max_train,
+        block=setup.block,
         robust=RobustConfig(
             clip=setup.clip,
             trust_shift=setup.trust_shift,

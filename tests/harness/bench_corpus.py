@@ -48,10 +48,16 @@ def stdlib_corpus(
     return t.long(), h.long()
 
 
-def shards(train: torch.Tensor, n: int) -> list[torch.Tensor]:
-    """n contiguous, disjoint, equal-length shards."""
-    size = len(train) // n
-    return [train[i * size : (i + 1) * size] for i in range(n)]
+def shards(train: torch.Tensor, n: int, block: int = 0) -> list[torch.Tensor]:
+    """n disjoint, equal-length shards: contiguous (block 0), or dealt round-robin in blocks of
+    `block` bytes, so that every shard samples the whole corpus (the files are in path order:
+    contiguous shards are whole packages, and the last ones mostly `encodings/` tables)."""
+    if not block:
+        size = len(train) // n
+        return [train[i * size : (i + 1) * size] for i in range(n)]
+    rows = len(train) // (block * n)
+    dealt = train[: rows * block * n].reshape(rows, n, block)
+    return [dealt[:, i].reshape(-1) for i in range(n)]
 
 
 def batch(

@@ -416,6 +416,21 @@ def test_a_random_direction_at_the_median_norm_is_scaled_down_when_trust_is_on()
         RobustConfig(trust_shift=17)
 
 
+def test_colluders_sending_one_direction_do_not_vouch_for_each_other():
+    """Two colluders send the same random direction (`orth`, one seed): each one's cosine with
+    the others' sum counted the other's copy, so both looked trusted. Judged against the sum
+    without its echoes, as the direction rule judges, each is scaled down by the trust shift
+    on top of the near copies' shared weight (2^-1); the honest senders are not."""
+    opts = members(7)
+    train(opts, 4, 6)
+    spec = opts[0].spec
+    pk = decoded(opts)
+    pk[5], pk[6] = swap(spec, pk[5], "orth=1"), swap(spec, pk[6], "orth=1")
+    kept, out, clipped = screen_clipped(spec, pk, RobustConfig(trust_shift=2))
+    assert out == {} and [s for s, _ in kept] == [0, 1, 2, 3, 4, 5, 6]
+    assert set(clipped) == {5, 6} and min(clipped.values()) >= 1 + 2, clipped
+
+
 def test_a_scaled_down_sender_counts_for_less_in_the_mean_when_weighted():
     """`orth` dilutes: scaled down by the trust shift it moves the step little, but it still
     counts as a whole sender in the mean's divisor, so the honest senders' mean shrinks by

@@ -307,6 +307,30 @@ def crowded(
     ]
 
 
+def few_echoes(echo: set[tuple[int, int]], keep: list[int]) -> set[tuple[int, int]]:
+    """The echo pairs of senders whose echoes could all be colluders (with it, at most a third
+    of `keep`): many agreeing senders are the honest majority, and are not left out."""
+    few = (len(keep) - 1) // 3
+    echoes = Counter(a for a, b in echo if a in keep and b in keep)
+    return {(a, b) for a, b in echo if a in keep and b in keep and echoes[a] + 1 <= few}
+
+
+def references(
+    dots: list[list[int]], keep: list[int], echo: set[tuple[int, int]]
+) -> dict[int, tuple[int, int]]:
+    """Per sender a in keep, (d, q) with cos(v_a, S_ref) = d / sqrt(q): S_ref the sum over keep
+    without v_a and its echoes ((a, b) in echo), d = <v_a, S_ref>, q = |v_a|^2 |S_ref|^2."""
+    total = sum(dots[a][b] for a in keep for b in keep)
+    rows = {a: sum(dots[a][b] for b in keep) for a in keep}
+    out = {}
+    for a in keep:
+        gone = [a] + [b for b in keep if (a, b) in echo]
+        d = rows[a] - sum(dots[a][x] for x in gone)
+        s2 = total - 2 * sum(rows[x] for x in gone) + sum(dots[x][y] for x in gone for y in gone)
+        out[a] = (d, dots[a][a] * s2)
+    return out
+
+
 def _direction(
     dots: list[list[int]],
     echo: set[tuple[int, int]],
@@ -322,26 +346,11 @@ def _direction(
     drag the reference of the honest ones down when they are judged."""
     c = Fraction(cfg.cos_min)
     dots = crowded(dots, keep, copies)
-    # echoes are left out only for senders whose echoes could all be colluders (fewer than a
-    # third of the senders with it): many agreeing senders are the honest majority
-    few = (len(keep) - 1) // 3
-    echoes = Counter(a for a, _ in echo)
-    echo = {(a, b) for a, b in echo if echoes[a] + 1 <= few}
+    echo = few_echoes(echo, keep)
     keep, out = list(keep), []
     while len(keep) >= cfg.min_direction:
-        total = sum(dots[a][b] for a in keep for b in keep)
-        rows = {a: sum(dots[a][b] for b in keep) for a in keep}
-        bad = []
-        for a in keep:
-            # a is judged against S_ref = S - v_a - its echoes (near copies of its update)
-            gone = [a] + [b for b in keep if (a, b) in echo]
-            row = rows[a] - sum(dots[a][x] for x in gone)  # <v_a, S_ref>
-            s2 = (
-                total - 2 * sum(rows[x] for x in gone) + sum(dots[x][y] for x in gone for y in gone)
-            )
-            q = dots[a][a] * s2  # |v_a|^2 |S_ref|^2
-            if q and below(row, q, 1, c):
-                bad.append((row, q, a))
+        ref = references(dots, keep, echo)
+        bad = [(d, q, a) for a, (d, q) in ref.items() if q and below(d, q, 1, c)]
         if not bad:
             break
         worst = min(bad, key=cmp_to_key(_cmp))[2]  # ties: the first by address
@@ -425,13 +434,15 @@ def lowered(spec: Spec, packet: Sequence[Sparse], shifts: Sequence[int]) -> Sequ
 
 
 def distrusted(
-    dots: list[list[int]], keep: list[int], copies: set[tuple[int, int]], c: Fraction
+    dots: list[list[int]], keep: list[int], copies: set[tuple[int, int]], c: Fraction, e: float
 ) -> set[int]:
-    """Senders in keep whose cosine with the sum of the other senders in keep (near copies
-    counted together as one, `crowded`) is below c, exactly."""
-    return {
-        a for a, (d, q) in against_the_rest(dots, keep, copies).items() if q and below(d, q, 1, c)
-    }
+    """Senders in keep whose cosine with the sum of the other senders in keep is below c,
+    exactly: near copies counted together as one (`crowded`), and, as in the direction rule,
+    without the sender's echoes (cosine above e with it) when they could all be colluders, so
+    that colluders sending one direction do not vouch for each other."""
+    echo = few_echoes(echo_pairs(dots, keep, e), keep)
+    ref = references(crowded(dots, keep, copies), keep, echo)
+    return {a for a, (d, q) in ref.items() if q and below(d, q, 1, c)}
 
 
 def against_the_rest(
@@ -440,13 +451,7 @@ def against_the_rest(
     """Per sender a in keep, (d, q) with cos(v_a, S - v_a) = d / sqrt(q), S the sum over keep
     (near copies counted together as one, `crowded`): d = <v_a, S - v_a>, q = |v_a|^2 |S - v_a|^2
     (0 when either is 0)."""
-    dots = crowded(dots, keep, copies)
-    total = sum(dots[a][b] for a in keep for b in keep)
-    out = {}
-    for a in keep:
-        row = sum(dots[a][b] for b in keep)
-        out[a] = (row - dots[a][a], dots[a][a] * (total - 2 * row + dots[a][a]))
-    return out
+    return references(crowded(dots, keep, copies), keep, set())
 
 
 def graded(
@@ -503,7 +508,9 @@ def _judged(
         elif cfg.trust_shift:
             low = {
                 a: cfg.trust_shift
-                for a in distrusted(clipped(G, keep), keep, copies, Fraction(cfg.cos_trust))
+                for a in distrusted(
+                    clipped(G, keep), keep, copies, Fraction(cfg.cos_trust), cfg.cos_echo
+                )
             }
     return [order[a] for a in keep], out, (G, keep, copies, low)
 
