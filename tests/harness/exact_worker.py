@@ -43,7 +43,7 @@ def main() -> None:
         for sign in (False, True):
             h.update(agg.update(i, 3e-3, sign).numpy().tobytes())
     # the rule's weighted mean: bound, trust shifts and the divisor, the same bits everywhere
-    kept, _, _, weight = screen_weighted(spec, pk, RobustConfig(trust_shift=8, weighted=True))
+    kept, _, _, weight = screen_weighted(spec, pk, RobustConfig(trust_shift=8, weighted=True))[:4]
     robust = aggregate(spec, kept)
     robust.weight = weight
     h.update(robust.digest().encode())

@@ -253,6 +253,8 @@ def test_poisoning_node_is_excluded_every_round_and_slashed_for_sync_failure(
         assert all([e.lower() for e in x["excluded"]] == [attacker.lower()] for x in rounds)
         [trained] = [x for x in m if x["kind"] == "epoch_trained"]
         assert sorted(trained["participation"]) == [0, 2, 2]  # the attacker's 0: see the slash
+        [seen] = [x for x in m if x["kind"] == "suspected"]  # reported, by name
+        assert seen["rounds"] == 2 and seen["seen"] == {attacker: {"excluded": 2}}
     revealed = {
         e.args["operator"]: bytes(e.args["checkpoint"])
         for e in events(bsm, job_id, "CheckpointRevealed")

@@ -15,7 +15,15 @@ from dtrain_node.optim.attacks import _SCALED, KINDS, Attack, Attacker
 from dtrain_node.optim.codec import Spec
 from dtrain_node.optim.compress import EXP_MAX, EXP_MIN, LEVELS, CompressConfig, Sparse, compress
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
-from dtrain_node.optim.robust import RobustConfig, _cmp, below, gram, screen, screen_clipped
+from dtrain_node.optim.robust import (
+    RobustConfig,
+    _cmp,
+    below,
+    gram,
+    screen,
+    screen_clipped,
+    screen_weighted,
+)
 
 SHAPES = {"w": (128, 96), "v": (70,), "m": (64, 64)}
 CFG = DeMoConfig(mode="local", sync_interval=4, lr=1.0, inner_lr=0.01)
@@ -429,6 +437,8 @@ def test_colluders_sending_one_direction_do_not_vouch_for_each_other():
     kept, out, clipped = screen_clipped(spec, pk, RobustConfig(trust_shift=2))
     assert out == {} and [s for s, _ in kept] == [0, 1, 2, 3, 4, 5, 6]
     assert set(clipped) == {5, 6} and min(clipped.values()) >= 1 + 2, clipped
+    seen = screen_weighted(spec, pk, RobustConfig(trust_shift=2))  # what a node reports
+    assert seen.distrusted == (5, 6) and seen.copies == ((5, 6),)
 
 
 def test_a_scaled_down_sender_counts_for_less_in_the_mean_when_weighted():
@@ -441,10 +451,8 @@ def test_a_scaled_down_sender_counts_for_less_in_the_mean_when_weighted():
     spec = opts[0].spec
     pk = decoded(opts)
     pk[6] = swap(spec, pk[6], "orth=1")
-    from dtrain_node.optim.robust import screen_weighted
-
     cfg = RobustConfig(trust_shift=4, weighted=True)
-    kept, out, clipped, weight = screen_weighted(spec, pk, cfg)
+    kept, out, clipped, weight = screen_weighted(spec, pk, cfg)[:4]
     assert out == {} and set(clipped) == {6} and weight == 6 + Fraction(1, 16)
     assert screen_weighted(spec, pk, RobustConfig(trust_shift=4, weighted=False))[3] is None
     agg = aggregate(spec, kept)

@@ -51,7 +51,7 @@ from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import aggregate, codec, dct
 from dtrain_node.optim.compress import K_AUTO, CompressConfig
-from dtrain_node.optim.optimizer import DeMo, DeMoConfig, model_spec
+from dtrain_node.optim.optimizer import DeMo, DeMoConfig, SyncStats, model_spec
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation, Transcript
 from dtrain_node.train import checkpoint, devices, inner, shard
@@ -203,6 +203,7 @@ class EpochTrainer:
         self.batches: Iterator[Any]
         self.first = 0
         self.participation: dict[str, int] = {}
+        self.suspected: dict[str, dict[str, int]] = {}  # sender -> {what the rule saw: rounds}
         self.applied: list[list[tuple[str, str]]] = []  # per round: (sender, sha256) applied
         self.start_shared: list[Any] = []  # the shared state the epoch started from
         self.transcript_root: bytes | None = None  # of the canonical transcript, once agreed
@@ -373,6 +374,7 @@ class EpochTrainer:
         self.context = RoundContext(opt.spec, env.me, honest, res.packets, first)
         sync_s = time.perf_counter() - t_sync
         self._count(stats.applied)
+        self._suspect(stats)
         del self.applied[r:]
         self.applied += [[] for _ in range(r - len(self.applied))]  # saved without them
         self.applied.append(_digests(res.packets))
@@ -394,6 +396,8 @@ class EpochTrainer:
             applied=len(stats.applied),
             excluded=sorted(str(s) for s in stats.excluded),
             clipped={str(s): x for s, x in sorted(stats.clipped.items(), key=str)},
+            distrusted=sorted(str(s) for s in stats.distrusted),
+            copies=[[str(s) for s in g] for g in stats.copies],
             missing=len(res.missing),
             latency_s=round(res.latency_s, 3),
             bytes_gossip_out=res.bytes_out,
@@ -507,9 +511,10 @@ class EpochTrainer:
             env.metric("equivocation", job=job.id, epoch=st.epoch, round=e.round, sender=e.sender)
         if diverged:
             stats = self.opt.replay(self.start_shared, t.rounds)
-            self.participation = dict.fromkeys(self.members, 0)
+            self.participation, self.suspected = dict.fromkeys(self.members, 0), {}
             for s in stats:
                 self._count(s.applied)
+                self._suspect(s)
             self.applied = canonical
         env.metric(
             "transcript",
@@ -552,6 +557,16 @@ class EpochTrainer:
             key = Web3.to_checksum_address(str(s))
             self.participation[key] = self.participation.get(key, 0) + 1
 
+    def _suspect(self, stats: SyncStats) -> None:
+        """Count, per sender, the rounds the robust rule excluded it, distrusted it or found it
+        sending a near copy of another member's update: what a coalition looks like from here."""
+        seen = [(s, "excluded") for s in stats.excluded]
+        seen += [(s, "distrusted") for s in stats.distrusted]
+        seen += [(s, "copies") for g in stats.copies for s in g]
+        for s, what in seen:
+            mine = self.suspected.setdefault(Web3.to_checksum_address(str(s)), {})
+            mine[what] = mine.get(what, 0) + 1
+
     def _finish(self) -> tuple[bytes, list[int]]:
         env, job, st = self.env, self.job, self.job.state
         after = self.backend.evaluate()
@@ -569,6 +584,10 @@ class EpochTrainer:
             participation=vote,
             **after,
         )
+        if self.suspected:
+            env.metric(
+                "suspected", job=job.id, epoch=st.epoch, rounds=self.rounds, seen=self.suspected
+            )
         return digest, vote
 
 

@@ -238,6 +238,15 @@ EVENTS = {
         f"epoch {d['epoch']}: the referees "
         f"{'overturned' if d['overturned'] else 'upheld'} the certified vote"
     ),
+    "suspected": lambda d: (
+        f"epoch {d['epoch']}: the robust rule saw a possible coalition ("
+        + "; ".join(
+            f"{a[:10]}.. "
+            + ", ".join(f"{w} in {n} of {d['rounds']} rounds" for w, n in sorted(x.items()))
+            for a, x in sorted(d["seen"].items())
+        )
+        + ")"
+    ),
     "withdrew": lambda d: f"withdrew {d.get('text') or format_eth(d['amount'])}",
     "lingering": lambda d: f"serving the final checkpoint of job {d['job']} for {span(d['s'])}",
     "keeping_final": lambda d: (

@@ -85,13 +85,18 @@ class SyncStats:
     `excluded` maps a sender whose valid packet the robust rule left out to the rule's reason
     (robust.py). Neither rejected nor excluded senders are in `applied`. `clipped` maps an
     applied sender whose update the rule's bound scaled down to the largest power of two it
-    was divided by (a member far above the others' norm, honest or not)."""
+    was divided by (a member far above the others' norm, honest or not); `distrusted` are the
+    applied senders the trust rule scaled down (pointing nowhere the others point) and
+    `copies` the groups of applied senders whose updates were near copies of each other: what
+    a node reports as a suspected coalition."""
 
     bytes_sent: int = 0
     applied: tuple[Hashable, ...] = ()
     rejected: dict[Hashable, str] = field(default_factory=dict)
     excluded: dict[Hashable, str] = field(default_factory=dict)
     clipped: dict[Hashable, int] = field(default_factory=dict)
+    distrusted: tuple[Hashable, ...] = ()
+    copies: tuple[tuple[Hashable, ...], ...] = ()
     compress_s: float = 0.0
     aggregate_s: float = 0.0
     screen_s: float = 0.0
@@ -238,7 +243,8 @@ class DeMo:
         t0 = time.perf_counter()
         good, rejected = self.decode_all(packets)
         t1 = time.perf_counter()
-        good, excluded, clipped, weight = screen_weighted(self.spec, good, self.cfg.robust)
+        judged = screen_weighted(self.spec, good, self.cfg.robust)
+        good, excluded = judged.kept, judged.excluded
         t2 = time.perf_counter()
         agg = (
             aggregate(
@@ -253,10 +259,10 @@ class DeMo:
             else None
         )
         if agg is not None:
-            agg.weight = weight
+            agg.weight = judged.weight
         dt = time.perf_counter() - t2 + t1 - t0
         st = SyncStats(rejected=rejected, excluded=excluded, aggregate_s=dt, screen_s=t2 - t1)
-        st.clipped = clipped
+        st.clipped, st.distrusted, st.copies = judged.clipped, judged.distrusted, judged.copies
         st.compress_s = self._compress_s
         st.bytes_sent = self.spec.packet_bytes
         before = [th.clone() for th in self.theta_sync] if self._sent is not None else None

@@ -47,6 +47,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import cmp_to_key
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -377,14 +378,27 @@ def screen_clipped(
     return screen_weighted(spec, packets, cfg)[:3]
 
 
-def screen_weighted(
-    spec: Spec, packets: Packets, cfg: RobustConfig
-) -> tuple[list, dict[Hashable, str], dict[Hashable, int], Fraction | None]:
+class Screened(NamedTuple):
+    """What `screen_weighted` decided: the kept packets (bounded), {excluded sender: reason},
+    {kept sender: the largest power of two it was scaled down by, when any}, what the mean
+    divides by (None: the kept senders' count), the kept senders the trust rule scaled down,
+    and the groups of kept senders that sent near copies of each other (what a node reports
+    as a suspected coalition)."""
+
+    kept: list
+    excluded: dict[Hashable, str]
+    clipped: dict[Hashable, int]
+    weight: Fraction | None
+    distrusted: tuple[Hashable, ...] = ()
+    copies: tuple[tuple[Hashable, ...], ...] = ()
+
+
+def screen_weighted(spec: Spec, packets: Packets, cfg: RobustConfig) -> Screened:
     """`screen_clipped`, and what the mean divides by: the kept senders' weights summed
     (`RobustConfig.weighted`), or None for their count."""
     kept, out, judged = _judged(spec, packets, cfg)
     if judged is None or not judged[1] or not cfg.clip:
-        return kept, out, {}, None
+        return Screened(kept, out, {}, None)
     G, keep, copies, distrusted = judged
     shifts = clip_shifts(G, keep, Fraction(cfg.clip) ** 2)
     crowd = crowds(keep, copies)
@@ -404,7 +418,20 @@ def screen_weighted(
             p = (p[0], lowered(spec, p[1], per_tensor))
             clipped[p[0]] = max(s)
         bounded.append(p)
-    return bounded, out, clipped, weight if cfg.weighted else None
+    name = {a: p[0] for a, p in zip(keep, kept, strict=True)}
+    groups = {
+        tuple(sorted([name[a]] + [name[b] for b in keep if (a, b) in copies], key=str))
+        for a in keep
+        if crowd[a] > 1
+    }
+    return Screened(
+        bounded,
+        out,
+        clipped,
+        weight if cfg.weighted else None,
+        tuple(name[a] for a in keep if distrusted.get(a)),
+        tuple(sorted(groups, key=str)),
+    )
 
 
 def clip_shifts(G: list[list[list[int]]], keep: list[int], c2: Fraction) -> dict[int, list[int]]:
