@@ -197,7 +197,11 @@ def run(
     loss = evaluate(models[0], ev)
     out = dict(n=n, f=f, attack=attack or "honest", rule=rule, seed=seed, loss=loss, **rec)
     out.update(
-        outer_lr=setup.outer_lr, inner_lr=setup.inner_lr, steps=setup.steps, block=setup.block
+        k=setup.k,
+        outer_lr=setup.outer_lr,
+        inner_lr=setup.inner_lr,
+        steps=setup.steps,
+        block=setup.block,
     )
     return dict(out, clip=clip)
 
@@ -616,6 +620,7 @@ OPTIONS = (
     ("--outer-lr", dict(type=float, default=None, help="DeMo's outer lr (default 1.0)")),
     ("--inner-lr", dict(type=float, default=None, help="the members' inner AdamW lr")),
     ("--max-train", dict(type=int, default=None, help="bytes of training corpus, all members")),
+    ("--topk", dict(type=int, default=None, help="coefficients kept per 64x64 chunk (k2d)")),
     ("--block", dict(type=int, default=None, help="shards dealt in blocks of N bytes (0: cut)")),
     ("--majority", dict(action="store_true", help="entries against their coefficient's sign out")),
     ("--weighted", dict(action="store_true", help="the mean divides by the senders' weights")),
@@ -641,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("clip", "trust_shift", "support", "outer_lr", "inner_lr", "max_train", "block"):
         if getattr(a, name) is not None:
             setup = replace(setup, **{name: getattr(a, name)})
+    if a.topk is not None:
+        setup = replace(setup, k=a.topk)
     for name in ("majority", "weighted", "graded"):
         if getattr(a, name):
             setup = replace(setup, **{name: True})

@@ -104,7 +104,7 @@ class RobustConfig:
     cos_echo: float = 0.5
     cos_copy: float = 0.9
     min_direction: int = 3
-    clip: float = 1.0
+    clip: float = 1.5
     cos_trust: float = 0.03
     trust_shift: int = 8
     support: float = 0.0
