@@ -137,7 +137,9 @@ def honest_long(n):
     return run(n, rounds=40)[0]
 
 
-@pytest.mark.parametrize(("n", "f", "attack"), [(7, 2, "scale=8"), (7, 2, "adapt")])
+@pytest.mark.parametrize(
+    ("n", "f", "attack"), [(7, 2, "scale=8"), (7, 2, "adapt"), (7, 2, "orth=8"), (7, 2, "edge=8")]
+)
 def test_coalitions_shaped_to_the_rule_move_the_model_little(n, f, attack):
     """f < n/3 colluders sending what the rule keeps: their own update amplified inside the
     norm band, or, round by round, the most damaging packet the rule would keep for all of
