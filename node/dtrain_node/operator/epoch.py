@@ -393,11 +393,7 @@ class EpochTrainer:
             attempt=job.state.attempt,
             tokens_per_s=round(tokens / max(compute_s, 1e-9), 1),
             bytes_out=len(packet),
-            applied=len(stats.applied),
-            excluded=sorted(str(s) for s in stats.excluded),
-            clipped={str(s): x for s, x in sorted(stats.clipped.items(), key=str)},
-            distrusted=sorted(str(s) for s in stats.distrusted),
-            copies=[[str(s) for s in g] for g in stats.copies],
+            **_screened(stats),
             missing=len(res.missing),
             latency_s=round(res.latency_s, 3),
             bytes_gossip_out=res.bytes_out,
@@ -596,6 +592,18 @@ def from_round(batches: Iterator[Any], first: int, k: int) -> Iterator[Any]:
     round r trains on the batches it would have reached without stopping, so each round's
     batches are a function of the shard, the seed and the round (optim/reproduce.py)."""
     return itertools.islice(batches, first * k, None)
+
+
+def _screened(stats: SyncStats) -> dict[str, Any]:
+    """What the robust rule did in a round, for its metric: senders applied (a count),
+    excluded, clipped (by their largest shift), distrusted and sending near copies."""
+    return dict(
+        applied=len(stats.applied),
+        excluded=sorted(str(s) for s in stats.excluded),
+        clipped={str(s): x for s, x in sorted(stats.clipped.items(), key=str)},
+        distrusted=sorted(str(s) for s in stats.distrusted),
+        copies=[[str(s) for s in g] for g in stats.copies],
+    )
 
 
 def _digests(packets: Sequence[tuple[str, bytes]]) -> list[tuple[str, str]]:
