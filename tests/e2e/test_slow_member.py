@@ -177,9 +177,11 @@ def test_a_member_slowed_after_joining_loses_no_stake_and_gives_up_an_epoch_it_c
     frozen), and then it is paid like them. When it cannot, its node sees that (the pace of its
     last two rounds, the rounds its packets made) and says why (its log, `epoch_lost`), stops
     training, announces its leave on chain before the deadline and only follows the rounds
-    from then on. The others vote the epoch without it (2 of 3 is the quorum in epoch 0), the
-    waiting operator takes the seat at the boundary and the job completes: op4 is not paid
-    for that epoch, loses no stake and is gone from the job from the boundary."""
+    from then on; when only the epoch's transcript shows that its packets reached the others
+    after they closed the rounds, it gives the epoch up then, before voting. The others vote
+    the epoch without it (2 of 3 is the quorum in epoch 0), the waiting operator takes the
+    seat at the boundary and the job completes: op4 is not paid for that epoch, loses no
+    stake and is gone from the job from the boundary."""
     rounds, step_s = 6, seconds_per_step(nodes=4)
     sync = max(2, math.ceil(3.0 / step_s))  # about 3 s of training a round
     round_s, room = sync * step_s, 2.5  # the others may get 2.5x slower and still finish
@@ -234,4 +236,6 @@ def test_a_member_slowed_after_joining_loses_no_stake_and_gives_up_an_epoch_it_c
         log = (slowed.data_dir / "stdout.log").read_text()
         assert f"epoch {first} lost" in log and "leaving the job at the boundary" in log
         trained = [m for m in ours if m["kind"] == "round" and m["epoch"] == first and m["tokens"]]
-        assert len(trained) < rounds, "it stopped training the epoch it could not finish"
+        # it stopped training the epoch it could not finish, or, when its own rounds counted
+        # its packets and only the transcript showed them late, gave the epoch up before voting
+        assert len(trained) < rounds or lost[first]["round"] == rounds, (trained, lost)

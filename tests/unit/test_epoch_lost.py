@@ -41,6 +41,7 @@ def trainer(
     )
     t._too_slow = lambda r: EpochTrainer._too_slow(t, r)  # type: ignore[arg-type]
     t._too_absent = lambda r: EpochTrainer._too_absent(t, r)  # type: ignore[arg-type]
+    t._lose = lambda r: EpochTrainer._lose(t, r)  # type: ignore[arg-type]
     return t
 
 
@@ -93,3 +94,23 @@ def test_the_epoch_is_given_up_once_our_packets_can_no_longer_make_the_sync_thre
         == "our packets made 1 of 7 rounds, and the 3 left cannot bring them to the 5 a vote needs"
     )
     assert [k for k, _ in t.said] == ["abandon", "epoch_lost", "give_up"]
+
+
+def test_an_epoch_the_transcript_shows_below_the_threshold_is_given_up_before_voting() -> None:
+    """Our live rounds counted our packets; the agreed transcript has them in fewer rounds than
+    a vote needs (they reached the others after the others closed them): voting would be a
+    sync failure, so the epoch is given up, and the leave announced, before the vote."""
+    t = trainer([1.0, 1.0], left_s=1000.0, rounds=10, ours=5)
+    EpochTrainer._give_up_if_the_transcript_lost_it(t)  # type: ignore[arg-type]
+    assert t.lost is None and not t.said  # 5 of 10 is the share a vote needs
+    t = trainer([1.0, 1.0], left_s=1000.0, rounds=10, ours=4)
+    EpochTrainer._give_up_if_the_transcript_lost_it(t)  # type: ignore[arg-type]
+    assert t.lost == (
+        "our packets made 4 of 10 rounds, and the 0 left cannot bring them to the 5 a vote needs"
+    )
+    assert [k for k, _ in t.said] == ["abandon", "epoch_lost", "give_up"]
+    assert t.said[1][1]["round"] == 10
+    t = trainer([1.0, 1.0], left_s=1000.0, rounds=10, ours=0)
+    t.faults = Faults(garbage_packets=True)  # a faulty member stays to be judged
+    EpochTrainer._give_up_if_the_transcript_lost_it(t)  # type: ignore[arg-type]
+    assert t.lost is None

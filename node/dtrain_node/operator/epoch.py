@@ -234,6 +234,7 @@ class EpochTrainer:
         for r in range(self.first, self.rounds):
             self._round(r)
         self._reconcile()  # also when lost: the members we still follow do not wait for us
+        self._give_up_if_the_transcript_lost_it()
         if self.lost is not None:
             raise EpochLost(self.lost)
         if self.checks is not None:
@@ -411,8 +412,22 @@ class EpochTrainer:
         if self.lost is not None or len(self.compute_s) < 2 or not self.faults.honest:
             return
         self.lost = self._too_slow(r) or self._too_absent(r)
-        if self.lost is None:
-            return
+        if self.lost is not None:
+            self._lose(r)
+
+    def _give_up_if_the_transcript_lost_it(self) -> None:
+        """Once the transcript is agreed: our live rounds counted our packets, the transcript
+        may not (they reached the others after the others closed the rounds). Below the share
+        of the rounds a vote needs, voting is a sync failure and a leave announced before the
+        deadline is not: give the epoch up."""
+        if self.lost is None and self.faults.honest:
+            self.lost = self._too_absent(self.rounds)
+            if self.lost is not None:
+                self._lose(self.rounds)
+
+    def _lose(self, r: int) -> None:
+        """The epoch is lost to us from round `r` on (`self.lost` says why): stop checking,
+        say so and announce our leave while the commit deadline is ahead."""
         if self.checks is not None:
             self.checks.checker.abandon()
             self.checks = None
