@@ -56,6 +56,8 @@ def shards(train: torch.Tensor, n: int, block: int = 0) -> list[torch.Tensor]:
         size = len(train) // n
         return [train[i * size : (i + 1) * size] for i in range(n)]
     rows = len(train) // (block * n)
+    if not rows:
+        raise ValueError(f"{len(train)} bytes cannot deal {n} shards in blocks of {block}")
     dealt = train[: rows * block * n].reshape(rows, n, block)
     return [dealt[:, i].reshape(-1) for i in range(n)]
 

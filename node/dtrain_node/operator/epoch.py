@@ -571,9 +571,9 @@ class EpochTrainer:
     def _suspect(self, stats: SyncStats) -> None:
         """Count, per sender, the rounds the robust rule excluded it, distrusted it or found it
         sending a near copy of another member's update: what a coalition looks like from here."""
-        seen = [(s, "excluded") for s in stats.excluded]
-        seen += [(s, "distrusted") for s in stats.distrusted]
-        seen += [(s, "copies") for g in stats.copies for s in g]
+        seen = {(s, "excluded") for s in stats.excluded}
+        seen |= {(s, "distrusted") for s in stats.distrusted}
+        seen |= {(s, "copies") for g in stats.copies for s in g}  # once, in however many groups
         for s, what in seen:
             mine = self.suspected.setdefault(Web3.to_checksum_address(str(s)), {})
             mine[what] = mine.get(what, 0) + 1
