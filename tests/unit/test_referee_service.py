@@ -233,3 +233,37 @@ def test_an_rpc_failure_mid_case_reveals_the_verdict_committed_before_it() -> No
     assert commits[0] == commitment_hash(job_id, epoch, ME, checkpoint, participation, bits, salt)
     assert len(passes) == 4 and [kw for kind, kw in svc.metrics if kind == "verdict"]
     assert not [m for m in svc.metrics if m[0] in ("referee_failed", "referee_not_drawn")]
+
+
+def test_a_file_stalled_to_the_deadline_leaves_a_posted_claim_time_to_be_fetched(
+    tmp_path,
+) -> None:
+    """A colluder's vote names a file nobody has and stalls its fetch until the pass's
+    deadline; the honest member's replay claim, posted later, is fetched beside it, not after
+    it (fetched after it, it had no time left: one referee judged the claim, two did not)."""
+    from dtrain_node.errors import CheckpointUnavailable
+    from dtrain_node.operator import claims
+
+    phantom, claim = b"\x0a" * 32, b"\x0c" * 32
+    deadline, asked = [False], threading.Event()
+
+    def fetch(sha: str, who: str, dest, within_s=None, max_bytes=None):
+        if bytes.fromhex(sha) == phantom:
+            asked.wait(timeout=30)  # stalls until the claim was asked for (or for good)
+            deadline[0] = True
+            raise CheckpointUnavailable(f"no peer delivered {sha} in 15 s")
+        if deadline[0]:
+            raise CheckpointUnavailable(f"no peer delivered {sha} in -0 s")
+        dest.write_bytes(b"claim")
+        asked.set()
+        return dest
+
+    said = claims.Claim(1, "0x", 1, 1, 0, "b", "a", 1, *[bytes(32)] * 3, b"")
+    svc = RefereeService.__new__(RefereeService)
+    job = SimpleNamespace(spec=SimpleNamespace(steps_per_epoch=8, sync_interval=2))
+    svc.bsm = SimpleNamespace(job=lambda job_id: job)
+    svc._read = lambda case, path: said if path.read_bytes() == b"claim" else "unreadable"
+    case = Case(1, 0, 1, "a", b"\x02" * 32, ("a", "b"), b"\x00" * 32)
+    named = {phantom: {"b"}, claim: {"a"}}
+    files, found, start = svc._evidence(case, named, {phantom}, fetch, tmp_path, Memo())
+    assert found == [said] and files == {} and start is None

@@ -501,10 +501,13 @@ class RefereeService:
                 return sha, None
 
         todo = [sha for sha in named if sha not in memo.read]
-        if todo:  # at once, and the votes' and the challenge's before files only posted
+        # at once, the votes' and the challenge's files first in the queue; one queue, not two
+        # stages: a file that stalls until the pass's deadline must not leave a file queued
+        # behind it (a replay claim, posted) no time at all
+        todo.sort(key=lambda sha: sha not in first)
+        if todo:
             with ThreadPoolExecutor(min(FETCH_WORKERS, len(todo)), "referee-fetch") as pool:
-                for stage in ([s for s in todo if s in first], [s for s in todo if s not in first]):
-                    memo.read.update((sha, r) for sha, r in pool.map(get, stage) if r is not None)
+                memo.read.update((sha, r) for sha, r in pool.map(get, todo) if r is not None)
         out, found = {}, []
         for sha, who in named.items():
             read = memo.read.get(sha)
