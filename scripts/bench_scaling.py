@@ -10,8 +10,8 @@ an extra model for comparison with earlier numbers, never the default.
 
 Arms: one worker vs N workers with dense data-parallel (DDP, exact gradient mean) vs DeMo built
 as a node builds it (`DeMo.of_model` with operator.epoch.demo_config for a job of N members:
-local mode, the job's default sync interval K and bits, k = dtrain.models.default_topk(N), the
-default recipe's inner AdamW, outer lr, error-feedback decay and token-tensor compression, the
+local mode, the job's default sync interval K and bits, k = dtrain.models.default_topk(N, syncs),
+the default recipe's inner AdamW, outer lr, error-feedback decay and token-tensor compression, the
 robust screen on), at N = 2, 4, 8, 16 workers simulated sequentially in one process. Single and
 DDP use the same inner AdamW (lr, betas, weight decay of the recipe). `--demo` arms override
 some of these job defaults. Every worker has the same per-worker batch (the recipe's); each
@@ -189,11 +189,13 @@ class Arm:
         return s
 
 
-def resolve(arm: Arm, n: int) -> Arm:
-    """The arm with its unset fields at the job defaults of an n-member job."""
+def resolve(arm: Arm, n: int, steps: int = 0) -> Arm:
+    """The arm with its unset fields at the job defaults of an n-member job of `steps` steps
+    an epoch (0: the top-k's member floor alone)."""
+    K = arm.K or JOB.sync_interval
     defaults = dict(
-        K=JOB.sync_interval,
-        k=default_topk(n),
+        K=K,
+        k=default_topk(n, steps // K),
         bits=JOB.quant_bits,
         lr=RECIPE.outer_lr,
         beta=RECIPE.outer_momentum,
@@ -651,7 +653,7 @@ def plan(a, s: Setup) -> list[tuple[str, str, int, Arm, int]]:
         for seed in a.only_seeds or range(a.seeds):
             jobs.append((model, corpus, 1, Arm("single"), seed))
             for n in a.workers:
-                arms = (Arm("ddp"), *(resolve(d, n) for d in demos))
+                arms = (Arm("ddp"), *(resolve(d, n, s.steps) for d in demos))
                 jobs += [(model, corpus, n, arm, seed) for arm in arms]
     for *_, arm, _ in jobs:
         if arm.kind == "demo" and s.steps % (arm.K or 1):

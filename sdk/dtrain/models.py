@@ -8,6 +8,7 @@ fields no longer match its model raises instead of shifting values into the wron
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import astuple, dataclass, field, fields
@@ -202,18 +203,37 @@ class Params(Decoded):
 TOPK_MAX = 64 * 64
 
 
-def default_topk(max_operators: int) -> int:
-    """DeMo coefficients per 64x64 DCT chunk for a job of up to `max_operators` members.
+# Coverage the default top-k aims for in each epoch: top-k / 4096 x syncs per epoch, how many
+# times over a member sends each coefficient of a chunk before its error feedback starts again
+# (every epoch builds a fresh DeMo). docs/demo-optimizer.md, "Coverage".
+COVERAGE_TARGET = 1.0
 
-    Every member uploads the same k per chunk whatever the member count, while the dense
-    reference (a bf16 ring all-reduce, 2(N-1)/N x 2 bytes per parameter) grows with N. Measured
-    in docs/benchmarks.md (Scaling): k = 4 keeps 93% of data-parallel's speedup at 4 members;
-    at 8 members k = 4 stops gaining over 4 members and k = 6 does (1,170x less upload than the
-    bf16 ring at the benchmark size; about 1,470x once the envelopes are negligible).
+
+def default_topk(max_operators: int, syncs_per_epoch: int = 0) -> int:
+    """DeMo coefficients per 64x64 DCT chunk for a job of up to `max_operators` members that
+    syncs `syncs_per_epoch` times an epoch (0: unknown, the member floor alone).
+
+    The larger of a floor by member count and the k at which an epoch reaches
+    COVERAGE_TARGET. The floor, measured in docs/benchmarks.md (Scaling): k = 4 keeps 93% of
+    data-parallel's speedup at 4 members; at 8 members k = 4 stops gaining over 4 members and
+    k = 6 does. The coverage term is for short epochs, where the floor leaves most
+    coefficients never sent: at 100 syncs k = 4 covers 0.1 of each chunk and four members
+    trained worse than one worker alone (docs/benchmarks.md, "Coverage"). A long epoch keeps
+    the floor and its 1,000x-and-more less upload than a bf16 ring.
     """
     if max_operators < 1:
         raise ValueError(f"max_operators must be >= 1, got {max_operators}")
-    return 4 if max_operators <= 4 else 6
+    if syncs_per_epoch < 0:
+        raise ValueError(f"syncs_per_epoch must be >= 0, got {syncs_per_epoch}")
+    floor = 4 if max_operators <= 4 else 6
+    if syncs_per_epoch == 0:
+        return floor
+    return min(TOPK_MAX, max(floor, math.ceil(COVERAGE_TARGET * TOPK_MAX / syncs_per_epoch)))
+
+
+def coverage(topk_per_chunk: int, syncs_per_epoch: int) -> float:
+    """How many times over an epoch's syncs send each coefficient of a 64x64 chunk."""
+    return topk_per_chunk * syncs_per_epoch / TOPK_MAX
 
 
 @dataclass(frozen=True)

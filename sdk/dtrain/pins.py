@@ -120,14 +120,18 @@ def check_job(
     method: str,
     recipe: Any = None,
     compression: tuple[int, int, int] | None = None,
-) -> bytes:
+    fit_topk: bool = False,
+) -> tuple[bytes, dict[str, int] | None]:
     """Builds the job the way every node will (the model loads, the dataset's records fit its
     tokenizer and sequence length, the recipe fits the model: LoRA targets, seq_len, GRPO's
     answers; with `compression` = (top-k per chunk, bits, seats), its members can sync the
-    model) and returns the model's pin; a job that cannot train is a ConfigError."""
+    model; with `fit_topk`, at the largest top-k up to the given one whose packet fits the
+    gossip limit) and returns the model's pin and the sync checked: top-k per chunk, a
+    member's packet bytes and the parameters synced (None without `compression`, or without a
+    node package to check it); a job that cannot train is a ConfigError."""
     checkers = entry_points(group=JOB_CHECKERS)
     if not checkers or not model_uri:  # no node package, or no model: model_hash says what
-        return model_hash(model_uri)
+        return model_hash(model_uri), None
     checker = next(iter(checkers))
     try:
         check = checker.load()
@@ -135,8 +139,11 @@ def check_job(
         raise ConfigError(f"the job checker {checker.value!r} cannot load: {exc}") from None
     try:
         data = dataset_uri.removeprefix("file://")
-        extra = {} if compression is None else {"compression": compression}
-        return bytes(check(model_uri, data, method, recipe, **extra))
+        extra: dict[str, Any] = {} if compression is None else {"compression": compression}
+        if fit_topk:
+            extra["fit_topk"] = True
+        pin, sync = check(model_uri, data, method, recipe, **extra)
+        return bytes(pin), sync
     except Exception as exc:  # the node's own error types: report the line it gives
         raise ConfigError(f"this job could not train: {exc}") from None
 
@@ -147,9 +154,11 @@ def check_job_inputs(
     method: str,
     recipe: Any = None,
     compression: tuple[int, int, int] | None = None,
-) -> tuple[str, bytes]:
+    fit_topk: bool = False,
+) -> tuple[str, bytes, dict[str, int] | None]:
     """The one validation of a job's inputs, which `dtrain data check` and `dtrain job submit`
     both run on local copies: the dataset's records for `method` (`check_dataset`), then the job
-    built as every node will build it (`check_job`). (the dataset's summary, the model's pin)."""
+    built as every node will build it (`check_job`). (the dataset's summary, the model's pin,
+    the sync checked)."""
     summary = check_dataset(dataset_uri, method, recipe)
-    return summary, check_job(model_uri, dataset_uri, method, recipe, compression)
+    return summary, *check_job(model_uri, dataset_uri, method, recipe, compression, fit_topk)

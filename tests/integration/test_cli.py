@@ -812,13 +812,21 @@ def test_first_job_friction_points(run, bsm, accounts, data) -> None:
 
 
 @pytest.mark.parametrize(
-    ("operators", "extra", "topk"), [("2:4", [], 4), ("3:8", [], 6), ("3:8", ["--topk", "3"], 3)]
+    ("operators", "extra", "topk"),
+    [
+        ("2:4", [], 82),  # 100 steps at K = 2: coverage 1 in 50 syncs
+        ("3:8", ["--sync", "4"], 164),  # 25 syncs
+        ("2:4", ["--steps", "10000"], 4),  # 5,000 syncs: the member floor
+        ("3:8", ["--steps", "10000"], 6),
+        ("3:8", ["--topk", "3"], 3),
+    ],
 )
-def test_submit_pins_the_measured_topk_for_the_member_count(
+def test_submit_pins_the_topk_for_the_epochs_length_and_the_member_count(
     run, bsm, accounts, data, operators, extra, topk
 ) -> None:
-    """Without --topk the job pins the compression measured for its size (more members need
-    more coefficients each to keep gaining over fewer); --topk overrides it."""
+    """Without --topk the job pins enough coefficients per sync for each to be sent about once
+    an epoch, and at least the compression measured for its size (more members need more
+    coefficients each to keep gaining over fewer); --topk overrides it."""
     code, out, err = run(
         "job", "submit", "--price", "1gwei", "--dataset-uri", data, "--operators", operators,
         *extra, key=accounts[4].key,
@@ -985,6 +993,9 @@ def test_submit_dry_run_sends_nothing_and_pins_what_submit_pins(run, bsm, accoun
     assert (dry["max_operators"], dry["total_epochs"]) == (3, 2)
     assert dry["dataset_uri"] == data and dry["model_uri"] == "builtin:tiny"
     assert dry["recipe_hash"] == "0x" + "00" * 32
+    sync = dry["sync"]  # 2 syncs an epoch: half of each chunk a sync covers it once
+    assert (sync["topk_per_chunk"], sync["syncs_per_epoch"], sync["coverage"]) == (2048, 2, 1.0)
+    assert sync["packet_bytes"] > 0 and sync["less_than_bf16_ring"] > 1
     code, out, err = run(*args, "--dry-run", key=caller.key)
     assert code == 0, err
     assert out.startswith("dry run: nothing sent; the job would be created as follows ")
@@ -992,6 +1003,7 @@ def test_submit_dry_run_sends_nothing_and_pins_what_submit_pins(run, bsm, accoun
     assert f"  dataset  {data}  {dry['dataset_hash']} (sha256)" in out
     escrow = f"  escrow   0.06 ETH = 0.01 ETH x 3 operators x 2 epoch(s), paid by {caller.address}"
     assert escrow in out
+    assert "  sync     top-k 2048 per 64x64 chunk, 2 syncs an epoch: coverage 1.00, " in out
     after = (w3.eth.get_transaction_count(caller.address), w3.eth.get_balance(caller.address))
     assert after == before and bsm.next_job_id() == next_job
 
@@ -1002,6 +1014,7 @@ def test_submit_dry_run_sends_nothing_and_pins_what_submit_pins(run, bsm, accoun
     for field in ("model_hash", "dataset_hash", "recipe_hash", "escrow", "seat_bond"):
         assert real[field] == dry[field], field
     spec = bsm.job(next_job).spec
+    assert spec.topk_per_chunk == sync["topk_per_chunk"] and real["sync"] == sync
     assert "0x" + spec.model_hash.hex() == dry["model_hash"]
     assert "0x" + spec.dataset_hash.hex() == dry["dataset_hash"]
 

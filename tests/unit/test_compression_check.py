@@ -80,6 +80,23 @@ def test_the_preflight_refuses_the_job_before_a_seat_is_bonded(tmp_path) -> None
 
 def test_job_submit_refuses_it_before_any_transaction(tmp_path) -> None:
     data = _chain_job(tmp_path).spec.dataset_uri
-    assert pins.check_job("builtin:tiny", data, "cpt", None, compression=(4, 1, 3))
+    pin, sync = pins.check_job("builtin:tiny", data, "cpt", None, compression=(4, 1, 3))
+    assert pin and sync is not None and sync["topk"] == 4 and sync["packet_bytes"] > 0
     with pytest.raises(ConfigError, match=r"this job could not train: .*4096"):
         pins.check_job("builtin:small", data, "cpt", None, compression=(4096, 1, 3))
+
+
+def test_a_default_topk_over_the_gossip_limit_is_lowered_to_the_largest_that_fits(
+    tmp_path,
+) -> None:
+    """`job submit`'s default top-k (coverage 1 in a short epoch) can ask more of a large
+    model than one gossip message carries: it is lowered, the caller's own choice is not."""
+    data = _chain_job(tmp_path).spec.dataset_uri
+    small = ("builtin:small", data, "cpt", None)
+    _, sync = pins.check_job(*small, compression=(4096, 1, 3), fit_topk=True)
+    assert sync is not None and 1 <= sync["topk"] < 4096
+    assert sync["packet_bytes"] <= codec.MAX_BYTES
+    with pytest.raises(ConfigError, match="gossip limit"):
+        pins.check_job(*small, compression=(sync["topk"] + 1, 1, 3))
+    _, kept = pins.check_job(*small, compression=(8, 1, 3), fit_topk=True)
+    assert kept is not None and kept["topk"] == 8  # it fits: nothing lowered

@@ -138,3 +138,19 @@ def test_default_topk_grows_with_the_member_count() -> None:
     assert [default_topk(n) for n in (1, 2, 4, 5, 8, 32)] == [4, 4, 4, 6, 6, 6]
     with pytest.raises(ValueError, match="max_operators"):
         default_topk(0)
+
+
+@pytest.mark.parametrize(
+    ("members", "syncs", "k"),
+    [(4, 100, 41), (4, 150, 28), (8, 150, 28), (4, 1024, 4), (8, 1024, 6), (4, 1, 4096)],
+)
+def test_default_topk_reaches_coverage_one_in_an_epoch(members: int, syncs: int, k: int) -> None:
+    """Short epochs send more of each chunk per sync: every coefficient about once an epoch;
+    long ones keep the member floor."""
+    from dtrain.models import COVERAGE_TARGET, coverage, default_topk
+
+    assert default_topk(members, syncs) == k
+    assert coverage(k, syncs) >= COVERAGE_TARGET or k == default_topk(members)
+    assert coverage(k - 1, syncs) < COVERAGE_TARGET or k == default_topk(members)
+    with pytest.raises(ValueError, match="syncs_per_epoch"):
+        default_topk(members, -1)

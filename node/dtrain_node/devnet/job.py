@@ -136,7 +136,8 @@ def tiny_job(bsm: BSM, run_dir: Path, options: JobOptions) -> tuple[JobSpec, tor
         total_epochs=o.epochs,
         steps_per_epoch=o.steps,
         sync_interval=o.sync,
-        # DeMo compression as `dtrain job submit` sets it by default
+        # the member floor of `job submit`'s default: a devnet epoch is a few syncs long, where
+        # the coverage term would send a sixth of every chunk; these jobs show the protocol
         topk_per_chunk=default_topk(o.operators + o.late_seats),
         quant_bits=1,
         min_operators=o.min_operators or o.operators,

@@ -19,7 +19,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -184,6 +184,21 @@ def check_compression(
         except ValueError as exc:
             raise CompressionInvalid(f"{spec.max_operators} seats: {exc}") from None
     return packet
+
+
+def fitted_topk(
+    spec: JobSpec, recipe: Recipe | None, model: torch.nn.Module, reach: int = 0
+) -> int:
+    """The largest top-k per chunk up to the job's whose packet fits the gossip limit (its
+    bytes grow about linearly in k: a step or two down from the job's)."""
+    k = spec.topk_per_chunk
+    while k > 1:
+        cfg = compress_config(replace(spec, topk_per_chunk=k), recipe)
+        size = model_spec(model, cfg, reach).packet_bytes
+        if size <= codec.MAX_BYTES:
+            return k
+        k = max(1, min(k - 1, k * codec.MAX_BYTES // size))
+    return k
 
 
 class EpochTrainer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import click
 from .. import estimate, pins
 from ..client import BSM, load_key
 from ..errors import ConfigError, InsufficientFunds
-from ..models import TOPK_MAX, JobSpec, Method, default_topk
+from ..models import TOPK_MAX, JobSpec, Method, coverage, default_topk
 from ..recipe import Recipe
 from ..units import format_eth
 from .job import job
@@ -126,7 +127,8 @@ def _operators(text: str) -> tuple[int, int]:
     "--topk",
     type=int,
     default=None,
-    help="Top-k values per DCT chunk [default: 4 up to 4 operators, 6 above (measured)].",
+    help="Top-k values per DCT chunk [default: enough for coverage 1 an epoch, at least 4 up "
+    "to 4 operators and 6 above, within the gossip limit].",
 )
 @click.option("--quant-bits", type=click.Choice(["1", "2"]), default="1", show_default=True)
 @click.option("--tee", is_flag=True, help="Require TEE-attested operators.")
@@ -237,7 +239,8 @@ def job_submit(
         _refuse_relative_path(flag, uri, serve, pinned)
     price_units = 0 if token or x402_url else _price(price, None)
     lo, hi = _operators(operators_range)
-    topk_per_chunk = default_topk(hi) if topk is None else topk
+    syncs = steps // sync_interval
+    topk_per_chunk = default_topk(hi, syncs) if topk is None else topk
     wanted = Wanted(
         method,
         model_uri,
@@ -246,6 +249,7 @@ def job_submit(
         model_hash,
         dataset_hash,
         (topk_per_chunk, int(quant_bits), hi),
+        fit_topk=topk is None,
     )
     bsm = ctx.bsm() if x402_url is None else None
     if bsm is not None and not token:  # the escrow in ether: refused before the model loads
@@ -259,6 +263,9 @@ def job_submit(
             "(submit it with --sync 1)"
         )
     model_pin, data_pin = pinned.model, pinned.dataset
+    if pinned.sync is not None:  # a default top-k lowered to fit the gossip limit
+        topk_per_chunk = pinned.sync["topk"]
+    sync_line, sync_json = _sync_summary(topk_per_chunk, syncs, hi, sync_interval, pinned.sync)
     server = None
     if serve and not dry_run:  # hashes above come from the local files; the job names p2p URIs
         server, model_uri, dataset_uri, recipe_path = _start_serving(
@@ -297,7 +304,8 @@ def job_submit(
     forecast = _forecast(bsm, spec, recipe, fmt)
     if dry_run:
         gas = bsm.check_create_job(spec, unit.address if unit else None) if bsm else 0
-        _show_dry_run(ctx, spec, unit, data_summary, gas, serve, x402_url, forecast)
+        checked = Checked(data_summary, sync_line, sync_json)
+        _show_dry_run(ctx, spec, unit, checked, gas, serve, x402_url, forecast)
         return
     if bsm is None:
         _buy_job(ctx, x402_url or "", spec, unit)
@@ -318,6 +326,7 @@ def job_submit(
             "recipe_hash": "0x" + recipe_pin.hex(),
             "recipe_uri": spec.recipe_uri,
             "estimate": forecast[1],
+            "sync": sync_json,
         },
         f"job {job_id} created, {fmt(spec.escrow)} escrowed, "
         f"{format_eth(spec.seat_bond)} seat bond\n"
@@ -325,10 +334,39 @@ def job_submit(
         f"  dataset  {dataset_uri}  0x{data_pin.hex()} (sha256)"
         + (f", {data_summary}" if data_summary else "")
         + (f"\n  recipe   {recipe_path}  0x{recipe_pin.hex()}" if recipe_path else "")
+        + f"\n  sync     {sync_line}"
         + f"\n{forecast[0]}",
     )
     if server is not None:
         _serve_until_ended(ctx, server, bsm, job_id)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What checking the job's inputs found: the dataset's summary and the members' sync."""
+
+    summary: str
+    sync_line: str
+    sync: dict[str, Any]
+
+
+def _sync_summary(
+    topk: int, syncs: int, seats: int, interval: int, checked: dict[str, int] | None
+) -> tuple[str, dict[str, Any]]:
+    """The job's sync as `job submit` states it: top-k per chunk, the coverage an epoch reaches
+    (how many times over each coefficient of a chunk is sent), and, where the node package
+    checked the model, a member's upload per step against a bf16 ring all-reduce's."""
+    cover = coverage(topk, syncs)
+    out: dict[str, Any] = dict(topk_per_chunk=topk, syncs_per_epoch=syncs, coverage=cover)
+    line = f"top-k {topk} per 64x64 chunk, {syncs} syncs an epoch: coverage {cover:.2f}"
+    if checked is not None and checked["packet_bytes"] > 0:
+        per_step = checked["packet_bytes"] / interval
+        ring = 4 * (seats - 1) / seats * checked["params"] if seats > 1 else 0.0
+        out |= dict(packet_bytes=checked["packet_bytes"], less_than_bf16_ring=ring / per_step)
+        line += f", {checked['packet_bytes']:,} bytes a sync"
+        if ring:
+            line += f" ({ring / per_step:,.0f}x less upload per step than a bf16 ring)"
+    return line, out
 
 
 def _forecast(
@@ -348,7 +386,7 @@ def _show_dry_run(
     ctx: Ctx,
     spec: JobSpec,
     unit: _TokenUnit | None,
-    data_summary: str,
+    checked: Checked,
     gas: int,
     serve: bool,
     x402_url: str | None,
@@ -362,21 +400,22 @@ def _show_dry_run(
     recipe_uri = spec.recipe_uri or "the reference recipe"
     served = "; --serve would serve these local files and pin their p2p: URIs" if serve else ""
     if x402_url:
-        checked = "the gateway checks it when paid"
+        verified = "the gateway checks it when paid"
     elif gas:
-        checked = f"the contract accepts it, {gas:,} gas"
+        verified = f"the contract accepts it, {gas:,} gas"
     else:  # a token job whose allowance is short: the approval would come first
-        checked = "the escrow's approval comes first, then the contract's checks"
+        verified = "the escrow's approval comes first, then the contract's checks"
     bond = format_eth(spec.seat_bond) if spec.seat_bond else "the deployment's minimum"
     human = (
-        f"dry run: nothing sent; the job would be created as follows ({checked}){served}\n"
+        f"dry run: nothing sent; the job would be created as follows ({verified}){served}\n"
         f"  model    {spec.model_uri}  0x{spec.model_hash.hex()}\n"
         f"  dataset  {spec.dataset_uri}  0x{spec.dataset_hash.hex()} (sha256)"
-        + (f", {data_summary}" if data_summary else "")
+        + (f", {checked.summary}" if checked.summary else "")
         + f"\n  recipe   {recipe_uri}  0x{spec.recipe_hash.hex()}\n"
         f"  escrow   {fmt(spec.escrow)} = {fmt(spec.price_per_operator_epoch)} x "
         f"{spec.max_operators} operators x {spec.total_epochs} epoch(s), paid by {payer}\n"
-        f"  seat bond {bond} of each member's self-stake\n{forecast[0]}"
+        f"  seat bond {bond} of each member's self-stake\n"
+        f"  sync     {checked.sync_line}\n{forecast[0]}"
     )
     data = {
         "dry_run": True,
@@ -390,13 +429,14 @@ def _show_dry_run(
         "model_hash": "0x" + spec.model_hash.hex(),
         "dataset_uri": spec.dataset_uri,
         "dataset_hash": "0x" + spec.dataset_hash.hex(),
-        "dataset_summary": data_summary,
+        "dataset_summary": checked.summary,
         "recipe_uri": spec.recipe_uri,
         "recipe_hash": "0x" + spec.recipe_hash.hex(),
         "gas": gas,
         "serve": serve,
         "x402": x402_url,
         "estimate": forecast[1],
+        "sync": checked.sync,
     }
     emit(ctx, data, human)
 

@@ -80,6 +80,8 @@ class JobPins:
     dataset: bytes
     recipe: Recipe | None
     summary: str  # the dataset's, "" when it was pinned by hand (not read)
+    # the members' sync as checked: top-k per chunk, packet bytes, parameters synced
+    sync: dict[str, int] | None = None
 
     @property
     def recipe_hash(self) -> bytes:
@@ -97,6 +99,7 @@ class Wanted:
     model_hash: str = ""
     dataset_hash: str = ""
     compression: tuple[int, int, int] | None = None  # top-k per chunk, bits, seats
+    fit_topk: bool = False  # the top-k is a default: lowered to fit the gossip limit
 
 
 def pin_job(refs: References, w: Wanted) -> JobPins:
@@ -114,9 +117,10 @@ def pin_job(refs: References, w: Wanted) -> JobPins:
         model_pin = _hex32(w.model_hash, "--model-hash")
         summary = "" if dataset is None else pins.check_dataset(dataset, w.method, recipe)
     elif dataset is not None:
-        summary, model_pin = pins.check_job_inputs(
-            refs.model(w.model_uri), dataset, w.method, recipe, w.compression
+        summary, model_pin, sync = pins.check_job_inputs(
+            refs.model(w.model_uri), dataset, w.method, recipe, w.compression, w.fit_topk
         )
+        return JobPins(model_pin, data_pin, recipe, summary, sync)
     else:
         model_pin, summary = pins.model_hash(refs.model(w.model_uri)), ""
     return JobPins(model_pin, data_pin, recipe, summary)
