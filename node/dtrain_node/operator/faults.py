@@ -3,18 +3,18 @@
 Each one is something the chain must catch: a fabricated checkpoint hash, committed and
 revealed like an honest one (fabrication slash; `collude`: the same fabricated hash from every
 colluding member, a quorum when they hold 2/3 of the seats, which an honest member's challenge
-overturns; `unworkable`: the UNWORKABLE vote after training, a caller's sybils getting its
-escrow back; `doctor`: a challenge of an honest quorum with a transcript file that leaves the
-other members' packets out, which the referees re-execute united with the files the members
-post, so the challenger loses its bond; `inject`: a challenge of an honest quorum with a file
-in which one of the challenger's packets is replaced by one it signs after the epoch, which the
-referees set aside because a certified voter's own file leads to the certified vote), a
-commitment never revealed (dropout slash),
-no packets from round N on (the quorum's participation shows it: sync-failure slash), a node
-that vanishes mid-epoch (dropout slash), packets of random bytes (dropped by every receiver),
-a codec-valid attack packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members'
-robust aggregation rule excludes it, so they do not count us as participating and the quorum's
-participation slashes us for sync failure).
+overturns, and which no colluder challenges; `unworkable`: the UNWORKABLE vote after training,
+a caller's sybils getting its escrow back; `doctor`: a challenge of an honest quorum with a
+transcript file that leaves the other members' packets out, which the referees re-execute
+united with the files the members post, so the challenger loses its bond; `inject`: a challenge
+of an honest quorum with a file in which one of the challenger's packets is replaced by one it
+signs after the epoch, which the referees set aside because a certified voter's own file leads
+to the certified vote), a commitment never revealed (dropout slash), no packets from round N on
+(the quorum's participation shows it: sync-failure slash), a node that vanishes mid-epoch
+(dropout slash), packets of random bytes (dropped by every receiver), a codec-valid attack
+packet (`attack=KIND`, dtrain_node.optim.attacks: the honest members' robust aggregation rule
+excludes it, so they do not count us as participating and the quorum's participation slashes us
+for sync failure).
 
 The epoch trainer runs the honest behaviour and passes its results through the active `Faults`
 (`before_round`, `packet`, `digest`), which replace them when a fault applies; `Faults()` passes

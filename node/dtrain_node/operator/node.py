@@ -806,7 +806,9 @@ class Node:
             self._window(),
             serve,
             tamper,
-            quiet=not f.reveals,
+            # a colluder never disputes the coalition's quorum, not even with a replay claim
+            # on a fellow colluder that stalled its check
+            quiet=not f.reveals or f.collude,
         )
         mine = False  # we sent the settlement: its line is logged from our receipt
         while True:
