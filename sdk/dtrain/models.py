@@ -218,8 +218,8 @@ def default_topk(max_operators: int, syncs_per_epoch: int = 0) -> int:
     data-parallel's speedup at 4 members; at 8 members k = 4 stops gaining over 4 members and
     k = 6 does. The coverage term is for short epochs, where the floor leaves most
     coefficients never sent: at 100 syncs k = 4 covers 0.1 of each chunk and four members
-    trained worse than one worker alone (docs/benchmarks.md, "Compression: coverage"). A long epoch keeps
-    the floor and its 1,000x-and-more less upload than a bf16 ring.
+    trained worse than one worker alone (docs/benchmarks.md, "Compression: coverage"). A long
+    epoch keeps the floor and its 1,000x-and-more less upload than a bf16 ring.
     """
     if max_operators < 1:
         raise ValueError(f"max_operators must be >= 1, got {max_operators}")
