@@ -63,7 +63,7 @@ def test_default_arm_follows_the_jobs_default_topk() -> None:
     arms = {(n, arm.name) for *_, n, arm, _ in b.plan(a, b.Setup()) if arm.kind == "demo"}
     # 300 steps at K = 2: coverage 1 takes 28 of a chunk's 4096 coefficients at every N
     assert arms == {(n, "demo K=2 k=28 1b") for n in (2, 4, 8, 16)}
-    short = b.plan(a, b.Setup(steps=8000))  # past 4096 syncs: the member floor
+    short = b.plan(a, b.Setup(steps=8000))  # 4,000 syncs (1,024 or more): the member floor
     assert {(n, arm.k) for *_, n, arm, _ in short if arm.kind == "demo"} == {
         (2, 4),
         (4, 4),
