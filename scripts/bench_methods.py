@@ -198,7 +198,7 @@ def export_loss(spec, out: Path) -> dict[str, float]:
 
     from transformers import AutoModelForCausalLM
 
-    from dtrain_node.train.backend import TrainJob, load_recipe
+    from dtrain_node.train.job import TrainJob, load_recipe
 
     recipe = dataclasses.replace(load_recipe(spec.recipe_hash, spec.recipe_uri), lora_rank=0)
     method = spec.method.name.lower()

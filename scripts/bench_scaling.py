@@ -9,7 +9,7 @@ folder, its own tokenizer. `harness` (the test harness's GPT, tests/harness/benc
 an extra model for comparison with earlier numbers, never the default.
 
 Arms: one worker vs N workers with dense data-parallel (DDP, exact gradient mean) vs DeMo built
-as a node builds it (`DeMo.of_model` with operator.epoch.demo_config for a job of N members:
+as a node builds it (`DeMo.of_model` with optim.settings.demo_config for a job of N members:
 local mode, the job's default sync interval K and bits, k = dtrain.models.default_topk(N, syncs),
 the default recipe's inner AdamW, outer lr, error-feedback decay and token-tensor compression, the
 robust screen on), at N = 2, 4, 8, 16 workers simulated sequentially in one process. Single and
@@ -63,8 +63,8 @@ import torch
 
 from dtrain.models import JobSpec, default_topk
 from dtrain.recipe import ERROR_FEEDBACK, LR_SCHEDULES, Recipe
-from dtrain_node.operator.epoch import demo_config
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.optim.settings import demo_config
 from dtrain_node.p2p import envelope
 from dtrain_node.train import backend, inner, shard
 from dtrain_node.train.corpus import TextData
@@ -212,7 +212,7 @@ def default_demo(n: int) -> Arm:
 
 def demo_cfg(arm: Arm, inner_lr: float, n: int) -> DeMoConfig:
     """The DeMoConfig a node builds for an n-seat job with these settings
-    (operator.epoch.demo_config over the job spec and recipe), with the sweep-only keys on top."""
+    (optim.settings.demo_config over the job spec and recipe), with the sweep-only keys on top."""
     spec = replace(
         JOB, sync_interval=arm.K, topk_per_chunk=arm.k, quant_bits=arm.bits, max_operators=n
     )

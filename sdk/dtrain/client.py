@@ -29,7 +29,7 @@ from web3.exceptions import (
 )
 from web3.types import RPCEndpoint, TxReceipt
 
-from . import artifacts
+from . import artifacts, stakes
 from . import models as m
 from .errors import (
     CONTRACT_ERRORS,
@@ -877,37 +877,27 @@ class BSM:
     def positions(self, account: str) -> list[m.Position]:
         """`account`'s stake with each operator it ever staked with, what is unbonding and
         when it unlocks, pending rewards, and what each slash took (see `stakes.positions`)."""
-        from .stakes import positions
-
-        return positions(self, _addr(account))
+        return stakes.positions(self, _addr(account))
 
     def earnings(self, operator: str) -> m.Earnings:
         """`operator`'s profit and loss in ether over every job: earned (operator-epochs,
         pool rewards on its own stake, finalizer bounties), slashed from its own stake,
         withdrawn, net."""
-        from .stakes import earnings
-
-        return earnings(self, _addr(operator))
+        return stakes.earnings(self, _addr(operator))
 
     def slashes(self, operator: str) -> tuple[m.Slash, ...]:
         """Every slash of `operator`'s pool (its `Slashed` events), oldest first."""
-        from .stakes import operator_slashes
-
-        return operator_slashes(self, _addr(operator))
+        return stakes.operator_slashes(self, _addr(operator))
 
     def staked_with(self, account: str) -> list[str]:
         """Operators `account` ever staked with (self-stake included), in the order it first
         did (from the `Staked` events)."""
-        from .stakes import staked_with
-
-        return list(staked_with(self, _addr(account)))
+        return list(stakes.staked_with(self, _addr(account)))
 
     def final_holders(self, job_id: int) -> list[m.Holder]:
         """Who serves a completed job's final checkpoint: the members paid for its last epoch
         (they voted for it), with their registered peer ids and addresses."""
-        from .stakes import final_holders
-
-        return final_holders(self, job_id)
+        return stakes.final_holders(self, job_id)
 
     def pending_rewards(self, operator: str, account: str) -> int:
         return int(self._view("pendingRewards", _addr(operator), _addr(account)))

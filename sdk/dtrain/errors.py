@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
+from .units import format_eth, format_time
+
 
 class DtrainError(Exception):
     """Root of every error raised by the SDK and CLI."""
@@ -142,8 +144,6 @@ def is_time(error: str, name: str) -> bool:
 
 
 def _fmt(error: str, name: str, value: Any) -> str:
-    from .units import format_eth, format_time
-
     if is_amount(error, name) and isinstance(value, int):
         return format_eth(value)
     if is_time(error, name) and isinstance(value, int):

@@ -2,7 +2,7 @@
 references the caller gives, so nobody computes a hash by hand.
 
 A model's hash comes from a hasher plugin (entry point group `dtrain.model_hash`; the node
-package installs one for its built-in models, `dtrain_node.train.models:initial_hash`): the
+package installs one for its built-in models, `dtrain_node.train.start:model_hash`): the
 canonical hash of the weights the job starts from. A dataset's hash is the sha256 of its file;
 `check_dataset` validates the file for the job's method first, through a checker plugin (entry
 point group `dtrain.dataset_check`; the node's is `dtrain_node.train.dataset:check_dataset`).

@@ -13,12 +13,45 @@ blocks (anvil does; on a pruned node the read fails with the RPC's error).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Protocol
+
+from web3 import Web3
 
 from . import models as m
 
-if TYPE_CHECKING:
-    from .client import BSM
+
+class BSM(Protocol):
+    """The reads of `dtrain.client.BSM` these views make (the client passes itself)."""
+
+    w3: Web3
+
+    def events(
+        self,
+        from_block: int = 0,
+        to_block: int | str = "latest",
+        names: Iterable[str] | None = None,
+        job_id: int | None = None,
+    ) -> list[m.Event]: ...
+
+    def job(self, job_id: int, block: int | None = None) -> m.Job: ...
+
+    def job_token(self, job_id: int) -> str | None: ...
+
+    def params(self) -> m.Params: ...
+
+    def operator(self, address: str) -> m.Operator: ...
+
+    def pool(self, operator: str, block: int | str = "latest") -> m.Pool: ...
+
+    def stake_of(self, operator: str, account: str, block: int | str = "latest") -> int: ...
+
+    def unbonding_of(
+        self, operator: str, account: str, block: int | str = "latest"
+    ) -> tuple[int, int]: ...
+
+    def pending_rewards(self, operator: str, account: str) -> int: ...
+
 
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 

@@ -24,8 +24,7 @@ from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.fetch import fetch_final
 from dtrain_node.operator.node import Node, NodeConfig
 from dtrain_node.operator.settlement import describe_settled
-from dtrain_node.train import corpus
-from dtrain_node.train import models as hf
+from dtrain_node.train import corpus, start
 
 CALLER = 4
 DEVELOPER = 11  # the deployed BSM's blueprint developer (conftest)
@@ -65,7 +64,7 @@ def submit_tiny_job(
         min_operators=operators,
         max_operators=operators,
         method=Method.CPT,
-        model_hash=model_hash or hf.initial_hash("builtin:tiny"),
+        model_hash=model_hash or start.model_hash("builtin:tiny"),
         model_uri="builtin:tiny",
         dataset_hash=digest,
         dataset_uri=str(path),

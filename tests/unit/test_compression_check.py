@@ -19,7 +19,7 @@ from dtrain.models import Job, JobSpec, JobState, JobStatus
 from dtrain.recipe import Recipe
 from dtrain_node.errors import CompressionInvalid
 from dtrain_node.operator import epoch, preflight
-from dtrain_node.optim import codec
+from dtrain_node.optim import codec, settings
 from dtrain_node.optim.optimizer import DeMo
 from dtrain_node.train.start import start_model
 
@@ -34,8 +34,8 @@ def test_the_checked_layout_is_the_one_members_build() -> None:
     model = _model("builtin:small")
     spec8 = replace(SPEC, max_operators=8, topk_per_chunk=6)
     for spec, recipe in ((SPEC, None), (spec8, Recipe(token_topk=16)), (spec8, None)):
-        checked = epoch.check_compression(spec, recipe, model)
-        cfg = epoch.demo_config(None, Job(1, spec, None), recipe or Recipe())  # type: ignore[arg-type]
+        checked = settings.check_compression(spec, recipe, model)
+        cfg = settings.demo_config(None, Job(1, spec, None), recipe or Recipe())  # type: ignore[arg-type]
         assert checked == DeMo.of_model(model, cfg).spec
 
 
@@ -50,10 +50,10 @@ def test_the_checked_layout_is_the_one_members_build() -> None:
 def test_a_compression_no_member_can_sync_is_refused(model, spec, recipe, why) -> None:
     m = _model(model)
     if why is None:
-        assert epoch.check_compression(spec, recipe, m).packet_bytes <= codec.MAX_BYTES
+        assert settings.check_compression(spec, recipe, m).packet_bytes <= codec.MAX_BYTES
         return
     with pytest.raises(CompressionInvalid, match=why):
-        epoch.check_compression(spec, recipe, m)
+        settings.check_compression(spec, recipe, m)
 
 
 def _chain_job(tmp_path, **spec) -> Job:

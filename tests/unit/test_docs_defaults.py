@@ -16,7 +16,7 @@ place in README.md and docs/*.md that states an option's default:
 The option a statement is about is the nearest option named before it in the same sentence (or
 shell line); the command, when several commands have an option of that name, is the nearest
 command named before it in the same section that has it (`dtrain job watch ...`, `data serve`).
-A documented value is read with the option's own parameter type (amounts as `dtrain.units`
+A documented value is read with the option's own parameter type (amounts as `dtrain.inputs`
 reads them, so 0.01 ETH = 0.01ether = 10**16 wei; durations, so 1h = 3600 = 60m; floats, so
 20 s = 20 = 20.0); an option without a value default (None) is compared with the prose default
 of its help text ("[default: DATA_DIR/cache]"). A sentence that names an option and says
@@ -42,7 +42,7 @@ import click
 import pytest
 
 from dtrain import cli as sdk_cli
-from dtrain.units import parse_duration
+from dtrain.inputs import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])

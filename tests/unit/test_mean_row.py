@@ -171,7 +171,7 @@ def test_feedback_takes_each_vectors_own_k() -> None:
 
 
 def test_the_recipe_sets_the_mean_row_and_a_recipe_without_it_keeps_its_meaning(tmp_path) -> None:
-    from dtrain_node.operator.epoch import compress_config
+    from dtrain_node.optim.settings import compress_config
 
     assert Recipe().head_mean_topk == 64  # the job default
     assert json.loads(Recipe().canonical())["head_mean_topk"] == 64

@@ -17,15 +17,14 @@ from dtrain.models import Job, JobSpec, JobState, JobStatus, Method
 from dtrain.recipe import Recipe
 from dtrain_node.errors import RecipeInvalid
 from dtrain_node.operator import preflight, roundstate
-from dtrain_node.operator.epoch import demo_config
 from dtrain_node.operator.node import NodeConfig
 from dtrain_node.optim import attacks, reproduce, statefile
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
+from dtrain_node.optim.settings import demo_config
 from dtrain_node.train import corpus
-from dtrain_node.train import models as hf
 from dtrain_node.train.inner import InnerPlan, replay_round
-from dtrain_node.train.start import start_model
+from dtrain_node.train.start import model_hash, start_model
 
 LR = 1e-3
 CFG = DeMoConfig(
@@ -230,7 +229,7 @@ def _job(tmp_path, recipe: Recipe, sync_interval: int) -> Job:
         sync_interval=sync_interval,
         method=Method.CPT,
         model_uri="builtin:tiny",
-        model_hash=hf.initial_hash("builtin:tiny"),
+        model_hash=model_hash("builtin:tiny"),
         dataset_uri=str(data),
         recipe_hash=recipe.hash(),
         recipe_uri=str(path),

@@ -9,10 +9,10 @@ import pytest
 from dtrain.models import Job, JobSpec, JobState, JobStatus, Method
 from dtrain.recipe import Recipe
 from dtrain_node.errors import RecipeInvalid
-from dtrain_node.operator.epoch import demo_config
 from dtrain_node.operator.node import NodeConfig
 from dtrain_node.operator.preflight import CANNOT
 from dtrain_node.optim.optimizer import DeMo
+from dtrain_node.optim.settings import demo_config
 from dtrain_node.train import tasks
 from dtrain_node.train.backend import TrainJob, make_backend
 from dtrain_node.train.finetune import MethodOptions

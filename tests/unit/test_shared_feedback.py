@@ -16,7 +16,8 @@ import torch
 from dtrain.errors import ConfigError
 from dtrain.models import Job, JobSpec
 from dtrain.recipe import Recipe
-from dtrain_node.operator import epoch, roundstate
+from dtrain_node.operator import roundstate
+from dtrain_node.optim import settings
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.feedback import Feedback
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig, lockstep
@@ -133,7 +134,7 @@ def test_the_recipe_field_reaches_the_node_and_keeps_older_recipes_hash():
     spec = JobSpec(price_per_operator_epoch=1, model_uri="builtin:tiny")
     job = Job(1, spec, None)
     for value, want in (("own", False), ("shared", True)):
-        cfg = epoch.demo_config(None, job, Recipe(error_feedback=value))  # type: ignore[arg-type]
+        cfg = settings.demo_config(None, job, Recipe(error_feedback=value))  # type: ignore[arg-type]
         assert cfg.shared_feedback is want
     assert "error_feedback" not in Recipe().canonical()  # a recipe written before it: same hash
     assert Recipe(error_feedback="shared").hash() != Recipe().hash()

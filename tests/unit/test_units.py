@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 
 import dtrain
 from dtrain.errors import ConfigError, InvalidAmount
-from dtrain.units import (
-    format_eth,
-    format_relative,
-    format_span,
-    format_time,
-    parse_amount,
-    parse_duration,
-)
+from dtrain.inputs import parse_amount, parse_duration
+from dtrain.units import format_eth, format_relative, format_span, format_time
 from dtrain.votes import UNWORKABLE, commitment_hash, new_salt
 
 

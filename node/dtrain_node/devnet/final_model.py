@@ -51,7 +51,8 @@ def evaluate_export(
     match the held-out continuations better than the initial model's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dtrain_node.train.backend import TrainJob, load_recipe, make_backend
+    from dtrain_node.train.backend import TrainJob, make_backend
+    from dtrain_node.train.job import load_recipe
 
     local_model = local_model or spec.model_uri
     recipe = load_recipe(spec.recipe_hash, spec.recipe_uri)

@@ -22,7 +22,7 @@ from dtrain_node.operator.deadlines import VOTE_MARGIN_S
 from dtrain_node.operator.sources import Cache, cached_job_files, resolve_file, resolve_model
 from dtrain_node.operator.transport import PeerSpec, Transport
 from dtrain_node.train import checkpoint
-from dtrain_node.train.backend import load_recipe
+from dtrain_node.train.job import load_recipe
 from dtrain_node.train.start import adapt, export_model, start_model
 
 FETCH_BACKOFF_MAX_S = 16.0

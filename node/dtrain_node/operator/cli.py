@@ -16,7 +16,7 @@ import click
 
 from dtrain.cli import AMOUNT, Ctx, emit
 from dtrain.errors import ConfigError
-from dtrain.units import parse_duration
+from dtrain.inputs import parse_duration
 
 DEFAULT_LINGER = "1h"  # how long `node run` serves the final checkpoint after the job
 DEFAULT_KEEP_FINAL = "7d"  # and for its caller, until the caller's receipt, at most
@@ -58,11 +58,20 @@ def register(root: click.Group) -> None:
         model_group.add_command(model_init)
     from dtrain_node.gateway.cli import gateway
     from dtrain_node.operator.attest_cli import register as register_attest
-    from dtrain_node.serve.cli import serve
+    from dtrain_node.serve import cli as serve_cli
 
-    root.add_command(serve)
+    root.add_command(serve_cli.command(_fetch_final))
     root.add_command(gateway)
     register_attest(root)
+
+
+def _fetch_final(
+    bsm: Any, job_id: int, out: Path, work: Path, timeout: float
+) -> tuple[Path, bytes]:
+    # imported when a server fetches, not whenever the CLI starts (it loads torch)
+    from dtrain_node.operator.fetch import fetch_final
+
+    return fetch_final(bsm, job_id, out, work, timeout)
 
 
 @click.command("init")
@@ -420,7 +429,7 @@ def node_recompute(ctx: Ctx, transcript: Path, start: Path | None, data_dir: Pat
     """
     from dtrain_node.errors import EpochNotReproduced
     from dtrain_node.operator import evidence, referee
-    from dtrain_node.operator.node import NodeConfig
+    from dtrain_node.operator.config import NodeConfig
 
     bsm = ctx.bsm(signing=False)
     t = evidence.load(transcript)
@@ -474,7 +483,7 @@ def node_referee(ctx: Ctx, data_dir: Path | None, from_block: int) -> None:
     """
     import json as _json
 
-    from dtrain_node.operator.node import NodeConfig
+    from dtrain_node.operator.config import NodeConfig
     from dtrain_node.operator.referee_service import RefereeService
 
     bsm = ctx.bsm()

@@ -34,10 +34,11 @@ from web3 import Web3
 
 from dtrain.models import Job
 from dtrain_node.operator import claims, evidence, replaycheck, spotcheck
-from dtrain_node.operator.epoch import REFEREE, demo_config
+from dtrain_node.operator.epoch import REFEREE
 from dtrain_node.operator.sources import fetch_job
 from dtrain_node.optim import statefile
 from dtrain_node.optim.optimizer import DeMo
+from dtrain_node.optim.settings import demo_config
 from dtrain_node.train import devices, inner, shard
 from dtrain_node.train.backend import TrainJob, make_backend, token_reach
 

@@ -1,7 +1,7 @@
 """Before joining a job: can we do it? A seat bonds our stake and an epoch we cannot do gets
 us slashed (or, at best, voted UNWORKABLE with everyone), so a node joins only a job whose
 dataset it reads, whose recipe it reads and whose start model it builds, each matching the hash
-the job pins, and whose compression its members can sync (`epoch.check_compression`).
+the job pins, and whose compression its members can sync (`optim.settings.check_compression`).
 
 `check` first fetches what the job names remotely (p2p or https model, dataset and recipe, into
 the node's cache, each verified against its hash: `operator.sources`), then builds the job's
@@ -30,8 +30,8 @@ from dtrain_node.errors import (
     RecipeInvalid,
 )
 from dtrain_node.operator.deadlines import epoch_seconds_needed
-from dtrain_node.operator.epoch import check_compression, check_mode
 from dtrain_node.operator.sources import Cache, LocalSources, fetch_job
+from dtrain_node.optim.settings import check_compression, check_mode
 from dtrain_node.train.backend import TrainJob, make_backend, token_reach
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from dtrain_node.train import checkpoint
 if TYPE_CHECKING:
     from dtrain.client import BSM
     from dtrain.models import Job
-    from dtrain_node.operator.node import NodeConfig
+    from dtrain_node.operator.config import NodeConfig
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from dtrain.client import BSM
-    from dtrain_node.operator.node import NodeConfig
+    from dtrain_node.operator.config import NodeConfig
 
 log = logging.getLogger(__name__)
 

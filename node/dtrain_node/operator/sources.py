@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from dtrain_node.errors import CheckpointUnavailable, DatasetError, ModelUnavailable, RecipeInvalid
 from dtrain_node.p2p import files, packs
 from dtrain_node.p2p.dataserve import DEFAULT_MAX_BYTES
+from dtrain_node.train.job import LocalSources
 
 if TYPE_CHECKING:
     from dtrain.models import Job
@@ -72,15 +73,6 @@ class Cache:
 
     def model_dir(self, sha256_hex: str) -> Path:
         return self.root / "models" / sha256_hex
-
-
-@dataclass(frozen=True)
-class LocalSources:
-    """A job's references with every fetched one replaced by its local path."""
-
-    model_uri: str
-    dataset_uri: str
-    recipe_uri: str
 
 
 def split_hash(uri: str) -> tuple[str, bytes | None]:

@@ -19,7 +19,7 @@ from dtrain_node.p2p.host import GossipConfig, GossipNode, PeerSpec, RoundResult
 
 if TYPE_CHECKING:
     from dtrain.client import BSM
-    from dtrain_node.operator.node import NodeConfig
+    from dtrain_node.operator.config import NodeConfig
 
 __all__ = [
     "PayloadValidator",

@@ -12,7 +12,7 @@ from dtrain_node.p2p import identity as ident
 from dtrain_node.p2p.state import HostState
 
 if TYPE_CHECKING:
-    from dtrain_node.p2p.host import PeerSpec
+    from dtrain_node.p2p.config import PeerSpec
 
 log = logging.getLogger(__name__)
 

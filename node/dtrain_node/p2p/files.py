@@ -26,7 +26,7 @@ from dtrain_node.p2p import wire
 from dtrain_node.p2p.metrics import Metrics
 
 if TYPE_CHECKING:
-    from dtrain_node.p2p.host import PeerSpec
+    from dtrain_node.p2p.config import PeerSpec
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dtrain_node.p2p.pubsub import SafePubsub
 from dtrain_node.p2p.rounds import RoundStore
 
 if TYPE_CHECKING:  # host.py builds this state, so it cannot be imported at run time
-    from dtrain_node.p2p.host import GossipConfig
+    from dtrain_node.p2p.config import GossipConfig
 
 
 @dataclass

@@ -4,6 +4,8 @@ OpenAI-compatible HTTP API until Ctrl-C."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import logging
 import signal
 import socket
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from dtrain_node.serve.payment import X402
-    from dtrain_node.serve.source import Verified
+    from dtrain_node.serve.source import FetchFinal, Verified
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(message)s"
 GRACE_S = 5  # in-flight calls get this long to finish on Ctrl-C
@@ -103,7 +105,7 @@ def port_option(default: int) -> Callable[[F], F]:
 )
 @facilitator_key_option
 @click.pass_obj
-def serve(
+def _serve(
     ctx: Ctx,
     job_id: int,
     host: str,
@@ -116,6 +118,7 @@ def serve(
     token: str | None,
     pay_to: str | None,
     facilitator_key: str | None,
+    fetch_final: FetchFinal,
 ) -> None:
     """Serve a completed job's final model over an OpenAI-compatible HTTP API: /v1/models,
     /v1/completions and /v1/chat/completions (streaming too), model id dtrain-job-JOB.
@@ -165,9 +168,17 @@ def serve(
             target = out
 
             def verified() -> source.Verified:
-                return source.fetched(bsm, job_id, target, timeout)
+                return source.fetched(bsm, job_id, target, timeout, fetch_final)
 
         run(ctx, cfg, verified, payment)
+
+
+def command(fetch_final: FetchFinal) -> click.Command:
+    """`dtrain serve`, fetching a job's final checkpoint with `fetch_final` (the operator's
+    fetch: serving builds on it without importing it)."""
+    cmd = copy.copy(_serve)
+    cmd.callback = functools.partial(_serve.callback, fetch_final=fetch_final)
+    return cmd
 
 
 def paid(

@@ -6,6 +6,7 @@ whose CHECKPOINT_SHA256 file and whose weights must both match the chain."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,10 @@ from dtrain.errors import DtrainError
 from dtrain.models import Job, JobStatus
 
 MARKER = "CHECKPOINT_SHA256"
+
+# (bsm, job id, export folder, work folder, timeout) -> (the export, its checkpoint hash): the
+# operator's `fetch.fetch_final`, handed in where the command is registered
+FetchFinal = Callable[[BSM, int, Path, Path, float], tuple[Path, bytes]]
 
 
 class ModelRefused(DtrainError):
@@ -36,10 +41,9 @@ def completed(job: Job) -> bytes:
     return bytes(job.state.checkpoint)
 
 
-def fetched(bsm: BSM, job_id: int, out: Path, timeout: float) -> Verified:
-    """The final checkpoint fetched from the job's operators, verified and exported to `out`."""
-    from dtrain_node.operator.fetch import fetch_final
-
+def fetched(bsm: BSM, job_id: int, out: Path, timeout: float, fetch_final: FetchFinal) -> Verified:
+    """The final checkpoint fetched from the job's operators by `fetch_final`, verified and
+    exported to `out`."""
     completed(bsm.job(job_id))
     with tempfile.TemporaryDirectory(prefix="dtrain-serve-") as work:
         folder, digest = fetch_final(bsm, job_id, out, Path(work), timeout)

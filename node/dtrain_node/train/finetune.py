@@ -21,6 +21,7 @@ import torch
 from dtrain_node.errors import DatasetError
 from dtrain_node.train import losses, models, rewards, shard, tasks
 from dtrain_node.train.devices import to_device
+from dtrain_node.train.job import context
 from dtrain_node.train.start import adapt, export_model, start_model
 
 EVAL_RECORDS = 128  # cap on held-out records evaluated (keeps evaluate() cheap on big sets)
@@ -212,8 +213,6 @@ class RecordBackend:
     repeats = 1  # times each batch is yielded in a row (GRPO reuses a rollout mu times)
 
     def __init__(self, job: Any, opts: MethodOptions | None = None) -> None:
-        from dtrain_node.train.backend import context
-
         self.job, self.opts = job, opts or MethodOptions.for_job(job)
         self.start = start_model(job.model_uri)
         self.ctx = context(job, self.start)

@@ -74,14 +74,6 @@ def initial_model(uri: str):
     return build(model_config(uri), init_seed(uri))
 
 
-def initial_hash(uri: str) -> bytes:
-    """The `modelHash` a job of model URI `uri` must carry (start.py: weights, config and
-    tokenizer; any model URI, not only the built-in ones). `dtrain model hash URI` prints it."""
-    from dtrain_node.train.start import model_hash
-
-    return model_hash(uri)
-
-
 def model_config(uri: str) -> ModelConfig:
     """A config from a job's model URI: "builtin:tiny", "builtin:small" or a JSON file path,
     each optionally with "?seed=N"."""

@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 from .. import erc20
-from ..units import format_eth, format_time, parse_amount
+from ..inputs import parse_amount
+from ..units import format_eth, format_time
 from .root import (
     AMOUNT,
     EXAMPLES,

@@ -19,7 +19,8 @@ from .. import erc20
 from ..client import BSM, connect, load_key
 from ..envfile import env_path, read_env
 from ..errors import ConfigError, DtrainError
-from ..units import format_eth, parse_amount, parse_duration
+from ..inputs import parse_amount, parse_duration
+from ..units import format_eth
 
 EXAMPLES = {
     "chain_up": "dtrain chain up --accounts 5",
@@ -61,7 +62,7 @@ class Ctx:
 
 
 class Parsed(click.ParamType):
-    """A value read by one of `dtrain.units`' parsers; a bad value is a one-line usage error."""
+    """A value read by one of `dtrain.inputs`' parsers; a bad value is a one-line usage error."""
 
     def __init__(self, name: str, parse: Callable[[Any], int]) -> None:
         self.name = name
