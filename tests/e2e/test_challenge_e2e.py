@@ -20,9 +20,9 @@ from dtrain import UNWORKABLE, commitment_hash, vote_key
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
 from dtrain_node.devnet.plan import node_name
-from dtrain_node.operator import spotcheck
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.train.toy_models import save
+from dtrain_node.verify import spotcheck
 
 pytestmark = pytest.mark.slow
 

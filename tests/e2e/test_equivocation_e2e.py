@@ -12,7 +12,7 @@ from dtrain.cli import main as cli_main
 from dtrain.models import SlashReason
 from dtrain_node.devnet import ETH, Cluster
 from dtrain_node.devnet.cluster import node_name
-from dtrain_node.operator import evidence
+from dtrain_node.verify import evidence
 
 pytestmark = pytest.mark.slow
 

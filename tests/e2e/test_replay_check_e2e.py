@@ -11,7 +11,7 @@ import pytest
 from dtrain.recipe import Recipe
 from dtrain_node.devnet import Cluster
 from dtrain_node.devnet.cluster import node_name
-from dtrain_node.operator import claims, spotcheck
+from dtrain_node.verify import claims, spotcheck
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from dtrain_node.devnet import ETH, Cluster
-from dtrain_node.operator import deadlines, spotcheck
+from dtrain_node.operator import deadlines
+from dtrain_node.verify import spotcheck
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 from dtrain import vote_key
 from dtrain.models import Challenge
-from dtrain_node.operator import evidence, vote
+from dtrain_node.operator import vote
 from dtrain_node.operator.challenger import SETTLE_GAS, Challenger
+from dtrain_node.verify import evidence
 
 ZERO = "0x" + "00" * 20
 MEMBERS = ["0x" + f"{i:02x}" * 20 for i in (1, 2, 3)]

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtrain_node.errors import TranscriptInvalid
-from dtrain_node.operator import evidence as ev
 from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope as envmod
 from dtrain_node.train.start import start_model
+from dtrain_node.verify import evidence as ev
 
 K, ROUNDS, CHAIN, JOB, EPOCH, ATTEMPT = 2, 2, 31337, 7, 0, 3
 CONTRACT = to_checksum_address("0x" + "cc" * 20)

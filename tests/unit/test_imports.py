@@ -13,8 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [ROOT / "node" / "dtrain_node", ROOT / "sdk" / "dtrain"]
-# rooms that the operator (and the verifier) build on: they get what they need passed in
-BELOW_OPERATOR = ("train", "optim", "p2p", "serve")
+# rooms the operator builds on (the verifier among them): they get what they need passed in
+BELOW_OPERATOR = ("train", "optim", "p2p", "serve", "verify")
 
 
 def module_files() -> dict[str, Path]:
@@ -110,6 +110,25 @@ def test_rooms_below_the_operator_never_import_it() -> None:
         if mod.startswith(below)
         for dep in deps
         if dep.startswith("dtrain_node.operator")
+    )
+    assert bad == []
+
+
+def test_train_optim_and_p2p_never_import_each_other() -> None:
+    """They meet only through plain data the operator hands over (docs/architecture.md)."""
+    graph = import_graph(module_files())
+    rooms = ("train", "optim", "p2p")
+
+    def room(mod: str) -> str | None:
+        parts = mod.split(".")
+        return parts[1] if len(parts) > 2 and parts[0] == "dtrain_node" else None
+
+    bad = sorted(
+        f"{mod} imports {dep}"
+        for mod, deps in graph.items()
+        if room(mod) in rooms
+        for dep in deps
+        if room(dep) in rooms and room(dep) != room(mod)
     )
     assert bad == []
 

@@ -293,7 +293,7 @@ def test_two_workers_with_the_fields_stay_bitwise_identical(tmp_path, gpt2, name
 
 
 def test_a_replay_through_the_plan_gives_the_members_packet_byte_for_byte(text) -> None:
-    """A replay check (operator/replaycheck.py) of a member's round with the inner-step fields:
+    """A replay check (verify/replaycheck.py) of a member's round with the inner-step fields:
     from the member's private state and the round's batches, `replay_round` gives the packet the
     member sent, byte for byte; the plain backward-and-step loop does not."""
     from dtrain_node.optim import reproduce

@@ -367,8 +367,8 @@ def test_a_restarted_member_serves_the_states_of_its_attempt_to_the_referees(tmp
     time catches it. It serves the attempt's states once, and no other attempt's."""
     from types import SimpleNamespace
 
-    from dtrain_node.operator import spotcheck
     from dtrain_node.operator.node import Node
+    from dtrain_node.verify import spotcheck
 
     served: list[str] = []
     node = Node.__new__(Node)

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from dtrain_node.errors import CheckpointInvalid, TranscriptInvalid
-from dtrain_node.operator import evidence, referee
+from dtrain_node.operator import referee
 from dtrain_node.train import checkpoint
+from dtrain_node.verify import evidence
 
 CONTRACT = "0x" + "Cc" * 20
 

@@ -242,7 +242,7 @@ def test_a_file_stalled_to_the_deadline_leaves_a_posted_claim_time_to_be_fetched
     deadline; the honest member's replay claim, posted later, is fetched beside it, not after
     it (fetched after it, it had no time left: one referee judged the claim, two did not)."""
     from dtrain_node.errors import CheckpointUnavailable
-    from dtrain_node.operator import claims
+    from dtrain_node.verify import claims
 
     phantom, claim = b"\x0a" * 32, b"\x0c" * 32
     deadline, asked = [False], threading.Event()

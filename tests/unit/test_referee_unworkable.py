@@ -10,11 +10,12 @@ from eth_utils import to_checksum_address
 
 from dtrain.models import Job, JobSpec, JobState, JobStatus, Method
 from dtrain_node.errors import DatasetError
-from dtrain_node.operator import evidence, referee
+from dtrain_node.operator import referee
 from dtrain_node.operator.node import NodeConfig
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.train import tasks
 from dtrain_node.train.backend import TrainJob, make_backend
+from dtrain_node.verify import evidence
 
 
 def _job(dataset: str, dataset_hash: bytes, model_hash: bytes) -> Job:

@@ -20,8 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dtrain_node.errors import EnvelopeError
-from dtrain_node.operator import claims, fraudcheck, replaycheck, spotcheck
-from dtrain_node.operator import evidence as ev
 from dtrain_node.operator.faults import Faults, RoundContext
 from dtrain_node.optim import reproduce as rp
 from dtrain_node.optim import statefile
@@ -29,6 +27,8 @@ from dtrain_node.optim.compress import CompressConfig
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope as envmod
 from dtrain_node.train.start import start_model
+from dtrain_node.verify import claims, fraudcheck, replaycheck, spotcheck
+from dtrain_node.verify import evidence as ev
 
 K, CHAIN, JOB, ATTEMPT = 2, 31337, 7, 3
 CONTRACT = to_checksum_address("0x" + "cc" * 20)

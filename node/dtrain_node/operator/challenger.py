@@ -27,9 +27,10 @@ from dtrain import vote_key
 from dtrain.client import BSM
 from dtrain.errors import ContractError, TransactionFailed
 from dtrain.models import Job
-from dtrain_node.operator import evidence, vote
+from dtrain_node.operator import vote
 from dtrain_node.p2p import envelope
 from dtrain_node.p2p.files import sha256_file
+from dtrain_node.verify import evidence
 
 log = logging.getLogger(__name__)
 

@@ -428,8 +428,9 @@ def node_recompute(ctx: Ctx, transcript: Path, start: Path | None, data_dir: Pat
     Example: dtrain node recompute ./op1/jobs/1/transcript-1.bin
     """
     from dtrain_node.errors import EpochNotReproduced
-    from dtrain_node.operator import evidence, referee
+    from dtrain_node.operator import referee
     from dtrain_node.operator.config import NodeConfig
+    from dtrain_node.verify import evidence
 
     bsm = ctx.bsm(signing=False)
     t = evidence.load(transcript)

@@ -34,7 +34,7 @@ from dtrain_node.errors import (
     ModelUnavailable,
     RecipeInvalid,
 )
-from dtrain_node.operator import evidence, roundstate, spotcheck
+from dtrain_node.operator import roundstate
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.deadlines import (
     VOTE_MARGIN_S,
@@ -43,9 +43,7 @@ from dtrain_node.operator.deadlines import (
     round_deadline,
     round_patience,
 )
-from dtrain_node.operator.epochchecks import CheckSetup, EpochChecks
 from dtrain_node.operator.faults import AHEAD_WAIT_S, Faults, RoundContext
-from dtrain_node.operator.replaycheck import ClaimHead
 from dtrain_node.operator.sources import cached_job_files, fetch_job
 from dtrain_node.operator.transport import Transport
 from dtrain_node.optim import codec
@@ -55,6 +53,9 @@ from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation, Transcript
 from dtrain_node.train import checkpoint, devices, inner, shard
 from dtrain_node.train.backend import Backend, TrainJob, make_backend, token_reach
+from dtrain_node.verify import evidence, spotcheck
+from dtrain_node.verify.epochchecks import CheckSetup, EpochChecks
+from dtrain_node.verify.replaycheck import ClaimHead
 
 if TYPE_CHECKING:
     from dtrain_node.operator.config import NodeConfig
@@ -534,42 +535,3 @@ def _screened(stats: SyncStats) -> dict[str, Any]:
 
 def _digests(packets: Sequence[tuple[str, bytes]]) -> list[tuple[str, str]]:
     return [(Web3.to_checksum_address(s), hashlib.sha256(p).hexdigest()) for s, p in packets]
-
-
-REFEREE = "0x" + "00" * 20  # a replay sends no packet: its sender name is never seen
-
-
-def recompute(
-    cfg: NodeConfig,
-    job: Job,
-    t: evidence.EpochTranscript,
-    start: dict[str, Any] | None = None,
-) -> tuple[bytes, list[int]]:
-    """The referee's check (docs/protocol.md 4.7): the checkpoint digest the epoch's canonical
-    transcript `t` leads to from the epoch's start state, by aggregation alone (no training,
-    nobody's private state, no network), and the participation vote it gives (rounds each of
-    `job.members` was applied in, as the members count it). `start`: the start tensors of an
-    epoch after the first (the previous epoch's verified checkpoint); None for the first epoch,
-    whose start
-    is the job's start model, checked against its model hash. The caller checks `t` first
-    (`evidence.verify`)."""
-    tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
-    backend = make_backend(tj)
-    model = backend.model
-    if start is None:
-        if backend.start_pin != job.spec.model_hash:
-            raise CheckpointInvalid(
-                f"start model pin {backend.start_pin.hex()[:16]}.. != job's model hash "
-                f"{job.spec.model_hash.hex()[:16]}.."
-            )
-    else:
-        model.load_state_dict(start)
-    opt = DeMo.of_model(model, demo_config(cfg, job, tj.recipe), REFEREE, token_reach(backend))
-    stats = opt.replay([x.clone() for x in opt.theta_sync], t.packets())
-    rounds: dict[str, int] = {}
-    for s in stats:
-        for sender in s.applied:
-            key = Web3.to_checksum_address(str(sender))
-            rounds[key] = rounds.get(key, 0) + 1
-    digest = checkpoint.canonical_hash({n: p.detach() for n, p in model.state_dict().items()})
-    return digest, [rounds.get(m, 0) for m in job.members]

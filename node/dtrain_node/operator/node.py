@@ -50,7 +50,7 @@ from dtrain.errors import ContractError, DtrainError, TransactionFailed
 from dtrain.models import Job, JobState, JobStatus, Params
 from dtrain.units import format_epoch, format_eth
 from dtrain_node.errors import StopRequested
-from dtrain_node.operator import asks, attest_service, evidence, spotcheck, vote
+from dtrain_node.operator import asks, attest_service, referee, vote
 from dtrain_node.operator.challenger import Challenger
 from dtrain_node.operator.checkpoints import Checkpoints
 from dtrain_node.operator.config import NodeConfig
@@ -60,7 +60,6 @@ from dtrain_node.operator.epoch import (
     EpochEnv,
     EpochLost,
     EpochTrainer,
-    recompute,
 )
 from dtrain_node.operator.faults import Faults
 from dtrain_node.operator.keep import Keep
@@ -88,6 +87,8 @@ from dtrain_node.operator.transport import (
 from dtrain_node.operator.vote import Vote
 from dtrain_node.p2p.files import sha256_file
 from dtrain_node.p2p.reconcile import Equivocation
+from dtrain_node.verify import evidence, spotcheck
+from dtrain_node.verify.recompute import recompute
 
 log = logging.getLogger("dtrain.node")
 
@@ -552,7 +553,7 @@ class Node:
         rounds = tuple(tuple(p for p in packets if p.sender != shun) for packets in t.rounds)
         out = file.with_name(f"shun-{t.attempt}.bin")
         out.write_bytes(dataclasses.replace(t, rounds=rounds).encode())
-        digest, participation = recompute(self.cfg, job, evidence.load(out))
+        digest, participation = recompute(referee.attempt(self.cfg, job), evidence.load(out))
         if self.transport is not None:
             self.transport.serve_file(sha256_file(out).hex(), out)
         log.warning("fault: voting our transcript without the packets of %s", shun)

@@ -4,7 +4,7 @@ file lead to the checkpoint the chain certified?
 Everything comes from the chain and the file: the attempt's `EpochStarted` names its start
 checkpoint and the block whose state lists its members; every packet of the file is checked
 against its sender's signed commitment (`evidence.verify`); the epoch is re-executed from its
-start state by aggregation alone (`epoch.recompute`); the attempt's `EpochFinalized`, if any,
+start state by aggregation alone (`verify.recompute`); the attempt's `EpochFinalized`, if any,
 names what the chain certified. Nothing here needs a key, a stake or the job's private state.
 """
 
@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtrain_node.errors import CheckpointInvalid, TranscriptInvalid
-from dtrain_node.operator import evidence, preflight
-from dtrain_node.operator.epoch import recompute
+from dtrain_node.operator import preflight
 from dtrain_node.operator.sources import fetch_job
 from dtrain_node.train import checkpoint
+from dtrain_node.train.job import TrainJob
+from dtrain_node.verify import evidence
+from dtrain_node.verify.recompute import Attempt, recompute
 
 if TYPE_CHECKING:
     from dtrain.client import BSM
@@ -61,9 +63,16 @@ def check(bsm: BSM, cfg: NodeConfig, t: evidence.EpochTranscript, start: Path | 
     job = bsm.job(t.job_id, block=mine[0].block)  # members and start as the attempt began
     evidence.verify(t, job.members)
     tensors = None if t.epoch == 0 else _start(start, job.state.checkpoint)
-    recomputed, participation = recompute(cfg, job, t, tensors)
+    recomputed, participation = recompute(attempt(cfg, job, tensors), t)
     certified = _certified(bsm, t, mine[0], started)
     return Verdict(t.job_id, t.epoch, t.attempt, recomputed, certified, tuple(participation))
+
+
+def attempt(cfg: NodeConfig, job: Job, start: dict[str, Any] | None = None) -> Attempt:
+    """What re-executing an attempt of `job` (as it began) starts from, the job's files
+    fetched into this node's cache (`verify.recompute.Attempt`)."""
+    tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
+    return Attempt(job, tj, cfg, start)
 
 
 def unworkable(job: Job, cfg: NodeConfig) -> str | None:

@@ -42,9 +42,10 @@ from eth_account import Account
 from dtrain import UNWORKABLE, commitment_hash, findings, new_salt, vote_key
 from dtrain.errors import ContractError, DtrainError, RpcUnavailable, TransactionFailed
 from dtrain_node.errors import CheckpointUnavailable, NodeError, TranscriptInvalid
-from dtrain_node.operator import claims, evidence, fraudcheck, referee
+from dtrain_node.operator import referee
 from dtrain_node.operator.transport import peer_specs
 from dtrain_node.optim import codec
+from dtrain_node.verify import claims, evidence, fraudcheck
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -361,7 +362,7 @@ class RefereeService:
                 (c, key),
                 # half a phase for the state: the files and the re-execution need the rest
                 lambda c=c, t=t: fraudcheck.caught(
-                    self.cfg, job, c, t, tensors, state, work, self.window / 2
+                    referee.attempt(self.cfg, job, tensors), c, t, state, work, self.window / 2
                 ),
             )
             memo.claims[f"{c.member}/{c.round}/{c.checker}"] = finding

@@ -112,7 +112,7 @@ class StepResult:
 def dropout_seed(step: int, micro: int, part: Any) -> int:
     """The seed of the random draws (dropout) of micro-batch `micro` of inner step `step` on
     `part`: a function of the step and of the batch's tokens, so that a replay of a member's
-    round (operator/replaycheck.py) draws the very masks the member drew, and members draw
+    round (verify/replaycheck.py) draws the very masks the member drew, and members draw
     different ones on their different batches."""
     first = part[0] if isinstance(part, tuple | list) else part
     tokens = int(first.long().sum()) if isinstance(first, torch.Tensor) else 0

@@ -30,10 +30,10 @@ import torch
 from eth_account.signers.local import LocalAccount
 
 from dtrain_node.errors import EnvelopeError
-from dtrain_node.operator import claims
 from dtrain_node.optim import reproduce, statefile
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope as envmod
+from dtrain_node.verify import claims
 
 log = logging.getLogger(__name__)
 

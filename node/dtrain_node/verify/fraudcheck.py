@@ -33,14 +33,14 @@ from typing import Any
 from web3 import Web3
 
 from dtrain.models import Job
-from dtrain_node.operator import claims, evidence, replaycheck, spotcheck
-from dtrain_node.operator.epoch import REFEREE
-from dtrain_node.operator.sources import fetch_job
 from dtrain_node.optim import statefile
 from dtrain_node.optim.optimizer import DeMo
 from dtrain_node.optim.settings import demo_config
 from dtrain_node.train import devices, inner, shard
-from dtrain_node.train.backend import TrainJob, make_backend, token_reach
+from dtrain_node.train.backend import make_backend, token_reach
+from dtrain_node.train.job import TrainJob
+from dtrain_node.verify import claims, evidence, replaycheck, spotcheck
+from dtrain_node.verify.recompute import REFEREE, Attempt
 
 log = logging.getLogger(__name__)
 
@@ -72,28 +72,28 @@ def applies(c: claims.Claim, t: evidence.EpochTranscript) -> bool:
 
 
 def caught(
-    cfg: Any,
-    job: Job,
+    a: Attempt,
     c: claims.Claim,
     t: evidence.EpochTranscript,
-    start: dict[str, Any] | None,
     fetch: StateFetch,
     work: Path,
     phase_s: float,
 ) -> str:
     """What the replay of member `c.member`'s round `c.round` finds (see the module doc):
     CAUGHT, HONEST, REFUSED or UNDECIDED.
-    `job`: as the attempt began (its members and epoch); `start`: the epoch's start tensors
-    (None: the job's start model); `phase_s`: the time a referee can give the state, which
-    its deadline must fit in for a state not served to decide anything."""
-    tj = TrainJob.from_job(job, cfg.batch_size, fetch_job(job, cfg.source_cache()))
+    `a`: the attempt as it began, its files fetched; `phase_s`: the time a referee can give
+    the state, which its deadline must fit in for a state not served to decide anything."""
+    job, tj, start = a.job, a.tj, a.start
     packet = next(p.payload for p in t.rounds[c.round] if p.sender == c.member)
-    shared, reach, after, bound = _shared_at(cfg, job, tj, t, start, c.round)
+    shared, reach, after, bound = _shared_at(a, t, c.round)
     if not assigned(c, after, job.members, spotcheck.rate_from_env()):
         log.info("claim on %s round %d refused: not %s's check", c.member, c.round, c.checker)
         return REFUSED
     replica = replaycheck.demo_replica(
-        _builder(job, tj, start), demo_config(cfg, job, tj.recipe), job.spec.sync_interval, reach
+        _builder(job, tj, start),
+        demo_config(a.defaults, job, tj.recipe),
+        job.spec.sync_interval,
+        reach,
     )
     check = replaycheck.Check(c.round, c.member, packet, c.commitment, shared)
     within = replaycheck.state_deadline(bound)
@@ -120,21 +120,16 @@ def assigned(c: claims.Claim, after: bytes, members: Sequence[str], rate: float)
 
 
 def _shared_at(
-    cfg: Any,
-    job: Job,
-    tj: TrainJob,
-    t: evidence.EpochTranscript,
-    start: dict[str, Any] | None,
-    rnd: int,
+    a: Attempt, t: evidence.EpochTranscript, rnd: int
 ) -> tuple[list[Any], int, bytes, int]:
     """The shared state before round `rnd`, the rows the model's tokens reach, the digest of
     the shared state after round `rnd` (the seed of its checks) and the most bytes a member's
     private state may have."""
-    backend = make_backend(tj)
-    if start is not None:
-        backend.model.load_state_dict(start)
+    backend = make_backend(a.tj)
+    if a.start is not None:
+        backend.model.load_state_dict(a.start)
     reach = token_reach(backend)
-    opt = DeMo.of_model(backend.model, demo_config(cfg, job, tj.recipe), REFEREE, reach)
+    opt = DeMo.of_model(backend.model, demo_config(a.defaults, a.job, a.tj.recipe), REFEREE, reach)
     opt.replay([x.clone() for x in opt.theta_sync], t.packets()[:rnd])
     before = [x.clone() for x in opt.theta_sync]
     opt.replay([x.clone() for x in before], t.packets()[rnd : rnd + 1])

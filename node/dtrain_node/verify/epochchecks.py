@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from eth_account import Account
 
-from dtrain_node.operator import claims, evidence, replaycheck, spotcheck
-from dtrain_node.operator.replaycheck import Check, ClaimHead, Outcome
 from dtrain_node.optim import reproduce, statefile
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.p2p import envelope as envmod
 from dtrain_node.train import inner, shard
 from dtrain_node.train.backend import TrainJob, make_backend
+from dtrain_node.verify import claims, evidence, replaycheck, spotcheck
+from dtrain_node.verify.replaycheck import Check, ClaimHead, Outcome
 
 DRAIN_S = 120.0  # at the epoch's end: how long the last rounds' checks may still take
 
