@@ -4,7 +4,7 @@ jobs train, at the settings jobs get?
 The subject is the product's model path: a model URI (`builtin:tiny`, `builtin:small`, a model
 config JSON, or a folder `dtrain model init gpt2|llama DIR` writes) built by
 `train.start.start_model` as a node builds it, with the window length a node uses (the recipe's
-`seq_len` within the model's context, train.backend.context), the node's CPT loss and, for a
+`seq_len` within the model's context, train.job.context), the node's CPT loss and, for a
 folder, its own tokenizer. `harness` (the test harness's GPT, tests/harness/bench_model.py) is
 an extra model for comparison with earlier numbers, never the default.
 
@@ -66,7 +66,8 @@ from dtrain.recipe import ERROR_FEEDBACK, LR_SCHEDULES, Recipe
 from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.optim.settings import demo_config
 from dtrain_node.p2p import envelope
-from dtrain_node.train import backend, inner, shard
+from dtrain_node.train import inner, shard
+from dtrain_node.train.job import context
 from dtrain_node.train.corpus import TextData
 from dtrain_node.train.losses import cpt_loss
 from dtrain_node.train.start import Builtin, StartModel, start_model
@@ -101,7 +102,7 @@ class Subject:
             self.ctx = ctx or 128
         else:
             job = SimpleNamespace(recipe=RECIPE, model_uri=uri)
-            self.ctx = ctx or backend.context(job, self.start)  # type: ignore[arg-type]
+            self.ctx = ctx or context(job, self.start)  # type: ignore[arg-type]
 
     @property
     def byte_level(self) -> bool:

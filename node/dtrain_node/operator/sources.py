@@ -230,7 +230,7 @@ class Fetcher:
 def fetch_job(job: Job, cache: Cache) -> LocalSources:
     """Everything `job` trains from, fetched and verified: its model (a p2p or https pack
     becomes a folder in the cache), its dataset (checked against `datasetHash`) and its recipe
-    file (checked against `recipeHash` by `backend.load_recipe`). Raises ModelUnavailable,
+    file (checked against `recipeHash` by `train.job.load_recipe`). Raises ModelUnavailable,
     DatasetError or RecipeInvalid saying which reference failed and why."""
     spec = job.spec
     with Fetcher(cache) as f:
