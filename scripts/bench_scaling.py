@@ -67,8 +67,8 @@ from dtrain_node.optim.optimizer import DeMo, DeMoConfig
 from dtrain_node.optim.settings import demo_config
 from dtrain_node.p2p import envelope
 from dtrain_node.train import inner, shard
-from dtrain_node.train.job import context
 from dtrain_node.train.corpus import TextData
+from dtrain_node.train.job import context
 from dtrain_node.train.losses import cpt_loss
 from dtrain_node.train.start import Builtin, StartModel, start_model
 
