@@ -8,6 +8,7 @@ Every import counts, wherever it stands: at the top, inside a function or under
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,13 +97,19 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@functools.cache
+def product_graph() -> dict[str, set[str]]:
+    """The import graph of the node and the SDK as they are on disk (read once a session)."""
+    return import_graph(module_files())
+
+
 def test_no_import_circle_in_the_node_or_the_sdk() -> None:
-    found = circles(import_graph(module_files()))
+    found = circles(product_graph())
     assert found == [], "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_rooms_below_the_operator_never_import_it() -> None:
-    graph = import_graph(module_files())
+    graph = product_graph()
     below = tuple(f"dtrain_node.{room}" for room in BELOW_OPERATOR)
     bad = sorted(
         f"{mod} imports {dep}"
@@ -116,7 +123,7 @@ def test_rooms_below_the_operator_never_import_it() -> None:
 
 def test_train_optim_and_p2p_never_import_each_other() -> None:
     """They meet only through plain data the operator hands over (docs/architecture.md)."""
-    graph = import_graph(module_files())
+    graph = product_graph()
     rooms = ("train", "optim", "p2p")
 
     def room(mod: str) -> str | None:
@@ -135,7 +142,7 @@ def test_train_optim_and_p2p_never_import_each_other() -> None:
 
 def test_the_import_graph_sees_every_kind_of_import() -> None:
     """The checks above fail on a circle made by a deferred or type-only import."""
-    graph = import_graph(module_files())
+    graph = product_graph()
     assert graph["dtrain_node.operator.node"], "the node imports nothing?"
     made = {m: set(d) for m, d in graph.items()}
     made["dtrain_node.train.backend"].add("dtrain_node.operator.node")
