@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from dtrain.models import Job, JobSpec
-from dtrain.recipe import ZERO_HASH, Recipe
+from dtrain.models import Job
 from dtrain_node.errors import (
     BackendUnavailable,
     CheckpointInvalid,
@@ -34,7 +32,7 @@ from dtrain_node.errors import (
 )
 from dtrain_node.operator.deadlines import epoch_seconds_needed
 from dtrain_node.operator.sources import Cache, LocalSources, fetch_job
-from dtrain_node.optim.settings import check_compression, check_mode, fitted_topk
+from dtrain_node.optim.settings import check_compression, check_mode
 from dtrain_node.train.backend import TrainJob, make_backend, token_reach
 
 # A job we cannot do: skipped, never joined (a backend we lack, e.g. the recipe asks for trl).
@@ -151,34 +149,3 @@ class Preflight:
         if seen is None or (seen[0] is not None and now - seen[1] >= self.retry_s):
             self._seen[job.id] = (check(job, self.batch_size, self.cache, self.step_s), now)
         return self._seen[job.id][0]
-
-
-def check_job(
-    model_uri: str,
-    dataset_uri: str,
-    method: str,
-    recipe: Recipe | None,
-    compression: tuple[int, int, int] | None = None,
-    fit_topk: bool = False,
-) -> tuple[bytes, dict[str, int] | None]:
-    """Builds the backend of a would-be job exactly as a node will (dataset unchecked by hash:
-    the caller hashes it separately) and returns its start pin, the job's `modelHash`, and with
-    `compression` (top-k per chunk, bits, seats) the sync it checked its members can run: the
-    top-k, a member's packet bytes and the parameters synced. With `fit_topk` the top-k is
-    first lowered to the largest whose packet fits the gossip limit (a default, not the
-    caller's choice). Raises the node's error (DatasetError, ModelUnavailable, RecipeInvalid,
-    CompressionInvalid, ...) when it cannot train. The `dtrain.job_check` entry point: `job
-    submit` calls it before creating a job."""
-    job = TrainJob(0, method, model_uri, dataset_uri, ZERO_HASH, recipe=recipe)
-    backend = make_backend(job)
-    if compression is None:
-        return backend.start_pin, None
-    topk, bits, seats = compression
-    spec = JobSpec(0, topk_per_chunk=topk, quant_bits=bits, max_operators=seats)
-    model, reach = backend.model, token_reach(backend)
-    if fit_topk:
-        spec = replace(spec, topk_per_chunk=fitted_topk(spec, recipe, model, reach))
-    packet = check_compression(spec, recipe, model, reach)
-    synced = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    sync = {"topk": spec.topk_per_chunk, "packet_bytes": packet.packet_bytes, "params": synced}
-    return backend.start_pin, sync
