@@ -139,14 +139,14 @@ def train(r: Run, s: Setup, c: bs.Ctx, dev: torch.device, steps: int) -> None:
     step = _dense_step(r, models[0], c) if r.kind != "demo" else _demo_step(r, models, c)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    r.curve = [(0, evaluate(c, models[0], dev))]
+    r.curve = [(0, bs.evaluate(c.subj, models[0], c.ev))]
     t0, spent = time.perf_counter(), 0.0
     for t in range(1, steps + 1):
         step(streams, dev)
         if t % s.eval_every == 0 or t == steps:
             _sync_device(dev)
             spent += time.perf_counter() - t0
-            r.curve.append((t, evaluate(c, models[0], dev)))
+            r.curve.append((t, bs.evaluate(c.subj, models[0], c.ev)))
             t0 = time.perf_counter()
     r.final, r.s_per_step = r.curve[-1][1], spent / steps
     r.peak_mem = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0
@@ -185,17 +185,6 @@ def _demo_step(r: Run, models: list, c: bs.Ctx):
             bs._sync(opts, rec)
 
     return step
-
-
-@torch.no_grad()
-def evaluate(c: bs.Ctx, m: torch.nn.Module, dev: torch.device) -> float:
-    m.eval()
-    tot, ev = 0.0, c.ev
-    for i in range(0, len(ev[0]), 32):
-        x, y = ev[0][i : i + 32].to(dev), ev[1][i : i + 32].to(dev)
-        tot += float(c.subj.loss(m, x, y)) * len(x)
-    m.train()
-    return tot / len(ev[0])
 
 
 def _sync_device(dev: torch.device) -> None:
@@ -274,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(s.seed)
     subj = bs.Subject(s.model, s.ctx)
     setup = replace(bs.Setup(), ctx=s.ctx, bsz=s.bsz, eval_windows=s.eval_windows)
-    c = bs.Ctx(setup, subj, *bs.load(s.corpus, setup, subj))
+    data, ev = bs.load(s.corpus, setup, subj)
+    c = bs.Ctx(setup, subj, data, (ev[0].to(dev), ev[1].to(dev)))  # held out on the device
     steps = plan_steps(s, c, dev, arms(s, subj, s.steps))
     runs = arms(s, subj, steps)
     model = subj.fresh(s.seed)
